@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("bftrainerd: not built yet");
+    std::process::exit(1);
+}

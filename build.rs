@@ -1,0 +1,127 @@
+//! Generates the raw Slurm FFI from the headers installed on this machine.
+//! Also exports SLURM_VERSION_NUMBER and turns `#define X SLURM_BIT(n)` into consts.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+const HEADERS: [&str; 3] = ["slurm/slurm.h", "slurm/slurmdb.h", "slurm/spank.h"];
+const PACKAGE_HINT: &str =
+    "install the Debian package `libslurm-dev` (apt-get install libslurm-dev), \
+     or set SLURM_INCLUDE_DIR to the directory that contains slurm/slurm.h";
+
+fn include_dir() -> PathBuf {
+    if let Ok(dir) = env::var("SLURM_INCLUDE_DIR") {
+        return PathBuf::from(dir);
+    }
+    PathBuf::from("/usr/include")
+}
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=SLURM_INCLUDE_DIR");
+    println!("cargo:rerun-if-env-changed=SLURM_LIB_DIR");
+    let inc = include_dir();
+    for h in HEADERS {
+        let p = inc.join(h);
+        if !p.is_file() {
+            panic!(
+                "slurm-sys: Slurm header {} not found; {}",
+                p.display(),
+                PACKAGE_HINT
+            );
+        }
+        println!("cargo:rerun-if-changed={}", p.display());
+    }
+
+    let version = read_version(&inc.join("slurm/slurm_version.h"));
+    println!("cargo:rustc-env=SLURM_VERSION_NUMBER={version}");
+    println!("cargo:version_number={version}");
+
+    let wrapper = "#include <stdint.h>\n#include <stdbool.h>\n#include <slurm/slurm.h>\n\
+                   #include <slurm/slurmdb.h>\n#include <slurm/spank.h>\n";
+    let bindings = bindgen::Builder::default()
+        .header_contents("slurm_wrapper.h", wrapper)
+        .clang_arg(format!("-I{}", inc.display()))
+        .allowlist_function("slurm_.*|slurmdb_.*|spank_.*|list_.*|hostlist_.*")
+        .allowlist_type("slurm_.*|slurmdb_.*|spank_.*|job_.*|node_.*|partition_.*|submit_.*|will_run_.*|update_.*|resource_.*|S_.*|.*_msg_t")
+        .allowlist_var("SLURM_.*|NO_VAL.*|INFINITE.*|NODE_.*|JOB_.*|ESLURM_.*|ESPANK_.*|SHOW_.*|PART_.*|KILL_.*|WAIT_.*|DEBUG_.*|SLURMDB_.*|SPANK_.*|CORE_SPEC_THREAD|MEM_PER_CPU|SIG.*")
+        .blocklist_function("slurm_xcalloc|slurm_xfree|slurm_xstrdup")
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .prepend_enum_name(false)
+        .derive_default(true)
+        .layout_tests(true)
+        .generate_comments(false)
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+        .generate()
+        .unwrap_or_else(|e| panic!("slurm-sys: bindgen failed on the Slurm headers in {}: {e}", inc.display()));
+
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    bindings
+        .write_to_file(out.join("bindings.rs"))
+        .expect("slurm-sys: cannot write bindings.rs");
+
+    // bindgen cannot evaluate function-like macros, so SLURM_BIT(n) flags (node state
+    // flags such as PLANNED and DRAIN, job state flags, show flags...) are lost. Derive
+    // them from the header text so they always match the installed Slurm.
+    let mut bits =
+        String::from("// Generated from `#define NAME SLURM_BIT(n)` lines in the Slurm headers.\n");
+    for h in ["slurm/slurm.h", "slurm/slurmdb.h"] {
+        let text = fs::read_to_string(inc.join(h)).expect("read header");
+        for (name, bit) in slurm_bit_defines(&text) {
+            bits.push_str(&format!("pub const {name}: u64 = 1u64 << {bit};\n"));
+        }
+    }
+    fs::write(out.join("slurm_bits.rs"), bits).expect("write slurm_bits.rs");
+
+    if env::var_os("CARGO_FEATURE_LINK").is_some() {
+        if let Ok(dir) = env::var("SLURM_LIB_DIR") {
+            println!("cargo:rustc-link-search=native={dir}");
+        }
+        println!("cargo:rustc-link-lib=dylib=slurm");
+    }
+}
+
+fn read_version(path: &Path) -> u32 {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| {
+        panic!(
+            "slurm-sys: cannot read {}: {e}; {}",
+            path.display(),
+            PACKAGE_HINT
+        )
+    });
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        if it.next() == Some("#define") && it.next() == Some("SLURM_VERSION_NUMBER") {
+            let v = it.next().expect("SLURM_VERSION_NUMBER value");
+            let v = v.trim_start_matches("0x").trim_start_matches("0X");
+            return u32::from_str_radix(v, 16).expect("SLURM_VERSION_NUMBER is hex");
+        }
+    }
+    panic!("slurm-sys: no SLURM_VERSION_NUMBER in {}", path.display());
+}
+
+/// `#define NODE_STATE_DRAIN SLURM_BIT(9) /* ... */` -> ("NODE_STATE_DRAIN", 9).
+fn slurm_bit_defines(text: &str) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        if it.next() != Some("#define") {
+            continue;
+        }
+        let (Some(name), Some(val)) = (it.next(), it.next()) else {
+            continue;
+        };
+        if name.contains('(') {
+            continue;
+        }
+        if let Some(n) = val
+            .strip_prefix("SLURM_BIT(")
+            .and_then(|v| v.strip_suffix(')'))
+        {
+            if let Ok(bit) = n.trim().parse::<u32>() {
+                out.push((name.to_string(), bit));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,1 @@
+//! Shared FFI door for the plugins.

@@ -1,0 +1,1 @@
+//! SPANK plugin: --elastic.

@@ -1,0 +1,1 @@
+//! Test helper for the local Slurm cluster.
