@@ -70,9 +70,16 @@ pub enum Event {
     WorkerLeft { job: JobId, node: NodeId },
     /// A worker was killed by Slurm's preemption on `node`; the node is busy.
     WorkerPreempted { job: JobId, node: NodeId },
-    /// Measured throughput of `job` (samples/s) at its current size. Recorded; the
-    /// allocator's terms still use the job's curve, as BFTrainer's do.
-    Progress { job: JobId, samples_per_s: f64 },
+    /// Measured throughput of `job` (samples/s) at its current size, and the work it
+    /// has left in its objective curve's units times seconds (samples for a
+    /// throughput curve), when known. The rate is recorded (the allocator's terms use
+    /// the job's curve, as BFTrainer's do); the remaining work feeds objectives that
+    /// use it (remaining-work).
+    Progress {
+        job: JobId,
+        samples_per_s: f64,
+        remaining: Option<f64>,
+    },
     /// The observations up to `now` are complete: re-plan if anything changed. The
     /// daemon sends one per poll, the simulator one per distinct timestamp.
     Tick,

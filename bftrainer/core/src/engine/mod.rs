@@ -5,7 +5,7 @@ mod event;
 
 pub use event::{Action, ElasticSpec, Event, Record, EVENT_FORMAT_VERSION};
 
-use crate::alloc::{Instance, JobInput, NodeInput, Solution};
+use crate::alloc::{Instance, JobInput, Options, Solution};
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 
@@ -25,9 +25,23 @@ pub trait Allocator {
     fn allocate(&mut self, inst: &Instance) -> std::result::Result<Option<Solution>, String>;
 }
 
-impl<F: FnMut(&Instance) -> std::result::Result<Option<Solution>, String>> Allocator for F {
+impl<A: Allocator + ?Sized> Allocator for Box<A> {
     fn allocate(&mut self, inst: &Instance) -> std::result::Result<Option<Solution>, String> {
-        self(inst)
+        (**self).allocate(inst)
+    }
+}
+
+/// The exact BFTrainer allocator of `crate::alloc` with its options (objective).
+#[derive(Debug, Clone, Default)]
+pub struct Exact {
+    pub opts: Options,
+}
+
+impl Allocator for Exact {
+    fn allocate(&mut self, inst: &Instance) -> std::result::Result<Option<Solution>, String> {
+        crate::alloc::solve(inst, &self.opts)
+            .map(Some)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -80,6 +94,7 @@ struct JobSlot {
     status: JobStatus,
     nodes: Vec<NodeId>,
     measured_rate: Option<f64>,
+    remaining: Option<f64>,
 }
 
 /// Counters of the engine's own work.
@@ -105,6 +120,8 @@ pub struct Engine<A> {
     /// Something changed since the last decision.
     dirty: bool,
     mark: Vec<u32>,
+    /// Nodes with a reclaim forecast.
+    forecasts: usize,
     pub stats: EngineStats,
 }
 
@@ -118,7 +135,8 @@ impl<A: Allocator> Engine<A> {
             pool: Vec::new(),
             inst: Instance {
                 t_fwd_s,
-                nodes: Vec::new(),
+                n_nodes: 0,
+                reclaim_in_s: Vec::new(),
                 jobs: Vec::new(),
             },
             jobs: Vec::new(),
@@ -127,6 +145,7 @@ impl<A: Allocator> Engine<A> {
             active_changed: false,
             dirty: false,
             mark: Vec::new(),
+            forecasts: 0,
             stats: EngineStats::default(),
         }
     }
@@ -192,12 +211,6 @@ impl<A: Allocator> Engine<A> {
         }
         slot.pos = self.pool.len() as u32;
         self.pool.push(n);
-        // Names are only for I/O; the allocator addresses nodes by index, so an empty
-        // name avoids a String per node event.
-        self.inst.nodes.push(NodeInput {
-            name: String::new(),
-            reclaim_in_s: None,
-        });
     }
 
     fn pool_remove(&mut self, n: NodeId) {
@@ -206,7 +219,6 @@ impl<A: Allocator> Engine<A> {
             return;
         }
         self.pool.swap_remove(pos as usize);
-        self.inst.nodes.swap_remove(pos as usize);
         if let Some(&moved) = self.pool.get(pos as usize) {
             self.nodes[moved as usize].pos = pos;
         }
@@ -215,7 +227,9 @@ impl<A: Allocator> Engine<A> {
     /// Takes a node away from the elastic pool (claimed, lost); returns the job that held it.
     fn take_node(&mut self, n: NodeId, to: NodeState) -> Option<JobId> {
         let prev = std::mem::replace(&mut self.nodes[n as usize].state, to);
-        self.nodes[n as usize].reclaim_at = None;
+        if self.nodes[n as usize].reclaim_at.take().is_some() {
+            self.forecasts -= 1;
+        }
         self.pool_remove(n);
         match prev {
             NodeState::Held(j) => {
@@ -276,6 +290,8 @@ impl<A: Allocator> Engine<A> {
                 let slot = self.node(*node, now)?;
                 let st = slot.state;
                 if slot.reclaim_at != *reclaim_at {
+                    self.forecasts = self.forecasts + usize::from(reclaim_at.is_some())
+                        - usize::from(slot.reclaim_at.is_some());
                     self.nodes[*node as usize].reclaim_at = *reclaim_at;
                     self.dirty = true;
                 }
@@ -316,6 +332,7 @@ impl<A: Allocator> Engine<A> {
                     status: JobStatus::Queued,
                     nodes: Vec::new(),
                     measured_rate: None,
+                    remaining: None,
                 });
                 self.queue.push_back(*job);
                 self.dirty = true;
@@ -358,9 +375,18 @@ impl<A: Allocator> Engine<A> {
                     self.take_node(*node, NodeState::Busy);
                 }
             }
-            Event::Progress { job, samples_per_s } => {
+            Event::Progress {
+                job,
+                samples_per_s,
+                remaining,
+            } => {
                 self.job(*job, now)?;
-                self.jobs[*job as usize].measured_rate = Some(*samples_per_s);
+                let slot = &mut self.jobs[*job as usize];
+                slot.measured_rate = Some(*samples_per_s);
+                if slot.remaining != *remaining {
+                    slot.remaining = *remaining;
+                    self.dirty = true;
+                }
             }
             Event::Tick => return self.decide(now),
         }
@@ -390,15 +416,14 @@ impl<A: Allocator> Engine<A> {
             self.inst.jobs.clear();
             for &j in &self.active {
                 let s = &self.jobs[j as usize].spec;
-                self.inst.jobs.push(JobInput {
-                    id: s.name.clone(),
-                    min_nodes: s.min_nodes,
-                    max_nodes: s.max_nodes,
-                    scale_up_s: s.scale_up_s,
-                    scale_down_s: s.scale_down_s,
-                    curve: s.objective.clone(),
-                    current: Vec::new(),
-                });
+                self.inst.jobs.push(JobInput::new(
+                    &s.name,
+                    s.min_nodes,
+                    s.max_nodes,
+                    s.scale_up_s,
+                    s.scale_down_s,
+                    s.objective.clone(),
+                ));
             }
         }
         for (k, &j) in self.active.iter().enumerate() {
@@ -411,11 +436,19 @@ impl<A: Allocator> Engine<A> {
                     .map(|&n| self.nodes[n as usize].pos),
             );
             cur.sort_unstable();
+            self.inst.jobs[k].remaining_work = self.jobs[j as usize].remaining;
         }
-        for (i, &n) in self.pool.iter().enumerate() {
-            self.inst.nodes[i].reclaim_in_s = self.nodes[n as usize]
-                .reclaim_at
-                .map(|r| (r - now).max(0.0));
+        self.inst.n_nodes = self.pool.len() as u32;
+        self.inst.reclaim_in_s.clear();
+        // An empty vector means "no forecasts" to the allocator: skip the per-node work
+        // when no node has one (node-event traces).
+        if self.forecasts > 0 {
+            let nodes = &self.nodes;
+            self.inst.reclaim_in_s.extend(
+                self.pool
+                    .iter()
+                    .map(|&n| nodes[n as usize].reclaim_at.map(|r| (r - now).max(0.0))),
+            );
         }
         self.stats.decisions += 1;
         let sol = self

@@ -37,6 +37,13 @@ pub struct SimConfig {
     pub check: bool,
     /// Keep per-step and per-job-size records (for the CSV and the plots).
     pub record: bool,
+    /// Send each active job's remaining work (`Event::Progress`) before every
+    /// decision; objectives that use it (remaining-work) need this.
+    pub report_progress: bool,
+    /// 0: nodes enter the idle pool in trace order. Otherwise the initial idle nodes
+    /// enter it in an order shuffled with this seed, which changes the allocator's
+    /// choice among equivalent nodes (a sensitivity check); same seed, same result.
+    pub seed: u64,
 }
 
 impl Default for SimConfig {
@@ -47,6 +54,8 @@ impl Default for SimConfig {
             objective: Objective::File,
             check: true,
             record: false,
+            report_progress: false,
+            seed: 0,
         }
     }
 }
@@ -107,6 +116,14 @@ struct SimJob {
     rescale_loss: f64,
     preempt_loss: f64,
     last_size: u32,
+}
+
+fn splitmix64(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// Throughput of a job on `n` nodes: 0 below its minimum.
@@ -285,7 +302,15 @@ impl<'a, A: Allocator> Sim<'a, A> {
             self.forecast = tr.forecasts[fi].1.map(|r| r as f64);
             fi += 1;
         }
-        for i in 0..tr.names.len() {
+        let mut order: Vec<u32> = (0..tr.names.len() as u32).collect();
+        if self.cfg.seed != 0 {
+            let mut x = self.cfg.seed;
+            for i in (1..order.len()).rev() {
+                let k = (splitmix64(&mut x) % (i as u64 + 1)) as usize;
+                order.swap(i, k);
+            }
+        }
+        for i in order.into_iter().map(|i| i as usize) {
             if tr.initial_idle[i] {
                 self.set_idle(i as u32, true);
                 let ev = Event::NodeIdle {
@@ -540,6 +565,28 @@ impl<'a, A: Allocator> Sim<'a, A> {
             self.send(&Event::JobSubmitted { job, spec }, t)?;
         }
         // 7. Decide.
+        if self.cfg.report_progress {
+            self.scratch.clear();
+            self.scratch.extend_from_slice(self.engine.active());
+            for k in 0..self.scratch.len() {
+                let j = self.scratch[k];
+                let (s, rec) = (&self.jobs[j as usize], &self.recs[j as usize]);
+                // Remaining work in the objective curve's units: samples scaled by the
+                // curves' ratio at one node (1 for a throughput objective).
+                let obj1 = match self.cfg.objective {
+                    Objective::File => curve_at(&rec.objective, 1),
+                    Objective::Samples => curve_at(&rec.rate, 1),
+                };
+                let r1 = curve_at(&rec.rate, 1);
+                let scale = if r1 > 0.0 { obj1 / r1 } else { 1.0 };
+                let ev = Event::Progress {
+                    job: j,
+                    samples_per_s: rate(rec, s.n + s.draining),
+                    remaining: Some(((rec.total_samples - s.progress) * scale).max(0.0)),
+                };
+                self.send(&ev, t)?;
+            }
+        }
         let before = (self.engine.stats.decisions, self.engine.stats.kept);
         let c0 = (hooks.clock)();
         let actions = self.send(&Event::Tick, t)?;

@@ -15,13 +15,13 @@ pub struct FillInOrder;
 
 impl Allocator for FillInOrder {
     fn allocate(&mut self, inst: &Instance) -> Result<Option<Solution>, String> {
-        let mut used = vec![false; inst.nodes.len()];
+        let mut used = vec![false; inst.n_nodes as usize];
         for j in &inst.jobs {
             for &n in &j.current {
                 used[n as usize] = true;
             }
         }
-        let mut free = (0..inst.nodes.len() as u32).filter(|&n| !used[n as usize]);
+        let mut free = (0..inst.n_nodes).filter(|&n| !used[n as usize]);
         let mut jobs = Vec::new();
         for j in &inst.jobs {
             let mut set = j.current.clone();
@@ -37,9 +37,12 @@ impl Allocator for FillInOrder {
             set.sort_unstable();
             jobs.push(set);
         }
+        let n = jobs.len();
         Ok(Some(Solution {
             objective_value: 0.0,
             jobs,
+            batch_sizes: vec![None; n],
+            fairness_level: None,
         }))
     }
 }

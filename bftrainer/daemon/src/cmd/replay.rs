@@ -7,19 +7,18 @@ use bftrainer_core::sim::Objective as CurveChoice;
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
-#[command(after_help = "With no input option, replays the committed sample: one day of the Summit \
-trace (2021-02-10T20:21:15 + 24 h, 4,734 nodes) with the first 200 ImageNet jobs of BFTrainer.")]
+#[command(
+    after_help = "With no input option, replays the committed sample: one day of the Summit \
+trace (2021-02-10T20:21:15 + 24 h, 4,734 nodes) with the first 200 ImageNet jobs of BFTrainer."
+)]
 pub struct Args {
     /// Node-event trace, `time,node,idle` (plain or gzip).
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["swf", "from_sacct"])]
+    #[arg(long, value_name = "PATH", conflicts_with = "swf")]
     pub trace: Option<PathBuf>,
     /// SWF job log (plain or gzip): the main scheduler is simulated (FCFS + backfilling)
     /// unless the log has wait times.
-    #[arg(long, value_name = "PATH", conflicts_with = "from_sacct")]
+    #[arg(long, value_name = "PATH")]
     pub swf: Option<PathBuf>,
-    /// Rebuild idle fragments from Slurm accounting (slurmdbd) between START and END.
-    #[arg(long, num_args = 2, value_names = ["START", "END"])]
-    pub from_sacct: Option<Vec<String>>,
     /// Elastic job file in BFTrainer's jobs-*.csv format; default: the sample's.
     #[arg(long, value_name = "PATH")]
     pub jobs: Option<PathBuf>,
@@ -108,8 +107,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Input::Trace(p.clone())
     } else if let Some(p) = &args.swf {
         Input::Swf(p.clone())
-    } else if let Some(w) = &args.from_sacct {
-        Input::Sacct(w[0].clone(), w[1].clone())
     } else {
         Input::Sample
     };
