@@ -355,6 +355,22 @@ impl<'a, A: Allocator> Sim<'a, A> {
         self.finish(t)
     }
 
+    /// Remaining work goes to the engine in the objective curve's units: samples
+    /// scaled by the curves' ratio at one node (1 for a throughput objective).
+    fn objective_scale(&self, j: JobId) -> f64 {
+        let rec = &self.recs[j as usize];
+        let obj1 = match self.cfg.objective {
+            Objective::File => curve_at(&rec.objective, 1),
+            Objective::Samples => curve_at(&rec.rate, 1),
+        };
+        let r1 = curve_at(&rec.rate, 1);
+        if r1 > 0.0 {
+            obj1 / r1
+        } else {
+            1.0
+        }
+    }
+
     fn next_completion(&self, t: f64) -> f64 {
         let mut best = f64::INFINITY;
         for &j in self.engine.active() {
@@ -563,6 +579,18 @@ impl<'a, A: Allocator> Sim<'a, A> {
             });
             *ji += 1;
             self.send(&Event::JobSubmitted { job, spec }, t)?;
+            if self.cfg.report_progress {
+                let remaining =
+                    Some(self.recs[job as usize].total_samples * self.objective_scale(job));
+                self.send(
+                    &Event::Progress {
+                        job,
+                        samples_per_s: 0.0,
+                        remaining,
+                    },
+                    t,
+                )?;
+            }
         }
         // 7. Decide.
         if self.cfg.report_progress {
@@ -571,14 +599,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
             for k in 0..self.scratch.len() {
                 let j = self.scratch[k];
                 let (s, rec) = (&self.jobs[j as usize], &self.recs[j as usize]);
-                // Remaining work in the objective curve's units: samples scaled by the
-                // curves' ratio at one node (1 for a throughput objective).
-                let obj1 = match self.cfg.objective {
-                    Objective::File => curve_at(&rec.objective, 1),
-                    Objective::Samples => curve_at(&rec.rate, 1),
-                };
-                let r1 = curve_at(&rec.rate, 1);
-                let scale = if r1 > 0.0 { obj1 / r1 } else { 1.0 };
+                let scale = self.objective_scale(j);
                 let ev = Event::Progress {
                     job: j,
                     samples_per_s: rate(rec, s.n + s.draining),
