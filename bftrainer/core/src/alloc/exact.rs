@@ -130,6 +130,8 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
     let scale =
         lambda * f64::from(budget) + lj.iter().map(|v| v.abs()).sum::<f64>() + lb.abs() + 1.0;
     let tol = 1e-9 * scale;
+    // Values closer than this are ties (rounding noise), broken by the documented rule.
+    let tie = 1e-12 * scale;
     let gap = (ub - lb).max(0.0) + tol;
 
     // Reduced-cost fixing: a job's count n can be in an optimal solution only if
@@ -154,6 +156,16 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
         for i in 0..b.len().saturating_sub(1) {
             let (x0, x1) = (b[i], b[i + 1]);
             let (g0, g1) = (g(x0, v[i]), g(x1, v[i + 1]));
+            if f.range_of(x0) != f.range_of(x1) {
+                // A gap in the domain between them: only the end points themselves.
+                if g0 >= thr {
+                    push(x0, x0);
+                }
+                if g1 >= thr {
+                    push(x1, x1);
+                }
+                continue;
+            }
             match (g0 >= thr, g1 >= thr) {
                 (true, true) => push(x0, x1),
                 (true, false) => {
@@ -246,7 +258,7 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
                     continue;
                 }
                 let v = dp[y - d] + cv[i];
-                if v > best {
+                if v > best + tie {
                     best = v;
                     arg = d as u32;
                 }
@@ -258,7 +270,8 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
         std::mem::swap(&mut dp, &mut next);
         choice.push(ch);
     }
-    let mut y = (0..=reach).fold(0usize, |b, y| if dp[y] > dp[b] { y } else { b });
+    let top = dp[..=reach].iter().copied().fold(neg, f64::max);
+    let mut y = (0..=reach).find(|&y| dp[y] >= top - tie).unwrap_or(0);
     for (oi, &j) in open.iter().enumerate().rev() {
         let d = choice[oi][y];
         debug_assert!(d != u32::MAX, "DP backtrack through an unreachable state");
