@@ -291,6 +291,9 @@ pub(crate) struct JobFn<'a> {
     /// When set, only counts inside these sorted disjoint ranges (within [lo, hi]) are
     /// allowed besides 0 (fairness on curves that are not monotone).
     pub ranges: Option<Vec<(u32, u32)>>,
+    /// Reclaim-aware: `keep_loss[m]` is the loss of keeping the m least-lossy current
+    /// nodes (prefix sums, length c + 1); empty otherwise.
+    pub keep_loss: Vec<f64>,
     /// Sorted distinct node counts in [lo, hi], lo and hi included, between which the
     /// value is linear on the integers.
     pub bps: Vec<u32>,
@@ -315,6 +318,7 @@ impl<'a> JobFn<'a> {
             down_pen: job.scale_down_s * rate,
             obj,
             ranges: None,
+            keep_loss: Vec::new(),
             bps: Vec::new(),
         };
         f.rebuild_bps();
@@ -371,6 +375,21 @@ impl<'a> JobFn<'a> {
         self.rebuild_bps();
     }
 
+    /// Subtract the loss of the current nodes the job keeps (reclaim-aware); `losses`
+    /// are the per-node losses of its current nodes.
+    pub(crate) fn set_keep_loss(&mut self, mut losses: Vec<f64>) {
+        if losses.iter().all(|&l| l == 0.0) {
+            return;
+        }
+        losses.sort_by(f64::total_cmp);
+        let mut acc = vec![0.0];
+        for l in losses {
+            acc.push(acc[acc.len() - 1] + l);
+        }
+        self.keep_loss = acc;
+        self.rebuild_bps();
+    }
+
     fn rebuild_bps(&mut self) {
         let mut b = Vec::new();
         if self.lo <= self.hi {
@@ -382,6 +401,13 @@ impl<'a> JobFn<'a> {
                 }
             }
             self.obj.breakpoints(self.lo, self.hi, &mut b);
+            // The kept-node loss changes slope wherever the sorted per-node loss does.
+            let k = &self.keep_loss;
+            for m in 1..k.len().saturating_sub(1) {
+                if k[m + 1] - k[m] != k[m] - k[m - 1] {
+                    b.push(m as u32);
+                }
+            }
             if let Some(r) = &self.ranges {
                 b.extend(r.iter().flat_map(|&(a, z)| [a, z]));
             }
@@ -416,7 +442,11 @@ impl<'a> JobFn<'a> {
         } else {
             0.0
         };
-        self.w * (self.tfwd * self.obj.eval(n) - cost)
+        let kept = match self.keep_loss.len() {
+            0 => 0.0,
+            len => self.keep_loss[(n as usize).min(len - 1)],
+        };
+        self.w * (self.tfwd * self.obj.eval(n) - cost) - kept
     }
 }
 

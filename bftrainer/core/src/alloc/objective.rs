@@ -2,7 +2,7 @@
 //! and the evaluator that scores any allocation with the same formulas.
 
 use super::assign::assign;
-use super::exact::solve_counts;
+use super::exact::{solve_counts, Stats};
 use super::model::{current_rate, JobFn, Obj};
 use super::{invalid, AllocError, Instance, JobInput, NodeIdx, Objective, Solution};
 
@@ -32,6 +32,7 @@ fn job_fns(inst: &Instance, objective: Objective) -> Vec<JobFn<'_>> {
 pub(crate) fn solve_validated(
     inst: &Instance,
     objective: Objective,
+    stats: &mut Stats,
 ) -> Result<Solution, AllocError> {
     let mut fns = job_fns(inst, objective);
     let mut level_out = None;
@@ -46,16 +47,23 @@ pub(crate) fn solve_validated(
         }
         level_out = Some(level);
     }
-    let (counts, _) = solve_counts(&fns, inst.n_nodes).ok_or_else(|| {
+    if objective == Objective::ReclaimAware {
+        for (j, f) in fns.iter_mut().enumerate() {
+            f.set_keep_loss(super::reclaim::node_losses(inst, j, &inst.jobs[j].current));
+        }
+    }
+    let (counts, st) = solve_counts(&fns, inst.n_nodes).ok_or_else(|| {
         invalid(
             "jobs",
             "no feasible allocation (internal: floors do not fit)",
         )
     })?;
-    let mut jobs = assign(inst, &counts, objective);
-    if objective == Objective::ReclaimAware {
-        jobs = super::reclaim::improve(inst, &fns, jobs);
-    }
+    *stats = st;
+    let jobs = if objective == Objective::ReclaimAware {
+        super::reclaim::local_search(inst, counts)
+    } else {
+        assign(inst, &counts, objective)
+    };
     let batch_sizes = inst
         .jobs
         .iter()

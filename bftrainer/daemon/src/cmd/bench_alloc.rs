@@ -2,7 +2,7 @@
 //! instances (alloc::gen), p50/p99 per size, as a table.
 
 use bftrainer_core::alloc::gen::{generate, GenParams};
-use bftrainer_core::alloc::{solve, Objective, Options};
+use bftrainer_core::alloc::{solve_with_stats, Objective, Options};
 use std::time::Instant;
 
 #[derive(Debug, clap::Args)]
@@ -74,8 +74,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             p.batch_share = args.batch_share;
             let inst = generate(&p);
             let t = Instant::now();
-            let sol = solve(&inst, &opts)?;
-            times.push(t.elapsed().as_secs_f64() * 1e3);
+            let (sol, st) = solve_with_stats(&inst, &opts)?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            times.push(ms);
+            log::debug!("{n}x{j} seed {}: {ms:.3} ms, {st:?}", args.seed + k as u64);
             value += sol.objective_value;
         }
         times.sort_by(f64::total_cmp);
