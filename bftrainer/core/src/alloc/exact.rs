@@ -14,6 +14,11 @@ pub struct Stats {
     pub dp_width: usize,
     /// Candidate counts summed over open jobs.
     pub candidates: usize,
+    /// Lagrangian upper bound and the feasible value the search started from.
+    pub upper_bound: f64,
+    pub lower_bound: f64,
+    /// Value of the returned counts.
+    pub optimum: f64,
 }
 
 /// Upper concave hull of the job's (n, f(n)) at its breakpoints, as (n, f(n)).
@@ -73,47 +78,60 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
     let mut pos: Vec<usize> = vec![0; nj];
     let mut left = u64::from(budget) - base;
     let mut lambda = 0.0;
-    let mut crit: Option<(usize, usize)> = None;
-    for &(s, j, k) in &segs {
+    let mut crit: Option<usize> = None;
+    for (si, &(s, j, k)) in segs.iter().enumerate() {
         let (j, k) = (j as usize, k as usize);
-        if pos[j] != k {
-            continue; // an earlier segment of this job did not fit
-        }
         let len = u64::from(hulls[j][k + 1].0 - hulls[j][k].0);
         if len <= left {
             left -= len;
             pos[j] = k + 1;
-        } else if crit.is_none() {
+        } else {
             lambda = s;
-            crit = Some((j, k));
-            // Keep filling smaller segments that fit: a better feasible start, same bound.
+            crit = Some(si);
+            break;
         }
     }
 
-    // Feasible solution (lower bound): the greedy's vertices, then the critical job
-    // extended inside its segment with what is left.
+    // Feasible solution (lower bound): the greedy's vertices, then the remaining nodes
+    // poured into the following segments in slope order, each job as far as its true
+    // value (not the envelope) still rises. Many jobs share a model, hence a slope, so
+    // this usually closes the gap to the bound at once.
     let mut lb_counts: Vec<u32> = (0..nj).map(|j| hulls[j][pos[j]].0).collect();
-    if let Some((j, k)) = crit {
-        if pos[j] == k && left > 0 {
-            let f = &fns[j];
-            let from = lb_counts[j];
-            let to = (u64::from(hulls[j][k + 1].0)).min(u64::from(from) + left) as u32;
-            let mut best = (f.value(from), from);
-            for n in f
-                .bps
-                .iter()
-                .copied()
-                .filter(|&n| n > from && n <= to)
-                .chain([to])
-            {
-                if f.allowed(n) {
-                    let v = f.value(n);
-                    if v > best.0 {
-                        best = (v, n);
-                    }
+    let mut partial = vec![false; nj];
+    for &(_, j, k) in segs.iter().skip(crit.unwrap_or(segs.len())) {
+        if left == 0 {
+            break;
+        }
+        let (j, k) = (j as usize, k as usize);
+        if partial[j] || pos[j] != k {
+            continue;
+        }
+        let f = &fns[j];
+        let from = lb_counts[j];
+        let end = hulls[j][k + 1].0;
+        let to = u64::from(end).min(u64::from(from) + left) as u32;
+        let mut best = (f.value(from), from);
+        for n in f.bps.iter().copied().filter(|&n| n > from && n < to).chain([to]) {
+            if f.allowed(n) {
+                let v = f.value(n);
+                if v > best.0 {
+                    best = (v, n);
                 }
             }
-            lb_counts[j] = best.1;
+        }
+        if best.1 == end {
+            pos[j] = k + 1;
+        } else {
+            partial[j] = true;
+        }
+        left -= u64::from(best.1 - from);
+        lb_counts[j] = best.1;
+    }
+    if std::env::var("ALLOC_DEBUG").is_ok() {
+        if let Some(ci) = crit {
+            let (sl, j, k) = segs[ci];
+            let (j, k) = (j as usize, k as usize);
+            eprintln!("lambda {sl} crit job {j} seg {k} hull {:?} c {} lo {} hi {} left {left}", hulls[j], fns[j].c, fns[j].lo, fns[j].hi);
         }
     }
     let lb: f64 = lb_counts.iter().zip(fns).map(|(&n, f)| f.value(n)).sum();
@@ -130,6 +148,8 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
     let scale =
         lambda * f64::from(budget) + lj.iter().map(|v| v.abs()).sum::<f64>() + lb.abs() + 1.0;
     let tol = 1e-9 * scale;
+    // Values closer than this are ties (rounding noise), broken by the documented rule.
+    let tie = 1e-12 * scale;
     let gap = (ub - lb).max(0.0) + tol;
 
     // Reduced-cost fixing: a job's count n can be in an optimal solution only if
@@ -154,6 +174,16 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
         for i in 0..b.len().saturating_sub(1) {
             let (x0, x1) = (b[i], b[i + 1]);
             let (g0, g1) = (g(x0, v[i]), g(x1, v[i + 1]));
+            if f.range_of(x0) != f.range_of(x1) {
+                // A gap in the domain between them: only the end points themselves.
+                if g0 >= thr {
+                    push(x0, x0);
+                }
+                if g1 >= thr {
+                    push(x1, x1);
+                }
+                continue;
+            }
             match (g0 >= thr, g1 >= thr) {
                 (true, true) => push(x0, x1),
                 (true, false) => {
@@ -191,6 +221,8 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
     }
     let mut stats = Stats {
         open_jobs: open.len(),
+        upper_bound: ub,
+        lower_bound: lb,
         ..Stats::default()
     };
     if open.is_empty() {
@@ -246,7 +278,7 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
                     continue;
                 }
                 let v = dp[y - d] + cv[i];
-                if v > best {
+                if v > best + tie {
                     best = v;
                     arg = d as u32;
                 }
@@ -258,13 +290,15 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
         std::mem::swap(&mut dp, &mut next);
         choice.push(ch);
     }
-    let mut y = (0..=reach).fold(0usize, |b, y| if dp[y] > dp[b] { y } else { b });
+    let top = dp[..=reach].iter().copied().fold(neg, f64::max);
+    let mut y = (0..=reach).find(|&y| dp[y] >= top - tie).unwrap_or(0);
     for (oi, &j) in open.iter().enumerate().rev() {
         let d = choice[oi][y];
         debug_assert!(d != u32::MAX, "DP backtrack through an unreachable state");
         counts[j] = lows[oi] + d;
         y -= d as usize;
     }
+    stats.optimum = counts.iter().zip(fns).map(|(&n, f)| f.value(n)).sum();
     Some((counts, stats))
 }
 

@@ -28,6 +28,7 @@
 
 mod assign;
 mod exact;
+pub use exact::Stats;
 pub mod gen;
 pub mod io;
 mod model;
@@ -265,7 +266,15 @@ pub(crate) fn invalid(location: impl Into<String>, message: impl Into<String>) -
 /// Solve one decision exactly. Errors only on invalid instances.
 pub fn solve(inst: &Instance, opts: &Options) -> Result<Solution, AllocError> {
     inst.validate(opts.objective)?;
-    objective::solve_validated(inst, opts.objective)
+    objective::solve_validated(inst, opts.objective, &mut Stats::default())
+}
+
+/// [`solve`], also returning how much of the instance the exact search had to open.
+pub fn solve_with_stats(inst: &Instance, opts: &Options) -> Result<(Solution, Stats), AllocError> {
+    inst.validate(opts.objective)?;
+    let mut stats = Stats::default();
+    let sol = objective::solve_validated(inst, opts.objective, &mut stats)?;
+    Ok((sol, stats))
 }
 
 /// Value of a given allocation (node counts per job) under `objective`, node choice

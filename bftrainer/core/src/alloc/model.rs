@@ -288,6 +288,12 @@ pub(crate) struct JobFn<'a> {
     pub up_pen: f64,
     pub down_pen: f64,
     pub obj: Obj<'a>,
+    /// When set, only counts inside these sorted disjoint ranges (within [lo, hi]) are
+    /// allowed besides 0 (fairness on curves that are not monotone).
+    pub ranges: Option<Vec<(u32, u32)>>,
+    /// Reclaim-aware: `keep_loss[m]` is the loss of keeping the m least-lossy current
+    /// nodes (prefix sums, length c + 1); empty otherwise.
+    pub keep_loss: Vec<f64>,
     /// Sorted distinct node counts in [lo, hi], lo and hi included, between which the
     /// value is linear on the integers.
     pub bps: Vec<u32>,
@@ -311,19 +317,77 @@ impl<'a> JobFn<'a> {
             up_pen: job.scale_up_s * rate,
             down_pen: job.scale_down_s * rate,
             obj,
+            ranges: None,
+            keep_loss: Vec::new(),
             bps: Vec::new(),
         };
         f.rebuild_bps();
         f
     }
 
-    /// Restrict the domain to n >= floor (fairness), keeping 0 only when floor is 0.
-    pub(crate) fn restrict_floor(&mut self, floor: u32) {
-        if floor > 0 {
-            self.zero = false;
-            self.lo = self.lo.max(floor);
-            self.rebuild_bps();
+    /// Restrict the domain to the counts with O(n) >= target (fairness); 0 stays
+    /// allowed only when the target is 0.
+    pub(crate) fn restrict_level(&mut self, target: f64) {
+        if target <= 0.0 {
+            return;
         }
+        self.zero = false;
+        let mut ranges: Vec<(u32, u32)> = Vec::new();
+        let b = self.bps.clone();
+        let mut add = |a: u32, z: u32| match ranges.last_mut() {
+            Some(last) if last.1 + 1 >= a => last.1 = last.1.max(z),
+            _ => ranges.push((a, z)),
+        };
+        let ok = |n: u32| self.obj.eval(n) >= target;
+        if b.len() == 1 && ok(b[0]) {
+            add(b[0], b[0]);
+        }
+        for w in b.windows(2) {
+            let (x0, x1) = (w[0], w[1]);
+            // O is linear on [x0, x1]: the counts reaching the target form one range.
+            match (ok(x0), ok(x1)) {
+                (true, true) => add(x0, x1),
+                (true, false) => {
+                    let mut e = x0;
+                    while e < x1 && ok(e + 1) {
+                        e += 1;
+                    }
+                    add(x0, e);
+                }
+                (false, true) => {
+                    let mut s = x1;
+                    while s > x0 && ok(s - 1) {
+                        s -= 1;
+                    }
+                    add(s, x1);
+                }
+                (false, false) => {}
+            }
+        }
+        if let (Some(first), Some(last)) = (ranges.first(), ranges.last()) {
+            self.lo = first.0;
+            self.hi = last.1;
+        } else {
+            self.lo = 1;
+            self.hi = 0;
+        }
+        self.ranges = Some(ranges);
+        self.rebuild_bps();
+    }
+
+    /// Subtract the loss of the current nodes the job keeps (reclaim-aware); `losses`
+    /// are the per-node losses of its current nodes.
+    pub(crate) fn set_keep_loss(&mut self, mut losses: Vec<f64>) {
+        if losses.iter().all(|&l| l == 0.0) {
+            return;
+        }
+        losses.sort_by(f64::total_cmp);
+        let mut acc = vec![0.0];
+        for l in losses {
+            acc.push(acc[acc.len() - 1] + l);
+        }
+        self.keep_loss = acc;
+        self.rebuild_bps();
     }
 
     fn rebuild_bps(&mut self) {
@@ -337,7 +401,17 @@ impl<'a> JobFn<'a> {
                 }
             }
             self.obj.breakpoints(self.lo, self.hi, &mut b);
-            b.retain(|&x| x >= self.lo && x <= self.hi);
+            // The kept-node loss changes slope wherever the sorted per-node loss does.
+            let k = &self.keep_loss;
+            for m in 1..k.len().saturating_sub(1) {
+                if k[m + 1] - k[m] != k[m] - k[m - 1] {
+                    b.push(m as u32);
+                }
+            }
+            if let Some(r) = &self.ranges {
+                b.extend(r.iter().flat_map(|&(a, z)| [a, z]));
+            }
+            b.retain(|&x| x >= self.lo && x <= self.hi && self.range_of(x).is_some());
             b.sort_unstable();
             b.dedup();
         }
@@ -345,7 +419,18 @@ impl<'a> JobFn<'a> {
     }
 
     pub(crate) fn allowed(&self, n: u32) -> bool {
-        (n == 0 && self.zero) || (n >= self.lo && n <= self.hi)
+        (n == 0 && self.zero) || (n >= self.lo && n <= self.hi && self.range_of(n).is_some())
+    }
+
+    /// Index of the allowed range holding n (0 when unrestricted).
+    pub(crate) fn range_of(&self, n: u32) -> Option<usize> {
+        match &self.ranges {
+            None => Some(0),
+            Some(r) => {
+                let i = r.partition_point(|&(_, z)| z < n);
+                (i < r.len() && r[i].0 <= n).then_some(i)
+            }
+        }
     }
 
     /// The term's value; the one formula every part of the solver and its checks use.
@@ -357,7 +442,11 @@ impl<'a> JobFn<'a> {
         } else {
             0.0
         };
-        self.w * (self.tfwd * self.obj.eval(n) - cost)
+        let kept = match self.keep_loss.len() {
+            0 => 0.0,
+            len => self.keep_loss[(n as usize).min(len - 1)],
+        };
+        self.w * (self.tfwd * self.obj.eval(n) - cost) - kept
     }
 }
 

@@ -2,7 +2,7 @@
 //! and the evaluator that scores any allocation with the same formulas.
 
 use super::assign::assign;
-use super::exact::solve_counts;
+use super::exact::{solve_counts, Stats};
 use super::model::{current_rate, JobFn, Obj};
 use super::{invalid, AllocError, Instance, JobInput, NodeIdx, Objective, Solution};
 
@@ -32,26 +32,38 @@ fn job_fns(inst: &Instance, objective: Objective) -> Vec<JobFn<'_>> {
 pub(crate) fn solve_validated(
     inst: &Instance,
     objective: Objective,
+    stats: &mut Stats,
 ) -> Result<Solution, AllocError> {
     let mut fns = job_fns(inst, objective);
-    let mut fairness_level = None;
+    let mut level_out = None;
     if objective == Objective::Fairness {
-        let (level, floors) = fairness_floors(&fns, inst.n_nodes);
-        for (f, &fl) in fns.iter_mut().zip(&floors) {
-            f.restrict_floor(fl);
+        let (level, tops) = fairness_level(&fns, inst.n_nodes);
+        for (f, &top) in fns.iter_mut().zip(&tops) {
+            if top > 0.0 {
+                // Slack for the rounding of level * top: the job defining the level must
+                // still reach it.
+                f.restrict_level(level * top * (1.0 - 1e-12));
+            }
         }
-        fairness_level = Some(level);
+        level_out = Some(level);
     }
-    let (counts, _) = solve_counts(&fns, inst.n_nodes).ok_or_else(|| {
+    if objective == Objective::ReclaimAware {
+        for (j, f) in fns.iter_mut().enumerate() {
+            f.set_keep_loss(super::reclaim::node_losses(inst, j, &inst.jobs[j].current));
+        }
+    }
+    let (counts, st) = solve_counts(&fns, inst.n_nodes).ok_or_else(|| {
         invalid(
             "jobs",
             "no feasible allocation (internal: floors do not fit)",
         )
     })?;
-    let mut jobs = assign(inst, &counts, objective);
-    if objective == Objective::ReclaimAware {
-        jobs = super::reclaim::improve(inst, &fns, jobs);
-    }
+    *stats = st;
+    let jobs = if objective == Objective::ReclaimAware {
+        super::reclaim::local_search(inst, counts)
+    } else {
+        assign(inst, &counts, objective)
+    };
     let batch_sizes = inst
         .jobs
         .iter()
@@ -69,7 +81,7 @@ pub(crate) fn solve_validated(
         objective_value,
         jobs,
         batch_sizes,
-        fairness_level,
+        fairness_level: level_out,
     })
 }
 
@@ -101,9 +113,9 @@ pub(crate) fn evaluate(
     Some(total)
 }
 
-/// Normalised throughput floor of max-min fairness: the largest level t such that every
-/// job can reach O_j(n)/max O_j >= t within the nodes, and the counts that reach it.
-fn fairness_floors(fns: &[JobFn<'_>], budget: u32) -> (f64, Vec<u32>) {
+/// Max-min fairness level: the largest t such that every job can reach
+/// O_j(n)/max O_j >= t within the nodes; and each job's max O_j (0: the job is ignored).
+fn fairness_level(fns: &[JobFn<'_>], budget: u32) -> (f64, Vec<f64>) {
     let tops: Vec<f64> = fns
         .iter()
         .map(|f| f.bps.iter().map(|&n| f.obj.eval(n)).fold(0.0, f64::max))
@@ -122,8 +134,8 @@ fn fairness_floors(fns: &[JobFn<'_>], budget: u32) -> (f64, Vec<u32>) {
         }
         (sum <= u64::from(budget)).then_some(v)
     };
-    if let Some(v) = needs(1.0) {
-        return (1.0, v);
+    if needs(1.0).is_some() {
+        return (1.0, tops);
     }
     let (mut lo, mut hi) = (0.0f64, 1.0f64);
     for _ in 0..64 {
@@ -136,7 +148,7 @@ fn fairness_floors(fns: &[JobFn<'_>], budget: u32) -> (f64, Vec<u32>) {
     }
     let floors = needs(lo).unwrap_or_else(|| vec![0; fns.len()]);
     if lo <= 0.0 {
-        return (0.0, vec![0; fns.len()]);
+        return (0.0, tops);
     }
     // Snap to the level actually reached by those counts (same counts, exact level).
     let level = fns
@@ -146,7 +158,7 @@ fn fairness_floors(fns: &[JobFn<'_>], budget: u32) -> (f64, Vec<u32>) {
         .filter(|((_, &top), _)| top > 0.0)
         .map(|((f, &top), &n)| f.obj.eval(n) / top)
         .fold(1.0, f64::min);
-    (level, floors)
+    (level, tops)
 }
 
 /// Smallest allowed n >= 1 with O(n) >= target, if any.
