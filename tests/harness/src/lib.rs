@@ -17,7 +17,7 @@
 use std::ffi::OsStr;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -109,6 +109,9 @@ pub struct Cluster {
     nodes: Vec<String>,
     name: String,
     stopped: bool,
+    /// Stops the cluster if this process dies without dropping it (a test killed by
+    /// nextest's timeout, SIGKILL): otherwise its daemons would run on forever.
+    watchdog: Option<Child>,
 }
 
 impl fmt::Debug for Cluster {
@@ -181,12 +184,24 @@ impl Cluster {
                 command: "cluster up".into(),
                 output: stdout.to_string(),
             })?;
+        let watchdog = if keep_requested() {
+            None
+        } else {
+            match spawn_watchdog(&dir) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    let _ = down(&dir);
+                    return Err(e);
+                }
+            }
+        };
         Ok(Cluster {
             dir,
             slurm_conf,
             nodes: (1..=opts.nodes).map(|i| format!("n{i}")).collect(),
             name,
             stopped: false,
+            watchdog,
         })
     }
 
@@ -297,7 +312,16 @@ impl Cluster {
     /// Stops the cluster now and removes its directory; errors if a daemon stays up.
     pub fn stop(mut self) -> Result<(), Error> {
         self.stopped = true;
-        down(&self.dir)
+        let r = down(&self.dir);
+        self.end_watchdog();
+        r
+    }
+
+    fn end_watchdog(&mut self) {
+        if let Some(mut w) = self.watchdog.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
     }
 }
 
@@ -306,7 +330,7 @@ impl Drop for Cluster {
         if self.stopped {
             return;
         }
-        if std::env::var(KEEP_ENV).is_ok_and(|v| v == "1") {
+        if keep_requested() {
             eprintln!(
                 "bftrainer-testcluster: {KEEP_ENV}=1: left running; export SLURM_CONF={}; \
                  stop with: {} down --dir {} --purge",
@@ -337,6 +361,7 @@ impl Drop for Cluster {
                 self.dir.display()
             ),
         }
+        self.end_watchdog();
     }
 }
 
@@ -378,6 +403,33 @@ pub fn kept_logs_root() -> PathBuf {
         }
     }
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/cluster-logs")
+}
+
+fn keep_requested() -> bool {
+    std::env::var(KEEP_ENV).is_ok_and(|v| v == "1")
+}
+
+/// A shell that waits for this process to end, then runs `down --purge`. In its own
+/// process group, so that a kill of the test's group does not take it along.
+fn spawn_watchdog(dir: &Path) -> Result<Child, Error> {
+    use std::os::unix::process::CommandExt;
+    let me = std::process::id().to_string();
+    Command::new("/bin/sh")
+        .arg("-c")
+        .arg(r#"while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec "$2" down --dir "$3" --purge"#)
+        .arg("bftc-watchdog")
+        .arg(me)
+        .arg(script())
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(|source| Error::Spawn {
+            program: "/bin/sh (cluster watchdog)".into(),
+            source,
+        })
 }
 
 fn script() -> PathBuf {

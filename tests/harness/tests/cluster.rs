@@ -319,3 +319,58 @@ fn cluster_logs_of_a_failed_test_are_kept() {
     assert!(kept.join("log/slurmd-n1.log").is_file());
     std::fs::remove_dir_all(&kept).unwrap();
 }
+
+/// Set by `cluster_watchdog_stops_the_cluster_of_a_killed_test` for its child process.
+const CHILD_ENV: &str = "BFTC_TEST_WATCHDOG_CHILD";
+
+#[test]
+#[ignore = "child process of cluster_watchdog_stops_the_cluster_of_a_killed_test"]
+fn cluster_watchdog_child() {
+    let Some(report) = std::env::var_os(CHILD_ENV) else {
+        return;
+    };
+    let c = start(1);
+    std::fs::write(&report, c.dir().as_os_str().as_encoded_bytes()).unwrap();
+    // Wait to be killed: Drop never runs.
+    std::thread::sleep(Duration::from_secs(300));
+}
+
+#[test]
+fn cluster_watchdog_stops_the_cluster_of_a_killed_test() {
+    let report = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(report.path(), "").unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "cluster_watchdog_child",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(CHILD_ENV, report.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let dir =
+        bftrainer_testcluster::wait_until("the child's cluster", Duration::from_secs(60), || {
+            let text = std::fs::read_to_string(report.path()).unwrap();
+            Ok((!text.is_empty()).then(|| std::path::PathBuf::from(text)))
+        })
+        .unwrap();
+    let daemons = recorded_daemons(&dir);
+    assert_eq!(daemons.len(), 5, "{daemons:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    bftrainer_testcluster::wait_until(
+        "the watchdog to remove the cluster",
+        Duration::from_secs(30),
+        || Ok((!dir.exists()).then_some(())),
+    )
+    .unwrap();
+    for (pid, cmd) in daemons {
+        let now = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            String::from_utf8_lossy(&now).replace('\0', " ") != cmd,
+            "pid {pid} ({cmd}) still running"
+        );
+    }
+}
