@@ -341,8 +341,10 @@ impl Drop for Cluster {
             return;
         }
         let panicking = std::thread::panicking();
-        // Stop first, so the kept logs include the daemons' shutdown.
-        let stopped = down_only(&self.dir);
+        // A failed test's cluster stops cleanly first, so its kept logs include the
+        // daemons' shutdown; a passed test's is killed and deleted at once (~0.3 s
+        // instead of ~2 s, mostly slurmctld's shutdown).
+        let stopped = down_only(&self.dir, !panicking);
         if panicking {
             match keep_logs(&self.dir, &self.name) {
                 Ok(p) => eprintln!(
@@ -409,14 +411,14 @@ fn keep_requested() -> bool {
     std::env::var(KEEP_ENV).is_ok_and(|v| v == "1")
 }
 
-/// A shell that waits for this process to end, then runs `down --purge`. In its own
+/// A shell that waits for this process to end, then runs `down --fast --purge`. In its own
 /// process group, so that a kill of the test's group does not take it along.
 fn spawn_watchdog(dir: &Path) -> Result<Child, Error> {
     use std::os::unix::process::CommandExt;
     let me = std::process::id().to_string();
     Command::new("/bin/sh")
         .arg("-c")
-        .arg(r#"while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec "$2" down --dir "$3" --purge"#)
+        .arg(r#"while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec "$2" down --dir "$3" --fast --purge"#)
         .arg("bftc-watchdog")
         .arg(me)
         .arg(script())
@@ -438,8 +440,13 @@ fn script() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster/cluster"))
 }
 
-fn down_only(dir: &Path) -> Result<(), Error> {
-    let out = run_output(Command::new(script()).arg("down").arg("--dir").arg(dir))?;
+fn down_only(dir: &Path, fast: bool) -> Result<(), Error> {
+    let mut cmd = Command::new(script());
+    cmd.arg("down").arg("--dir").arg(dir);
+    if fast {
+        cmd.args(["--fast", "--purge"]);
+    }
+    let out = run_output(&mut cmd)?;
     if !out.status.success() {
         return Err(Error::Down {
             code: out.status.code().unwrap_or(-1),
@@ -450,7 +457,7 @@ fn down_only(dir: &Path) -> Result<(), Error> {
 }
 
 fn down(dir: &Path) -> Result<(), Error> {
-    down_only(dir)?;
+    down_only(dir, false)?;
     std::fs::remove_dir_all(dir).map_err(|source| Error::Io {
         what: "cannot remove the cluster directory",
         path: dir.to_path_buf(),
