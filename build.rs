@@ -50,13 +50,14 @@ fn main() {
         .clang_arg(format!("-I{}", inc.display()))
         .allowlist_file(&public)
         // Not public API: declared by hand in src/lib.rs with 22.05's exact signatures.
-        .blocklist_function("slurm_xcalloc|slurm_xfree|slurm_xfree_ptr|slurm_xstrdup")
+        .blocklist_function("slurm_xcalloc|slurm_xfree|slurm_xfree_ptr|slurm_xstrdup|slurm_job_reason_string|slurm_job_state_string|slurm_node_state_string_complete")
         .default_enum_style(bindgen::EnumVariation::Consts)
         .prepend_enum_name(false)
         .derive_default(true)
         .layout_tests(true)
         .generate_comments(false)
         .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+        .parse_callbacks(Box::new(MacroTypes))
         .generate()
         .unwrap_or_else(|e| {
             panic!(
@@ -89,6 +90,26 @@ fn main() {
             println!("cargo:rustc-link-search=native={dir}");
         }
         println!("cargo:rustc-link-lib=dylib=slurm");
+    }
+}
+
+/// bindgen sees `#define NO_VAL64 (0xfffffffffffffffe)` as the i64 -2 and would emit
+/// `i32 = -2`. C gives such a literal an unsigned 64-bit type; so do we, for every
+/// macro whose value does not fit i32 (negative values that C spells with a minus
+/// sign, like SLURM_ERROR, stay signed: they are small).
+#[derive(Debug)]
+struct MacroTypes;
+
+impl bindgen::callbacks::ParseCallbacks for MacroTypes {
+    fn int_macro(&self, name: &str, value: i64) -> Option<bindgen::callbacks::IntKind> {
+        use bindgen::callbacks::IntKind;
+        // The *64 sentinels (NO_VAL64, INFINITE64, NO_CONSUME_VAL64) arrive wrapped
+        // to small negative numbers, so the name is the only reliable sign.
+        if name.ends_with("64") || value < i64::from(i32::MIN) || value > i64::from(u32::MAX) {
+            Some(IntKind::U64)
+        } else {
+            None
+        }
     }
 }
 

@@ -64,3 +64,19 @@ extern "C" {
     pub fn slurm_xfree_ptr(ptr: *mut std::os::raw::c_void);
     pub fn slurm_xstrdup(s: *const std::os::raw::c_char) -> *mut std::os::raw::c_char;
 }
+
+// Name tables that libslurm exports but the public headers do not declare
+// (src/common/slurm_protocol_defs.h of 22.05). They are how scontrol/squeue print
+// states and reasons; re-implementing the ~200 pending reasons by hand would drift.
+//   char *job_reason_string(enum job_state_reason inx);   static string
+//   char *job_state_string(uint32_t inx);                 static string, flags win
+//   char *node_state_string_complete(uint32_t inx);       xmalloc'd: free with xfree
+// And the destructor slurm.h tells callers of slurm_job_will_run2 to use but does not
+// declare:
+//   void slurm_free_will_run_response_msg(will_run_response_msg_t *msg);
+extern "C" {
+    pub fn slurm_free_will_run_response_msg(msg: *mut will_run_response_msg_t);
+    pub fn slurm_job_reason_string(inx: job_state_reason) -> *mut std::os::raw::c_char;
+    pub fn slurm_job_state_string(inx: u32) -> *mut std::os::raw::c_char;
+    pub fn slurm_node_state_string_complete(inx: u32) -> *mut std::os::raw::c_char;
+}

@@ -5,14 +5,14 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// Lists each constant once: the macro yields its name (for the C side) and its Rust
-/// value widened to u64 (wrapping negative values the same way C's cast does).
+/// value widened losslessly to i128, so a sign or width error (NO_VAL64 as -2) shows.
 macro_rules! consts {
     ($($name:ident),* $(,)?) => {
-        vec![$((stringify!($name), slurm_sys::$name as u64)),*]
+        vec![$((stringify!($name), i128::from(slurm_sys::$name))),*]
     };
 }
 
-fn rust_values() -> Vec<(&'static str, u64)> {
+fn rust_values() -> Vec<(&'static str, i128)> {
     consts![
         SLURM_VERSION_NUMBER,
         NO_VAL,
@@ -73,12 +73,16 @@ fn rust_values() -> Vec<(&'static str, u64)> {
 fn c_program(names: &[&str]) -> String {
     let mut src = String::from(
         "#include <stdio.h>\n#include <stdint.h>\n#include <slurm/slurm.h>\n\
-         #include <slurm/slurmdb.h>\n#include <slurm/spank.h>\nint main(void) {\n",
+         #include <slurm/slurmdb.h>\n#include <slurm/spank.h>\n\
+         static void s(const char *n, long long v) { printf(\"%s=%lld\\n\", n, v); }\n\
+         static void u(const char *n, unsigned long long v) { printf(\"%s=%llu\\n\", n, v); }\n\
+         /* Print with the C type's own signedness. */\n\
+         #define P(x) _Generic((x), signed char: s, short: s, int: s, long: s, \\\n\
+           long long: s, default: u)(#x, (x))\n\
+         int main(void) {\n",
     );
     for n in names {
-        src.push_str(&format!(
-            "    printf(\"%s=%llu\\n\", \"{n}\", (unsigned long long)({n}));\n"
-        ));
+        src.push_str(&format!("    P({n});\n"));
     }
     src.push_str("    return 0;\n}\n");
     src
@@ -122,7 +126,7 @@ fn constants_match_installed_headers() {
     let mut seen = 0;
     for line in text.lines() {
         let (name, val) = line.split_once('=').expect("NAME=value line");
-        let c_val: u64 = val.parse().expect("decimal value");
+        let c_val: i128 = val.parse().expect("decimal value");
         let rust_val = rust.iter().find(|(n, _)| *n == name).unwrap().1;
         seen += 1;
         if c_val != rust_val {
@@ -157,6 +161,9 @@ fn version_exported_by_build_script_matches_header() {
 
 #[test]
 fn node_state_flags_are_disjoint_from_base() {
+    // The 64-bit sentinels must be unsigned 64-bit, as in C (bindgen alone gives -2).
+    let _: u64 = slurm_sys::NO_VAL64;
+    let _: u64 = slurm_sys::INFINITE64;
     for f in [
         slurm_sys::NODE_STATE_DRAIN,
         slurm_sys::NODE_STATE_PLANNED,
