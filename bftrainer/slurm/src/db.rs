@@ -112,15 +112,17 @@ impl SlurmDb {
         }
         // Lists are Rust-owned guards: freed on every return path, with their items.
         let mut lists: Vec<List> = Vec::new();
-        let mut cond: slurm_sys::slurmdb_job_cond_t = Default::default();
-        cond.usage_start = q.start as libc::time_t;
-        cond.usage_end = q.end.unwrap_or(0) as libc::time_t;
-        cond.flags = (slurm_sys::JOBCOND_FLAG_NO_STEP | slurm_sys::JOBCOND_FLAG_NO_TRUNC) as u32;
+        let mut flags = slurm_sys::JOBCOND_FLAG_NO_STEP | slurm_sys::JOBCOND_FLAG_NO_TRUNC;
         if q.duplicates {
-            cond.flags |= slurm_sys::JOBCOND_FLAG_DUP as u32;
+            flags |= slurm_sys::JOBCOND_FLAG_DUP;
         }
-        // Slurm's "unset" for the numeric ranges and exit code.
-        cond.exitcode = 0;
+        // Zero is Slurm's "unset" for the numeric ranges (cpus, nodes, time limit).
+        let mut cond = slurm_sys::slurmdb_job_cond_t {
+            usage_start: q.start as libc::time_t,
+            usage_end: q.end.unwrap_or(0) as libc::time_t,
+            flags: flags as u32,
+            ..Default::default()
+        };
         let mut strs = |items: Vec<String>, what: &'static str| -> Result<slurm_sys::List> {
             if items.is_empty() {
                 return Ok(std::ptr::null_mut());
@@ -138,7 +140,6 @@ impl SlurmDb {
         cond.userid_list = strs(q.user_ids.iter().map(u32::to_string).collect(), "user id")?;
         cond.partition_list = strs(q.partitions.clone(), "partition")?;
         cond.cluster_list = strs(q.clusters.clone(), "cluster")?;
-        drop(strs);
         let used_nodes = match &q.nodes {
             Some(n) => Some(crate::ffi::c_arg("nodes", n)?),
             None => None,
@@ -268,9 +269,11 @@ mod tests {
 
     #[test]
     fn zeroed_record_converts() {
-        let mut r: slurm_sys::slurmdb_job_rec_t = Default::default();
-        r.requid = u32::MAX;
-        r.timelimit = slurm_sys::INFINITE;
+        let r = slurm_sys::slurmdb_job_rec_t {
+            requid: u32::MAX,
+            timelimit: slurm_sys::INFINITE,
+            ..Default::default()
+        };
         let j = convert(&r);
         assert_eq!(j.requested_by_uid, None);
         assert_eq!(j.time_limit, Some(TimeLimit::Unlimited));

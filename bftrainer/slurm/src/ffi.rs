@@ -54,7 +54,7 @@ pub(crate) fn opt_time(t: libc::time_t) -> Option<i64> {
     if t == 0 {
         None
     } else {
-        Some(t as i64)
+        Some(t)
     }
 }
 

@@ -357,7 +357,7 @@ impl Slurm {
         let nodes = records(m.node_array, m.record_count)
             .iter()
             .filter(|n| !n.name.is_null())
-            .map(|n| convert_node(n))
+            .map(convert_node)
             .collect();
         Ok(Loaded::Changed(Nodes {
             last_update: m.last_update as i64,
@@ -593,10 +593,12 @@ mod tests {
         let node = convert_node(&n);
         assert_eq!(node.name, "");
         assert!(node.gres.is_none() && node.features.is_empty());
-        let mut j: slurm_sys::slurm_job_info_t = Default::default();
-        j.time_limit = slurm_sys::NO_VAL;
-        j.array_task_id = slurm_sys::NO_VAL;
-        j.het_job_offset = slurm_sys::NO_VAL;
+        let j = slurm_sys::slurm_job_info_t {
+            time_limit: slurm_sys::NO_VAL,
+            array_task_id: slurm_sys::NO_VAL,
+            het_job_offset: slurm_sys::NO_VAL,
+            ..Default::default()
+        };
         let job = convert_job(&j, &mut NameCache::default());
         assert_eq!(job.time_limit, None);
         assert_eq!(job.array_task_id, None);
