@@ -88,6 +88,12 @@ pub fn wait_state(slurm: &Slurm, job_id: u32, base: JobBase, secs: u64) -> Job {
     let what = format!("job {job_id} to reach {base:?}");
     wait_for(secs, &what, || {
         let j = slurm.load_job(job_id).ok()?;
+        assert!(
+            j.state.is_active() || j.state.base() == base,
+            "job {job_id} ended {} ({:?}) while waiting for {base:?}",
+            j.state.name(),
+            j.reason
+        );
         (j.state.base() == base && !j.state.is_completing()).then_some(j)
     })
 }
