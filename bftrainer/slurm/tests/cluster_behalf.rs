@@ -8,14 +8,11 @@ use common::{wait_state, TestCluster};
 
 #[test]
 fn cluster_jobs_submit_on_behalf_of_another_user() {
-    let c = TestCluster::start("behalf");
+    let c = TestCluster::start();
     let s = c.slurm;
-    let (uid, gid) = common::ids_of("bftuser");
-    // The job writes its output as bftuser, so into a directory bftuser owns.
-    let out_dir = c.dir().join("behalf");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    std::os::unix::fs::chown(&out_dir, Some(uid), Some(gid)).unwrap();
-    let out = out_dir.join("out");
+    let (uid, gid) = common::ids_of(bftrainer_testcluster::TEST_USER);
+    // The job writes its output as bftuser, so into the world-writable work dir.
+    let out = c.work_dir().join("behalf.out");
     let sub = s
         .submit_batch(&BatchJob {
             script: "#!/bin/sh\nid -un\necho \"$BFT_GREETING\"\n".into(),

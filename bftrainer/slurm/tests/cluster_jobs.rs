@@ -8,7 +8,7 @@ use common::{wait_for, wait_state, TestCluster, SLEEP_SCRIPT};
 
 #[test]
 fn cluster_jobs_submit_hold_pin_update_signal_requeue_cancel() {
-    let c = TestCluster::start("jobs");
+    let c = TestCluster::start();
     let s = c.slurm;
 
     // Submitted held, pinned to n3, with comments and a time limit.

@@ -8,63 +8,43 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bftrainer_slurm::{Job, JobBase, Slurm};
+use bftrainer_testcluster::{Cluster, Options};
 
-/// A running test cluster, stopped on drop; its logs are kept if the test panicked.
+/// A running test cluster (the `bftrainer-testcluster` fixture: stopped on drop, logs
+/// kept under target/cluster-logs/ if the test panicked) with libslurm pointed at it.
 pub struct TestCluster {
-    dir: PathBuf,
-    script: PathBuf,
+    pub cluster: Cluster,
     pub slurm: Slurm,
 }
 
 impl TestCluster {
-    /// Starts a 4-node cluster under a fresh directory and initialises libslurm on it.
-    pub fn start(test: &str) -> TestCluster {
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let script = repo.join("tests/cluster/cluster");
-        let dir = std::env::temp_dir().join(format!("bft-{test}-{}", std::process::id()));
-        let out = Command::new(&script)
-            .args(["up", "--nodes", "4", "--dir"])
-            .arg(&dir)
-            .output()
-            .expect("run tests/cluster/cluster");
-        assert!(
-            out.status.success(),
-            "cluster up failed:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let conf = dir.join("etc/slurm.conf");
+    /// Starts a 4-node cluster and initialises libslurm on it. One per test process:
+    /// libslurm reads one slurm.conf per process, so each cluster test is the only
+    /// test of its binary.
+    pub fn start() -> TestCluster {
+        let cluster = Cluster::start(Options {
+            nodes: 4,
+            ..Default::default()
+        })
+        .expect("start a test cluster");
         // The only thread that touches the environment at this point.
-        std::env::set_var("SLURM_CONF", &conf);
+        std::env::set_var("SLURM_CONF", cluster.slurm_conf());
         let slurm = Slurm::init().expect("slurm_init on the test cluster");
-        TestCluster { dir, script, slurm }
+        TestCluster { cluster, slurm }
     }
 
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.cluster.dir()
+    }
+
+    /// A directory every user may write to.
+    pub fn work_dir(&self) -> PathBuf {
+        self.cluster.work_dir()
     }
 
     /// A Slurm command-line tool with this cluster's SLURM_CONF.
     pub fn command(&self, tool: &str) -> Command {
-        let mut c = Command::new(tool);
-        c.env("SLURM_CONF", self.dir.join("etc/slurm.conf"));
-        c
-    }
-}
-
-impl Drop for TestCluster {
-    fn drop(&mut self) {
-        let mut cmd = Command::new(&self.script);
-        cmd.args(["down", "--dir"]).arg(&self.dir);
-        if !std::thread::panicking() {
-            cmd.arg("--purge");
-        } else {
-            eprintln!(
-                "test failed: cluster logs kept in {}",
-                self.dir.join("log").display()
-            );
-        }
-        let _ = cmd.output();
+        self.cluster.command(tool)
     }
 }
 
