@@ -18,8 +18,10 @@ pub struct AcctQuery {
     pub start: i64,
     /// Window end, unix seconds; None = now.
     pub end: Option<i64>,
-    /// Only these states (e.g. `JobState(slurm_sys::JOB_PREEMPTED)`,
-    /// `JobState(slurm_sys::JOB_REQUEUE as u32)`); empty = all.
+    /// Only jobs that were in one of these states inside the window: for RUNNING and
+    /// PENDING, at some time in it; for end states (COMPLETED, PREEMPTED, REQUEUED...),
+    /// ending in it (slurmdbd's rules, as `sacct -s`). E.g.
+    /// `JobState::from_base(JobBase::Preempted)`, [`JobState::REQUEUED`]; empty = all.
     pub states: Vec<JobState>,
     pub job_ids: Vec<u32>,
     pub user_ids: Vec<u32>,
@@ -82,6 +84,12 @@ unsafe impl Send for SlurmDb {}
 
 struct JobList(List);
 
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
 impl SlurmDb {
     /// Opens a connection (`slurmdb_connection_get`) to the slurmdbd named in
     /// slurm.conf; needs [`Slurm::init`] first, which the argument proves.
@@ -116,11 +124,15 @@ impl SlurmDb {
         if q.duplicates {
             flags |= slurm_sys::JOBCOND_FLAG_DUP;
         }
-        // Zero is Slurm's "unset" for the numeric ranges (cpus, nodes, time limit).
+        // Zero is Slurm's "unset" for the numeric ranges (cpus, nodes, time limit), but
+        // not for db_flags: 0 there means "jobs whose scheduling flags are all clear",
+        // which filters out most jobs; NOTSET is "no filter", as sacct sends.
         let mut cond = slurm_sys::slurmdb_job_cond_t {
             usage_start: q.start as libc::time_t,
-            usage_end: q.end.unwrap_or(0) as libc::time_t,
+            // Explicitly now: with a state filter slurmdbd would take end = start.
+            usage_end: q.end.unwrap_or_else(now) as libc::time_t,
             flags: flags as u32,
+            db_flags: slurm_sys::SLURMDB_JOB_FLAG_NOTSET as u32,
             ..Default::default()
         };
         let mut strs = |items: Vec<String>, what: &'static str| -> Result<slurm_sys::List> {
