@@ -3,6 +3,7 @@
 
 mod output;
 mod plot;
+pub mod sacct;
 
 use anyhow::{bail, Context};
 use bftrainer_core::alloc::{Objective, Options as AllocOptions};
@@ -30,6 +31,12 @@ pub enum Input {
     Sample,
     Trace(PathBuf),
     Swf(PathBuf),
+    /// Slurm accounting over [START, END), leaving out these partitions' jobs.
+    Sacct {
+        start: String,
+        end: String,
+        exclude: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -144,6 +151,19 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
                 limit_nodes(&mut tr, n);
             }
             (tr, p.display().to_string(), Some(m))
+        }
+        Input::Sacct {
+            start: a,
+            end: b,
+            exclude,
+        } => {
+            let from = parse_time(a).map_err(|m| anyhow::anyhow!("--from-sacct START: {m}"))?;
+            let to = parse_time(b).map_err(|m| anyhow::anyhow!("--from-sacct END: {m}"))?;
+            let mut tr = sacct::trace_from_sacct(from, to, exclude)?;
+            if let Some(n) = o.node_limit {
+                limit_nodes(&mut tr, n);
+            }
+            (tr, format!("slurm accounting {a} .. {b}"), None)
         }
     };
     if let Some(n) = o.node_limit {
