@@ -189,7 +189,7 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
     // their spacing.
     let mut jobs = jobs;
     if let Some(first) = jobs.first().map(|j| j.submit) {
-        if first > trace.end || jobs.last().map_or(false, |l| l.submit < trace.start) {
+        if first > trace.end || jobs.last().is_some_and(|l| l.submit < trace.start) {
             let shift = trace.start - first;
             for j in &mut jobs {
                 j.submit += shift;
@@ -243,6 +243,15 @@ fn limit_nodes(tr: &mut NodeTrace, n: usize) {
     tr.changes.retain(|c| (c.node as usize) < n);
 }
 
+/// `alloc::Options` may gain fields; its docs ask for `..Default::default()`.
+#[allow(clippy::needless_update)]
+fn alloc_options(objective: Objective) -> AllocOptions {
+    AllocOptions {
+        objective,
+        ..AllocOptions::default()
+    }
+}
+
 /// Runs the replay and writes every requested output.
 pub fn run(o: &Options) -> anyhow::Result<()> {
     let t_load = Instant::now();
@@ -266,10 +275,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         ..cfg
     };
     let alloc = Exact {
-        opts: AllocOptions {
-            objective,
-            ..AllocOptions::default()
-        },
+        opts: alloc_options(objective),
     };
     let bar = if o.progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         let b = indicatif::ProgressBar::new(1000);
@@ -443,10 +449,7 @@ mod replay_tests {
             report_progress: objective == Objective::RemainingWork,
         };
         let alloc = Exact {
-            opts: AllocOptions {
-                objective,
-                ..AllocOptions::default()
-            },
+            opts: alloc_options(objective),
         };
         let (mut c, mut p) = (|| 0.0, |_f: f64| {});
         let out = sim::simulate(
