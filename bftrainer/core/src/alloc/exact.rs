@@ -88,6 +88,10 @@ fn tie_better(a: &[u32], b: &[u32]) -> bool {
 
 impl Search {
     fn offer(&mut self, fns: &[JobFn<'_>], counts: Vec<u32>) {
+        let used: u64 = counts.iter().map(|&n| u64::from(n)).sum();
+        if used > u64::from(self.budget) || counts.iter().zip(fns).any(|(&n, f)| !f.allowed(n)) {
+            return; // a heuristic start that does not fit
+        }
         let v: f64 = counts.iter().zip(fns).map(|(&n, f)| f.value(n)).sum();
         let better = match &self.best {
             None => true,
