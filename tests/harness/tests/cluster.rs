@@ -137,7 +137,20 @@ fn cluster_elastic_job_is_preempted_and_requeued_by_a_batch_job() {
 
 #[test]
 fn cluster_runs_jobs_of_the_test_user() {
-    let c = start(1);
+    let conf = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(conf.path(), "# bftrainer.toml of this test\n").unwrap();
+    let c = Cluster::start(Options {
+        nodes: 1,
+        bftrainer_conf: Some(conf.path().to_path_buf()),
+        ..Default::default()
+    })
+    .unwrap();
+    // --bftrainer-conf lands beside slurm.conf, where the job_submit plugin looks.
+    let copied = c.slurm_conf().with_file_name("bftrainer.toml");
+    assert_eq!(
+        std::fs::read_to_string(copied).unwrap(),
+        "# bftrainer.toml of this test\n"
+    );
     let out = c
         .command_as_test_user("sbatch")
         .unwrap()
@@ -188,6 +201,14 @@ fn cluster_two_at_once_are_independent() {
             .to_string()
     };
     assert_ne!(port(&a), port(&b));
+    let status = script(&["status", "--dir", a.dir().to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{text}");
+    assert!(
+        text.contains("slurmctld") && text.contains("running"),
+        "{text}"
+    );
+    assert!(text.contains("batch*") && text.contains("idle"), "{text}");
 }
 
 /// Pids (and their start times) of the daemons cluster.json records.
