@@ -12,7 +12,8 @@
 //! ```
 //!
 //! Tests that use it need root (the daemons run as root) and should have `cluster` in
-//! their name or binary name, so nextest caps how many run at once (docs/testing.md).
+//! their name or live in a test binary whose name starts with `cluster`, so nextest caps
+//! how many run at once (docs/testing.md).
 
 use std::ffi::OsStr;
 use std::fmt;
