@@ -88,3 +88,26 @@ pub fn config_path() -> PathBuf {
 
 /// SLURM_VERSION_NUMBER of the headers this crate was built against (0xMMmmuu).
 pub const SLURM_VERSION: u32 = slurm_sys::SLURM_VERSION_NUMBER;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_cross_threads_as_documented() {
+        fn send_sync<T: Send + Sync + Copy>() {}
+        fn send<T: Send>() {}
+        send_sync::<Slurm>();
+        send::<SlurmDb>();
+    }
+
+    #[test]
+    fn missing_configuration_is_an_error_not_an_exit() {
+        // Runs before any other test of this binary could call slurm_init for real:
+        // unit tests never point SLURM_CONF at a readable file.
+        std::env::set_var("SLURM_CONF", "/nonexistent/slurm.conf");
+        let e = Slurm::init().unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/slurm.conf"), "{e}");
+        assert!(e.to_string().contains("SLURM_CONF"), "{e}");
+    }
+}

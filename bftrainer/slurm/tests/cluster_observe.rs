@@ -111,6 +111,25 @@ fn cluster_observe_nodes_partitions_errors_and_no_change() {
         "{e}"
     );
 
+    // Concurrent calls from several threads, as a tokio daemon's blocking pool makes
+    // them: successes stay consistent and each thread gets its own error (errno is
+    // per thread).
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            scope.spawn(move || {
+                for _ in 0..25 {
+                    let nodes = s.load_nodes(None).unwrap().changed().unwrap();
+                    assert_eq!(nodes.nodes.len(), 4);
+                    let e = s.load_job(900_000 + t).unwrap_err();
+                    assert!(e.is_invalid_job_id(), "thread {t}: {e}");
+                    let jobs = s.load_jobs(None).unwrap().changed().unwrap();
+                    assert!(jobs.get(sub.job_id).is_some());
+                    assert_eq!(bftrainer_slurm::hostlist_expand("n[1-2]").unwrap().len(), 2);
+                }
+            });
+        }
+    });
+
     // With a queue of held jobs the unchanged path saves packing and copying them.
     for i in 0..200 {
         s.submit_batch(&bftrainer_slurm::BatchJob {
