@@ -82,6 +82,8 @@ fn cluster_observe_nodes_partitions_errors_and_no_change() {
     assert_eq!(j.user_name.as_deref(), Some("root"));
     assert!(j.is_held());
 
+    assert_eq!(s.cluster_name().unwrap(), "bftest");
+
     // Errors carry Slurm's own text.
     let e = s.cancel_job(999_999).unwrap_err();
     assert!(e.is_invalid_job_id(), "{e}");
@@ -149,6 +151,38 @@ fn cluster_observe_nodes_partitions_errors_and_no_change() {
     measure_refresh(&s, &mut view, "201 pending jobs");
 
     s.cancel_job(sub.job_id).unwrap();
+}
+
+/// The cost of the unchanged path against full loads with a long queue, where the
+/// payload matters more than the round trip. Slow to set up (one RPC per job), so run
+/// on demand: `BFT_JOBS=2000 cargo nextest run -p bftrainer-slurm --run-ignored
+/// ignored-only --no-capture -E 'test(refresh_cost)'`.
+#[test]
+#[ignore]
+fn cluster_observe_refresh_cost_with_a_long_queue() {
+    let c = TestCluster::start();
+    let s = c.slurm;
+    let n: u32 = std::env::var("BFT_JOBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    for i in 0..n {
+        s.submit_batch(&bftrainer_slurm::BatchJob {
+            script: common::SLEEP_SCRIPT.into(),
+            name: Some(format!("queued-{i}")),
+            hold: true,
+            work_dir: Some(c.work_dir()),
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    let mut view = ClusterView::default();
+    common::wait_for(60, "an unchanged refresh", || {
+        let r = view.refresh(&s).unwrap();
+        (!r.any()).then_some(())
+    });
+    assert_eq!(view.jobs().len(), n as usize);
+    measure_refresh(&s, &mut view, &format!("{n} pending jobs"));
 }
 
 /// Times the unchanged path against full loads and prints it (not asserted); rounds
