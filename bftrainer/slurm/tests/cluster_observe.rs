@@ -150,6 +150,17 @@ fn cluster_observe_nodes_partitions_errors_and_no_change() {
     assert_eq!(view.jobs().len(), 201);
     measure_refresh(&s, &mut view, "201 pending jobs");
 
+    // A job array submitted with Slurm's own sbatch: its pending tasks are one record.
+    let array = c
+        .cluster
+        .sbatch(&["--array=1-3", "-H", "-o", "/dev/null", "--wrap", "sleep 60"])
+        .unwrap();
+    let j = s.load_job(array).unwrap();
+    assert_eq!(j.array_job_id, Some(array));
+    assert_eq!(j.array_task_str.as_deref(), Some("1-3"));
+    assert_eq!(j.array_task_id, None, "pending tasks are not split yet");
+    assert!(j.het_job_id.is_none() && j.het_job_offset.is_none());
+
     s.cancel_job(sub.job_id).unwrap();
 }
 
