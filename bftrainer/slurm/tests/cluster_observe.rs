@@ -12,6 +12,16 @@ use common::TestCluster;
 fn cluster_observe_nodes_partitions_errors_and_no_change() {
     let c = TestCluster::start();
     let s = c.slurm;
+    // One process, one cluster: a second configuration is refused, the same one is fine.
+    let e =
+        bftrainer_slurm::Slurm::init_with_config(std::path::Path::new("/etc/hosts")).unwrap_err();
+    assert!(e.to_string().contains("already initialised"), "{e}");
+    bftrainer_slurm::Slurm::init_with_config(c.cluster.slurm_conf()).unwrap();
+    bftrainer_slurm::Slurm::init().unwrap();
+    assert_eq!(
+        std::env::var_os("SLURM_CONF").as_deref(),
+        Some(c.cluster.slurm_conf().as_os_str())
+    );
 
     let mut view = ClusterView::default();
     let first = view.refresh(&s).unwrap();
