@@ -26,9 +26,11 @@ pub struct AcctQuery {
     pub job_ids: Vec<u32>,
     pub user_ids: Vec<u32>,
     pub partitions: Vec<String>,
-    /// Only jobs that ran on one of these nodes (host expression).
+    /// Only jobs that ran on one of these nodes (host expression). slurmdbd resolves
+    /// node names in one cluster only: with `nodes` set, `clusters` must name at most
+    /// one, and empty means this cluster (ClusterName of slurm.conf).
     pub nodes: Option<String>,
-    /// Clusters to read; empty = all clusters in this slurmdbd.
+    /// Clusters to read; empty = all clusters in this slurmdbd (see `nodes`).
     pub clusters: Vec<String>,
     /// Also return the earlier runs of requeued jobs (sacct -D); without it only the
     /// latest record of each job comes back.
@@ -76,6 +78,7 @@ pub struct AcctJob {
 #[derive(Debug)]
 pub struct SlurmDb {
     conn: *mut c_void,
+    slurm: Option<Slurm>,
 }
 
 // SAFETY: the connection is a heap object used by one thread at a time (&mut self);
@@ -93,7 +96,7 @@ fn now() -> i64 {
 impl SlurmDb {
     /// Opens a connection (`slurmdb_connection_get`) to the slurmdbd named in
     /// slurm.conf; needs [`Slurm::init`] first, which the argument proves.
-    pub fn connect(_slurm: &Slurm) -> Result<SlurmDb> {
+    pub fn connect(slurm: &Slurm) -> Result<SlurmDb> {
         clear_errno();
         let mut flags: u16 = 0;
         // SAFETY: flags outlives the call; the result is owned by SlurmDb.
@@ -101,7 +104,10 @@ impl SlurmDb {
         if conn.is_null() {
             return Err(last_error("slurmdb_connection_get", -1));
         }
-        Ok(SlurmDb { conn })
+        Ok(SlurmDb {
+            conn,
+            slurm: Some(*slurm),
+        })
     }
 
     /// Reads job records (`slurmdb_jobs_get`); steps are not fetched. Job start/end
@@ -116,6 +122,24 @@ impl SlurmDb {
                     "end",
                     format!("{end} is before start {}", q.start),
                 ));
+            }
+        }
+        let mut clusters = q.clusters.clone();
+        if q.nodes.is_some() {
+            match clusters.len() {
+                0 => {
+                    let s = self.slurm.ok_or_else(|| {
+                        Error::invalid("clusters", "name the cluster to filter by nodes")
+                    })?;
+                    clusters.push(s.cluster_name()?);
+                }
+                1 => {}
+                n => {
+                    return Err(Error::invalid(
+                        "clusters",
+                        format!("{n} given with a node filter; slurmdbd allows one"),
+                    ))
+                }
             }
         }
         // Lists are Rust-owned guards: freed on every return path, with their items.
@@ -151,7 +175,7 @@ impl SlurmDb {
         cond.state_list = strs(q.states.iter().map(|s| s.0.to_string()).collect(), "state")?;
         cond.userid_list = strs(q.user_ids.iter().map(u32::to_string).collect(), "user id")?;
         cond.partition_list = strs(q.partitions.clone(), "partition")?;
-        cond.cluster_list = strs(q.clusters.clone(), "cluster")?;
+        cond.cluster_list = strs(clusters, "cluster")?;
         let used_nodes = match &q.nodes {
             Some(n) => Some(crate::ffi::c_arg("nodes", n)?),
             None => None,
@@ -296,6 +320,7 @@ mod tests {
     fn bad_windows_are_refused_without_a_connection() {
         let mut db = SlurmDb {
             conn: std::ptr::null_mut(),
+            slurm: None,
         };
         let e = db.jobs(&AcctQuery::default()).unwrap_err();
         assert!(e.to_string().contains("start"), "{e}");
@@ -307,5 +332,14 @@ mod tests {
             })
             .unwrap_err();
         assert!(e.to_string().contains("before start"), "{e}");
+        let e = db
+            .jobs(&AcctQuery {
+                start: 100,
+                nodes: Some("n1".into()),
+                clusters: vec!["a".into(), "b".into()],
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("slurmdbd allows one"), "{e}");
     }
 }

@@ -105,6 +105,22 @@ fn cluster_preempt_batch_requeues_elastic_and_accounting_records_it() {
         .unwrap();
     assert!(!only.is_empty());
     assert!(only.iter().all(|r| r.job_id == elastic), "{only:?}");
+
+    // A node filter: the batch job's node finds it; the window end excludes later runs.
+    let ran_on = done.nodes.clone().unwrap();
+    let on_node = db
+        .jobs(&AcctQuery {
+            start: t0,
+            nodes: Some(ran_on.clone()),
+            partitions: vec!["batch".into()],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(
+        on_node.iter().map(|r| r.job_id).collect::<Vec<_>>(),
+        [regular],
+        "jobs on {ran_on} in batch"
+    );
     db.close().unwrap();
 
     // sacct agrees (the records are the ones Slurm's own tool shows).
