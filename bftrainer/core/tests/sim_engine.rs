@@ -264,3 +264,97 @@ fn exact_allocator_weighs_growth_against_rescale_cost() {
         assert!(close(r.samples, samples), "t_fwd {t_fwd}: {}", r.samples);
     }
 }
+
+/// Records what the allocator sees, then fills like FillInOrder.
+struct Spy(std::rc::Rc<std::cell::RefCell<Vec<(u32, Vec<Option<f64>>)>>>);
+
+impl bftrainer_core::engine::Allocator for Spy {
+    fn allocate(&mut self, inst: &Instance) -> Result<Option<Solution>, String> {
+        self.0
+            .borrow_mut()
+            .push((inst.n_nodes, inst.reclaim_in_s.clone()));
+        FillInOrder.allocate(inst)
+    }
+}
+
+/// The EASY schedule of easy::tests: at t=52 n2, n3 turn idle while B waits for its
+/// reservation at 100, so the allocator sees both nodes with reclaim_in_s = 48. At 150,
+/// with the queue empty, forecasts are gone (empty vector).
+#[test]
+fn backfill_forecasts_reach_the_allocator() {
+    use bftrainer_core::easy::{schedule, SchedConfig};
+    use bftrainer_core::trace::swf::{SwfJob, SwfLog};
+    let log = SwfLog {
+        max_nodes: Some(4),
+        max_procs: Some(4),
+        unix_start: Some(0),
+        jobs: [(0, 100, 2), (1, 50, 4), (2, 50, 2), (3, 200, 1)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(submit, run, procs))| SwfJob {
+                id: i as i64,
+                submit,
+                wait: None,
+                run,
+                procs: Some(procs),
+                req_time: Some(run),
+            })
+            .collect(),
+    };
+    let (tr, _) = schedule(&log, &SchedConfig::default()).unwrap();
+    // The job arrives at 52, when n2 and n3 are idle.
+    let jobs = [job("J", 52, 1, 4, 0.0, 0.0, 1e12, &[(1, 1.0), (4, 4.0)])];
+    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    run(&tr, &jobs, Spy(seen.clone()), &SimConfig::default());
+    let seen = seen.borrow();
+    assert_eq!(seen[0], (2, vec![Some(48.0), Some(48.0)]));
+    assert!(
+        seen.iter().any(|(n, r)| *n == 3 && r.is_empty()),
+        "{seen:?}"
+    );
+}
+
+/// The simulator's journal replays into a fresh engine with the same allocator and
+/// yields the same actions: what the daemon journals, the simulator can re-run.
+#[test]
+fn journal_replays_to_the_same_actions() {
+    use bftrainer_core::engine::Record;
+    let tr = trace(
+        &["a", "b", "c", "d"],
+        &[true, true, false, false],
+        &[(10, 2, true), (30, 0, false), (40, 3, true), (50, 1, false)],
+        100,
+    );
+    let r = [(1, 10.0), (2, 20.0), (4, 40.0)];
+    let jobs = [
+        job("J", 0, 1, 4, 10.0, 5.0, 1500.0, &r),
+        job("K", 5, 2, 4, 1.0, 1.0, 900.0, &r),
+    ];
+    let cfg = SimConfig {
+        journal: true,
+        engine: EngineConfig {
+            t_fwd_s: 100.0,
+            max_jobs: 10,
+        },
+        ..Default::default()
+    };
+    let out = run(&tr, &jobs, Exact::default(), &cfg);
+    assert!(out.actions.len() >= 3);
+    let text: String = out
+        .journal
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap() + "\n")
+        .collect();
+    let mut e = Engine::new(cfg.engine.clone(), Exact::default());
+    let mut again = Vec::new();
+    for line in text.lines() {
+        let rec = Record::from_json_line(line).unwrap();
+        again.extend(
+            e.on_event(&rec.event, rec.t)
+                .unwrap()
+                .into_iter()
+                .map(|a| (rec.t, a)),
+        );
+    }
+    assert_eq!(again, out.actions);
+}

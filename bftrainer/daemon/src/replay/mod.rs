@@ -254,6 +254,7 @@ fn alloc_options(objective: Objective) -> AllocOptions {
 
 /// Runs the replay and writes every requested output.
 pub fn run(o: &Options) -> anyhow::Result<()> {
+    let objective: Objective = o.objective.parse()?;
     let t_load = Instant::now();
     let loaded = load(o)?;
     let load_s = t_load.elapsed().as_secs_f64();
@@ -267,12 +268,8 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         check: o.check,
         record: o.csv.is_some() || o.plots.is_some(),
         seed: o.seed,
-        report_progress: false,
-    };
-    let objective: Objective = o.objective.parse()?;
-    let cfg = SimConfig {
         report_progress: objective == Objective::RemainingWork,
-        ..cfg
+        journal: false,
     };
     let alloc = Exact {
         opts: alloc_options(objective),
@@ -447,6 +444,7 @@ mod replay_tests {
             record: true,
             seed: o.seed,
             report_progress: objective == Objective::RemainingWork,
+            journal: false,
         };
         let alloc = Exact {
             opts: alloc_options(objective),
