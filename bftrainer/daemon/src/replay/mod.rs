@@ -529,6 +529,15 @@ mod replay_tests {
             ..opts()
         })
         .unwrap();
+        // Replays under the reclaim-aware objective: the backfill plan's forecasts reach
+        // the exact allocator; invariants hold.
+        let (_, out) = replay(&Options {
+            input: Input::Swf(p.clone()),
+            objective: "reclaim-aware".into(),
+            ..opts()
+        });
+        conserved(&out.report);
+        assert!((out.report.idle_node_h * 3600.0 - 700.0).abs() < 1e-6);
         assert_eq!((l.trace.start, l.trace.end), (1000, 1350));
         assert!((l.trace.mean_idle() - 2.0).abs() < 1e-12);
         // The sample jobs (2021) are shifted to the log's start (1970).
