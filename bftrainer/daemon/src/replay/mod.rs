@@ -512,6 +512,12 @@ mod replay_tests {
         let (_, b) = replay(&o);
         assert_eq!(a.report, b.report);
         assert_eq!(a.sizes, b.sizes);
+        // Another seed changes which nodes jobs get, hence which are preempted.
+        let (_, c) = replay(&Options {
+            seed: 0,
+            ..o.clone()
+        });
+        assert_ne!(a.report.preempted_nodes, c.report.preempted_nodes);
         let (_, g) = replay(&Options { grace: 30.0, ..o });
         conserved(&g.report);
         assert!(g.report.grace_node_h > 0.0);
