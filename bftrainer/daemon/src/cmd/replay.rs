@@ -81,6 +81,10 @@ pub struct Args {
     /// Write the per-step log (one row per event time) as CSV.
     #[arg(long, value_name = "PATH")]
     pub csv: Option<PathBuf>,
+    /// Write each elastic job's node count over time as CSV (`t,time,job,nodes`, one
+    /// row per change).
+    #[arg(long, value_name = "PATH")]
+    pub sizes_csv: Option<PathBuf>,
     /// Write SVG plots (idle vs harvested, nodes per job, cumulative samples) here.
     #[arg(long, value_name = "DIR")]
     pub plots: Option<PathBuf>,
@@ -154,6 +158,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         seed: args.seed,
         json: args.json,
         csv: args.csv.clone(),
+        sizes_csv: args.sizes_csv.clone(),
         plots: args.plots.clone(),
         check: !args.no_check,
         progress: !args.quiet && !args.json,

@@ -18,7 +18,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-pub use output::{print_table, write_csv};
+pub use output::{print_table, write_csv, write_sizes_csv};
 
 /// The committed sample, embedded so that `bftrainer replay` works from any directory.
 pub const SAMPLE_TRACE: &[u8] = include_bytes!("../../../../data/sample/summit-day.csv.gz");
@@ -59,6 +59,7 @@ pub struct Options {
     pub seed: u64,
     pub json: bool,
     pub csv: Option<PathBuf>,
+    pub sizes_csv: Option<PathBuf>,
     pub plots: Option<PathBuf>,
     pub check: bool,
     pub progress: bool,
@@ -266,7 +267,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         grace_s: o.grace,
         objective: o.curve,
         check: o.check,
-        record: o.csv.is_some() || o.plots.is_some(),
+        record: o.csv.is_some() || o.sizes_csv.is_some() || o.plots.is_some(),
         seed: o.seed,
         report_progress: objective == Objective::RemainingWork,
         journal: false,
@@ -332,6 +333,11 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         let f =
             std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
         write_csv(std::io::BufWriter::new(f), &out.steps)?;
+    }
+    if let Some(p) = &o.sizes_csv {
+        let f =
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
+        write_sizes_csv(std::io::BufWriter::new(f), &out.sizes, &loaded.jobs)?;
     }
     if let Some(dir) = &o.plots {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -423,6 +429,7 @@ mod replay_tests {
             seed: 0,
             json: false,
             csv: None,
+            sizes_csv: None,
             plots: None,
             check: true,
             progress: false,
@@ -566,6 +573,7 @@ mod replay_tests {
         let o = Options {
             hours: Some(2.0),
             csv: Some(dir.join("steps.csv")),
+            sizes_csv: Some(dir.join("sizes.csv")),
             plots: Some(dir.clone()),
             progress: false,
             ..opts()
@@ -575,6 +583,9 @@ mod replay_tests {
         let csv = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
         assert!(csv.starts_with("t,time,idle_nodes,harvested_nodes"));
         assert!(csv.lines().count() > 10);
+        let sizes = std::fs::read_to_string(dir.join("sizes.csv")).unwrap();
+        assert!(sizes.starts_with("t,time,job,nodes\n"));
+        assert!(sizes.lines().nth(1).unwrap().contains(",J00000-AlexNet,"));
         for f in [
             "idle_vs_harvested.svg",
             "nodes_per_job.svg",

@@ -1,8 +1,9 @@
 //! Human and machine outputs of a replay: the summary table and the per-step CSV.
 
 use super::{Loaded, Options};
-use bftrainer_core::sim::{Report, StepRecord};
+use bftrainer_core::sim::{Report, SizeRecord, StepRecord};
 use bftrainer_core::timefmt::format_time;
+use bftrainer_core::trace::jobs::JobRecord;
 use std::io::Write;
 
 fn thousands(v: f64, decimals: usize) -> String {
@@ -208,6 +209,26 @@ pub fn write_csv(mut w: impl Write, steps: &[StepRecord]) -> std::io::Result<()>
             s.preempted_nodes,
             s.samples,
             s.decision_s * 1e3
+        )?;
+    }
+    w.flush()
+}
+
+/// Writes each job's node count over time: one row per change, jobs by name.
+pub fn write_sizes_csv(
+    mut w: impl Write,
+    sizes: &[SizeRecord],
+    jobs: &[JobRecord],
+) -> std::io::Result<()> {
+    writeln!(w, "t,time,job,nodes")?;
+    for s in sizes {
+        writeln!(
+            w,
+            "{:.3},{},{},{}",
+            s.t,
+            format_time(s.t.floor() as i64),
+            jobs[s.job as usize].name,
+            s.nodes
         )?;
     }
     w.flush()
