@@ -31,7 +31,7 @@ pub(crate) fn loss(inst: &Instance, alloc: &[Vec<NodeIdx>]) -> f64 {
 }
 
 /// Jobs up to which the search also tries moves that take nodes from a second job.
-const PAIR_MOVES_UP_TO: usize = 32;
+const PAIR_MOVES_UP_TO: usize = 16;
 /// Improvement rounds at most (each visits every job once).
 const ROUNDS: usize = 10;
 
