@@ -37,10 +37,20 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 
 fn table() {
     let opts = Options::default();
-    let ours_n: usize = std::env::var("ALLOC_BENCH_INSTANCES").ok().and_then(|s| s.parse().ok()).unwrap_or(100);
-    let milp_n: usize = std::env::var("ALLOC_BENCH_MILP_INSTANCES").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
-    println!("event-driven instances (alloc::gen), ours: {ours_n} per size, best of 5 solves each;");
-    println!("HiGHS MILP (1 thread, {MILP_LIMIT_S} s limit): first {milp_n} of them, one solve each");
+    let ours_n: usize = std::env::var("ALLOC_BENCH_INSTANCES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let milp_n: usize = std::env::var("ALLOC_BENCH_MILP_INSTANCES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    println!(
+        "event-driven instances (alloc::gen), ours: {ours_n} per size, best of 5 solves each;"
+    );
+    println!(
+        "HiGHS MILP (1 thread, {MILP_LIMIT_S} s limit): first {milp_n} of them, one solve each"
+    );
     println!(
         "{:>12} {:>10} {:>10} {:>12} {:>12} {:>10} {:>12}",
         "nodes x jobs", "ours p50", "ours p99", "MILP p50", "MILP solved", "ratio", "same value"
@@ -99,13 +109,17 @@ fn criterion_benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("alloc_solve");
     for (n, j) in sizes() {
         let insts: Vec<Instance> = (0..8).map(|k| instance(n, j, 1 + k)).collect();
-        g.bench_with_input(BenchmarkId::from_parameter(format!("{n}x{j}")), &insts, |b, insts| {
-            let mut k = 0;
-            b.iter(|| {
-                k = (k + 1) % insts.len();
-                solve(&insts[k], &opts).unwrap()
-            })
-        });
+        g.bench_with_input(
+            BenchmarkId::from_parameter(format!("{n}x{j}")),
+            &insts,
+            |b, insts| {
+                let mut k = 0;
+                b.iter(|| {
+                    k = (k + 1) % insts.len();
+                    solve(&insts[k], &opts).unwrap()
+                })
+            },
+        );
     }
     g.finish();
 }

@@ -46,10 +46,23 @@ pub(crate) fn assign(inst: &Instance, counts: &[u32], objective: Objective) -> V
     let key = |i: NodeIdx| rank.as_ref().map_or(i, |r| r[i as usize]);
     let mut used = vec![false; inst.n_nodes as usize];
     let mut sets: Vec<Vec<NodeIdx>> = Vec::with_capacity(counts.len());
-    for (job, &n) in inst.jobs.iter().zip(counts) {
+    for (j, (job, &n)) in inst.jobs.iter().zip(counts).enumerate() {
         let mut keep = job.current.clone();
         if (n as usize) < keep.len() {
-            keep.sort_unstable_by_key(|&i| key(i));
+            if objective == Objective::ReclaimAware && rank.is_some() {
+                // Keep the nodes this job would lose least on; among equal ones the
+                // shortest-lived, so the long-lived go back to the pool for others.
+                let loss = super::reclaim::node_losses(inst, j, &keep);
+                let mut order: Vec<(f64, u32, NodeIdx)> = keep
+                    .iter()
+                    .zip(&loss)
+                    .map(|(&i, &l)| (l, key(i), i))
+                    .collect();
+                order.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+                keep = order.into_iter().map(|x| x.2).collect();
+            } else {
+                keep.sort_unstable_by_key(|&i| key(i));
+            }
             keep.truncate(n as usize);
         }
         for &i in &keep {

@@ -179,10 +179,8 @@ impl Search {
                 }
                 let l = u64::from(hulls[j][k + 1].0 - hulls[j][k].0);
                 p2[j] = k;
-                need = need.saturating_sub(l).max(0);
-                if l > need {
-                    // freed more than needed; the surplus is poured below
-                }
+                // Surplus freed here is poured back below.
+                need = need.saturating_sub(l);
             }
             if need == 0 {
                 p2[cj] = ck + 1;

@@ -31,36 +31,145 @@ pub(crate) fn loss(inst: &Instance, alloc: &[Vec<NodeIdx>]) -> f64 {
 }
 
 /// Jobs up to which the search also tries moves that take nodes from a second job.
-const PAIR_MOVES_UP_TO: usize = 64;
+const PAIR_MOVES_UP_TO: usize = 16;
+/// Improvement rounds at most (each visits every job once).
+const ROUNDS: usize = 10;
 
-fn value(inst: &Instance, fns: &[JobFn<'_>], sets: &[Vec<NodeIdx>]) -> f64 {
-    fns.iter()
-        .zip(sets)
-        .map(|(f, s)| f.value(s.len() as u32))
-        .sum::<f64>()
-        - loss(inst, sets)
+/// Scores count vectors under the extended objective without building node sets: the
+/// node choice of [`assign`] replayed on prefix data.
+struct Scorer<'a> {
+    fns: Vec<JobFn<'a>>,
+    tfwd: f64,
+    /// Predicted reclaim time per node, +inf when none.
+    t: Vec<f64>,
+    rank: Vec<u32>,
+    alpha: Vec<f64>,
+    beta: Vec<f64>,
+    grow_order: Vec<usize>,
+    /// Nodes held by no job, most preferred first.
+    idle: Vec<NodeIdx>,
+    /// Each job's current nodes, most preferred first, and the loss of keeping a prefix.
+    cur: Vec<Vec<NodeIdx>>,
+    keep_loss: Vec<Vec<f64>>,
+}
+
+impl<'a> Scorer<'a> {
+    fn new(inst: &'a Instance) -> Self {
+        let n = inst.n_nodes as usize;
+        let t: Vec<f64> = (0..n)
+            .map(|i| inst.reclaim_in_s[i].unwrap_or(f64::INFINITY))
+            .collect();
+        let rank = super::assign::node_rank(inst).unwrap_or_else(|| (0..inst.n_nodes).collect());
+        let mut held = vec![false; n];
+        let mut cur = Vec::with_capacity(inst.jobs.len());
+        let mut keep_loss = Vec::with_capacity(inst.jobs.len());
+        let (mut alpha, mut beta) = (Vec::new(), Vec::new());
+        for (j, job) in inst.jobs.iter().enumerate() {
+            // Same keep order as assign(): least own loss first, then shortest-lived.
+            let losses = node_losses(inst, j, &job.current);
+            let mut order: Vec<(f64, u32, NodeIdx)> = job
+                .current
+                .iter()
+                .zip(&losses)
+                .map(|(&i, &l)| (l, rank[i as usize], i))
+                .collect();
+            order.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+            let c: Vec<NodeIdx> = order.iter().map(|x| x.2).collect();
+            for &i in &c {
+                held[i as usize] = true;
+            }
+            let mut acc = vec![0.0];
+            for x in &order {
+                acc.push(acc[acc.len() - 1] + x.0);
+            }
+            keep_loss.push(acc);
+            cur.push(c);
+            let (a, b) = reclaim_coeffs(job);
+            alpha.push(a);
+            beta.push(b);
+        }
+        let mut idle: Vec<NodeIdx> = (0..inst.n_nodes).filter(|&i| !held[i as usize]).collect();
+        idle.sort_unstable_by_key(|&i| rank[i as usize]);
+        Scorer {
+            fns: inst
+                .jobs
+                .iter()
+                .map(|j| JobFn::new(j, inst.t_fwd_s, inst.n_nodes, 1.0))
+                .collect(),
+            tfwd: inst.t_fwd_s,
+            t,
+            rank,
+            alpha,
+            beta,
+            grow_order: super::assign::grow_order(inst, Objective::ReclaimAware),
+            idle,
+            cur,
+            keep_loss,
+        }
+    }
+
+    fn score(&self, counts: &[u32], released: &mut Vec<NodeIdx>) -> f64 {
+        let mut v = 0.0;
+        released.clear();
+        for (j, f) in self.fns.iter().enumerate() {
+            let n = counts[j] as usize;
+            let c = self.cur[j].len();
+            v += f.value(n as u32) - self.keep_loss[j][n.min(c)];
+            if n < c {
+                released.extend_from_slice(&self.cur[j][n..]);
+            }
+        }
+        released.sort_unstable_by_key(|&i| self.rank[i as usize]);
+        // Growing jobs take the free nodes (idle merged with released, by preference).
+        let (mut a, mut b) = (0usize, 0usize);
+        for &j in &self.grow_order {
+            let n = counts[j] as usize;
+            let c = self.cur[j].len();
+            for _ in c..n.max(c) {
+                let i = match (self.idle.get(a), released.get(b)) {
+                    (Some(&x), Some(&y)) if self.rank[x as usize] < self.rank[y as usize] => {
+                        a += 1;
+                        x
+                    }
+                    (_, Some(&y)) => {
+                        b += 1;
+                        y
+                    }
+                    (Some(&x), None) => {
+                        a += 1;
+                        x
+                    }
+                    (None, None) => return f64::NEG_INFINITY,
+                };
+                let ti = self.t[i as usize];
+                if ti < self.tfwd {
+                    v -= self.alpha[j] + (self.tfwd - ti) * self.beta[j];
+                }
+            }
+        }
+        v
+    }
 }
 
 /// From the counts that are optimal with the kept-node loss (exact, separable), move one
-/// job's count at a time while the extended objective improves, node choice by
-/// [`assign`]. Not exact in general: the loss of new nodes depends on which job gets
-/// which; docs/benchmarks.md gives the measured gap.
+/// job's count at a time (or two jobs', on small instances) while the extended objective
+/// improves, node choice by [`assign`]. Not exact in general: the loss of new nodes
+/// depends on which job gets which; docs/benchmarks.md gives the measured gap.
 pub(crate) fn local_search(inst: &Instance, mut counts: Vec<u32>) -> Vec<Vec<NodeIdx>> {
-    let fns: Vec<JobFn<'_>> = inst
-        .jobs
-        .iter()
-        .map(|j| JobFn::new(j, inst.t_fwd_s, inst.n_nodes, 1.0))
-        .collect();
-    let mut sets = assign(inst, &counts, Objective::ReclaimAware);
     if inst.reclaim_in_s.is_empty() {
-        return sets;
+        return assign(inst, &counts, Objective::ReclaimAware);
     }
-    let mut best = value(inst, &fns, &sets);
+    let sc = Scorer::new(inst);
+    let mut rel = Vec::new();
+    let mut best = sc.score(&counts, &mut rel);
     let tie = 1e-12 * (1.0 + best.abs());
+    let budget = u64::from(inst.n_nodes);
     let mut used: u64 = counts.iter().map(|&c| u64::from(c)).sum();
-    for _round in 0..20 {
+    let nj = sc.fns.len();
+    for _round in 0..ROUNDS {
         let mut improved = false;
-        for (j, f) in fns.iter().enumerate() {
+        for j in 0..nj {
+            let f = &sc.fns[j];
             let n = counts[j];
             let mut cand: Vec<u32> = vec![
                 0,
@@ -75,52 +184,41 @@ pub(crate) fn local_search(inst: &Instance, mut counts: Vec<u32>) -> Vec<Vec<Nod
             cand.extend(f.bps.iter().copied());
             cand.sort_unstable();
             cand.dedup();
-            for m in cand {
+            'moves: for m in cand {
                 if m == n || !f.allowed(m) {
                     continue;
                 }
-                let need =
-                    (used - u64::from(n) + u64::from(m)).saturating_sub(u64::from(inst.n_nodes));
+                let need = (used - u64::from(n) + u64::from(m)).saturating_sub(budget);
                 counts[j] = m;
-                // A move that does not fit may still pay off if another job makes room
-                // (pair moves, on small instances only: each is a full evaluation).
-                let partners: Vec<usize> = if need == 0 {
-                    vec![usize::MAX]
-                } else if fns.len() <= PAIR_MOVES_UP_TO {
-                    (0..fns.len()).filter(|&k| k != j).collect()
-                } else {
-                    Vec::new()
-                };
-                let mut moved = false;
-                for k in partners {
-                    let old_k = if k == usize::MAX { 0 } else { counts[k] };
-                    if k != usize::MAX {
-                        let target = u64::from(old_k).checked_sub(need);
-                        let Some(room) = (0..=target.unwrap_or(0) as u32)
-                            .rev()
-                            .find(|&x| fns[k].allowed(x))
-                            .filter(|_| target.is_some())
+                if need == 0 {
+                    let v = sc.score(&counts, &mut rel);
+                    if v > best + tie {
+                        best = v;
+                        used = used - u64::from(n) + u64::from(m);
+                        improved = true;
+                        break 'moves;
+                    }
+                } else if nj <= PAIR_MOVES_UP_TO {
+                    // Does not fit: let another job make room.
+                    for k in (0..nj).filter(|&k| k != j) {
+                        let old_k = counts[k];
+                        let Some(target) = u64::from(old_k).checked_sub(need) else {
+                            continue;
+                        };
+                        let Some(room) = (0..=target as u32).rev().find(|&x| sc.fns[k].allowed(x))
                         else {
                             continue;
                         };
                         counts[k] = room;
-                    }
-                    let s = assign(inst, &counts, Objective::ReclaimAware);
-                    let v = value(inst, &fns, &s);
-                    if v > best + tie {
-                        best = v;
-                        sets = s;
-                        used = counts.iter().map(|&c| u64::from(c)).sum();
-                        moved = true;
-                        break;
-                    }
-                    if k != usize::MAX {
+                        let v = sc.score(&counts, &mut rel);
+                        if v > best + tie {
+                            best = v;
+                            used = counts.iter().map(|&c| u64::from(c)).sum();
+                            improved = true;
+                            break 'moves;
+                        }
                         counts[k] = old_k;
                     }
-                }
-                if moved {
-                    improved = true;
-                    break;
                 }
                 counts[j] = n;
             }
@@ -129,5 +227,5 @@ pub(crate) fn local_search(inst: &Instance, mut counts: Vec<u32>) -> Vec<Vec<Nod
             break;
         }
     }
-    sets
+    assign(inst, &counts, Objective::ReclaimAware)
 }

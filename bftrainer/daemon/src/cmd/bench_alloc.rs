@@ -94,7 +94,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             }
             let (sol, st) = out.expect("at least one solve");
             times.push(ms);
-            log::debug!("{n}x{j} seed {}: {ms:.3} ms, {st:?}", args.seed + k as u64);
+            log::debug!(
+                "{n}x{j} seed {}: {ms:.3} ms, value {}, {st:?}",
+                args.seed + k as u64,
+                sol.objective_value
+            );
             value += sol.objective_value;
         }
         times.sort_by(f64::total_cmp);
