@@ -85,8 +85,6 @@ pub struct SlurmDb {
 // libslurmdb keeps no thread affinity for it.
 unsafe impl Send for SlurmDb {}
 
-struct JobList(List);
-
 fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -216,14 +214,12 @@ impl SlurmDb {
         clear_errno();
         // SAFETY: cond and everything it points to outlive the call; slurmdb does not
         // take ownership of cond. The returned list is owned by the guard.
-        let result = JobList(List(unsafe {
-            slurm_sys::slurmdb_jobs_get(self.conn, &mut cond)
-        }));
-        if result.0 .0.is_null() {
+        let result = List(unsafe { slurm_sys::slurmdb_jobs_get(self.conn, &mut cond) });
+        if result.0.is_null() {
             return Err(last_error("slurmdb_jobs_get", -1));
         }
         let mut out = Vec::new();
-        result.0.for_each(|p| {
+        result.for_each(|p| {
             // SAFETY: the list holds slurmdb_job_rec_t items, alive while it is.
             out.push(convert(unsafe {
                 &*p.cast::<slurm_sys::slurmdb_job_rec_t>()
