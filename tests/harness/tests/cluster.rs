@@ -6,6 +6,14 @@ use std::time::Duration;
 
 use bftrainer_testcluster::{Cluster, Error, Options, TEST_USER};
 
+fn script(args: &[&str]) -> std::process::Output {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster/cluster");
+    std::process::Command::new(path)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 fn start(nodes: usize) -> Cluster {
     Cluster::start(Options {
         nodes,
@@ -240,6 +248,14 @@ fn cluster_stop_leaves_no_process_behind() {
             .then_some(()))
     })
     .unwrap();
+    // A second `up` on a running cluster's directory must refuse, naming the daemons.
+    let again = script(&["up", "--dir", dir.to_str().unwrap()]);
+    assert!(!again.status.success());
+    let msg = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        msg.contains("already up") && msg.contains("slurmctld (pid"),
+        "{msg}"
+    );
     c.stop().unwrap();
     for (pid, cmd) in daemons {
         let now = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
@@ -318,4 +334,100 @@ fn cluster_logs_of_a_failed_test_are_kept() {
     assert!(kept.join("etc/slurm.conf").is_file());
     assert!(kept.join("log/slurmd-n1.log").is_file());
     std::fs::remove_dir_all(&kept).unwrap();
+}
+
+/// Set by `cluster_watchdog_stops_the_cluster_of_a_killed_test` for its child process.
+const CHILD_ENV: &str = "BFTC_TEST_WATCHDOG_CHILD";
+
+#[test]
+#[ignore = "child process of cluster_watchdog_stops_the_cluster_of_a_killed_test"]
+fn cluster_watchdog_child() {
+    let Some(report) = std::env::var_os(CHILD_ENV) else {
+        return;
+    };
+    let c = start(1);
+    std::fs::write(&report, c.dir().as_os_str().as_encoded_bytes()).unwrap();
+    // Wait to be killed: Drop never runs.
+    std::thread::sleep(Duration::from_secs(300));
+}
+
+#[test]
+fn cluster_watchdog_stops_the_cluster_of_a_killed_test() {
+    let report = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(report.path(), "").unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "cluster_watchdog_child",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(CHILD_ENV, report.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let dir =
+        bftrainer_testcluster::wait_until("the child's cluster", Duration::from_secs(60), || {
+            let text = std::fs::read_to_string(report.path()).unwrap();
+            Ok((!text.is_empty()).then(|| std::path::PathBuf::from(text)))
+        })
+        .unwrap();
+    let daemons = recorded_daemons(&dir);
+    assert_eq!(daemons.len(), 5, "{daemons:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    bftrainer_testcluster::wait_until(
+        "the watchdog to remove the cluster",
+        Duration::from_secs(30),
+        || Ok((!dir.exists()).then_some(())),
+    )
+    .unwrap();
+    for (pid, cmd) in daemons {
+        let now = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            String::from_utf8_lossy(&now).replace('\0', " ") != cmd,
+            "pid {pid} ({cmd}) still running"
+        );
+    }
+}
+
+#[test]
+fn cluster_script_rejects_bad_input_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let d = dir.to_str().unwrap();
+    let fails = |args: &[&str], want: &str| {
+        let out = script(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("Traceback"), "{args:?}: {err}");
+    };
+    fails(
+        &["up", "--dir", d, "--nodes", "0"],
+        "--nodes 0: allowed are 1 to 64",
+    );
+    fails(
+        &["up", "--dir", d, "--bftrainer-conf", "/no/such.toml"],
+        "no such file",
+    );
+    fails(&["sideways"], "invalid choice");
+    let long = tmp.path().join("x".repeat(100));
+    fails(&["up", "--dir", long.to_str().unwrap()], "is too long");
+    assert!(!long.exists());
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("precious"), "").unwrap();
+    fails(&["up", "--dir", d], "is not empty and holds no cluster");
+    assert!(dir.join("precious").exists());
+    std::fs::remove_file(dir.join("precious")).unwrap();
+    // A taken port with --port-base: named, no retry elsewhere.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = listener.local_addr().unwrap().port();
+    let base = (taken - 2).to_string();
+    fails(
+        &["up", "--dir", d, "--nodes", "1", "--port-base", &base],
+        &format!("port {taken} (for slurmctld) is taken"),
+    );
+    // `down` of a directory without a cluster is a no-op, not an error.
+    assert!(script(&["down", "--dir", d]).status.success());
 }
