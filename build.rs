@@ -39,21 +39,33 @@ fn main() {
 
     let wrapper = "#include <stdint.h>\n#include <stdbool.h>\n#include <slurm/slurm.h>\n\
                    #include <slurm/slurmdb.h>\n#include <slurm/spank.h>\n";
+    // Allow-list by file: everything the public Slurm headers declare (functions, types,
+    // object-like macros), plus the libc types they use, and nothing else from libc.
+    let public = format!(
+        "{}/slurm/(slurm|slurmdb|spank|slurm_errno|slurm_version)\\.h",
+        regex_escape(&inc.display().to_string())
+    );
     let bindings = bindgen::Builder::default()
         .header_contents("slurm_wrapper.h", wrapper)
         .clang_arg(format!("-I{}", inc.display()))
-        .allowlist_function("slurm_.*|slurmdb_.*|spank_.*|list_.*|hostlist_.*")
-        .allowlist_type("slurm_.*|slurmdb_.*|spank_.*|job_.*|node_.*|partition_.*|submit_.*|will_run_.*|update_.*|resource_.*|S_.*|.*_msg_t")
-        .allowlist_var("SLURM_.*|NO_VAL.*|INFINITE.*|NODE_.*|JOB_.*|ESLURM_.*|ESPANK_.*|SHOW_.*|PART_.*|KILL_.*|WAIT_.*|DEBUG_.*|SLURMDB_.*|SPANK_.*|CORE_SPEC_THREAD|MEM_PER_CPU|SIG.*")
-        .blocklist_function("slurm_xcalloc|slurm_xfree|slurm_xstrdup")
+        .allowlist_file(&public)
+        // Not public API: declared by hand in src/lib.rs with 22.05's exact signatures.
+        .blocklist_function("slurm_xcalloc|slurm_xfree|slurm_xfree_ptr|slurm_xstrdup|slurm_job_reason_string|slurm_job_state_string|slurm_node_state_string_complete")
         .default_enum_style(bindgen::EnumVariation::Consts)
         .prepend_enum_name(false)
         .derive_default(true)
         .layout_tests(true)
         .generate_comments(false)
         .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+        .parse_callbacks(Box::new(MacroTypes))
         .generate()
-        .unwrap_or_else(|e| panic!("slurm-sys: bindgen failed on the Slurm headers in {}: {e}", inc.display()));
+        .unwrap_or_else(|e| {
+            panic!(
+                "slurm-sys: bindgen failed on the Slurm headers in {}: {e}; {}",
+                inc.display(),
+                PACKAGE_HINT
+            )
+        });
 
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     bindings
@@ -79,6 +91,37 @@ fn main() {
         }
         println!("cargo:rustc-link-lib=dylib=slurm");
     }
+}
+
+/// bindgen sees `#define NO_VAL64 (0xfffffffffffffffe)` as the i64 -2 and would emit
+/// `i32 = -2`. C gives such a literal an unsigned 64-bit type; so do we, for every
+/// macro whose value does not fit i32 (negative values that C spells with a minus
+/// sign, like SLURM_ERROR, stay signed: they are small).
+#[derive(Debug)]
+struct MacroTypes;
+
+impl bindgen::callbacks::ParseCallbacks for MacroTypes {
+    fn int_macro(&self, name: &str, value: i64) -> Option<bindgen::callbacks::IntKind> {
+        use bindgen::callbacks::IntKind;
+        // The *64 sentinels (NO_VAL64, INFINITE64, NO_CONSUME_VAL64) arrive wrapped
+        // to small negative numbers, so the name is the only reliable sign.
+        if name.ends_with("64") || value < i64::from(i32::MIN) || value > i64::from(u32::MAX) {
+            Some(IntKind::U64)
+        } else {
+            None
+        }
+    }
+}
+
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn read_version(path: &Path) -> u32 {

@@ -39,9 +39,17 @@ const fn parse_dec(s: &str) -> u32 {
     v
 }
 
-// Slurm's allocator. Strings that Slurm frees (err_msg in job_submit, fields of a
-// job_desc_msg_t) must come from here, never from Rust's or libc's allocator. The
-// symbols live in libslurm / libslurmfull, which the host process has loaded.
+// Slurm's allocator (src/common/xmalloc.h and xstring.c of 22.05, not in the public
+// headers). Strings that Slurm frees (err_msg in job_submit, fields of a job_desc_msg_t,
+// items of a List created with `slurm_xfree_ptr` as destructor) must come from here,
+// never from Rust's or libc's allocator. The symbols live in libslurm / libslurmfull,
+// which the host process has loaded. Signatures match 22.05 exactly:
+//   void *slurm_xcalloc(size_t, size_t, bool, bool, const char *, int, const char *);
+//   void slurm_xfree(void **);
+//   void xfree_ptr(void *);            exported as slurm_xfree_ptr
+//   char *xstrdup(const char *str);    exported as slurm_xstrdup
+// slurm_xcalloc returns NULL for a zero count or size; with `try_` false it aborts the
+// process on out-of-memory instead of returning NULL.
 extern "C" {
     pub fn slurm_xcalloc(
         count: usize,
@@ -53,5 +61,22 @@ extern "C" {
         func: *const std::os::raw::c_char,
     ) -> *mut std::os::raw::c_void;
     pub fn slurm_xfree(ptr: *mut *mut std::os::raw::c_void);
+    pub fn slurm_xfree_ptr(ptr: *mut std::os::raw::c_void);
     pub fn slurm_xstrdup(s: *const std::os::raw::c_char) -> *mut std::os::raw::c_char;
+}
+
+// Name tables that libslurm exports but the public headers do not declare
+// (src/common/slurm_protocol_defs.h of 22.05). They are how scontrol/squeue print
+// states and reasons; re-implementing the ~200 pending reasons by hand would drift.
+//   char *job_reason_string(enum job_state_reason inx);   static string
+//   char *job_state_string(uint32_t inx);                 static string, flags win
+//   char *node_state_string_complete(uint32_t inx);       xmalloc'd: free with xfree
+// And the destructor slurm.h tells callers of slurm_job_will_run2 to use but does not
+// declare:
+//   void slurm_free_will_run_response_msg(will_run_response_msg_t *msg);
+extern "C" {
+    pub fn slurm_free_will_run_response_msg(msg: *mut will_run_response_msg_t);
+    pub fn slurm_job_reason_string(inx: job_state_reason) -> *mut std::os::raw::c_char;
+    pub fn slurm_job_state_string(inx: u32) -> *mut std::os::raw::c_char;
+    pub fn slurm_node_state_string_complete(inx: u32) -> *mut std::os::raw::c_char;
 }

@@ -1,1 +1,90 @@
-//! Safe layer over slurm-sys: every call frees what Slurm allocated and maps errors.
+//! Safe layer over slurm-sys: every call frees what Slurm allocated, maps errors to
+//! [`Error`] with `slurm_strerror` text, and returns plain owned Rust values.
+//!
+//! # Use
+//! ```no_run
+//! let slurm = bftrainer_slurm::Slurm::init()?;          // reads $SLURM_CONF once
+//! let mut view = bftrainer_slurm::ClusterView::default();
+//! let changed = view.refresh(&slurm)?;                   // 3 cheap RPCs when nothing changed
+//! for n in view.nodes() { println!("{} {}", n.name, n.state.name()); }
+//! # Ok::<(), bftrainer_slurm::Error>(())
+//! ```
+//!
+//! # Threads
+//! libslurm keeps one process-wide configuration, read by `slurm_init` from
+//! `$SLURM_CONF` (or /etc/slurm/slurm.conf) the first time [`Slurm::init`] runs; it
+//! cannot be switched to another cluster later in the same process, and `slurm_init`
+//! calls `setenv`, so call `Slurm::init` once, early, before other threads read the
+//! environment. After that, the controller calls (`load_*`, submit, update, signal,
+//! cancel, requeue, will-run, hostlists) are safe from any thread concurrently: each
+//! opens its own connection to slurmctld and keeps no state in the library, so
+//! [`Slurm`] is `Copy + Send + Sync`. They block on the network: from tokio, run them
+//! in `spawn_blocking`. A [`SlurmDb`] connection is one persistent socket to slurmdbd:
+//! it is `Send` but not `Sync`, and its calls take `&mut self`.
+//! Not handled: Slurm's configless mode (a readable slurm.conf is required) and a
+//! slurm.conf that Slurm cannot parse (slurm_init then exits the process, as every
+//! Slurm command does; [`Slurm::init`] checks that the file exists and is readable
+//! first, so the common mistakes give an [`Error::Config`] instead).
+
+mod db;
+mod error;
+mod ffi;
+mod info;
+mod ops;
+mod state;
+mod view;
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+pub use db::{AcctJob, AcctQuery, SlurmDb};
+pub use error::{strerror, Error, Result};
+pub use ffi::{hostlist_compress, hostlist_expand};
+pub use info::{gpu_count, Job, Jobs, Loaded, Node, Nodes, Partition, Partitions};
+pub use ops::{BatchJob, JobUpdate, SignalTarget, Submitted, WillRun};
+pub use state::{JobBase, JobState, NodeBase, NodeState, TimeLimit};
+pub use view::{ClusterView, Refresh};
+
+/// Proof that libslurm was initialised; every controller call goes through it.
+#[derive(Clone, Copy, Debug)]
+pub struct Slurm {
+    _initialised: (),
+}
+
+static INIT: Mutex<bool> = Mutex::new(false);
+
+impl Slurm {
+    /// Initialises libslurm once per process (`slurm_init(NULL)`, which reads
+    /// `$SLURM_CONF` or /etc/slurm/slurm.conf). Later calls return a handle at once.
+    /// Fails, and may be retried, if the configuration file is missing or unreadable.
+    /// (The run-time libslurm matches the headers' ABI through its soname,
+    /// libslurm.so.38 for 22.05, which the dynamic loader enforces.)
+    pub fn init() -> Result<Slurm> {
+        let mut done = INIT.lock().unwrap_or_else(|p| p.into_inner());
+        if !*done {
+            let conf = config_path();
+            if let Err(e) = std::fs::File::open(&conf) {
+                return Err(Error::Config(format!(
+                    "cannot read {} ({e}); set SLURM_CONF to the cluster's slurm.conf \
+                     (configless mode is not supported)",
+                    conf.display()
+                )));
+            }
+            log::debug!("slurm_init with {}", conf.display());
+            // SAFETY: once per process (guarded by INIT); NULL means "use $SLURM_CONF".
+            unsafe { slurm_sys::slurm_init(std::ptr::null()) };
+            *done = true;
+        }
+        Ok(Slurm { _initialised: () })
+    }
+}
+
+/// The slurm.conf libslurm will read: `$SLURM_CONF`, else Debian's default path.
+pub fn config_path() -> PathBuf {
+    std::env::var_os("SLURM_CONF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/etc/slurm/slurm.conf"))
+}
+
+/// SLURM_VERSION_NUMBER of the headers this crate was built against (0xMMmmuu).
+pub const SLURM_VERSION: u32 = slurm_sys::SLURM_VERSION_NUMBER;

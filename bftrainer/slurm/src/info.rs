@@ -1,0 +1,611 @@
+//! Loading nodes, partitions and jobs from slurmctld into owned snapshots, passing the
+//! previous snapshot's update time so an unchanged cluster costs one cheap RPC.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{clear_errno, last_error, Result};
+use crate::ffi::{comma_list, opt_string, opt_time, opt_u16, opt_u32, opt_u64, string, user_name};
+use crate::state::{reason_name, JobBase, JobState, NodeState, TimeLimit};
+use crate::Slurm;
+
+/// Result of a load with a previous update time.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Loaded<T> {
+    /// slurmctld sent data newer than the time passed in.
+    Changed(T),
+    /// SLURM_NO_CHANGE_IN_DATA: nothing changed since the time passed in; keep the
+    /// snapshot you have.
+    Unchanged,
+}
+
+impl<T> Loaded<T> {
+    /// The new data, if any.
+    pub fn changed(self) -> Option<T> {
+        match self {
+            Loaded::Changed(t) => Some(t),
+            Loaded::Unchanged => None,
+        }
+    }
+}
+
+/// One node as slurmctld reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    pub name: String,
+    pub state: NodeState,
+    /// Partitions containing the node. slurmctld does not send this with nodes; it is
+    /// filled by [`crate::ClusterView`] (or [`Nodes::assign_partitions`]).
+    pub partitions: Vec<String>,
+    pub cpus: u16,
+    /// CPUs allocated to jobs now (from the select plugin), if it reports it.
+    pub alloc_cpus: Option<u16>,
+    /// Configured memory (RealMemory), MiB.
+    pub real_memory_mb: u64,
+    /// Memory allocated to jobs now, MiB, if reported.
+    pub alloc_memory_mb: Option<u64>,
+    /// Free memory measured by slurmd, MiB, if reported.
+    pub free_memory_mb: Option<u64>,
+    /// Raw GRES string, e.g. "gpu:a100:4(S:0-1)".
+    pub gres: Option<String>,
+    /// GPUs configured, summed over the `gpu` GRES entries.
+    pub gpus: u32,
+    pub gres_used: Option<String>,
+    /// Available features.
+    pub features: Vec<String>,
+    /// Active features (same as `features` when Slurm sends none).
+    pub active_features: Vec<String>,
+    /// Why the node is down/drained, if set.
+    pub reason: Option<String>,
+    pub boot_time: Option<i64>,
+    pub last_busy: Option<i64>,
+    /// The only user allowed on the node (ExclusiveUser), if any.
+    pub owner: Option<u32>,
+    pub weight: u32,
+}
+
+/// All nodes, with the controller's update time of this snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Nodes {
+    pub last_update: i64,
+    pub nodes: Vec<Node>,
+}
+
+impl Nodes {
+    /// The node called `name`.
+    pub fn get(&self, name: &str) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// Fills each node's `partitions` from partition node lists.
+    pub fn assign_partitions(&mut self, parts: &Partitions) {
+        for n in &mut self.nodes {
+            n.partitions.clear();
+        }
+        for p in &parts.partitions {
+            for name in &p.node_names {
+                if let Some(n) = self.nodes.iter_mut().find(|n| &n.name == name) {
+                    n.partitions.push(p.name.clone());
+                }
+            }
+        }
+    }
+}
+
+/// One partition.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Partition {
+    pub name: String,
+    /// Host expression as configured, e.g. "n[1-4]".
+    pub nodes: Option<String>,
+    /// `nodes` expanded.
+    pub node_names: Vec<String>,
+    pub priority_tier: u16,
+    pub priority_job_factor: u16,
+    /// PREEMPT_MODE_* bits (slurm_sys), e.g. PREEMPT_MODE_REQUEUE.
+    pub preempt_mode: u16,
+    /// Preemption grace time, seconds.
+    pub grace_time_s: u32,
+    pub max_time: Option<TimeLimit>,
+    pub default_time: Option<TimeLimit>,
+    pub total_cpus: u32,
+    pub total_nodes: u32,
+    /// Up: accepts and schedules jobs (PARTITION_UP).
+    pub up: bool,
+    pub is_default: bool,
+}
+
+impl Partition {
+    /// Jobs in this partition are requeued when preempted.
+    pub fn preempt_requeues(&self) -> bool {
+        u32::from(self.preempt_mode) & slurm_sys::PREEMPT_MODE_REQUEUE != 0
+    }
+}
+
+/// All partitions, with the controller's update time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Partitions {
+    pub last_update: i64,
+    pub partitions: Vec<Partition>,
+}
+
+impl Partitions {
+    pub fn get(&self, name: &str) -> Option<&Partition> {
+        self.partitions.iter().find(|p| p.name == name)
+    }
+}
+
+/// One job as slurmctld reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub job_id: u32,
+    /// Array master id and task id, for array tasks.
+    pub array_job_id: Option<u32>,
+    pub array_task_id: Option<u32>,
+    /// Pending array tasks this record stands for, e.g. "2-9".
+    pub array_task_str: Option<String>,
+    /// Heterogeneous job leader and this component's offset.
+    pub het_job_id: Option<u32>,
+    pub het_job_offset: Option<u32>,
+    pub name: String,
+    pub user_id: u32,
+    /// From Slurm if it sent one, else resolved locally from the uid.
+    pub user_name: Option<String>,
+    pub group_id: u32,
+    pub state: JobState,
+    /// Why pending / why it ended ("Priority", "Resources", "JobHeldAdmin", ...).
+    pub reason: Option<String>,
+    /// Extra text for the reason, if any.
+    pub reason_detail: Option<String>,
+    pub partition: Option<String>,
+    /// Allocated nodes (host expression) of a running or finished job.
+    pub nodes: Option<String>,
+    /// Nodes the backfill scheduler plans for a pending job (SchedNodes).
+    pub sched_nodes: Option<String>,
+    /// Nodes the job asked for (ReqNodeList) and excluded (ExcNodeList).
+    pub req_nodes: Option<String>,
+    pub exc_nodes: Option<String>,
+    pub batch_host: Option<String>,
+    /// Node count: requested when pending, allocated when running.
+    pub num_nodes: u32,
+    pub num_cpus: u32,
+    pub comment: Option<String>,
+    pub admin_comment: Option<String>,
+    pub submit_time: Option<i64>,
+    /// Actual start for started jobs; the scheduler's expected start for pending ones.
+    pub start_time: Option<i64>,
+    /// Actual or expected end.
+    pub end_time: Option<i64>,
+    pub time_limit: Option<TimeLimit>,
+    pub priority: u32,
+    /// The job may be requeued.
+    pub requeue: bool,
+    pub restart_count: u16,
+    /// When preemption of this job began, if it has.
+    pub preempt_time: Option<i64>,
+    pub work_dir: Option<String>,
+    pub std_out: Option<String>,
+}
+
+impl Job {
+    /// Expected start of a pending job, as the backfill scheduler planned it.
+    pub fn expected_start(&self) -> Option<i64> {
+        if self.state.base() == JobBase::Pending {
+            self.start_time
+        } else {
+            None
+        }
+    }
+
+    /// Held: pending with priority 0 (admin or user hold).
+    pub fn is_held(&self) -> bool {
+        self.state.base() == JobBase::Pending && self.priority == 0
+    }
+}
+
+/// All jobs, with the controller's update time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Jobs {
+    pub last_update: i64,
+    pub jobs: Vec<Job>,
+}
+
+impl Jobs {
+    pub fn get(&self, job_id: u32) -> Option<&Job> {
+        self.jobs.iter().find(|j| j.job_id == job_id)
+    }
+}
+
+/// GPUs in a GRES string such as "gpu:a100:4(S:0-1),gpu:1,nic:2": sums the counts of
+/// entries named `gpu`. An entry without a count counts 1, as in Slurm.
+pub fn gpu_count(gres: &str) -> u32 {
+    let mut total = 0u32;
+    // Entries are comma-separated, but socket lists in parentheses may hold commas.
+    let mut depth = 0;
+    let mut start = 0;
+    let bytes = gres.as_bytes();
+    let mut entries = Vec::new();
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b'(' => depth += 1,
+            b')' => depth -= 1,
+            b',' if depth == 0 => {
+                entries.push(&gres[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    entries.push(&gres[start..]);
+    for e in entries {
+        let e = e.split('(').next().unwrap_or("").trim();
+        let mut parts = e.split(':');
+        if parts.next() != Some("gpu") {
+            continue;
+        }
+        let rest: Vec<&str> = parts.collect();
+        let count = match rest.last() {
+            None => 1,
+            Some(last) => parse_count(last).unwrap_or(1),
+        };
+        total = total.saturating_add(count);
+    }
+    total
+}
+
+/// "4", "2K" (Slurm allows suffixes on counts); None if not a count (a type name).
+fn parse_count(s: &str) -> Option<u32> {
+    let (num, mult) = match s.as_bytes().last()? {
+        b'k' | b'K' => (&s[..s.len() - 1], 1024u64),
+        b'm' | b'M' => (&s[..s.len() - 1], 1024 * 1024),
+        b'g' | b'G' => (&s[..s.len() - 1], 1024 * 1024 * 1024),
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().ok()?;
+    u32::try_from(n.saturating_mul(mult)).ok()
+}
+
+/// Owns a node_info_msg_t; freed on drop.
+struct NodeMsg(*mut slurm_sys::node_info_msg_t);
+impl Drop for NodeMsg {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: allocated by slurm_load_node, freed once.
+            unsafe { slurm_sys::slurm_free_node_info_msg(self.0) };
+        }
+    }
+}
+
+struct PartMsg(*mut slurm_sys::partition_info_msg_t);
+impl Drop for PartMsg {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: allocated by slurm_load_partitions, freed once.
+            unsafe { slurm_sys::slurm_free_partition_info_msg(self.0) };
+        }
+    }
+}
+
+struct JobMsg(*mut slurm_sys::job_info_msg_t);
+impl Drop for JobMsg {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: allocated by slurm_load_jobs/slurm_load_job, freed once.
+            unsafe { slurm_sys::slurm_free_job_info_msg(self.0) };
+        }
+    }
+}
+
+/// Runs a load call; -1 with SLURM_NO_CHANGE_IN_DATA is not an error.
+fn run_load(call: &'static str, f: impl FnOnce() -> i32) -> Result<bool> {
+    clear_errno();
+    let rc = f();
+    if rc == slurm_sys::SLURM_SUCCESS as i32 {
+        return Ok(true);
+    }
+    let err = last_error(call, rc);
+    if err.code() == Some(slurm_sys::SLURM_NO_CHANGE_IN_DATA as i32) {
+        Ok(false)
+    } else {
+        Err(err)
+    }
+}
+
+fn records<'a, T>(ptr: *const T, count: u32) -> &'a [T] {
+    if ptr.is_null() || count == 0 {
+        &[]
+    } else {
+        // SAFETY: Slurm's message holds `count` records at `ptr`; the slice does not
+        // outlive the message guard in the callers.
+        unsafe { std::slice::from_raw_parts(ptr, count as usize) }
+    }
+}
+
+fn select_u64(info: *mut slurm_sys::dynamic_plugin_data_t, what: u32, state: u32) -> Option<u64> {
+    if info.is_null() {
+        return None;
+    }
+    // Zeroed and wider than any field the plugin writes (u16/u64, little-endian), so a
+    // narrower write still reads back correctly.
+    let mut v: u64 = 0;
+    // SAFETY: info comes from a live node message; v outlives the call.
+    let rc = unsafe {
+        slurm_sys::slurm_get_select_nodeinfo(
+            info,
+            what as _,
+            state as _,
+            (&mut v as *mut u64).cast(),
+        )
+    };
+    (rc == slurm_sys::SLURM_SUCCESS as i32).then_some(v)
+}
+
+impl Slurm {
+    /// All nodes (`slurm_load_node`, SHOW_ALL | SHOW_MIXED). With `since` set to a
+    /// previous snapshot's `last_update`, returns `Unchanged` if nothing changed.
+    pub fn load_nodes(&self, since: Option<i64>) -> Result<Loaded<Nodes>> {
+        let mut msg = NodeMsg(std::ptr::null_mut());
+        let flags = (slurm_sys::SHOW_ALL | slurm_sys::SHOW_MIXED) as u16;
+        // SAFETY: msg.0 receives a message owned by the guard.
+        let changed = run_load("slurm_load_node", || unsafe {
+            slurm_sys::slurm_load_node(since.unwrap_or(0) as libc::time_t, &mut msg.0, flags)
+        })?;
+        if !changed || msg.0.is_null() {
+            return Ok(Loaded::Unchanged);
+        }
+        // SAFETY: msg.0 is a valid message until the guard drops at the end.
+        let m = unsafe { &*msg.0 };
+        let nodes = records(m.node_array, m.record_count)
+            .iter()
+            .filter(|n| !n.name.is_null())
+            .map(convert_node)
+            .collect();
+        Ok(Loaded::Changed(Nodes {
+            last_update: m.last_update as i64,
+            nodes,
+        }))
+    }
+
+    /// All partitions (`slurm_load_partitions`, SHOW_ALL).
+    pub fn load_partitions(&self, since: Option<i64>) -> Result<Loaded<Partitions>> {
+        let mut msg = PartMsg(std::ptr::null_mut());
+        let flags = slurm_sys::SHOW_ALL as u16;
+        // SAFETY: as in load_nodes.
+        let changed = run_load("slurm_load_partitions", || unsafe {
+            slurm_sys::slurm_load_partitions(since.unwrap_or(0) as libc::time_t, &mut msg.0, flags)
+        })?;
+        if !changed || msg.0.is_null() {
+            return Ok(Loaded::Unchanged);
+        }
+        // SAFETY: valid until the guard drops.
+        let m = unsafe { &*msg.0 };
+        let mut partitions = Vec::new();
+        for p in records(m.partition_array, m.record_count) {
+            if p.name.is_null() {
+                continue;
+            }
+            partitions.push(convert_partition(p)?);
+        }
+        Ok(Loaded::Changed(Partitions {
+            last_update: m.last_update as i64,
+            partitions,
+        }))
+    }
+
+    /// All jobs slurmctld still knows (`slurm_load_jobs`, SHOW_ALL), finished ones
+    /// included until MinJobAge expires them.
+    pub fn load_jobs(&self, since: Option<i64>) -> Result<Loaded<Jobs>> {
+        let mut msg = JobMsg(std::ptr::null_mut());
+        let flags = slurm_sys::SHOW_ALL as u16;
+        // SAFETY: as in load_nodes.
+        let changed = run_load("slurm_load_jobs", || unsafe {
+            slurm_sys::slurm_load_jobs(since.unwrap_or(0) as libc::time_t, &mut msg.0, flags)
+        })?;
+        if !changed || msg.0.is_null() {
+            return Ok(Loaded::Unchanged);
+        }
+        // SAFETY: valid until the guard drops.
+        let m = unsafe { &*msg.0 };
+        let mut names = NameCache::default();
+        let jobs = records(m.job_array, m.record_count)
+            .iter()
+            .map(|j| convert_job(j, &mut names))
+            .collect();
+        Ok(Loaded::Changed(Jobs {
+            last_update: m.last_update as i64,
+            jobs,
+        }))
+    }
+
+    /// One job by id (`slurm_load_job`); `ESLURM_INVALID_JOB_ID` once it is gone.
+    pub fn load_job(&self, job_id: u32) -> Result<Job> {
+        let mut msg = JobMsg(std::ptr::null_mut());
+        clear_errno();
+        // SAFETY: msg.0 receives a message owned by the guard.
+        let rc =
+            unsafe { slurm_sys::slurm_load_job(&mut msg.0, job_id, slurm_sys::SHOW_ALL as u16) };
+        if rc != slurm_sys::SLURM_SUCCESS as i32 {
+            return Err(last_error("slurm_load_job", rc));
+        }
+        // SAFETY: valid until the guard drops.
+        let m = unsafe { msg.0.as_ref() };
+        let mut names = NameCache::default();
+        m.and_then(|m| records(m.job_array, m.record_count).first())
+            .map(|j| convert_job(j, &mut names))
+            .ok_or_else(|| {
+                crate::Error::from_code("slurm_load_job", slurm_sys::ESLURM_INVALID_JOB_ID as i32)
+            })
+    }
+}
+
+fn convert_node(n: &slurm_sys::node_info_t) -> Node {
+    // SAFETY (for every string read here): the fields are NULL or valid C strings
+    // inside the live message.
+    unsafe {
+        let gres = opt_string(n.gres);
+        let features = comma_list(n.features);
+        let active = comma_list(n.features_act);
+        Node {
+            name: string(n.name),
+            state: NodeState(n.node_state),
+            partitions: comma_list(n.partitions),
+            cpus: n.cpus,
+            alloc_cpus: select_u64(
+                n.select_nodeinfo,
+                slurm_sys::SELECT_NODEDATA_SUBCNT,
+                slurm_sys::NODE_STATE_ALLOCATED,
+            )
+            .map(|v| v as u16),
+            real_memory_mb: n.real_memory,
+            alloc_memory_mb: select_u64(
+                n.select_nodeinfo,
+                slurm_sys::SELECT_NODEDATA_MEM_ALLOC,
+                slurm_sys::NODE_STATE_ALLOCATED,
+            ),
+            free_memory_mb: opt_u64(n.free_mem),
+            gpus: gres.as_deref().map(gpu_count).unwrap_or(0),
+            gres,
+            gres_used: opt_string(n.gres_used),
+            active_features: if active.is_empty() {
+                features.clone()
+            } else {
+                active
+            },
+            features,
+            reason: opt_string(n.reason),
+            boot_time: opt_time(n.boot_time),
+            last_busy: opt_time(n.last_busy),
+            owner: opt_u32(n.owner),
+            weight: n.weight,
+        }
+    }
+}
+
+fn convert_partition(p: &slurm_sys::partition_info_t) -> Result<Partition> {
+    // SAFETY: fields are NULL or valid C strings inside the live message.
+    let nodes = unsafe { opt_string(p.nodes) };
+    let node_names = match &nodes {
+        Some(expr) => crate::ffi::hostlist_expand(expr)?,
+        None => Vec::new(),
+    };
+    let up = u32::from(p.state_up) & slurm_sys::PARTITION_UP == slurm_sys::PARTITION_UP;
+    Ok(Partition {
+        // SAFETY: as above.
+        name: unsafe { string(p.name) },
+        nodes,
+        node_names,
+        priority_tier: p.priority_tier,
+        priority_job_factor: p.priority_job_factor,
+        preempt_mode: p.preempt_mode,
+        grace_time_s: p.grace_time,
+        max_time: TimeLimit::from_raw(p.max_time),
+        default_time: TimeLimit::from_raw(p.default_time),
+        total_cpus: p.total_cpus,
+        total_nodes: p.total_nodes,
+        up,
+        is_default: u32::from(p.flags) & slurm_sys::PART_FLAG_DEFAULT != 0,
+    })
+}
+
+/// uid -> name lookups done once per snapshot, not once per job.
+#[derive(Default)]
+struct NameCache(std::collections::HashMap<u32, Option<String>>);
+
+impl NameCache {
+    fn get(&mut self, uid: u32) -> Option<String> {
+        self.0.entry(uid).or_insert_with(|| user_name(uid)).clone()
+    }
+}
+
+fn convert_job(j: &slurm_sys::slurm_job_info_t, names: &mut NameCache) -> Job {
+    let array = j.array_job_id != 0 && j.array_task_id != slurm_sys::NO_VAL;
+    let het = j.het_job_id != 0;
+    // SAFETY: fields are NULL or valid C strings inside the live message.
+    unsafe {
+        Job {
+            job_id: j.job_id,
+            array_job_id: (j.array_job_id != 0).then_some(j.array_job_id),
+            array_task_id: if array {
+                opt_u32(j.array_task_id)
+            } else {
+                None
+            },
+            array_task_str: opt_string(j.array_task_str),
+            het_job_id: het.then_some(j.het_job_id),
+            het_job_offset: if het { opt_u32(j.het_job_offset) } else { None },
+            name: string(j.name),
+            user_id: j.user_id,
+            user_name: opt_string(j.user_name).or_else(|| names.get(j.user_id)),
+            group_id: j.group_id,
+            state: JobState(j.job_state),
+            reason: (u32::from(j.state_reason) != slurm_sys::WAIT_NO_REASON)
+                .then(|| reason_name(u32::from(j.state_reason))),
+            reason_detail: opt_string(j.state_desc),
+            partition: opt_string(j.partition),
+            nodes: opt_string(j.nodes),
+            sched_nodes: opt_string(j.sched_nodes),
+            req_nodes: opt_string(j.req_nodes),
+            exc_nodes: opt_string(j.exc_nodes),
+            batch_host: opt_string(j.batch_host),
+            num_nodes: j.num_nodes,
+            num_cpus: j.num_cpus,
+            comment: opt_string(j.comment),
+            admin_comment: opt_string(j.admin_comment),
+            submit_time: opt_time(j.submit_time),
+            start_time: opt_time(j.start_time),
+            end_time: opt_time(j.end_time),
+            time_limit: TimeLimit::from_raw(j.time_limit),
+            priority: j.priority,
+            requeue: opt_u16(j.requeue).unwrap_or(0) != 0,
+            restart_count: j.restart_cnt,
+            preempt_time: opt_time(j.preempt_time),
+            work_dir: opt_string(j.work_dir),
+            std_out: opt_string(j.std_out),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_counts_from_gres_strings() {
+        assert_eq!(gpu_count("gpu:4"), 4);
+        assert_eq!(gpu_count("gpu:a100:4(S:0-1)"), 4);
+        assert_eq!(gpu_count("gpu:a100:2(S:0,1),gpu:v100:1,nic:8"), 3);
+        assert_eq!(gpu_count("gpu"), 1);
+        assert_eq!(gpu_count("gpu:tesla"), 1);
+        assert_eq!(gpu_count("nic:2"), 0);
+        assert_eq!(gpu_count(""), 0);
+        assert_eq!(gpu_count("(null)"), 0);
+    }
+
+    #[test]
+    fn counts_accept_suffixes() {
+        assert_eq!(parse_count("2K"), Some(2048));
+        assert_eq!(parse_count("a100"), None);
+    }
+
+    #[test]
+    fn zeroed_records_do_not_panic() {
+        // Every pointer NULL, every number 0: what a half-filled record looks like.
+        let n: slurm_sys::node_info_t = Default::default();
+        let node = convert_node(&n);
+        assert_eq!(node.name, "");
+        assert!(node.gres.is_none() && node.features.is_empty());
+        let j = slurm_sys::slurm_job_info_t {
+            time_limit: slurm_sys::NO_VAL,
+            array_task_id: slurm_sys::NO_VAL,
+            het_job_offset: slurm_sys::NO_VAL,
+            ..Default::default()
+        };
+        let job = convert_job(&j, &mut NameCache::default());
+        assert_eq!(job.time_limit, None);
+        assert_eq!(job.array_task_id, None);
+        assert!(job.nodes.is_none() && job.comment.is_none());
+        assert_eq!(job.user_name.as_deref(), Some("root"));
+        let p: slurm_sys::partition_info_t = Default::default();
+        let part = convert_partition(&p).unwrap();
+        assert!(part.node_names.is_empty());
+    }
+}

@@ -1,0 +1,45 @@
+//! Submitting a job on behalf of another user, as root may: the job runs as that
+//! user, with the environment we gave it.
+
+mod common;
+
+use bftrainer_slurm::{BatchJob, JobBase};
+use common::{wait_state, TestCluster};
+
+#[test]
+fn cluster_jobs_submit_on_behalf_of_another_user() {
+    let c = TestCluster::start();
+    let s = c.slurm;
+    let (uid, gid) = common::ids_of(bftrainer_testcluster::TEST_USER);
+    // The job writes its output as bftuser, so into the world-writable work dir.
+    let out = c.work_dir().join("behalf.out");
+    let sub = s
+        .submit_batch(&BatchJob {
+            script: "#!/bin/sh\nid -un\necho \"$BFT_GREETING\"\n".into(),
+            name: Some("behalf".into()),
+            run_as: Some((uid, gid)),
+            work_dir: Some("/tmp".into()),
+            output: Some(out.to_str().unwrap().into()),
+            env: vec![
+                ("BFT_GREETING".into(), "hello".into()),
+                ("PATH".into(), "/usr/bin:/bin".into()),
+            ],
+            ..Default::default()
+        })
+        .unwrap();
+    let j = wait_state(&s, sub.job_id, JobBase::Complete, 60);
+    assert_eq!(j.user_id, uid);
+    assert_eq!(j.group_id, gid);
+    assert_eq!(j.user_name.as_deref(), Some("bftuser"));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(text, "bftuser\nhello\n");
+
+    // Slurm's own tools see it as bftuser's job too.
+    let q = c
+        .command("squeue")
+        .args(["-h", "-t", "all", "-o", "%u", "-j"])
+        .arg(sub.job_id.to_string())
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&q.stdout).trim(), "bftuser");
+}

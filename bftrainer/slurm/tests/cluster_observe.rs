@@ -1,0 +1,174 @@
+//! Observing a real cluster through the safe layer: nodes, partitions, the no-change
+//! path of the loads, and how errors come back.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bftrainer_slurm::{ClusterView, Loaded, NodeBase, SignalTarget, Slurm};
+use common::TestCluster;
+
+#[test]
+fn cluster_observe_nodes_partitions_errors_and_no_change() {
+    let c = TestCluster::start();
+    let s = c.slurm;
+
+    let mut view = ClusterView::default();
+    let first = view.refresh(&s).unwrap();
+    assert!(
+        first.nodes && first.partitions && first.jobs,
+        "first refresh loads all"
+    );
+
+    let names: Vec<&str> = view.nodes().iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["n1", "n2", "n3", "n4"]);
+    for n in view.nodes() {
+        assert_eq!(
+            n.state.base(),
+            NodeBase::Idle,
+            "{} is {}",
+            n.name,
+            n.state.name()
+        );
+        assert!(!n.state.is_drain() && !n.state.is_planned());
+        assert_eq!(n.cpus, 2);
+        assert!(n.real_memory_mb > 0);
+        assert_eq!(n.partitions, ["batch", "elastic"], "node {}", n.name);
+        assert_eq!(n.gpus, 0);
+        assert_eq!(n.alloc_cpus, Some(0));
+    }
+
+    let batch = view
+        .partitions()
+        .iter()
+        .find(|p| p.name == "batch")
+        .unwrap();
+    let elastic = view
+        .partitions()
+        .iter()
+        .find(|p| p.name == "elastic")
+        .unwrap();
+    assert!(batch.is_default && !elastic.is_default);
+    assert!(batch.priority_tier > elastic.priority_tier);
+    assert!(elastic.preempt_requeues());
+    assert!(elastic.grace_time_s > 0);
+    assert_eq!(elastic.node_names, ["n1", "n2", "n3", "n4"]);
+    assert_eq!(elastic.total_cpus, 8);
+    assert!(batch.up && elastic.up);
+
+    // No change: each load answers SLURM_NO_CHANGE_IN_DATA. The controller may still
+    // touch node records right after start-up (registrations), so allow it to settle.
+    common::wait_for(20, "an unchanged refresh", || {
+        let r = view.refresh(&s).unwrap();
+        (!r.any()).then_some(())
+    });
+
+    measure_refresh(&s, &mut view, "no jobs");
+
+    // A change shows up: a submitted job makes the job snapshot change.
+    let sub = s
+        .submit_batch(&bftrainer_slurm::BatchJob {
+            script: common::SLEEP_SCRIPT.into(),
+            name: Some("observe".into()),
+            hold: true,
+            work_dir: Some("/tmp".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    let r = view.refresh(&s).unwrap();
+    assert!(r.jobs, "the new job changes the job snapshot");
+    let j = view.jobs().iter().find(|j| j.job_id == sub.job_id).unwrap();
+    assert_eq!(j.name, "observe");
+    assert_eq!(j.user_name.as_deref(), Some("root"));
+    assert!(j.is_held());
+
+    // Errors carry Slurm's own text.
+    let e = s.cancel_job(999_999).unwrap_err();
+    assert!(e.is_invalid_job_id(), "{e}");
+    assert!(e.to_string().contains("Invalid job id specified"), "{e}");
+    assert!(e.to_string().contains("slurm_kill_job"), "{e}");
+    let e = s.load_job(999_999).unwrap_err();
+    assert!(e.is_invalid_job_id(), "{e}");
+    let e = s
+        .signal_job(999_999, libc::SIGUSR1, SignalTarget::Everything)
+        .unwrap_err();
+    assert!(e.is_invalid_job_id(), "{e}");
+    let e = s.hold(999_999).unwrap_err();
+    assert!(e.is_invalid_job_id(), "{e}");
+    let e = s.requeue(999_999, false).unwrap_err();
+    assert!(e.is_invalid_job_id(), "{e}");
+    // A partition that does not exist is refused by slurmctld with its own message.
+    let e = s
+        .submit_batch(&bftrainer_slurm::BatchJob {
+            script: common::SLEEP_SCRIPT.into(),
+            partition: Some("nosuch".into()),
+            work_dir: Some("/tmp".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("Invalid partition name specified"),
+        "{e}"
+    );
+
+    // With a queue of held jobs the unchanged path saves packing and copying them.
+    for i in 0..200 {
+        s.submit_batch(&bftrainer_slurm::BatchJob {
+            script: common::SLEEP_SCRIPT.into(),
+            name: Some(format!("queued-{i}")),
+            hold: true,
+            work_dir: Some("/tmp".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    common::wait_for(20, "an unchanged refresh", || {
+        let r = view.refresh(&s).unwrap();
+        (!r.any()).then_some(())
+    });
+    assert_eq!(view.jobs().len(), 201);
+    measure_refresh(&s, &mut view, "201 pending jobs");
+
+    s.cancel_job(sub.job_id).unwrap();
+}
+
+/// Times the unchanged path against full loads and prints it (not asserted); rounds
+/// alternate so both see the same machine load. A round in which the controller did
+/// change something (the scheduler touches jobs now and then) is not counted.
+fn measure_refresh(s: &Slurm, view: &mut ClusterView, what: &str) {
+    let rounds = 100;
+    let (mut unchanged, mut full, mut counted) = (Duration::ZERO, Duration::ZERO, 0u32);
+    for _ in 0..rounds {
+        let (nodes, parts, jobs) = view.snapshots();
+        let (nt, pt, jt) = (nodes.last_update, parts.last_update, jobs.last_update);
+        let t = Instant::now();
+        let a = s.load_nodes(Some(nt)).unwrap();
+        let b = s.load_partitions(Some(pt)).unwrap();
+        let c = s.load_jobs(Some(jt)).unwrap();
+        let u = t.elapsed();
+        let t = Instant::now();
+        s.load_nodes(None).unwrap();
+        s.load_partitions(None).unwrap();
+        s.load_jobs(None).unwrap();
+        let f = t.elapsed();
+        if a == Loaded::Unchanged && b == Loaded::Unchanged && c == Loaded::Unchanged {
+            unchanged += u;
+            full += f;
+            counted += 1;
+        } else {
+            view.refresh(s).unwrap();
+        }
+    }
+    assert!(
+        counted >= rounds / 2,
+        "the cluster kept changing: {counted} quiet rounds"
+    );
+    eprintln!(
+        "MEASURED refresh, 4 nodes, {what}: unchanged {:?}/round, full {:?}/round, \
+         ratio full/unchanged {:.2} ({counted} rounds)",
+        unchanged / counted,
+        full / counted,
+        full.as_secs_f64() / unchanged.as_secs_f64()
+    );
+    view.refresh(s).unwrap();
+}

@@ -1,0 +1,104 @@
+//! Shared helpers of the cluster tests: bring up a cluster (one per test process, as
+//! libslurm reads one slurm.conf per process), and wait for conditions with a deadline.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bftrainer_slurm::{Job, JobBase, Slurm};
+use bftrainer_testcluster::{Cluster, Options};
+
+/// A running test cluster (the `bftrainer-testcluster` fixture: stopped on drop, logs
+/// kept under target/cluster-logs/ if the test panicked) with libslurm pointed at it.
+pub struct TestCluster {
+    pub cluster: Cluster,
+    pub slurm: Slurm,
+}
+
+impl TestCluster {
+    /// Starts a 4-node cluster and initialises libslurm on it. One per test process:
+    /// libslurm reads one slurm.conf per process, so each cluster test is the only
+    /// test of its binary.
+    pub fn start() -> TestCluster {
+        let cluster = Cluster::start(Options {
+            nodes: 4,
+            ..Default::default()
+        })
+        .expect("start a test cluster");
+        // The only thread that touches the environment at this point.
+        std::env::set_var("SLURM_CONF", cluster.slurm_conf());
+        let slurm = Slurm::init().expect("slurm_init on the test cluster");
+        TestCluster { cluster, slurm }
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.cluster.dir()
+    }
+
+    /// A directory every user may write to.
+    pub fn work_dir(&self) -> PathBuf {
+        self.cluster.work_dir()
+    }
+
+    /// A Slurm command-line tool with this cluster's SLURM_CONF.
+    pub fn command(&self, tool: &str) -> Command {
+        self.cluster.command(tool)
+    }
+}
+
+/// Polls `f` every 200 ms until it returns Some, or panics after `secs` naming `what`.
+pub fn wait_for<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs}s waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until the job reaches `base` and returns its record.
+pub fn wait_state(slurm: &Slurm, job_id: u32, base: JobBase, secs: u64) -> Job {
+    let what = format!("job {job_id} to reach {base:?}");
+    wait_for(secs, &what, || {
+        let j = slurm.load_job(job_id).ok()?;
+        assert!(
+            j.state.is_active() || j.state.base() == base,
+            "job {job_id} ended {} ({:?}) while waiting for {base:?}",
+            j.state.name(),
+            j.reason
+        );
+        (j.state.base() == base && !j.state.is_completing()).then_some(j)
+    })
+}
+
+/// uid and gid of a local user.
+pub fn ids_of(user: &str) -> (u32, u32) {
+    let out = Command::new("id").args(["-u", user]).output().unwrap();
+    let uid = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("uid");
+    let out = Command::new("id").args(["-g", user]).output().unwrap();
+    let gid = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("gid");
+    (uid, gid)
+}
+
+/// Seconds since the epoch.
+pub fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+pub const SLEEP_SCRIPT: &str = "#!/bin/sh\nsleep 600\n";
