@@ -1,8 +1,94 @@
-//! `bftrainer bench-alloc`.
+//! `bftrainer bench-alloc`: decision latency of the exact allocator on generated
+//! instances (alloc::gen), p50/p99 per size, as a table.
+
+use bftrainer_core::alloc::gen::{generate, GenParams};
+use bftrainer_core::alloc::{solve_with_stats, Objective, Options};
+use std::time::Instant;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Sizes as NODESxJOBS, comma-separated.
+    #[arg(long, default_value = "64x10,512x10,4734x10,4734x100,10000x1000")]
+    pub sizes: String,
+    /// Instances per size (each a different seed).
+    #[arg(long, default_value_t = 200)]
+    pub instances: usize,
+    /// Objective to solve.
+    #[arg(long, default_value = "bftrainer")]
+    pub objective: String,
+    /// Share of nodes with a predicted reclaim time.
+    #[arg(long, default_value_t = 0.0)]
+    pub reclaim_share: f64,
+    /// Share of jobs with per-batch-size curves.
+    #[arg(long, default_value_t = 0.0)]
+    pub batch_share: f64,
+    /// First seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
 
-pub fn run(_args: &Args) -> anyhow::Result<()> {
-    anyhow::bail!("`bftrainer bench-alloc` is not built yet")
+fn parse_size(s: &str) -> anyhow::Result<(u32, usize)> {
+    let (n, j) = s
+        .trim()
+        .split_once('x')
+        .ok_or_else(|| anyhow::anyhow!("size {s:?}: expected NODESxJOBS, e.g. 4734x100"))?;
+    Ok((
+        n.parse()
+            .map_err(|e| anyhow::anyhow!("size {s:?}: nodes: {e}"))?,
+        j.parse()
+            .map_err(|e| anyhow::anyhow!("size {s:?}: jobs: {e}"))?,
+    ))
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let objective: Objective = args.objective.parse()?;
+    anyhow::ensure!(args.instances > 0, "--instances must be >= 1");
+    let sizes = args
+        .sizes
+        .split(',')
+        .map(parse_size)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let opts = Options {
+        objective,
+        ..Options::default()
+    };
+    println!(
+        "objective {objective}, {} instances per size, seeds from {}",
+        args.instances, args.seed
+    );
+    println!(
+        "{:>12} {:>10} {:>10} {:>10} {:>12}",
+        "nodes x jobs", "p50 ms", "p99 ms", "max ms", "mean value"
+    );
+    for (n, j) in sizes {
+        let mut times = Vec::with_capacity(args.instances);
+        let mut value = 0.0;
+        for k in 0..args.instances {
+            let mut p = GenParams::new(n, j, args.seed + k as u64);
+            p.reclaim_share = args.reclaim_share;
+            p.batch_share = args.batch_share;
+            let inst = generate(&p);
+            let t = Instant::now();
+            let (sol, st) = solve_with_stats(&inst, &opts)?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            times.push(ms);
+            log::debug!("{n}x{j} seed {}: {ms:.3} ms, {st:?}", args.seed + k as u64);
+            value += sol.objective_value;
+        }
+        times.sort_by(f64::total_cmp);
+        println!(
+            "{:>12} {:>10.3} {:>10.3} {:>10.3} {:>12.4e}",
+            format!("{n}x{j}"),
+            pct(&times, 0.5),
+            pct(&times, 0.99),
+            times[times.len() - 1],
+            value / args.instances as f64
+        );
+    }
+    Ok(())
 }

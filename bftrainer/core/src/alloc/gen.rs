@@ -1,0 +1,227 @@
+//! Seeded generator of realistic allocation instances for tests and benchmarks: the seven
+//! ImageNet models measured on Summit (BFTrainer's public data), mid-run states.
+
+use super::{BatchCurve, Curve, Instance, JobInput};
+
+/// (name, scale-up s, scale-down s, samples/s at 1, 2, 4, ..., 64 nodes), from
+/// shared/data/bftrainer-summit/jobs-imagenet-imgps-1001.csv.
+pub const MODELS: [(&str, f64, f64, [f64; 7]); 7] = [
+    (
+        "AlexNet",
+        17.788043,
+        11.273140,
+        [
+            7115.3, 13071.7, 21066.1, 40484.9, 74002.9, 130762.0, 202135.4,
+        ],
+    ),
+    (
+        "vgg16",
+        17.533261,
+        11.295502,
+        [1193.3, 2389.2, 4691.7, 9257.9, 18348.9, 36208.5, 70151.7],
+    ),
+    (
+        "resnet18",
+        18.722106,
+        11.030597,
+        [
+            5218.8, 10582.5, 20436.0, 39584.0, 78023.8, 144762.5, 262723.0,
+        ],
+    ),
+    (
+        "DenseNet",
+        18.374654,
+        11.388841,
+        [989.9, 1952.5, 3849.8, 7608.1, 14993.2, 28812.2, 57773.9],
+    ),
+    (
+        "mnasnet1",
+        17.005513,
+        11.538967,
+        [3245.7, 6001.9, 11489.3, 23075.6, 43899.7, 83474.2, 160493.6],
+    ),
+    (
+        "shufflenet",
+        18.743675,
+        12.579700,
+        [2831.0, 5259.0, 9988.0, 20379.2, 38895.3, 74125.1, 145081.5],
+    ),
+    (
+        "mobilenet",
+        18.642014,
+        12.549978,
+        [3039.9, 5893.0, 11386.0, 22024.8, 42488.4, 82268.3, 155213.8],
+    ),
+];
+
+/// splitmix64: tiny, seeded, good enough to draw instances.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in 0..n (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    pub fn chance(&mut self, p: f64) -> bool {
+        self.unit() < p
+    }
+}
+
+/// What to draw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenParams {
+    pub n_nodes: u32,
+    pub n_jobs: usize,
+    pub seed: u64,
+    /// Share of nodes with a predicted reclaim time (drawn in [0, 3 Tfwd)).
+    pub reclaim_share: f64,
+    /// Share of jobs that give per-batch-size curves instead of one curve.
+    pub batch_share: f64,
+}
+
+impl GenParams {
+    pub fn new(n_nodes: u32, n_jobs: usize, seed: u64) -> Self {
+        GenParams {
+            n_nodes,
+            n_jobs,
+            seed,
+            reclaim_share: 0.0,
+            batch_share: 0.0,
+        }
+    }
+}
+
+/// The model's curve extended past 64 nodes up to `max` with 85% efficiency per
+/// doubling (the measured curves flatten about so between 32 and 64).
+fn model_curve(m: usize, max: u32, jitter: f64) -> Curve {
+    let ys = MODELS[m].3;
+    let mut pts: Vec<(u32, f64)> = Vec::new();
+    let mut n = 1u32;
+    let mut y = 0.0;
+    for &v in &ys {
+        if n > max {
+            break;
+        }
+        y = v * jitter;
+        pts.push((n, y));
+        n *= 2;
+    }
+    while n <= max {
+        y *= 2.0 * 0.85;
+        pts.push((n, y));
+        n *= 2;
+    }
+    if pts.last().map_or(0, |p| p.0) < max {
+        let (x0, y0) = *pts.last().unwrap();
+        pts.push((max, y0 * (1.0 + 0.85 * f64::from(max - x0) / f64::from(x0))));
+    }
+    Curve::new(pts)
+}
+
+/// A mid-run decision: most jobs run on some nodes, some are new, a few were cut below
+/// their minimum by the main scheduler; max_nodes from 8 up to the machine size.
+pub fn generate(p: &GenParams) -> Instance {
+    let mut rng = Rng::new(p.seed);
+    let n_nodes = p.n_nodes.max(1);
+    let max_choices: Vec<u32> = [8u32, 16, 32, 64, 64, 64, 128, 256, 512, 1024, 4096]
+        .into_iter()
+        .map(|m| m.min(n_nodes))
+        .collect();
+    let mut jobs = Vec::with_capacity(p.n_jobs);
+    for j in 0..p.n_jobs {
+        let m = rng.below(MODELS.len() as u64) as usize;
+        let max = if rng.chance(0.03) {
+            n_nodes
+        } else {
+            max_choices[rng.below(max_choices.len() as u64) as usize]
+        };
+        let min = match rng.below(10) {
+            0..=6 => 1,
+            7 => 2,
+            8 => 4,
+            _ => 8,
+        }
+        .min(max);
+        let jitter = 0.9 + 0.2 * rng.unit();
+        let (_, up, down, _) = MODELS[m];
+        let mut job = JobInput::new(
+            &format!("J{j:05}-{}", MODELS[m].0),
+            min,
+            max,
+            up * (0.9 + 0.2 * rng.unit()),
+            down * (0.9 + 0.2 * rng.unit()),
+            model_curve(m, max, jitter),
+        );
+        if rng.chance(p.batch_share) {
+            // Larger batches scale better across nodes but cost per-sample efficiency on
+            // few nodes: three allowed sizes whose curves cross.
+            let base = job.curve.clone();
+            job.curve = Curve::default();
+            job.batch_curves = [(256u32, 1.0, 0.0), (512, 0.9, 0.08), (1024, 0.8, 0.16)]
+                .into_iter()
+                .map(|(b, scale, gain)| BatchCurve {
+                    batch_size: b,
+                    curve: Curve::new(
+                        base.points
+                            .iter()
+                            .map(|&(x, y)| (x, y * scale * (1.0 + gain * f64::from(x).log2())))
+                            .collect(),
+                    ),
+                })
+                .collect();
+            job.current_batch = Some(256);
+        }
+        job.remaining_work = Some(1e6 + rng.unit() * 1.3e8);
+        jobs.push(job);
+    }
+    // Current allocation: ~85% of the nodes held, spread over ~80% of the jobs.
+    let mut order: Vec<u32> = (0..n_nodes).collect();
+    for i in (1..order.len()).rev() {
+        let k = rng.below(i as u64 + 1) as usize;
+        order.swap(i, k);
+    }
+    let mut next = 0usize;
+    let held_target = (f64::from(n_nodes) * (0.7 + 0.25 * rng.unit())) as usize;
+    for job in &mut jobs {
+        if !rng.chance(0.8) || next >= held_target {
+            continue;
+        }
+        let span = job.max_nodes - job.min_nodes + 1;
+        let mut c = job.min_nodes + rng.below(u64::from(span)) as u32;
+        if rng.chance(0.05) && job.min_nodes > 1 {
+            c = job.min_nodes - 1; // cut below its minimum by a reclaim
+        }
+        let c = (c as usize).min(held_target - next);
+        job.current = order[next..next + c].to_vec();
+        job.current.sort_unstable();
+        next += c;
+    }
+    let reclaim_in_s = if p.reclaim_share > 0.0 {
+        (0..n_nodes)
+            .map(|_| rng.chance(p.reclaim_share).then(|| rng.unit() * 30.0))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Instance {
+        t_fwd_s: 10.0,
+        n_nodes,
+        reclaim_in_s,
+        jobs,
+    }
+}
