@@ -3,3 +3,12 @@
 //! the simulator drive exactly the same code.
 
 pub mod alloc;
+pub mod easy;
+pub mod engine;
+pub mod error;
+pub mod sacct;
+pub mod sim;
+pub mod timefmt;
+pub mod trace;
+
+pub use error::{Error, Result};

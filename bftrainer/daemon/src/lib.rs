@@ -2,3 +2,4 @@
 //! engine, and the offline tools (solve, bench-alloc, replay) that share it.
 
 pub mod cmd;
+pub mod replay;

@@ -1,8 +1,147 @@
-//! `bftrainer replay`.
+//! `bftrainer replay`: replay a node-event trace, an SWF log (through the EASY model) or
+//! Slurm accounting through the engine; print the harvest report. No arguments: the sample.
+
+use crate::replay::{self, Input, Options};
+use bftrainer_core::easy::{Backfill, StartTimes};
+use bftrainer_core::sim::Objective as CurveChoice;
+use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+#[command(
+    after_help = "With no input option, replays the committed sample: one day of the Summit \
+trace (2021-02-10T20:21:15 + 24 h, 4,734 nodes) with the first 200 ImageNet jobs of BFTrainer."
+)]
+pub struct Args {
+    /// Node-event trace, `time,node,idle` (plain or gzip).
+    #[arg(long, value_name = "PATH", conflicts_with = "swf")]
+    pub trace: Option<PathBuf>,
+    /// SWF job log (plain or gzip): the main scheduler is simulated (FCFS + backfilling)
+    /// unless the log has wait times.
+    #[arg(long, value_name = "PATH")]
+    pub swf: Option<PathBuf>,
+    /// Elastic job file in BFTrainer's jobs-*.csv format; default: the sample's.
+    #[arg(long, value_name = "PATH")]
+    pub jobs: Option<PathBuf>,
+    /// Replay from this time (YYYY-MM-DDTHH:MM:SS UTC or Unix seconds); earlier events
+    /// only shape the initial state.
+    #[arg(long, value_name = "TIME")]
+    pub start: Option<String>,
+    /// Stop at this time.
+    #[arg(long, value_name = "TIME", conflicts_with = "hours")]
+    pub end: Option<String>,
+    /// Stop this many hours after the start.
+    #[arg(long, value_name = "H")]
+    pub hours: Option<f64>,
+    /// Keep only the first N nodes of the trace, in file order.
+    #[arg(long, value_name = "N")]
+    pub node_limit: Option<usize>,
+    /// Backfilling of the SWF scheduler model.
+    #[arg(long, value_enum, default_value = "easy")]
+    pub backfill: BackfillArg,
+    /// SWF: simulate the scheduler, or use the log's start times (auto: when it has them).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub start_times: StartTimesArg,
+    /// SWF: machine size in nodes (default: the log's MaxNodes).
+    #[arg(long, value_name = "N")]
+    pub nodes: Option<u32>,
+    /// SWF: processors per node (default: MaxProcs / MaxNodes).
+    #[arg(long, value_name = "P")]
+    pub procs_per_node: Option<u32>,
+    /// At most this many elastic jobs at once (admitted in submit order).
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub max_jobs: usize,
+    /// Forward-looking time Tfwd of the allocator, seconds.
+    #[arg(long, default_value_t = 10.0, value_name = "S")]
+    pub t_fwd: f64,
+    /// Preemption grace period, seconds (Slurm GraceTime).
+    #[arg(long, default_value_t = 0.0, value_name = "S")]
+    pub grace: f64,
+    /// Allocator objective: bftrainer, efficiency, fairness, remaining-work, reclaim-aware.
+    #[arg(long, default_value = "bftrainer", value_name = "NAME")]
+    pub objective: String,
+    /// Which job-file curve the allocator maximises: the `curve_objective` column, or
+    /// throughput in samples/s.
+    #[arg(long, value_enum, default_value = "objective")]
+    pub curve: CurveArg,
+    /// Seed of the replay's random choices (tie-breaks); same seed, same result.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the per-step log (one row per event time) as CSV.
+    #[arg(long, value_name = "PATH")]
+    pub csv: Option<PathBuf>,
+    /// Write SVG plots (idle vs harvested, nodes per job, cumulative samples) here.
+    #[arg(long, value_name = "DIR")]
+    pub plots: Option<PathBuf>,
+    /// Skip the invariant checker (about 2x faster on the full trace).
+    #[arg(long)]
+    pub no_check: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
 
-pub fn run(_args: &Args) -> anyhow::Result<()> {
-    anyhow::bail!("`bftrainer replay` is not built yet")
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum BackfillArg {
+    Easy,
+    Conservative,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum StartTimesArg {
+    Auto,
+    Simulate,
+    Log,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum CurveArg {
+    Objective,
+    Samples,
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let input = if let Some(p) = &args.trace {
+        Input::Trace(p.clone())
+    } else if let Some(p) = &args.swf {
+        Input::Swf(p.clone())
+    } else {
+        Input::Sample
+    };
+    let opts = Options {
+        input,
+        jobs: args.jobs.clone(),
+        start: args.start.clone(),
+        end: args.end.clone(),
+        hours: args.hours,
+        node_limit: args.node_limit,
+        backfill: match args.backfill {
+            BackfillArg::Easy => Backfill::Easy,
+            BackfillArg::Conservative => Backfill::Conservative,
+        },
+        start_times: match args.start_times {
+            StartTimesArg::Auto => StartTimes::Auto,
+            StartTimesArg::Simulate => StartTimes::Simulate,
+            StartTimesArg::Log => StartTimes::Log,
+        },
+        nodes: args.nodes,
+        procs_per_node: args.procs_per_node,
+        max_jobs: args.max_jobs,
+        t_fwd: args.t_fwd,
+        grace: args.grace,
+        objective: args.objective.clone(),
+        curve: match args.curve {
+            CurveArg::Objective => CurveChoice::File,
+            CurveArg::Samples => CurveChoice::Samples,
+        },
+        seed: args.seed,
+        json: args.json,
+        csv: args.csv.clone(),
+        plots: args.plots.clone(),
+        check: !args.no_check,
+        progress: !args.quiet && !args.json,
+    };
+    replay::run(&opts)
 }

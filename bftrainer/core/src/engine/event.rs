@@ -1,0 +1,146 @@
+//! The engine's event and action vocabulary: one versioned serde enum that bftrainerd
+//! journals and the simulator replays, so a real cluster's history can be re-run.
+
+use super::{JobId, NodeId};
+use crate::alloc::Curve;
+use serde::{Deserialize, Serialize};
+
+/// Version of the journal format written in every `Record`. Bump it when a variant's
+/// meaning or fields change; readers reject versions they do not know.
+pub const EVENT_FORMAT_VERSION: u32 = 1;
+
+/// One journal line: the format version, the time the engine saw the event (seconds,
+/// Unix time on a real cluster) and the event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub v: u32,
+    pub t: f64,
+    pub event: Event,
+}
+
+/// What an elastic job asks for: its node range, its rescale costs and the objective
+/// curve the allocator maximises.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ElasticSpec {
+    pub name: String,
+    pub min_nodes: u32,
+    pub max_nodes: u32,
+    /// Seconds of work lost when the job grows (BFTrainer's Tup).
+    pub scale_up_s: f64,
+    /// Seconds of work lost when the job shrinks or is preempted (Tdw).
+    pub scale_down_s: f64,
+    pub objective: Curve,
+}
+
+/// Everything the engine observes. Nodes and jobs are addressed by dense numbers
+/// declared once (`NodeAdded`, `JobSubmitted`), so the hot events carry no strings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// Declares node `node` (ids are dense, from 0, in declaration order) with its
+    /// Slurm name. The node starts busy: unusable until reported idle.
+    NodeAdded { node: NodeId, name: String },
+    /// The node is idle, i.e. no regular job holds it and it may be lent to elastic
+    /// jobs. Repeated for an idle or lent node, it updates the forecast only.
+    /// `reclaim_at`: when the main scheduler's plan (backfill reservation) will take it
+    /// back, seconds on the engine's clock; `None` when no reservation covers it.
+    NodeIdle {
+        node: NodeId,
+        reclaim_at: Option<f64>,
+    },
+    /// A regular job took the node. If an elastic job held it, that job has lost it
+    /// (Slurm preempts at once or after GraceTime); no action is returned for it.
+    NodeClaimed { node: NodeId },
+    /// The node went down, was drained or removed; like `NodeClaimed` until it is
+    /// reported idle again.
+    NodeLost { node: NodeId },
+    /// A new elastic job (ids dense, from 0, in submit order). It waits in the queue
+    /// until fewer than `max_jobs` jobs are active.
+    JobSubmitted { job: JobId, spec: ElasticSpec },
+    /// Slurm started the core job of an admitted job (confirmation; no state change).
+    JobStarted { job: JobId },
+    /// The job completed its work; its nodes return to the idle pool.
+    JobFinished { job: JobId },
+    /// The job was cancelled by its user or an admin; its nodes return to the pool.
+    JobCancelled { job: JobId },
+    /// A worker of `job` is up on `node` (confirms a grow or admit).
+    WorkerJoined { job: JobId, node: NodeId },
+    /// A worker of `job` left `node` on its own (not asked to): the node is idle again.
+    /// After a shrink the engine already counts the node idle; then this is a no-op.
+    WorkerLeft { job: JobId, node: NodeId },
+    /// A worker was killed by Slurm's preemption on `node`; the node is busy.
+    WorkerPreempted { job: JobId, node: NodeId },
+    /// Measured throughput of `job` (samples/s) at its current size, and the work it
+    /// has left in its objective curve's units times seconds (samples for a
+    /// throughput curve), when known. The rate is recorded (the allocator's terms use
+    /// the job's curve, as BFTrainer's do); the remaining work feeds objectives that
+    /// use it (remaining-work).
+    Progress {
+        job: JobId,
+        samples_per_s: f64,
+        remaining: Option<f64>,
+    },
+    /// The observations up to `now` are complete: re-plan if anything changed. The
+    /// daemon sends one per poll, the simulator one per distinct timestamp.
+    Tick,
+}
+
+/// What the engine asks the environment (Slurm, or the simulator's model) to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Action {
+    /// Start the job (its core Slurm job) on these nodes; it held none before.
+    Admit { job: JobId, nodes: Vec<NodeId> },
+    /// Add these nodes to a running job.
+    Grow { job: JobId, nodes: Vec<NodeId> },
+    /// Take these nodes from a job that keeps at least one.
+    Shrink { job: JobId, nodes: Vec<NodeId> },
+    /// Take all of the job's remaining nodes (these); it waits for a later admission.
+    Requeue { job: JobId, nodes: Vec<NodeId> },
+}
+
+impl Action {
+    pub fn job(&self) -> JobId {
+        match self {
+            Action::Admit { job, .. }
+            | Action::Grow { job, .. }
+            | Action::Shrink { job, .. }
+            | Action::Requeue { job, .. } => *job,
+        }
+    }
+
+    pub fn nodes(&self) -> &[NodeId] {
+        match self {
+            Action::Admit { nodes, .. }
+            | Action::Grow { nodes, .. }
+            | Action::Shrink { nodes, .. }
+            | Action::Requeue { nodes, .. } => nodes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_lines_round_trip() {
+        let r = Record {
+            v: EVENT_FORMAT_VERSION,
+            t: 12.5,
+            event: Event::NodeIdle {
+                node: 3,
+                reclaim_at: Some(99.0),
+            },
+        };
+        let s = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            s,
+            r#"{"v":1,"t":12.5,"event":{"type":"node_idle","node":3,"reclaim_at":99.0}}"#
+        );
+        assert_eq!(serde_json::from_str::<Record>(&s).unwrap(), r);
+        let tick: Record =
+            serde_json::from_str(r#"{"v":1,"t":0,"event":{"type":"tick"}}"#).unwrap();
+        assert_eq!(tick.event, Event::Tick);
+    }
+}

@@ -1,0 +1,93 @@
+//! The replay's summary: harvest, work, losses, job completion times and decision cost,
+//! as one serialisable struct (the CLI prints it as a table or JSON).
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct JobReport {
+    pub name: String,
+    pub submit: String,
+    /// queued, running, finished or cancelled at the end of the window.
+    pub status: String,
+    /// Seconds from submission to its first nodes.
+    pub first_admit_s: Option<f64>,
+    /// Job completion time: submission (or window start) to completion, seconds.
+    pub jct_s: Option<f64>,
+    pub samples: f64,
+    pub node_h: f64,
+    pub rescale_loss_samples: f64,
+    pub preemption_loss_samples: f64,
+}
+
+/// Harvest report of one replay. Node-hours: `idle = harvested + unused` exactly.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Report {
+    pub start: String,
+    pub end: String,
+    pub hours: f64,
+    pub nodes: usize,
+    pub mean_idle_nodes: f64,
+    /// Node-hours the main scheduler left idle.
+    pub idle_node_h: f64,
+    /// Node-hours lent to elastic jobs.
+    pub harvested_node_h: f64,
+    /// harvested / idle.
+    pub harvest_share: f64,
+    /// Harvested node-hours of jobs at or above their minimum size (productive).
+    pub useful_node_h: f64,
+    pub unused_node_h: f64,
+    /// Node-hours elastic jobs kept during preemption grace (regular jobs waited).
+    pub grace_node_h: f64,
+    /// Net samples processed (after rescale and preemption charges).
+    pub samples: f64,
+    /// Samples the same node-seconds yield at dedicated rates (no charges).
+    pub samples_dedicated: f64,
+    /// samples / samples_dedicated.
+    pub efficiency: f64,
+    pub rescale_loss_samples: f64,
+    pub preemption_loss_samples: f64,
+    pub admits: u64,
+    pub grows: u64,
+    pub shrinks: u64,
+    pub requeues: u64,
+    pub grown_nodes: u64,
+    pub shrunk_nodes: u64,
+    /// Lent nodes taken back by the main scheduler.
+    pub preempted_nodes: u64,
+    pub jobs_in_file: usize,
+    pub jobs_submitted: usize,
+    pub jobs_admitted: usize,
+    pub jobs_completed: usize,
+    pub jct_mean_s: Option<f64>,
+    pub jct_p50_s: Option<f64>,
+    pub jct_p95_s: Option<f64>,
+    /// Allocator calls.
+    pub decisions: u64,
+    /// Decisions without a proven answer in time (old allocation kept).
+    pub decisions_kept: u64,
+    pub decision_total_s: f64,
+    pub decision_mean_ms: f64,
+    pub decision_p99_ms: f64,
+    pub decision_max_ms: f64,
+    pub jobs: Vec<JobReport>,
+}
+
+/// Nearest-rank percentile of sorted values; `None` when empty.
+pub fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nearest_rank() {
+        let v = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(super::percentile(&v, 0.5), Some(2.0));
+        assert_eq!(super::percentile(&v, 0.95), Some(4.0));
+        assert_eq!(super::percentile(&[], 0.5), None);
+    }
+}

@@ -1,0 +1,167 @@
+//! Golden replays on hand-built traces; every expected figure is worked out by hand in
+//! the comment above it. The invariant checker runs on every replay (SimConfig::check).
+
+mod sim_common;
+
+use bftrainer_core::easy::{schedule, SchedConfig};
+use bftrainer_core::engine::EngineConfig;
+use bftrainer_core::sim::SimConfig;
+use bftrainer_core::trace::swf::{SwfJob, SwfLog};
+use sim_common::*;
+
+fn cfg(max_jobs: usize, grace_s: f64) -> SimConfig {
+    SimConfig {
+        engine: EngineConfig {
+            t_fwd_s: 10.0,
+            max_jobs,
+        },
+        grace_s,
+        record: true,
+        ..Default::default()
+    }
+}
+
+/// Nodes a,b,c,d; a,b idle at 0, c idle at 10, a claimed at 30, window 100 s.
+/// Job J: 1..4 nodes, Tup 10 s, Tdw 5 s, 10 samples/s per node, 1500 samples.
+/// t=0 admit on a,b (charge Tup * rate(0) = 0), 20/s: 200 by t=10.
+/// t=10 grow to 3: charge 10 * 20 = 200 -> 0; 30/s: 600 by t=30.
+/// t=30 a preempted: charge 5 * rate(3) = 150 -> 450; 2 nodes, 20/s;
+///      1050 left -> done at t = 30 + 52.5 = 82.5.
+/// Idle node-s: 2*10 + 3*20 + 2*70 = 220; harvested: 2*10 + 3*20 + 2*52.5 = 185.
+#[test]
+fn one_job_grow_preempt_finish() {
+    let tr = trace(
+        &["a", "b", "c", "d"],
+        &[true, true, false, false],
+        &[(10, 2, true), (30, 0, false)],
+        100,
+    );
+    let jobs = [job(
+        "J",
+        0,
+        1,
+        4,
+        10.0,
+        5.0,
+        1500.0,
+        &[(1, 10.0), (2, 20.0), (4, 40.0)],
+    )];
+    let out = run(&tr, &jobs, FillInOrder, &cfg(10, 0.0));
+    let r = &out.report;
+    assert_eq!(r.jobs_completed, 1);
+    assert!(close(r.jct_mean_s.unwrap(), 82.5), "{:?}", r.jct_mean_s);
+    assert!(close(r.idle_node_h * 3600.0, 220.0));
+    assert!(close(r.harvested_node_h * 3600.0, 185.0));
+    assert!(close(r.unused_node_h * 3600.0, 35.0));
+    assert!(close(r.samples, 1500.0));
+    assert!(close(r.samples_dedicated, 1850.0));
+    assert!(close(r.rescale_loss_samples, 200.0));
+    assert!(close(r.preemption_loss_samples, 150.0));
+    assert_eq!(
+        (r.admits, r.grows, r.shrinks, r.preempted_nodes),
+        (1, 1, 0, 1)
+    );
+    let sizes: Vec<(f64, u32)> = out.sizes.iter().map(|s| (s.t, s.nodes)).collect();
+    assert_eq!(sizes, vec![(0.0, 2), (10.0, 3), (30.0, 2), (82.5, 0)]);
+}
+
+/// Same trace, grace 3 s: at t=30 the job keeps a for 3 s (3 nodes, 30/s) and pays
+/// (5 - 3) * 30 = 60. Progress: 600 - 60 = 540 at 30, +90 by 33 = 630, then 20/s:
+/// 870 left -> done at 33 + 43.5 = 76.5. Grace node-s: 3; harvested (idle nodes
+/// only): 20 + 60 + 2 * 46.5 = 173.
+#[test]
+fn grace_keeps_the_node_and_reduces_the_charge() {
+    let tr = trace(
+        &["a", "b", "c", "d"],
+        &[true, true, false, false],
+        &[(10, 2, true), (30, 0, false)],
+        100,
+    );
+    let jobs = [job(
+        "J",
+        0,
+        1,
+        4,
+        10.0,
+        5.0,
+        1500.0,
+        &[(1, 10.0), (2, 20.0), (4, 40.0)],
+    )];
+    let r = run(&tr, &jobs, FillInOrder, &cfg(10, 3.0)).report;
+    assert!(close(r.jct_mean_s.unwrap(), 76.5), "{:?}", r.jct_mean_s);
+    assert!(close(r.preemption_loss_samples, 60.0));
+    assert!(close(r.grace_node_h * 3600.0, 3.0));
+    assert!(close(r.harvested_node_h * 3600.0, 173.0));
+}
+
+/// max_jobs = 1: K (submitted at 0) waits until J ends. Two idle nodes all along,
+/// 100 s. J: 2 nodes at 10/s each, 400 samples -> done at 20. K admitted at 20 on
+/// both (charge 0), 400 samples -> done at 40: JCT 40. J's JCT 20: mean 30.
+/// Harvested 2 * 40 = 80 of 200 idle node-s.
+#[test]
+fn admission_waits_for_a_slot() {
+    let tr = trace(&["a", "b"], &[true, true], &[], 100);
+    let r1 = [(1, 10.0), (2, 20.0)];
+    let jobs = [
+        job("J", 0, 1, 2, 1.0, 1.0, 400.0, &r1),
+        job("K", 0, 1, 2, 1.0, 1.0, 400.0, &r1),
+    ];
+    let out = run(&tr, &jobs, FillInOrder, &cfg(1, 0.0));
+    let r = &out.report;
+    assert_eq!(r.jobs_completed, 2);
+    assert!(close(r.jct_mean_s.unwrap(), 30.0));
+    assert_eq!(r.jobs[1].first_admit_s, Some(20.0));
+    assert!(close(r.harvested_node_h * 3600.0, 80.0));
+    assert!(close(r.idle_node_h * 3600.0, 200.0));
+    // One step per distinct time: 0, 20, 40, and the window's last step is not a step.
+    assert_eq!(
+        out.steps.iter().map(|s| s.t).collect::<Vec<_>>(),
+        vec![0.0, 20.0, 40.0]
+    );
+}
+
+/// A job below its minimum makes no progress: min 2, one idle node -> FillInOrder
+/// cannot admit it (would be below min) and the job stays queued at 0 samples.
+#[test]
+fn below_minimum_is_never_admitted() {
+    let tr = trace(&["a", "b"], &[true, false], &[], 50);
+    let jobs = [job("J", 0, 2, 2, 1.0, 1.0, 100.0, &[(1, 10.0), (2, 20.0)])];
+    let r = run(&tr, &jobs, FillInOrder, &cfg(10, 0.0)).report;
+    assert_eq!((r.jobs_admitted, r.jobs_completed), (0, 0));
+    assert_eq!(r.harvested_node_h, 0.0);
+    assert!(close(r.unused_node_h * 3600.0, 50.0));
+}
+
+/// EASY schedule of easy::tests (4 nodes): idle n2,n3 on [0,2) and [52,100), n1..n3
+/// on [150,350), n0 never after 0 until 350 (end). Idle node-s: 4 + 96 + 600 = 700 =
+/// 4 * 350 - busy 700. One elastic job on 1..4 nodes that never finishes harvests all.
+#[test]
+fn easy_trace_feeds_the_simulator() {
+    let log = SwfLog {
+        max_nodes: Some(4),
+        max_procs: Some(4),
+        unix_start: Some(0),
+        jobs: [(0, 100, 2), (1, 50, 4), (2, 50, 2), (3, 200, 1)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(submit, run, procs))| SwfJob {
+                id: i as i64,
+                submit,
+                wait: None,
+                run,
+                procs: Some(procs),
+                req_time: Some(run),
+            })
+            .collect(),
+    };
+    let (tr, m) = schedule(&log, &SchedConfig::default()).unwrap();
+    assert!(close(m.utilisation, 0.5));
+    let jobs = [job("J", 0, 1, 4, 0.0, 0.0, 1e12, &[(1, 1.0), (4, 4.0)])];
+    let r = run(&tr, &jobs, FillInOrder, &cfg(10, 0.0)).report;
+    assert!(close(r.idle_node_h * 3600.0, 700.0));
+    assert!(close(r.harvested_node_h * 3600.0, 700.0));
+    // 1 sample/s per node, no charges.
+    assert!(close(r.samples, 700.0));
+    // Claims of lent nodes: n2,n3 at 2 and at 100.
+    assert_eq!(r.preempted_nodes, 4);
+}

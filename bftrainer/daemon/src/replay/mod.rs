@@ -1,0 +1,376 @@
+//! The I/O around `bftrainer_core::sim`: opening (gzip) inputs, the embedded sample,
+//! the allocator, progress bar, and the outputs (table, JSON, per-step CSV, SVG plots).
+
+mod output;
+mod plot;
+
+use anyhow::{bail, Context};
+use bftrainer_core::alloc::{Objective, Options as AllocOptions};
+use bftrainer_core::easy::{self, Backfill, SchedConfig, SchedMetrics, StartTimes};
+use bftrainer_core::engine::{EngineConfig, Exact};
+use bftrainer_core::sim::{self, Hooks, Objective as CurveChoice, Outcome, SimConfig};
+use bftrainer_core::timefmt::parse_time;
+use bftrainer_core::trace::jobs::{parse_jobs, JobRecord};
+use bftrainer_core::trace::swf::parse_swf;
+use bftrainer_core::trace::{parse_node_events, NodeTrace, TraceWindow};
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+pub use output::{print_table, write_csv};
+
+/// The committed sample, embedded so that `bftrainer replay` works from any directory.
+pub const SAMPLE_TRACE: &[u8] = include_bytes!("../../../../data/sample/summit-day.csv.gz");
+pub const SAMPLE_JOBS: &[u8] = include_bytes!("../../../../data/sample/jobs-imagenet-200.csv");
+pub const SAMPLE_TRACE_NAME: &str = "data/sample/summit-day.csv.gz";
+pub const SAMPLE_JOBS_NAME: &str = "data/sample/jobs-imagenet-200.csv";
+
+#[derive(Debug, Clone)]
+pub enum Input {
+    Sample,
+    Trace(PathBuf),
+    Swf(PathBuf),
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub input: Input,
+    pub jobs: Option<PathBuf>,
+    pub start: Option<String>,
+    pub end: Option<String>,
+    pub hours: Option<f64>,
+    pub node_limit: Option<usize>,
+    pub backfill: Backfill,
+    pub start_times: StartTimes,
+    pub nodes: Option<u32>,
+    pub procs_per_node: Option<u32>,
+    pub max_jobs: usize,
+    pub t_fwd: f64,
+    pub grace: f64,
+    pub objective: String,
+    pub curve: CurveChoice,
+    pub seed: u64,
+    pub json: bool,
+    pub csv: Option<PathBuf>,
+    pub plots: Option<PathBuf>,
+    pub check: bool,
+    pub progress: bool,
+}
+
+/// Wraps a byte stream, decompressing it when it starts with the gzip magic.
+pub fn maybe_gzip<'a, R: Read + 'a>(r: R) -> std::io::Result<Box<dyn BufRead + 'a>> {
+    let mut br = BufReader::with_capacity(1 << 16, r);
+    let head = br.fill_buf()?;
+    if head.len() >= 2 && head[0] == 0x1f && head[1] == 0x8b {
+        Ok(Box::new(BufReader::with_capacity(
+            1 << 16,
+            flate2::bufread::MultiGzDecoder::new(br),
+        )))
+    } else {
+        Ok(Box::new(br))
+    }
+}
+
+fn open(path: &Path) -> anyhow::Result<Box<dyn BufRead>> {
+    let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    Ok(maybe_gzip(f)?)
+}
+
+fn time_opt(s: &Option<String>, what: &str) -> anyhow::Result<Option<i64>> {
+    s.as_deref()
+        .map(|v| parse_time(v).map_err(|m| anyhow::anyhow!("--{what}: {m}")))
+        .transpose()
+}
+
+/// Everything a replay was fed, ready for the simulator.
+pub struct Loaded {
+    pub trace: NodeTrace,
+    pub trace_name: String,
+    pub jobs: Vec<JobRecord>,
+    pub jobs_name: String,
+    pub sched: Option<SchedMetrics>,
+}
+
+/// Reads and windows the inputs.
+pub fn load(o: &Options) -> anyhow::Result<Loaded> {
+    let start = time_opt(&o.start, "start")?;
+    let mut end = time_opt(&o.end, "end")?;
+    if let Some(h) = o.hours {
+        if !(h > 0.0 && h.is_finite()) {
+            bail!("--hours must be > 0, found {h}");
+        }
+    }
+    let (mut trace, trace_name, sched) = match &o.input {
+        Input::Sample | Input::Trace(_) => {
+            let (reader, name): (Box<dyn BufRead>, String) = match &o.input {
+                Input::Trace(p) => (open(p)?, p.display().to_string()),
+                _ => (maybe_gzip(SAMPLE_TRACE)?, SAMPLE_TRACE_NAME.to_string()),
+            };
+            // --hours needs the start: resolve it against the trace's first time below.
+            let win = TraceWindow {
+                start,
+                end,
+                node_limit: o.node_limit,
+            };
+            let mut tr = parse_node_events(reader, &name, &win)?;
+            if let Some(h) = o.hours {
+                let e = tr.start + (h * 3600.0) as i64;
+                if e < tr.end {
+                    cut(&mut tr, e);
+                }
+            }
+            (tr, name, None)
+        }
+        Input::Swf(p) => {
+            let log = parse_swf(open(p)?, &p.display().to_string())?;
+            let cfg = SchedConfig {
+                backfill: o.backfill,
+                start_times: o.start_times,
+                nodes: o.nodes,
+                procs_per_node: o.procs_per_node,
+                epoch: None,
+            };
+            let (mut tr, m) = easy::schedule(&log, &cfg)?;
+            if let Some(s) = start {
+                rebase(&mut tr, s);
+            }
+            if let Some(h) = o.hours {
+                end = Some(tr.start + (h * 3600.0) as i64);
+            }
+            if let Some(e) = end {
+                cut(&mut tr, e);
+            }
+            if let Some(n) = o.node_limit {
+                limit_nodes(&mut tr, n);
+            }
+            (tr, p.display().to_string(), Some(m))
+        }
+    };
+    if let Some(n) = o.node_limit {
+        if n == 0 {
+            bail!("--node-limit must be >= 1");
+        }
+    }
+    if trace.names.is_empty() {
+        bail!("the trace has no nodes");
+    }
+    let (jobs, jobs_name) = match &o.jobs {
+        Some(p) => (
+            parse_jobs(open(p)?, &p.display().to_string())?,
+            p.display().to_string(),
+        ),
+        None => (
+            parse_jobs(SAMPLE_JOBS, SAMPLE_JOBS_NAME)?,
+            SAMPLE_JOBS_NAME.to_string(),
+        ),
+    };
+    // Jobs of the original replayer are stamped from its start time; a trace from
+    // another time (an SWF log, sacct) gets them shifted to its own start, keeping
+    // their spacing.
+    let mut jobs = jobs;
+    if let Some(first) = jobs.first().map(|j| j.submit) {
+        if first > trace.end || jobs.last().map_or(false, |l| l.submit < trace.start) {
+            let shift = trace.start - first;
+            for j in &mut jobs {
+                j.submit += shift;
+            }
+            log::info!("job submit times shifted by {shift} s to the trace's start");
+        }
+    }
+    trace.end = trace.end.max(trace.start);
+    Ok(Loaded {
+        trace,
+        trace_name,
+        jobs,
+        jobs_name,
+        sched,
+    })
+}
+
+/// Drops changes after `e` and ends the trace there.
+fn cut(tr: &mut NodeTrace, e: i64) {
+    tr.changes.retain(|c| c.t <= e);
+    tr.forecasts.retain(|f| f.0 <= e);
+    tr.end = e.max(tr.start);
+}
+
+/// Moves the trace's start to `s`, folding earlier changes into the initial state.
+fn rebase(tr: &mut NodeTrace, s: i64) {
+    if s <= tr.start {
+        return;
+    }
+    let k = tr.changes.partition_point(|c| c.t <= s);
+    for c in &tr.changes[..k] {
+        tr.initial_idle[c.node as usize] = c.idle;
+    }
+    tr.changes.drain(..k);
+    let f = tr.forecasts.partition_point(|f| f.0 <= s);
+    if f > 0 {
+        let last = tr.forecasts[f - 1].1;
+        tr.forecasts.drain(..f);
+        tr.forecasts.insert(0, (s, last));
+    }
+    tr.start = s;
+    tr.end = tr.end.max(s);
+}
+
+fn limit_nodes(tr: &mut NodeTrace, n: usize) {
+    if n >= tr.names.len() {
+        return;
+    }
+    tr.names.truncate(n);
+    tr.initial_idle.truncate(n);
+    tr.changes.retain(|c| (c.node as usize) < n);
+}
+
+/// Runs the replay and writes every requested output.
+pub fn run(o: &Options) -> anyhow::Result<()> {
+    let t_load = Instant::now();
+    let loaded = load(o)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let cfg = SimConfig {
+        engine: EngineConfig {
+            t_fwd_s: o.t_fwd,
+            max_jobs: o.max_jobs,
+        },
+        grace_s: o.grace,
+        objective: o.curve,
+        check: o.check,
+        record: o.csv.is_some() || o.plots.is_some(),
+        seed: o.seed,
+        report_progress: false,
+    };
+    let objective: Objective = o.objective.parse()?;
+    let cfg = SimConfig {
+        report_progress: objective == Objective::RemainingWork,
+        ..cfg
+    };
+    let alloc = Exact {
+        opts: AllocOptions {
+            objective,
+            ..AllocOptions::default()
+        },
+    };
+    let bar = if o.progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let b = indicatif::ProgressBar::new(1000);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "replay [{bar:40}] {percent:>3}% {elapsed_precise} eta {eta}",
+            )
+            .expect("static template"),
+        );
+        Some(b)
+    } else {
+        None
+    };
+    let origin = Instant::now();
+    let mut clock = move || origin.elapsed().as_secs_f64();
+    let mut progress = |f: f64| {
+        if let Some(b) = &bar {
+            b.set_position((f * 1000.0) as u64);
+        }
+    };
+    let t_sim = Instant::now();
+    let out: Outcome = sim::simulate(
+        &loaded.trace,
+        &loaded.jobs,
+        alloc,
+        &cfg,
+        &mut Hooks {
+            clock: &mut clock,
+            progress: &mut progress,
+        },
+    )?;
+    let sim_s = t_sim.elapsed().as_secs_f64();
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    if o.json {
+        let v = serde_json::json!({
+            "trace": loaded.trace_name,
+            "jobs_file": loaded.jobs_name,
+            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "grace_s": o.grace, "objective": o.objective, "curve": o.curve, "seed": o.seed },
+            "scheduler": loaded.sched,
+            "report": out.report,
+            "wall_s": { "load": load_s, "simulate": sim_s },
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_table(
+            &mut std::io::stdout().lock(),
+            &loaded,
+            o,
+            &out.report,
+            load_s,
+            sim_s,
+        )?;
+    }
+    if let Some(p) = &o.csv {
+        let f =
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
+        write_csv(std::io::BufWriter::new(f), &out.steps)?;
+    }
+    if let Some(dir) = &o.plots {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let files = plot::write_all(dir, &out, loaded.trace.start as f64)?;
+        if !o.json {
+            for f in files {
+                println!("plot: {}", f.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn gz(data: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    #[test]
+    fn truncated_gzip_is_rejected_with_position() {
+        let text: String = std::iter::once("time,node,idle\n".to_string())
+            .chain((0..20000).map(|i| format!("2021-01-01T00:00:00,n{i},0\n")))
+            .collect();
+        let mut z = gz(text.as_bytes());
+        z.truncate(z.len() / 2);
+        let r = maybe_gzip(&z[..]).unwrap();
+        let e = parse_node_events(r, "cut.csv.gz", &TraceWindow::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("cut.csv.gz: read failed after line "), "{e}");
+    }
+
+    #[test]
+    fn plain_and_gzip_read_alike() {
+        let text = b"time,node,idle\n2021-01-01T00:00:00,a,1\n2021-01-01T00:00:10,a,0\n";
+        let a = parse_node_events(maybe_gzip(&text[..]).unwrap(), "p", &TraceWindow::default())
+            .unwrap();
+        let z = gz(text);
+        let b =
+            parse_node_events(maybe_gzip(&z[..]).unwrap(), "p", &TraceWindow::default()).unwrap();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn sample_parses() {
+        let tr = parse_node_events(
+            maybe_gzip(SAMPLE_TRACE).unwrap(),
+            SAMPLE_TRACE_NAME,
+            &TraceWindow::default(),
+        )
+        .unwrap();
+        assert_eq!(tr.names.len(), 4734);
+        assert!(tr.end - tr.start > 23 * 3600);
+        assert_eq!(
+            parse_jobs(SAMPLE_JOBS, SAMPLE_JOBS_NAME).unwrap().len(),
+            200
+        );
+    }
+}

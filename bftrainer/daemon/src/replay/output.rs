@@ -1,0 +1,227 @@
+//! Human and machine outputs of a replay: the summary table and the per-step CSV.
+
+use super::{Loaded, Options};
+use bftrainer_core::sim::{Report, StepRecord};
+use bftrainer_core::timefmt::format_time;
+use std::io::Write;
+
+fn thousands(v: f64, decimals: usize) -> String {
+    let s = format!("{:.*}", decimals, v.abs());
+    let (int, frac) = s.split_once('.').map_or((s.as_str(), ""), |(a, b)| (a, b));
+    let mut out = String::new();
+    for (i, c) in int.chars().enumerate() {
+        if i > 0 && (int.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if !frac.is_empty() {
+        out.push('.');
+        out.push_str(frac);
+    }
+    if v < 0.0 {
+        out.insert(0, '-');
+    }
+    out
+}
+
+fn dur(s: Option<f64>) -> String {
+    match s {
+        None => "-".into(),
+        Some(s) if s < 3600.0 => format!("{:.1} min", s / 60.0),
+        Some(s) => format!("{:.2} h", s / 3600.0),
+    }
+}
+
+/// Prints the report as an aligned two-column table.
+pub fn print_table(
+    w: &mut impl Write,
+    l: &Loaded,
+    o: &Options,
+    r: &Report,
+    load_s: f64,
+    sim_s: f64,
+) -> std::io::Result<()> {
+    let pct = |a: f64, b: f64| if b > 0.0 { 100.0 * a / b } else { 0.0 };
+    let mut rows: Vec<(String, String)> = Vec::new();
+    let mut row = |k: &str, v: String| rows.push((k.to_string(), v));
+    row("trace", l.trace_name.clone());
+    row(
+        "window",
+        format!("{} .. {} ({:.1} h)", r.start, r.end, r.hours),
+    );
+    row("nodes", format!("{}", r.nodes));
+    if let Some(m) = &l.sched {
+        row(
+            "main scheduler",
+            format!(
+                "{} on {} nodes x {} procs",
+                m.policy, m.nodes, m.procs_per_node
+            ),
+        );
+        row(
+            "  jobs scheduled",
+            format!(
+                "{} (skipped: {} empty, {} too wide)",
+                m.jobs_scheduled, m.jobs_skipped_empty, m.jobs_skipped_too_wide
+            ),
+        );
+        row("  utilisation", format!("{:.1}%", 100.0 * m.utilisation));
+        row(
+            "  mean wait",
+            format!(
+                "{:.2} h (max {:.1} h)",
+                m.mean_wait_s / 3600.0,
+                m.max_wait_s / 3600.0
+            ),
+        );
+        row(
+            "  mean bounded slowdown",
+            format!("{:.2}", m.mean_bounded_slowdown),
+        );
+    }
+    row(
+        "elastic jobs",
+        format!("{} ({} in file)", l.jobs_name, r.jobs_in_file),
+    );
+    row(
+        "settings",
+        format!(
+            "max-jobs {}, t-fwd {} s, grace {} s, objective {}, seed {}",
+            o.max_jobs, o.t_fwd, o.grace, o.objective, o.seed
+        ),
+    );
+    row(
+        "idle node-hours",
+        format!(
+            "{}  (mean {:.1} idle nodes)",
+            thousands(r.idle_node_h, 1),
+            r.mean_idle_nodes
+        ),
+    );
+    row(
+        "harvested node-hours",
+        format!(
+            "{}  ({:.1}% of idle)",
+            thousands(r.harvested_node_h, 1),
+            100.0 * r.harvest_share
+        ),
+    );
+    row(
+        "  at or above job minimum",
+        format!("{}", thousands(r.useful_node_h, 1)),
+    );
+    row("unused node-hours", thousands(r.unused_node_h, 1));
+    if o.grace > 0.0 {
+        row(
+            "grace node-hours",
+            format!("{}  (regular jobs waited)", thousands(r.grace_node_h, 1)),
+        );
+    }
+    row("samples processed", format!("{:.4e}", r.samples));
+    row(
+        "efficiency",
+        format!(
+            "{:.1}%  (vs {:.4e} at dedicated rates)",
+            100.0 * r.efficiency,
+            r.samples_dedicated
+        ),
+    );
+    row(
+        "rescale loss",
+        format!(
+            "{:.4e} samples ({:.2}%)",
+            r.rescale_loss_samples,
+            pct(r.rescale_loss_samples, r.samples_dedicated)
+        ),
+    );
+    row(
+        "preemption loss",
+        format!(
+            "{:.4e} samples ({:.2}%)",
+            r.preemption_loss_samples,
+            pct(r.preemption_loss_samples, r.samples_dedicated)
+        ),
+    );
+    row(
+        "rescales",
+        format!(
+            "{} admits, {} grows, {} shrinks, {} requeues; {} nodes preempted",
+            r.admits, r.grows, r.shrinks, r.requeues, r.preempted_nodes
+        ),
+    );
+    row(
+        "jobs",
+        format!(
+            "{} submitted, {} admitted, {} completed",
+            r.jobs_submitted, r.jobs_admitted, r.jobs_completed
+        ),
+    );
+    row(
+        "JCT mean / p50 / p95",
+        format!(
+            "{} / {} / {}",
+            dur(r.jct_mean_s),
+            dur(r.jct_p50_s),
+            dur(r.jct_p95_s)
+        ),
+    );
+    row(
+        "decisions",
+        format!(
+            "{} ({} kept the old allocation)",
+            r.decisions, r.decisions_kept
+        ),
+    );
+    row(
+        "decision time",
+        format!(
+            "{:.3} s total, mean {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+            r.decision_total_s, r.decision_mean_ms, r.decision_p99_ms, r.decision_max_ms
+        ),
+    );
+    row(
+        "wall time",
+        format!("{load_s:.2} s load, {sim_s:.2} s replay"),
+    );
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    writeln!(w, "BFTrainer replay")?;
+    for (k, v) in rows {
+        writeln!(w, "  {k:<width$}  {v}")?;
+    }
+    Ok(())
+}
+
+/// Writes the per-step log: one row per distinct event time.
+pub fn write_csv(mut w: impl Write, steps: &[StepRecord]) -> std::io::Result<()> {
+    writeln!(w, "t,time,idle_nodes,harvested_nodes,active_jobs,queued_jobs,finished_jobs,grown_nodes,shrunk_nodes,preempted_nodes,samples,decision_ms")?;
+    for s in steps {
+        writeln!(
+            w,
+            "{:.3},{},{},{},{},{},{},{},{},{},{:.1},{:.4}",
+            s.t,
+            format_time(s.t.floor() as i64),
+            s.idle_nodes,
+            s.harvested_nodes,
+            s.active_jobs,
+            s.queued_jobs,
+            s.finished_jobs,
+            s.grown_nodes,
+            s.shrunk_nodes,
+            s.preempted_nodes,
+            s.samples,
+            s.decision_s * 1e3
+        )?;
+    }
+    w.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(super::thousands(1234567.891, 1), "1,234,567.9");
+        assert_eq!(super::thousands(12.0, 0), "12");
+        assert_eq!(super::thousands(-1000.0, 0), "-1,000");
+    }
+}
