@@ -3,3 +3,4 @@
 //! the simulator drive exactly the same code.
 
 pub mod alloc;
+pub mod spec;
