@@ -36,6 +36,14 @@ pub const KEYS: [&str; 5] = ["up", "down", "profile", "role", "parent"];
 /// (set by the SPANK plugin with `spank_job_control_setenv`, read by job_submit).
 pub const JOB_ENV_NAME: &str = "BFTRAINER_ELASTIC";
 
+/// sbatch copies each SPANK job-environment entry into the job's own environment
+/// under `SLURM_SPANK_<name>`; stepd reads the request from there for API-submitted jobs.
+pub const JOB_ENV_COPY: &str = "SLURM_SPANK_BFTRAINER_ELASTIC";
+
+/// Slurm forwards a SPANK option to the remote side as the environment variable
+/// `_SLURM_SPANK_OPTION_<plugin>_<option>`; this is ours without the option name.
+pub const OPTION_ENV_PREFIX: &str = "_SLURM_SPANK_OPTION_bftrainer_";
+
 /// Prefix that marks bftrainer's machine-readable tag in a job's admin comment.
 pub const TAG_PREFIX: &str = "bftrainer:v1 ";
 

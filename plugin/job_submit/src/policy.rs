@@ -3,7 +3,7 @@
 //!
 //! Kept free of pointers so every rule is unit-tested without slurmctld.
 
-use bftrainer_core::spec::{self, ElasticSpec, Role};
+use bftrainer_core::spec::{self, ElasticSpec, Role, JOB_ENV_COPY, OPTION_ENV_PREFIX};
 
 use crate::config::Policy;
 
@@ -13,12 +13,6 @@ pub const NO_VAL: u32 = 0xffff_fffe;
 pub const NO_VAL16: u16 = 0xfffe;
 /// `priority` value that `scontrol release` sends.
 pub const INFINITE: u32 = 0xffff_ffff;
-
-/// Prefix of the option's environment variable that Slurm forwards to the remote side:
-/// `_SLURM_SPANK_OPTION_<plugin>_<option>`.
-pub const OPTION_ENV_PREFIX: &str = "_SLURM_SPANK_OPTION_bftrainer_";
-/// sbatch copies every spank_job_env entry into the job's environment under this name.
-pub const JOB_ENV_COPY: &str = "SLURM_SPANK_BFTRAINER_ELASTIC";
 
 /// The fields of a submission the policy looks at.
 #[derive(Debug, Clone, Default)]
