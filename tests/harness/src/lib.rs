@@ -1,1 +1,574 @@
-//! Test helper for the local Slurm cluster.
+//! Test fixture: a real Slurm cluster on localhost for integration tests.
+//! Wraps `tests/cluster/cluster`: [`Cluster::start`] runs `up`, dropping the value runs `down`.
+//!
+//! ```no_run
+//! let c = bftrainer_testcluster::Cluster::start(bftrainer_testcluster::Options {
+//!     nodes: 2,
+//!     ..Default::default()
+//! })?;
+//! let id = c.sbatch(&["-N2", "--wrap", "hostname"])?;
+//! c.wait_for_state(id, &["COMPLETED"], std::time::Duration::from_secs(30))?;
+//! # Ok::<(), bftrainer_testcluster::Error>(())
+//! ```
+//!
+//! Tests that use it need root (the daemons run as root) and should have `cluster` in
+//! their name or binary name, so nextest caps how many run at once (docs/testing.md).
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The non-root user every cluster has, for tests that submit on behalf of someone.
+pub const TEST_USER: &str = "bftuser";
+
+/// Set to `1` to leave the cluster of each test running after it ends (to poke at it
+/// with sinfo/sacct); the fixture prints its `SLURM_CONF` and how to stop it.
+pub const KEEP_ENV: &str = "BFTRAINER_KEEP_CLUSTER";
+
+/// Overrides the path of the `cluster` script (default: `tests/cluster/cluster` of
+/// this repository).
+pub const SCRIPT_ENV: &str = "BFTRAINER_CLUSTER_SCRIPT";
+
+/// What went wrong starting, using or stopping a test cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("test clusters need root (the Slurm daemons run as root); run the tests as root")]
+    NotRoot,
+    #[error("bad cluster option: {0}")]
+    BadOption(String),
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("`cluster up` failed (exit {code}); logs kept in {logs}:\n{stderr}")]
+    Up {
+        code: i32,
+        logs: String,
+        stderr: String,
+    },
+    #[error("`cluster down` failed (exit {code}): {stderr}")]
+    Down { code: i32, stderr: String },
+    #[error("`{command}` failed (exit {code}): {stderr}")]
+    Command {
+        command: String,
+        code: i32,
+        stderr: String,
+    },
+    #[error("unexpected output of `{command}`: {output:?}")]
+    Output { command: String, output: String },
+    #[error("timed out after {waited:?} waiting for {what}; last seen: {last}")]
+    Timeout {
+        what: String,
+        waited: Duration,
+        last: String,
+    },
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// How to start a cluster. `Options { nodes: 4, ..Default::default() }` is the usual one.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Number of nodes `n1..nN` (1 to 64), 2 CPUs each.
+    pub nodes: usize,
+    /// Directory holding `job_submit_bftrainer.so` and `spank_bftrainer.so`: loads them.
+    pub plugins: Option<PathBuf>,
+    /// A `bftrainer.toml` to place beside slurm.conf.
+    pub bftrainer_conf: Option<PathBuf>,
+    /// Names the cluster's directory and kept logs; default: the running test's name.
+    pub name: Option<String>,
+    /// Longest wait for all nodes to become idle.
+    pub up_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            nodes: 4,
+            plugins: None,
+            bftrainer_conf: None,
+            name: None,
+            up_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A running cluster; stopped (and its directory removed) on drop. If the thread is
+/// panicking at that point, its logs are first copied to `target/cluster-logs/`.
+pub struct Cluster {
+    dir: PathBuf,
+    slurm_conf: PathBuf,
+    nodes: Vec<String>,
+    name: String,
+    stopped: bool,
+}
+
+impl fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cluster")
+            .field("dir", &self.dir)
+            .field("nodes", &self.nodes)
+            .finish()
+    }
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+impl Cluster {
+    /// Brings up a cluster (about 6 s) and waits until all its nodes are idle.
+    pub fn start(opts: Options) -> Result<Cluster, Error> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { geteuid() } != 0 {
+            return Err(Error::NotRoot);
+        }
+        if opts.nodes == 0 || opts.nodes > 64 {
+            return Err(Error::BadOption(format!(
+                "nodes = {}; allowed are 1 to 64",
+                opts.nodes
+            )));
+        }
+        let name = sanitize(&opts.name.clone().unwrap_or_else(test_name));
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        // Under /tmp, not target/: unix socket paths must stay under 108 bytes.
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("bftc-{}-{seq}-", short(&name, 24)))
+            .tempdir_in(std::env::temp_dir())
+            .map_err(|source| Error::Io {
+                what: "cannot create a cluster directory in",
+                path: std::env::temp_dir(),
+                source,
+            })?
+            .keep();
+        let mut cmd = Command::new(script());
+        cmd.arg("up")
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--nodes")
+            .arg(opts.nodes.to_string())
+            .arg("--timeout")
+            .arg(opts.up_timeout.as_secs_f64().to_string());
+        if let Some(p) = &opts.plugins {
+            cmd.arg("--plugins").arg(p);
+        }
+        if let Some(p) = &opts.bftrainer_conf {
+            cmd.arg("--bftrainer-conf").arg(p);
+        }
+        let out = run_output(&mut cmd)?;
+        if !out.status.success() {
+            // `up` has already stopped what it started; keep its logs for the reader.
+            let logs = keep_logs(&dir, &format!("{name}-start"));
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(Error::Up {
+                code: out.status.code().unwrap_or(-1),
+                logs: logs.map_or_else(|e| format!("(not kept: {e})"), |p| p.display().to_string()),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let slurm_conf = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("export SLURM_CONF="))
+            .map(PathBuf::from)
+            .ok_or_else(|| Error::Output {
+                command: "cluster up".into(),
+                output: stdout.to_string(),
+            })?;
+        Ok(Cluster {
+            dir,
+            slurm_conf,
+            nodes: (1..=opts.nodes).map(|i| format!("n{i}")).collect(),
+            name,
+            stopped: false,
+        })
+    }
+
+    /// slurm.conf of this cluster: set `SLURM_CONF` to it before `slurm_init`.
+    pub fn slurm_conf(&self) -> &Path {
+        &self.slurm_conf
+    }
+
+    /// Node names, `n1..nN`.
+    pub fn nodes(&self) -> &[String] {
+        &self.nodes
+    }
+
+    /// The cluster's directory; daemon logs are under `log/`.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Daemon logs: slurmctld.log, slurmd-nK.log, slurmdbd.log, mariadb.log, munged.log.
+    pub fn log_dir(&self) -> PathBuf {
+        self.dir.join("log")
+    }
+
+    /// A directory every user may write to (mode 1777); commands run there, so jobs'
+    /// `slurm-%j.out` land in it.
+    pub fn work_dir(&self) -> PathBuf {
+        self.dir.join("work")
+    }
+
+    /// `program` with `SLURM_CONF` set and the work dir as its working directory.
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.slurm_conf)
+            .current_dir(self.work_dir());
+        c
+    }
+
+    /// Like [`Cluster::command`], but run as [`TEST_USER`].
+    pub fn command_as_test_user(&self, program: impl AsRef<OsStr>) -> Result<Command, Error> {
+        use std::os::unix::process::CommandExt;
+        let (uid, gid) = user_ids(TEST_USER)?;
+        let mut c = self.command(program);
+        c.uid(uid)
+            .gid(gid)
+            .env("USER", TEST_USER)
+            .env("LOGNAME", TEST_USER);
+        Ok(c)
+    }
+
+    /// Runs a Slurm command on this cluster; its stdout, or an error carrying stderr.
+    pub fn run<S: AsRef<OsStr>>(&self, program: &str, args: &[S]) -> Result<String, Error> {
+        let mut c = self.command(program);
+        c.args(args);
+        checked(&mut c)
+    }
+
+    /// `sbatch --parsable ARGS`: the new job's id.
+    pub fn sbatch<S: AsRef<OsStr>>(&self, args: &[S]) -> Result<u32, Error> {
+        let mut c = self.command("sbatch");
+        c.arg("--parsable").args(args);
+        parse_job_id(&checked(&mut c)?)
+    }
+
+    /// The job's state as slurmctld reports it (`PENDING`, `RUNNING`, ...), or from
+    /// accounting once slurmctld has forgotten it.
+    pub fn job_state(&self, job: u32) -> Result<String, Error> {
+        let id = job.to_string();
+        let out = self.run("squeue", &["-h", "-j", &id, "-o", "%T"])?;
+        if let Some(s) = out.lines().next().filter(|s| !s.trim().is_empty()) {
+            return Ok(s.trim().to_string());
+        }
+        let out = self.run("sacct", &["-n", "-X", "-P", "-j", &id, "-o", "State"])?;
+        // sacct appends "by UID" to CANCELLED; keep the bare state.
+        Ok(out
+            .lines()
+            .last()
+            .and_then(|l| l.split_whitespace().next())
+            .unwrap_or("UNKNOWN")
+            .to_string())
+    }
+
+    /// Polls [`Cluster::job_state`] until it is one of `states`; returns it.
+    pub fn wait_for_state(
+        &self,
+        job: u32,
+        states: &[&str],
+        timeout: Duration,
+    ) -> Result<String, Error> {
+        let mut last = String::new();
+        wait_until(
+            &format!("job {job} to reach {}", states.join("|")),
+            timeout,
+            || {
+                last = self.job_state(job)?;
+                Ok(states.contains(&last.as_str()).then(|| last.clone()))
+            },
+        )
+        .map_err(|e| match e {
+            Error::Timeout { what, waited, .. } => Error::Timeout {
+                what,
+                waited,
+                last: last.clone(),
+            },
+            e => e,
+        })
+    }
+
+    /// Stops the cluster now and removes its directory; errors if a daemon stays up.
+    pub fn stop(mut self) -> Result<(), Error> {
+        self.stopped = true;
+        down(&self.dir)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        if std::env::var(KEEP_ENV).is_ok_and(|v| v == "1") {
+            eprintln!(
+                "bftrainer-testcluster: {KEEP_ENV}=1: left running; export SLURM_CONF={}; \
+                 stop with: {} down --dir {} --purge",
+                self.slurm_conf.display(),
+                script().display(),
+                self.dir.display()
+            );
+            return;
+        }
+        let panicking = std::thread::panicking();
+        // Stop first, so the kept logs include the daemons' shutdown.
+        let stopped = down_only(&self.dir);
+        if panicking {
+            match keep_logs(&self.dir, &self.name) {
+                Ok(p) => eprintln!(
+                    "bftrainer-testcluster: test failed; cluster logs kept in {}",
+                    p.display()
+                ),
+                Err(e) => eprintln!("bftrainer-testcluster: could not keep the logs: {e}"),
+            }
+        }
+        match stopped {
+            Ok(()) => {
+                let _ = std::fs::remove_dir_all(&self.dir);
+            }
+            Err(e) => eprintln!(
+                "bftrainer-testcluster: stopping {} failed: {e}",
+                self.dir.display()
+            ),
+        }
+    }
+}
+
+/// Calls `f` every 100 ms until it returns `Some`, an error, or `timeout` passes.
+pub fn wait_until<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> Result<Option<T>, Error>,
+) -> Result<T, Error> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f()? {
+            return Ok(v);
+        }
+        if start.elapsed() > timeout {
+            return Err(Error::Timeout {
+                what: what.to_string(),
+                waited: start.elapsed(),
+                last: String::new(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Where `target/cluster-logs/` is: beside the test binary's profile directory.
+pub fn kept_logs_root() -> PathBuf {
+    if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
+        return PathBuf::from(t).join("cluster-logs");
+    }
+    // Test binaries live in target/<profile>/deps/.
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(target) = exe
+            .ancestors()
+            .skip_while(|p| p.file_name() != Some(OsStr::new("deps")))
+            .nth(2)
+        {
+            return target.join("cluster-logs");
+        }
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/cluster-logs")
+}
+
+fn script() -> PathBuf {
+    std::env::var_os(SCRIPT_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster/cluster"))
+}
+
+fn down_only(dir: &Path) -> Result<(), Error> {
+    let out = run_output(Command::new(script()).arg("down").arg("--dir").arg(dir))?;
+    if !out.status.success() {
+        return Err(Error::Down {
+            code: out.status.code().unwrap_or(-1),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+fn down(dir: &Path) -> Result<(), Error> {
+    down_only(dir)?;
+    std::fs::remove_dir_all(dir).map_err(|source| Error::Io {
+        what: "cannot remove the cluster directory",
+        path: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// Copies logs, configs and cluster.json of `dir` to target/cluster-logs/<name>-<pid>/.
+fn keep_logs(dir: &Path, name: &str) -> Result<PathBuf, Error> {
+    let dest = kept_logs_root().join(format!("{name}-{}", std::process::id()));
+    let io = |what: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { what, path, source }
+    };
+    std::fs::create_dir_all(&dest).map_err(io("cannot create", &dest))?;
+    for sub in ["log", "etc"] {
+        let from = dir.join(sub);
+        let Ok(entries) = std::fs::read_dir(&from) else {
+            continue;
+        };
+        let to = dest.join(sub);
+        std::fs::create_dir_all(&to).map_err(io("cannot create", &to))?;
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_file()) {
+                let target = to.join(e.file_name());
+                std::fs::copy(e.path(), &target).map_err(io("cannot copy to", &target))?;
+            }
+        }
+    }
+    let state = dir.join("cluster.json");
+    if state.exists() {
+        std::fs::copy(&state, dest.join("cluster.json")).map_err(io("cannot copy", &state))?;
+    }
+    Ok(dest)
+}
+
+fn run_output(cmd: &mut Command) -> Result<Output, Error> {
+    cmd.stdin(Stdio::null())
+        .output()
+        .map_err(|source| Error::Spawn {
+            program: format!("{:?}", cmd.get_program()),
+            source,
+        })
+}
+
+fn checked(cmd: &mut Command) -> Result<String, Error> {
+    let out = run_output(cmd)?;
+    let command = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if !out.status.success() {
+        return Err(Error::Command {
+            command,
+            code: out.status.code().unwrap_or(-1),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn parse_job_id(out: &str) -> Result<u32, Error> {
+    // --parsable prints "ID" or "ID;CLUSTER".
+    out.trim()
+        .split(';')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| Error::Output {
+            command: "sbatch --parsable".into(),
+            output: out.to_string(),
+        })
+}
+
+fn user_ids(user: &str) -> Result<(u32, u32), Error> {
+    let passwd = Path::new("/etc/passwd");
+    let text = std::fs::read_to_string(passwd).map_err(|source| Error::Io {
+        what: "cannot read",
+        path: passwd.to_path_buf(),
+        source,
+    })?;
+    text.lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() > 3 && f[0] == user)
+        .and_then(|f| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
+        .ok_or_else(|| {
+            Error::BadOption(format!(
+                "user {user} not in /etc/passwd (`cluster up` creates it)"
+            ))
+        })
+}
+
+/// libtest runs each test on a thread named after it (nextest too, one per process).
+fn test_name() -> String {
+    match std::thread::current().name() {
+        Some(n) if n != "main" => n.to_string(),
+        _ => "cluster".to_string(),
+    }
+}
+
+fn sanitize(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    s.trim_matches('_').chars().take(100).collect()
+}
+
+fn short(s: &str, n: usize) -> String {
+    // The tail of a test path (`module::test_name`) tells tests apart best.
+    let chars: Vec<char> = s.chars().collect();
+    chars[chars.len().saturating_sub(n)..].iter().collect()
+}
+
+extern "C" {
+    fn geteuid() -> u32;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_parsable_sbatch_output() {
+        assert_eq!(parse_job_id("42\n").unwrap(), 42);
+        assert_eq!(parse_job_id("7;bftest\n").unwrap(), 7);
+        assert!(matches!(
+            parse_job_id("Submitted batch job 3"),
+            Err(Error::Output { .. })
+        ));
+    }
+
+    #[test]
+    fn sanitizes_test_names_for_paths() {
+        assert_eq!(sanitize("mod::a_test"), "mod__a_test");
+        assert_eq!(short("abcdef", 3), "def");
+        assert_eq!(short("ab", 3), "ab");
+    }
+
+    #[test]
+    fn finds_the_test_user_or_says_why_not() {
+        let err = user_ids("no-such-user-here").unwrap_err().to_string();
+        assert!(err.contains("no-such-user-here"), "{err}");
+        assert_eq!(user_ids("root").unwrap(), (0, 0));
+    }
+
+    #[test]
+    fn rejects_bad_node_counts_before_starting_anything() {
+        for nodes in [0, 65] {
+            let err = Cluster::start(Options {
+                nodes,
+                ..Default::default()
+            })
+            .unwrap_err();
+            assert!(
+                matches!(err, Error::BadOption(_) | Error::NotRoot),
+                "{nodes}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn kept_logs_go_under_target() {
+        let root = kept_logs_root();
+        assert!(root.ends_with("cluster-logs"), "{}", root.display());
+    }
+}

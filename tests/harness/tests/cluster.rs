@@ -1,0 +1,321 @@
+//! Integration tests of the test cluster itself: each brings up a real Slurm cluster
+//! and checks it through Slurm's own commands (sbatch, squeue, sinfo, sacct).
+
+use std::path::Path;
+use std::time::Duration;
+
+use bftrainer_testcluster::{Cluster, Error, Options, TEST_USER};
+
+fn start(nodes: usize) -> Cluster {
+    Cluster::start(Options {
+        nodes,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("cluster did not start: {e}"))
+}
+
+/// sacct rows (JobID, User, Partition, State, NodeList) of every run of `job`, once
+/// accounting has them complete: slurmctld sends the partition and node list a few
+/// seconds after the job itself, so early rows have them empty.
+fn sacct(c: &Cluster, job: u32) -> Vec<Vec<String>> {
+    let query = || -> Vec<Vec<String>> {
+        // -D: every run of a requeued job, not just the last.
+        let id = job.to_string();
+        let args = [
+            "-n",
+            "-P",
+            "-X",
+            "-D",
+            "-j",
+            &id,
+            "-o",
+            "JobID,User,Partition,State,NodeList",
+        ];
+        c.run("sacct", &args)
+            .unwrap()
+            .lines()
+            .map(|l| l.split('|').map(str::to_string).collect())
+            .collect()
+    };
+    bftrainer_testcluster::wait_until(
+        &format!("accounting of job {job}"),
+        Duration::from_secs(30),
+        || {
+            let rows = query();
+            Ok((!rows.is_empty() && rows.iter().all(|r| !r[2].is_empty())).then_some(rows))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}; last rows: {:?}", query()))
+}
+
+#[test]
+fn cluster_runs_a_job_through_sbatch_squeue_sacct() {
+    let c = start(2);
+    assert_eq!(c.nodes(), ["n1", "n2"]);
+    let sinfo = c.run("sinfo", &["-h", "-o", "%P %a %D %T"]).unwrap();
+    assert_eq!(
+        sinfo.lines().collect::<Vec<_>>(),
+        ["batch* up 2 idle", "elastic up 2 idle"]
+    );
+
+    // The job holds its nodes until it sees its own file, so squeue must show it running.
+    let gate = c.work_dir().join("gate");
+    let script = format!(
+        "srun -l hostname; while [ ! -e {} ]; do sleep 0.1; done; echo done",
+        gate.display()
+    );
+    let job = c
+        .sbatch(&["-N2", "-J", "probe", "--wrap", &script])
+        .unwrap();
+    c.wait_for_state(job, &["RUNNING"], Duration::from_secs(30))
+        .unwrap();
+    let sq = c.run("squeue", &["-h", "-o", "%i %j %P %T %D %N"]).unwrap();
+    assert_eq!(sq.trim(), format!("{job} probe batch RUNNING 2 n[1-2]"));
+    std::fs::write(&gate, "").unwrap();
+    c.wait_for_state(job, &["COMPLETED"], Duration::from_secs(30))
+        .unwrap();
+
+    // Both nodes ran a task (their hostname is the host's, so count the labelled lines).
+    let out = std::fs::read_to_string(c.work_dir().join(format!("slurm-{job}.out"))).unwrap();
+    let labels: Vec<&str> = out.lines().filter_map(|l| l.split(':').next()).collect();
+    assert!(labels.contains(&"0") && labels.contains(&"1"), "{out}");
+    assert!(out.ends_with("done\n"), "{out}");
+
+    // Accounting recorded it, attributed to root, on both nodes.
+    let rows = sacct(&c, job);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0][1..], ["root", "batch", "COMPLETED", "n[1-2]"]);
+}
+
+#[test]
+fn cluster_elastic_job_is_preempted_and_requeued_by_a_batch_job() {
+    let c = start(2);
+    // `exec` so the grace-time SIGTERM reaches sleep itself, not a shell waiting on it.
+    let elastic = c
+        .sbatch(&[
+            "-p",
+            "elastic",
+            "-N2",
+            "--exclusive",
+            "--wrap",
+            "exec sleep 600",
+        ])
+        .unwrap();
+    c.wait_for_state(elastic, &["RUNNING"], Duration::from_secs(30))
+        .unwrap();
+    let batch = c
+        .sbatch(&["-p", "batch", "-N1", "--exclusive", "--wrap", "true"])
+        .unwrap();
+    // Slurm acts on expired grace times from a 30 s periodic pass: allow for it.
+    c.wait_for_state(batch, &["COMPLETED"], Duration::from_secs(90))
+        .unwrap();
+    let state = c.job_state(elastic).unwrap();
+    assert!(
+        ["PENDING", "REQUEUED", "RUNNING"].contains(&state.as_str()),
+        "elastic job after preemption: {state}"
+    );
+    let rows = sacct(&c, elastic);
+    assert!(
+        rows.iter()
+            .any(|r| r[3] == "PREEMPTED" || r[3] == "REQUEUED"),
+        "sacct of the preempted job: {rows:?}"
+    );
+    let log = std::fs::read_to_string(c.log_dir().join("slurmctld.log")).unwrap();
+    assert!(
+        log.contains(&format!("preempted JobId={elastic} has been requeued")),
+        "slurmctld.log does not mention the preemption"
+    );
+}
+
+#[test]
+fn cluster_runs_jobs_of_the_test_user() {
+    let c = start(1);
+    let out = c
+        .command_as_test_user("sbatch")
+        .unwrap()
+        .args(["--parsable", "-p", "elastic", "--wrap", "id -un"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let job: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    c.wait_for_state(job, &["COMPLETED"], Duration::from_secs(30))
+        .unwrap();
+    let text = std::fs::read_to_string(c.work_dir().join(format!("slurm-{job}.out"))).unwrap();
+    assert_eq!(text.trim(), TEST_USER);
+    let rows = sacct(&c, job);
+    assert_eq!(rows[0][1..4], [TEST_USER, "elastic", "COMPLETED"]);
+}
+
+#[test]
+fn cluster_two_at_once_are_independent() {
+    let a = start(1);
+    let b = start(2);
+    assert_ne!(a.slurm_conf(), b.slurm_conf());
+    let job = a.sbatch(&["--hold", "--wrap", "true"]).unwrap();
+    assert_eq!(a.job_state(job).unwrap(), "PENDING");
+    assert_eq!(b.run("squeue", &["-h"]).unwrap().trim(), "");
+    assert_eq!(
+        b.run("sinfo", &["-h", "-p", "batch", "-o", "%D"])
+            .unwrap()
+            .trim(),
+        "2"
+    );
+    assert_eq!(
+        a.run("sinfo", &["-h", "-p", "batch", "-o", "%D"])
+            .unwrap()
+            .trim(),
+        "1"
+    );
+    // Their slurmctld listen on different ports.
+    let port = |c: &Cluster| {
+        std::fs::read_to_string(c.slurm_conf())
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("SlurmctldPort="))
+            .unwrap()
+            .to_string()
+    };
+    assert_ne!(port(&a), port(&b));
+}
+
+/// Pids (and their start times) of the daemons cluster.json records.
+fn recorded_daemons(dir: &Path) -> Vec<(u32, String)> {
+    let text = std::fs::read_to_string(dir.join("cluster.json")).unwrap();
+    // Each daemon record holds `"pid": N`; no JSON crate needed for that.
+    text.split("\"pid\": ")
+        .skip(1)
+        .map(|s| {
+            let pid: u32 = s[..s.find(',').unwrap()].trim().parse().unwrap();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            (pid, String::from_utf8_lossy(&cmdline).replace('\0', " "))
+        })
+        .collect()
+}
+
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&env).contains(needle) && !cmd.is_empty() {
+            found.push(String::from_utf8_lossy(&cmd).replace('\0', " "));
+        }
+    }
+    found
+}
+
+#[test]
+fn cluster_stop_leaves_no_process_behind() {
+    let c = start(2);
+    let dir = c.dir().to_path_buf();
+    let daemons = recorded_daemons(&dir);
+    assert_eq!(
+        daemons.len(),
+        6,
+        "munged, mariadbd, slurmdbd, slurmctld, 2 slurmd: {daemons:?}"
+    );
+    assert!(
+        daemons.iter().all(|(_, cmd)| !cmd.is_empty()),
+        "{daemons:?}"
+    );
+    // A running job leaves slurmstepd and the job's processes: down must end them too.
+    let job = c.sbatch(&["-N2", "--wrap", "srun sleep 600"]).unwrap();
+    c.wait_for_state(job, &["RUNNING"], Duration::from_secs(30))
+        .unwrap();
+    let conf = format!("SLURM_CONF={}", c.slurm_conf().display());
+    bftrainer_testcluster::wait_until("the job's steps to start", Duration::from_secs(30), || {
+        Ok((processes_mentioning(&conf)
+            .iter()
+            .filter(|c| c.contains("sleep 600"))
+            .count()
+            >= 2)
+            .then_some(()))
+    })
+    .unwrap();
+    c.stop().unwrap();
+    for (pid, cmd) in daemons {
+        let now = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            String::from_utf8_lossy(&now).replace('\0', " ") != cmd,
+            "pid {pid} ({cmd}) still running"
+        );
+    }
+    let left = processes_mentioning(&conf);
+    assert!(left.is_empty(), "left running: {left:?}");
+    assert!(!dir.exists(), "{} not removed", dir.display());
+}
+
+#[test]
+fn cluster_start_failure_names_the_daemon_and_keeps_its_log() {
+    // Files with the plugins' names that are no plugins: slurmctld must refuse to start.
+    let fake = tempfile::tempdir().unwrap();
+    for so in ["job_submit_bftrainer.so", "spank_bftrainer.so"] {
+        std::fs::write(fake.path().join(so), "not an ELF file").unwrap();
+    }
+    let err = Cluster::start(Options {
+        nodes: 1,
+        plugins: Some(fake.path().to_path_buf()),
+        name: Some("cluster_expected_start_failure".into()),
+        ..Default::default()
+    })
+    .unwrap_err();
+    let Error::Up { stderr, logs, .. } = &err else {
+        panic!("expected Error::Up, got {err}");
+    };
+    assert!(stderr.contains("slurmctld"), "{stderr}");
+    assert!(stderr.contains("end of"), "no log tail in: {stderr}");
+    let kept = Path::new(logs);
+    assert!(kept.join("log/slurmctld.log").is_file(), "{err}");
+    std::fs::remove_dir_all(kept).unwrap();
+}
+
+#[test]
+fn cluster_rejects_a_plugins_dir_without_the_plugins() {
+    let empty = tempfile::tempdir().unwrap();
+    let err = Cluster::start(Options {
+        nodes: 1,
+        plugins: Some(empty.path().to_path_buf()),
+        name: Some("cluster_expected_bad_plugins".into()),
+        ..Default::default()
+    })
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("job_submit_bftrainer.so is missing"), "{msg}");
+    if let Error::Up { logs, .. } = &err {
+        let _ = std::fs::remove_dir_all(logs);
+    }
+}
+
+#[test]
+fn cluster_logs_of_a_failed_test_are_kept() {
+    let name = "cluster_kept_logs_probe";
+    let result = std::panic::catch_unwind(|| {
+        let _c = Cluster::start(Options {
+            nodes: 1,
+            name: Some(name.into()),
+            ..Default::default()
+        })
+        .unwrap();
+        panic!("deliberate failure to exercise log keeping");
+    });
+    assert!(result.is_err());
+    let kept =
+        bftrainer_testcluster::kept_logs_root().join(format!("{name}-{}", std::process::id()));
+    let ctld = std::fs::read_to_string(kept.join("log/slurmctld.log")).unwrap();
+    assert!(
+        ctld.contains("slurmctld version 22.05"),
+        "{}",
+        kept.display()
+    );
+    assert!(kept.join("etc/slurm.conf").is_file());
+    assert!(kept.join("log/slurmd-n1.log").is_file());
+    std::fs::remove_dir_all(&kept).unwrap();
+}
