@@ -141,6 +141,12 @@ fn refresh(st: &mut State) {
         return;
     }
     match load() {
+        // slurmctld also bumps the stamp once right after start-up, so an unchanged
+        // policy is only worth a verbose line.
+        Ok(new) if new.policy == st.policy => {
+            LOG.verbose("reconfigure: policy unchanged");
+            *st = new;
+        }
         Ok(new) => {
             LOG.info(&format!("reconfigure: {}", describe(&new.policy)));
             *st = new;
@@ -322,9 +328,13 @@ unsafe fn modify_inner(job_desc: *mut job_desc_msg_t, job_ptr: *mut c_void, uid:
                     slurm_sys::ESLURM_INVALID_PARTITION_NAME as c_int,
                 ),
             };
+            // 22.05 fills neither job_id nor job_id_str here for `scontrol update`, and
+            // job_id sits deep in the private job record: name the job by its tag.
+            let tag = current
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default();
             LOG.info(&format!(
-                "refused an update of job {} by uid {uid}: it {what}",
-                jd.job_id
+                "refused an update by uid {uid} of the job tagged '{tag}': it {what}"
             ));
             rc
         }

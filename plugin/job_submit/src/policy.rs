@@ -105,8 +105,11 @@ pub fn submit(pol: &Policy, s: &Submission<'_>) -> Verdict {
     // plugin's remote side read it from there.
     for entry in &s.environment {
         let (name, value) = split_env(entry);
+        // The option travels as _SLURM_SPANK_OPTION_bftrainer_elastic, and sbatch re-exports
+        // it as SLURM_SPANK__SLURM_SPANK_OPTION_bftrainer_elastic: match any carrier.
+        let option = OPTION_ENV_PREFIX.as_bytes();
         let reserved =
-            name == JOB_ENV_COPY.as_bytes() || name.starts_with(OPTION_ENV_PREFIX.as_bytes());
+            name == JOB_ENV_COPY.as_bytes() || name.windows(option.len()).any(|w| w == option);
         if !reserved {
             continue;
         }
@@ -470,6 +473,16 @@ mod tests {
         };
         assert!(rejected(submit(&p, &forged))
             .contains("_SLURM_SPANK_OPTION_bftrainer_elastic is reserved"));
+        let forged = Submission {
+            uid: 0,
+            environment: vec![
+                b"SLURM_EXPORT_ENV=ALL,SLURM_SPANK__SLURM_SPANK_OPTION_bftrainer_elastic=1:1",
+                b"SLURM_SPANK__SLURM_SPANK_OPTION_bftrainer_elastic=1:1",
+            ],
+            ..Submission::default()
+        };
+        assert!(rejected(submit(&p, &forged))
+            .contains("SLURM_SPANK__SLURM_SPANK_OPTION_bftrainer_elastic is reserved"));
         // What sbatch itself sends for --elastic=2:4,role=core agrees with the request.
         let honest = Submission {
             environment: vec![
