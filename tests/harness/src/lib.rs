@@ -12,7 +12,8 @@
 //! ```
 //!
 //! Tests that use it need root (the daemons run as root) and should have `cluster` in
-//! their name or binary name, so nextest caps how many run at once (docs/testing.md).
+//! their name or live in a test binary whose name starts with `cluster`, so nextest caps
+//! how many run at once (docs/testing.md).
 
 use std::ffi::OsStr;
 use std::fmt;
@@ -126,7 +127,7 @@ impl fmt::Debug for Cluster {
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
 impl Cluster {
-    /// Brings up a cluster (about 6 s) and waits until all its nodes are idle.
+    /// Brings up a cluster (about 2 s) and waits until all its nodes are idle.
     pub fn start(opts: Options) -> Result<Cluster, Error> {
         // SAFETY: geteuid has no preconditions and cannot fail.
         if unsafe { geteuid() } != 0 {
@@ -140,13 +141,15 @@ impl Cluster {
         }
         let name = sanitize(&opts.name.clone().unwrap_or_else(test_name));
         let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-        // Under /tmp, not target/: unix socket paths must stay under 108 bytes.
+        // /tmp, not target/ or $TMPDIR: unix socket paths must stay under 108 bytes, and
+        // jobs of bftuser must be able to enter the directory.
+        let tmp = Path::new("/tmp");
         let dir = tempfile::Builder::new()
             .prefix(&format!("bftc-{}-{seq}-", short(&name, 24)))
-            .tempdir_in(std::env::temp_dir())
+            .tempdir_in(tmp)
             .map_err(|source| Error::Io {
                 what: "cannot create a cluster directory in",
-                path: std::env::temp_dir(),
+                path: tmp.to_path_buf(),
                 source,
             })?
             .keep();
@@ -166,24 +169,34 @@ impl Cluster {
         }
         let out = run_output(&mut cmd)?;
         if !out.status.success() {
-            // `up` has already stopped what it started; keep its logs for the reader.
-            let logs = keep_logs(&dir, &format!("{name}-start"));
+            // `up` has already stopped what it started; keep its logs for the reader,
+            // if it got as far as starting a daemon.
+            let started = std::fs::read_dir(dir.join("log")).is_ok_and(|mut d| d.next().is_some());
+            let logs = if started {
+                keep_logs(&dir, &format!("{name}-start"))
+                    .map_or_else(|e| format!("(not kept: {e})"), |p| p.display().to_string())
+            } else {
+                "(none: no daemon was started)".to_string()
+            };
             let _ = std::fs::remove_dir_all(&dir);
             return Err(Error::Up {
                 code: out.status.code().unwrap_or(-1),
-                logs: logs.map_or_else(|e| format!("(not kept: {e})"), |p| p.display().to_string()),
+                logs,
                 stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
             });
         }
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let slurm_conf = stdout
+        let Some(slurm_conf) = stdout
             .lines()
             .find_map(|l| l.strip_prefix("export SLURM_CONF="))
             .map(PathBuf::from)
-            .ok_or_else(|| Error::Output {
+        else {
+            let _ = down(&dir);
+            return Err(Error::Output {
                 command: "cluster up".into(),
                 output: stdout.to_string(),
-            })?;
+            });
+        };
         let watchdog = if keep_requested() {
             None
         } else {

@@ -137,7 +137,20 @@ fn cluster_elastic_job_is_preempted_and_requeued_by_a_batch_job() {
 
 #[test]
 fn cluster_runs_jobs_of_the_test_user() {
-    let c = start(1);
+    let conf = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(conf.path(), "# bftrainer.toml of this test\n").unwrap();
+    let c = Cluster::start(Options {
+        nodes: 1,
+        bftrainer_conf: Some(conf.path().to_path_buf()),
+        ..Default::default()
+    })
+    .unwrap();
+    // --bftrainer-conf lands beside slurm.conf, where the job_submit plugin looks.
+    let copied = c.slurm_conf().with_file_name("bftrainer.toml");
+    assert_eq!(
+        std::fs::read_to_string(copied).unwrap(),
+        "# bftrainer.toml of this test\n"
+    );
     let out = c
         .command_as_test_user("sbatch")
         .unwrap()
@@ -188,6 +201,14 @@ fn cluster_two_at_once_are_independent() {
             .to_string()
     };
     assert_ne!(port(&a), port(&b));
+    let status = script(&["status", "--dir", a.dir().to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{text}");
+    assert!(
+        text.contains("slurmctld") && text.contains("running"),
+        "{text}"
+    );
+    assert!(text.contains("batch*") && text.contains("idle"), "{text}");
 }
 
 /// Pids (and their start times) of the daemons cluster.json records.
@@ -305,9 +326,8 @@ fn cluster_rejects_a_plugins_dir_without_the_plugins() {
     .unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("job_submit_bftrainer.so is missing"), "{msg}");
-    if let Error::Up { logs, .. } = &err {
-        let _ = std::fs::remove_dir_all(logs);
-    }
+    // Nothing was started, so there are no logs to keep.
+    assert!(msg.contains("(none: no daemon was started)"), "{msg}");
 }
 
 #[test]
@@ -430,4 +450,40 @@ fn cluster_script_rejects_bad_input_clearly() {
     );
     // `down` of a directory without a cluster is a no-op, not an error.
     assert!(script(&["down", "--dir", d]).status.success());
+}
+
+#[test]
+fn cluster_interrupted_up_leaves_nothing_running() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let conf = format!("SLURM_CONF={}", dir.join("etc/slurm.conf").display());
+    for delay_ms in [300, 900] {
+        let mut up = std::process::Command::new(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster/cluster"),
+        )
+        .args(["up", "--nodes", "2", "--dir", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { kill(up.id() as i32, 15) };
+        let out = up.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        // Very late, `up` may already have finished; then `down` must still work.
+        if out.status.success() {
+            assert!(script(&["down", "--dir", dir.to_str().unwrap()])
+                .status
+                .success());
+        } else {
+            assert!(err.contains("interrupted (SIGTERM)"), "{err}");
+        }
+        let left = processes_mentioning(&conf);
+        assert!(left.is_empty(), "after SIGTERM at {delay_ms} ms: {left:?}");
+    }
+}
+
+extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
 }
