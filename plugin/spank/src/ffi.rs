@@ -82,7 +82,7 @@ pub extern "C" fn slurm_spank_init(sp: sys::spank_t, _ac: c_int, _av: *mut *mut 
         };
         // SAFETY: Slurm copies the option (and its strings) during the call.
         let rc = unsafe { sys::spank_option_register(sp, &mut opt) };
-        if rc != sys::ESPANK_SUCCESS as _ {
+        if rc != sys::ESPANK_SUCCESS as sys::spank_err_t {
             LOG.error(&format!("cannot register --elastic (spank error {rc})"));
             return ERR;
         }
@@ -108,7 +108,7 @@ pub extern "C" fn slurm_spank_init_post_opt(
         let value = common::c_string(&spec.to_string());
         // SAFETY: valid handle and NUL-terminated strings, copied by Slurm.
         let rc = unsafe { sys::spank_job_control_setenv(sp, name.as_ptr(), value.as_ptr(), 1) };
-        if rc != sys::ESPANK_SUCCESS as _ {
+        if rc != sys::ESPANK_SUCCESS as sys::spank_err_t {
             // srun inside an existing allocation starts a step, not a job: nothing to pass.
             LOG.verbose(&format!(
                 "--elastic not passed to slurmctld here (spank error {rc})"
@@ -136,12 +136,12 @@ pub extern "C" fn slurm_spank_user_init(
         let mut job_id: u32 = 0;
         // SAFETY: S_JOB_ID writes one uint32_t through the pointer.
         let rc = unsafe { sys::spank_get_item(sp, sys::S_JOB_ID, &mut job_id as *mut u32) };
-        let job_id = (rc == sys::ESPANK_SUCCESS as _ && job_id != 0).then_some(job_id);
+        let job_id = (rc == sys::ESPANK_SUCCESS as sys::spank_err_t && job_id != 0).then_some(job_id);
         for (k, v) in exports::task_env(&spec, job_id) {
             let (k, v) = (common::c_string(k), common::c_string(&v));
             // SAFETY: valid handle and NUL-terminated strings, copied by Slurm.
             let rc = unsafe { sys::spank_setenv(sp, k.as_ptr(), v.as_ptr(), 1) };
-            if rc != sys::ESPANK_SUCCESS as _ {
+            if rc != sys::ESPANK_SUCCESS as sys::spank_err_t {
                 LOG.error(&format!("cannot export {k:?} (spank error {rc})"));
             }
         }
@@ -156,7 +156,7 @@ fn from_job_env(sp: sys::spank_t) -> Option<ElasticSpec> {
     let name = common::c_string(spec::JOB_ENV_COPY);
     // SAFETY: buf is writable for its length; Slurm NUL-terminates within it.
     let rc = unsafe { sys::spank_getenv(sp, name.as_ptr(), buf.as_mut_ptr(), buf.len() as c_int) };
-    if rc != sys::ESPANK_SUCCESS as _ {
+    if rc != sys::ESPANK_SUCCESS as sys::spank_err_t {
         return None;
     }
     // SAFETY: on success buf holds a NUL-terminated string.
