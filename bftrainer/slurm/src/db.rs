@@ -18,15 +18,19 @@ pub struct AcctQuery {
     pub start: i64,
     /// Window end, unix seconds; None = now.
     pub end: Option<i64>,
-    /// Only these states (e.g. `JobState(slurm_sys::JOB_PREEMPTED)`,
-    /// `JobState(slurm_sys::JOB_REQUEUE as u32)`); empty = all.
+    /// Only jobs that were in one of these states inside the window: for RUNNING and
+    /// PENDING, at some time in it; for end states (COMPLETED, PREEMPTED, REQUEUED...),
+    /// ending in it (slurmdbd's rules, as `sacct -s`). E.g.
+    /// `JobState::from_base(JobBase::Preempted)`, [`JobState::REQUEUED`]; empty = all.
     pub states: Vec<JobState>,
     pub job_ids: Vec<u32>,
     pub user_ids: Vec<u32>,
     pub partitions: Vec<String>,
-    /// Only jobs that ran on one of these nodes (host expression).
+    /// Only jobs that ran on one of these nodes (host expression). slurmdbd resolves
+    /// node names in one cluster only: with `nodes` set, `clusters` must name at most
+    /// one, and empty means this cluster (ClusterName of slurm.conf).
     pub nodes: Option<String>,
-    /// Clusters to read; empty = all clusters in this slurmdbd.
+    /// Clusters to read; empty = all clusters in this slurmdbd (see `nodes`).
     pub clusters: Vec<String>,
     /// Also return the earlier runs of requeued jobs (sacct -D); without it only the
     /// latest record of each job comes back.
@@ -74,18 +78,23 @@ pub struct AcctJob {
 #[derive(Debug)]
 pub struct SlurmDb {
     conn: *mut c_void,
+    slurm: Option<Slurm>,
 }
 
 // SAFETY: the connection is a heap object used by one thread at a time (&mut self);
 // libslurmdb keeps no thread affinity for it.
 unsafe impl Send for SlurmDb {}
 
-struct JobList(List);
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
 
 impl SlurmDb {
     /// Opens a connection (`slurmdb_connection_get`) to the slurmdbd named in
     /// slurm.conf; needs [`Slurm::init`] first, which the argument proves.
-    pub fn connect(_slurm: &Slurm) -> Result<SlurmDb> {
+    pub fn connect(slurm: &Slurm) -> Result<SlurmDb> {
         clear_errno();
         let mut flags: u16 = 0;
         // SAFETY: flags outlives the call; the result is owned by SlurmDb.
@@ -93,7 +102,10 @@ impl SlurmDb {
         if conn.is_null() {
             return Err(last_error("slurmdb_connection_get", -1));
         }
-        Ok(SlurmDb { conn })
+        Ok(SlurmDb {
+            conn,
+            slurm: Some(*slurm),
+        })
     }
 
     /// Reads job records (`slurmdb_jobs_get`); steps are not fetched. Job start/end
@@ -110,17 +122,39 @@ impl SlurmDb {
                 ));
             }
         }
+        let mut clusters = q.clusters.clone();
+        if q.nodes.is_some() {
+            match clusters.len() {
+                0 => {
+                    let s = self.slurm.ok_or_else(|| {
+                        Error::invalid("clusters", "name the cluster to filter by nodes")
+                    })?;
+                    clusters.push(s.cluster_name()?);
+                }
+                1 => {}
+                n => {
+                    return Err(Error::invalid(
+                        "clusters",
+                        format!("{n} given with a node filter; slurmdbd allows one"),
+                    ))
+                }
+            }
+        }
         // Lists are Rust-owned guards: freed on every return path, with their items.
         let mut lists: Vec<List> = Vec::new();
         let mut flags = slurm_sys::JOBCOND_FLAG_NO_STEP | slurm_sys::JOBCOND_FLAG_NO_TRUNC;
         if q.duplicates {
             flags |= slurm_sys::JOBCOND_FLAG_DUP;
         }
-        // Zero is Slurm's "unset" for the numeric ranges (cpus, nodes, time limit).
+        // Zero is Slurm's "unset" for the numeric ranges (cpus, nodes, time limit), but
+        // not for db_flags: 0 there means "jobs whose scheduling flags are all clear",
+        // which filters out most jobs; NOTSET is "no filter", as sacct sends.
         let mut cond = slurm_sys::slurmdb_job_cond_t {
             usage_start: q.start as libc::time_t,
-            usage_end: q.end.unwrap_or(0) as libc::time_t,
+            // Explicitly now: with a state filter slurmdbd would take end = start.
+            usage_end: q.end.unwrap_or_else(now) as libc::time_t,
             flags: flags as u32,
+            db_flags: slurm_sys::SLURMDB_JOB_FLAG_NOTSET as u32,
             ..Default::default()
         };
         let mut strs = |items: Vec<String>, what: &'static str| -> Result<slurm_sys::List> {
@@ -139,7 +173,7 @@ impl SlurmDb {
         cond.state_list = strs(q.states.iter().map(|s| s.0.to_string()).collect(), "state")?;
         cond.userid_list = strs(q.user_ids.iter().map(u32::to_string).collect(), "user id")?;
         cond.partition_list = strs(q.partitions.clone(), "partition")?;
-        cond.cluster_list = strs(q.clusters.clone(), "cluster")?;
+        cond.cluster_list = strs(clusters, "cluster")?;
         let used_nodes = match &q.nodes {
             Some(n) => Some(crate::ffi::c_arg("nodes", n)?),
             None => None,
@@ -180,14 +214,12 @@ impl SlurmDb {
         clear_errno();
         // SAFETY: cond and everything it points to outlive the call; slurmdb does not
         // take ownership of cond. The returned list is owned by the guard.
-        let result = JobList(List(unsafe {
-            slurm_sys::slurmdb_jobs_get(self.conn, &mut cond)
-        }));
-        if result.0 .0.is_null() {
+        let result = List(unsafe { slurm_sys::slurmdb_jobs_get(self.conn, &mut cond) });
+        if result.0.is_null() {
             return Err(last_error("slurmdb_jobs_get", -1));
         }
         let mut out = Vec::new();
-        result.0.for_each(|p| {
+        result.for_each(|p| {
             // SAFETY: the list holds slurmdb_job_rec_t items, alive while it is.
             out.push(convert(unsafe {
                 &*p.cast::<slurm_sys::slurmdb_job_rec_t>()
@@ -284,6 +316,7 @@ mod tests {
     fn bad_windows_are_refused_without_a_connection() {
         let mut db = SlurmDb {
             conn: std::ptr::null_mut(),
+            slurm: None,
         };
         let e = db.jobs(&AcctQuery::default()).unwrap_err();
         assert!(e.to_string().contains("start"), "{e}");
@@ -295,5 +328,14 @@ mod tests {
             })
             .unwrap_err();
         assert!(e.to_string().contains("before start"), "{e}");
+        let e = db
+            .jobs(&AcctQuery {
+                start: 100,
+                nodes: Some("n1".into()),
+                clusters: vec!["a".into(), "b".into()],
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("slurmdbd allows one"), "{e}");
     }
 }

@@ -108,24 +108,7 @@ pub fn hostlist_expand(expr: &str) -> Result<Vec<String>> {
     if expr.is_empty() {
         return Ok(Vec::new());
     }
-    // Slurm accepts unbalanced brackets ("n[3-" becomes the host "n]"); refuse them.
-    let mut depth = 0i32;
-    for ch in expr.chars() {
-        match ch {
-            '[' => depth += 1,
-            ']' => depth -= 1,
-            _ => {}
-        }
-        if !(0..=1).contains(&depth) {
-            break;
-        }
-    }
-    if depth != 0 {
-        return Err(Error::invalid(
-            "host list",
-            format!("`{expr}` has unbalanced brackets (e.g. n[1-4],gpu7)"),
-        ));
-    }
+    check_brackets(expr)?;
     let c = c_arg("host list", expr)?;
     // SAFETY: c is a valid C string for the call; the result is owned by the guard.
     let hl = unsafe { slurm_sys::slurm_hostlist_create(c.as_ptr()) };
@@ -150,6 +133,42 @@ pub fn hostlist_expand(expr: &str) -> Result<Vec<String>> {
         unsafe { libc::free(p.cast()) };
     }
     Ok(out)
+}
+
+/// Checks what Slurm's parser gets wrong or reports badly: unbalanced brackets
+/// ("n[3-" would become the host "n]") and ranges such as "[5-2]" (refused by Slurm
+/// with a message on stderr and a leaked string, so we refuse them first).
+fn check_brackets(expr: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Err(Error::invalid(
+            "host list",
+            format!("`{expr}`: {why} (e.g. n[1-4,7],gpu7)"),
+        ))
+    };
+    let mut rest = expr;
+    while let Some(open) = rest.find(['[', ']']) {
+        if rest.as_bytes()[open] == b']' {
+            return bad("`]` without `[`");
+        }
+        let Some(len) = rest[open + 1..].find(['[', ']']) else {
+            return bad("`[` without `]`");
+        };
+        let inner = &rest[open + 1..open + 1 + len];
+        if rest.as_bytes()[open + 1 + len] == b'[' {
+            return bad("nested `[`");
+        }
+        for item in inner.split(',') {
+            let (lo, hi) = item.split_once('-').unwrap_or((item, item));
+            let (Ok(l), Ok(h)) = (lo.parse::<u64>(), hi.parse::<u64>()) else {
+                return bad(&format!("`{item}` is not a number or a range lo-hi"));
+            };
+            if l > h {
+                return bad(&format!("range `{item}` runs backwards"));
+            }
+        }
+        rest = &rest[open + 2 + len..];
+    }
+    Ok(())
 }
 
 /// Compresses host names into Slurm's ranged form ("n[1-3]").
@@ -310,6 +329,12 @@ mod tests {
         assert!(hostlist_expand("n[3-").is_err());
         assert!(hostlist_expand("n]").is_err());
         assert!(hostlist_expand("n[5-2]").is_err());
+        assert!(hostlist_expand("n[1-x]").is_err());
+        assert!(hostlist_expand("n[[1]]").is_err());
+        assert_eq!(
+            hostlist_expand("n[1-2,5],m[07-08]").unwrap(),
+            ["n1", "n2", "n5", "m07", "m08"]
+        );
         assert!(hostlist_expand("a\0b").is_err());
     }
 

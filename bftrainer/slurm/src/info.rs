@@ -339,7 +339,31 @@ fn select_u64(info: *mut slurm_sys::dynamic_plugin_data_t, what: u32, state: u32
     (rc == slurm_sys::SLURM_SUCCESS as i32).then_some(v)
 }
 
+struct ConfMsg(*mut slurm_sys::slurm_conf_t);
+impl Drop for ConfMsg {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: allocated by slurm_load_ctl_conf, freed once.
+            unsafe { slurm_sys::slurm_free_ctl_conf(self.0) };
+        }
+    }
+}
+
 impl Slurm {
+    /// The cluster's name (ClusterName) as slurmctld reports it (`slurm_load_ctl_conf`).
+    pub fn cluster_name(&self) -> Result<String> {
+        let mut msg = ConfMsg(std::ptr::null_mut());
+        clear_errno();
+        // SAFETY: msg.0 receives a message owned by the guard.
+        let rc = unsafe { slurm_sys::slurm_load_ctl_conf(0, &mut msg.0) };
+        if rc != slurm_sys::SLURM_SUCCESS as i32 {
+            return Err(last_error("slurm_load_ctl_conf", rc));
+        }
+        // SAFETY: valid until the guard drops; the field is NULL or a C string.
+        unsafe { msg.0.as_ref().and_then(|c| opt_string(c.cluster_name)) }
+            .ok_or_else(|| crate::Error::from_code("slurm_load_ctl_conf", slurm_sys::SLURM_ERROR))
+    }
+
     /// All nodes (`slurm_load_node`, SHOW_ALL | SHOW_MIXED). With `since` set to a
     /// previous snapshot's `last_update`, returns `Unchanged` if nothing changed.
     pub fn load_nodes(&self, since: Option<i64>) -> Result<Loaded<Nodes>> {

@@ -34,7 +34,7 @@ mod ops;
 mod state;
 mod view;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 pub use db::{AcctJob, AcctQuery, SlurmDb};
@@ -51,30 +51,62 @@ pub struct Slurm {
     _initialised: (),
 }
 
-static INIT: Mutex<bool> = Mutex::new(false);
+/// The slurm.conf libslurm was initialised with, once it was.
+static INIT: Mutex<Option<PathBuf>> = Mutex::new(None);
 
 impl Slurm {
-    /// Initialises libslurm once per process (`slurm_init(NULL)`, which reads
-    /// `$SLURM_CONF` or /etc/slurm/slurm.conf). Later calls return a handle at once.
+    /// Initialises libslurm once per process with `$SLURM_CONF`, else
+    /// /etc/slurm/slurm.conf (`slurm_init(NULL)`). Later calls return a handle at once.
     /// Fails, and may be retried, if the configuration file is missing or unreadable.
     /// (The run-time libslurm matches the headers' ABI through its soname,
     /// libslurm.so.38 for 22.05, which the dynamic loader enforces.)
     pub fn init() -> Result<Slurm> {
+        Self::init_inner(None)
+    }
+
+    /// As [`Slurm::init`] with an explicit slurm.conf (`slurm_init(path)`, which also
+    /// sets `$SLURM_CONF` for the rest of the process). Fails if libslurm was already
+    /// initialised with another file: one process talks to one cluster.
+    pub fn init_with_config(path: &Path) -> Result<Slurm> {
+        Self::init_inner(Some(path))
+    }
+
+    fn init_inner(path: Option<&Path>) -> Result<Slurm> {
         let mut done = INIT.lock().unwrap_or_else(|p| p.into_inner());
-        if !*done {
-            let conf = config_path();
-            if let Err(e) = std::fs::File::open(&conf) {
+        let conf = path.map_or_else(config_path, Path::to_path_buf);
+        if let Some(current) = done.as_ref() {
+            if path.is_some() && current != &conf {
                 return Err(Error::Config(format!(
-                    "cannot read {} ({e}); set SLURM_CONF to the cluster's slurm.conf \
-                     (configless mode is not supported)",
+                    "libslurm is already initialised with {}; one process talks to one \
+                     cluster, so {} cannot be used",
+                    current.display(),
                     conf.display()
                 )));
             }
-            log::debug!("slurm_init with {}", conf.display());
-            // SAFETY: once per process (guarded by INIT); NULL means "use $SLURM_CONF".
-            unsafe { slurm_sys::slurm_init(std::ptr::null()) };
-            *done = true;
+            return Ok(Slurm { _initialised: () });
         }
+        if let Err(e) = std::fs::File::open(&conf) {
+            return Err(Error::Config(format!(
+                "cannot read {} ({e}); set SLURM_CONF to the cluster's slurm.conf \
+                 (configless mode is not supported)",
+                conf.display()
+            )));
+        }
+        let c_path = match path {
+            Some(p) => Some(
+                p.to_str()
+                    .and_then(|s| std::ffi::CString::new(s).ok())
+                    .ok_or_else(|| {
+                        Error::Config(format!("{} is not a valid C string path", p.display()))
+                    })?,
+            ),
+            None => None,
+        };
+        log::debug!("slurm_init with {}", conf.display());
+        // SAFETY: once per process (guarded by INIT); NULL means "use $SLURM_CONF";
+        // c_path outlives the call.
+        unsafe { slurm_sys::slurm_init(c_path.as_ref().map_or(std::ptr::null(), |c| c.as_ptr())) };
+        *done = Some(conf);
         Ok(Slurm { _initialised: () })
     }
 }
@@ -88,3 +120,26 @@ pub fn config_path() -> PathBuf {
 
 /// SLURM_VERSION_NUMBER of the headers this crate was built against (0xMMmmuu).
 pub const SLURM_VERSION: u32 = slurm_sys::SLURM_VERSION_NUMBER;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_cross_threads_as_documented() {
+        fn send_sync<T: Send + Sync + Copy>() {}
+        fn send<T: Send>() {}
+        send_sync::<Slurm>();
+        send::<SlurmDb>();
+    }
+
+    #[test]
+    fn missing_configuration_is_an_error_not_an_exit() {
+        // Runs before any other test of this binary could call slurm_init for real:
+        // unit tests never point SLURM_CONF at a readable file.
+        std::env::set_var("SLURM_CONF", "/nonexistent/slurm.conf");
+        let e = Slurm::init().unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/slurm.conf"), "{e}");
+        assert!(e.to_string().contains("SLURM_CONF"), "{e}");
+    }
+}

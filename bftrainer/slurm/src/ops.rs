@@ -328,9 +328,10 @@ impl Slurm {
     }
 
     /// When and where the job would start now (`slurm_job_will_run2`); nothing is
-    /// submitted.
+    /// submitted. `hold` is ignored: the question is when it could start.
     pub fn will_run(&self, job: &BatchJob) -> Result<WillRun> {
         let mut d = batch_desc(job)?;
+        d.msg.priority = slurm_sys::NO_VAL;
         let mut resp = WillRunResp(std::ptr::null_mut());
         clear_errno();
         // SAFETY: as in submit_batch.

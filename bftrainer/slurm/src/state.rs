@@ -121,6 +121,29 @@ pub enum JobBase {
 pub struct JobState(pub u32);
 
 impl JobState {
+    /// The state accounting records for a requeued run (the JOB_REQUEUE flag alone,
+    /// sacct's REQUEUED).
+    pub const REQUEUED: JobState = JobState(slurm_sys::JOB_REQUEUE as u32);
+
+    /// The state word of a plain base state.
+    pub fn from_base(base: JobBase) -> JobState {
+        JobState(match base {
+            JobBase::Pending => slurm_sys::JOB_PENDING,
+            JobBase::Running => slurm_sys::JOB_RUNNING,
+            JobBase::Suspended => slurm_sys::JOB_SUSPENDED,
+            JobBase::Complete => slurm_sys::JOB_COMPLETE,
+            JobBase::Cancelled => slurm_sys::JOB_CANCELLED,
+            JobBase::Failed => slurm_sys::JOB_FAILED,
+            JobBase::Timeout => slurm_sys::JOB_TIMEOUT,
+            JobBase::NodeFail => slurm_sys::JOB_NODE_FAIL,
+            JobBase::Preempted => slurm_sys::JOB_PREEMPTED,
+            JobBase::BootFail => slurm_sys::JOB_BOOT_FAIL,
+            JobBase::Deadline => slurm_sys::JOB_DEADLINE,
+            JobBase::OutOfMemory => slurm_sys::JOB_OOM,
+            JobBase::Other(x) => x,
+        })
+    }
+
     pub fn base(self) -> JobBase {
         match self.0 & slurm_sys::JOB_STATE_BASE {
             x if x == slurm_sys::JOB_PENDING => JobBase::Pending,
@@ -250,6 +273,20 @@ mod tests {
         assert_eq!(s.name(), "REQUEUED");
         assert_eq!(JobState(slurm_sys::JOB_PREEMPTED).name(), "PREEMPTED");
         assert!(!JobState(slurm_sys::JOB_PREEMPTED).is_active());
+    }
+
+    #[test]
+    fn base_round_trips() {
+        for b in [
+            JobBase::Pending,
+            JobBase::Preempted,
+            JobBase::OutOfMemory,
+            JobBase::Other(77),
+        ] {
+            assert_eq!(JobState::from_base(b).base(), b);
+        }
+        assert_eq!(JobState::REQUEUED.name(), "REQUEUED");
+        assert_eq!(JobState::REQUEUED.base(), JobBase::Pending);
     }
 
     #[test]

@@ -1,5 +1,10 @@
 //! A cached view of the cluster refreshed with update times: when nothing changed,
 //! a refresh is three SLURM_NO_CHANGE_IN_DATA answers and no copying.
+//!
+//! Slurm 22.05's backfill scheduler writes a pending job's expected start and
+//! SchedNodes without bumping the job table's update time (backfill.c), so a
+//! no-change job load can hide a new plan. It does bump the node table's time when it
+//! sets or clears PLANNED on nodes; so whenever nodes changed, jobs are loaded in full.
 
 use crate::error::Result;
 use crate::info::{Job, Jobs, Loaded, Node, Nodes, Partition, Partitions};
@@ -32,10 +37,23 @@ impl ClusterView {
     /// Reloads whatever changed since the last refresh. On error the previous
     /// snapshots are kept as they were.
     pub fn refresh(&mut self, slurm: &Slurm) -> Result<Refresh> {
+        self.refresh_with(slurm, false)
+    }
+
+    /// As [`ClusterView::refresh`]; with `full_jobs` the jobs are loaded in full even if
+    /// their update time did not move, to pick up backfill's latest plan (expected
+    /// start times, SchedNodes) — e.g. once every few backfill intervals.
+    pub fn refresh_with(&mut self, slurm: &Slurm, full_jobs: bool) -> Result<Refresh> {
         let since = |t: i64| if self.loaded { Some(t) } else { None };
         let parts = slurm.load_partitions(since(self.partitions.last_update))?;
         let nodes = slurm.load_nodes(since(self.nodes.last_update))?;
-        let jobs = slurm.load_jobs(since(self.jobs.last_update))?;
+        let nodes_changed = matches!(nodes, Loaded::Changed(_));
+        let jobs_since = if full_jobs || nodes_changed {
+            None
+        } else {
+            since(self.jobs.last_update)
+        };
+        let jobs = slurm.load_jobs(jobs_since)?;
         let mut r = Refresh::default();
         if let Loaded::Changed(p) = parts {
             self.partitions = p;
@@ -49,8 +67,9 @@ impl ClusterView {
             self.nodes.assign_partitions(&self.partitions);
         }
         if let Loaded::Changed(j) = jobs {
+            // A forced full load reports a change only if something differs.
+            r.jobs = !self.loaded || jobs_since.is_some() || j.jobs != self.jobs.jobs;
             self.jobs = j;
-            r.jobs = true;
         }
         self.loaded = true;
         Ok(r)

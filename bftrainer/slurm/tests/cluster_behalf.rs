@@ -42,4 +42,55 @@ fn cluster_jobs_submit_on_behalf_of_another_user() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&q.stdout).trim(), "bftuser");
+
+    // The other direction: bftuser may not submit as root (slurmctld answers
+    // ESLURM_USER_ID_MISSING, "Invalid user id"). This test binary runs
+    // itself as bftuser (the ignored test below) and reports what Slurm said.
+    use std::os::unix::process::CommandExt;
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "--nocapture", CHILD])
+        .env(CHILD_ENV, c.cluster.slurm_conf())
+        .current_dir(c.work_dir())
+        .uid(uid)
+        .gid(gid)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&child.stdout);
+    assert!(
+        child.status.success(),
+        "child failed:\n{text}\n{}",
+        String::from_utf8_lossy(&child.stderr)
+    );
+    assert!(
+        text.contains("CHILD-REFUSED:"),
+        "child did not run:\n{text}"
+    );
+    assert!(
+        text.contains("Invalid user id (Slurm error 2010)"),
+        "{text}"
+    );
+}
+
+const CHILD: &str = "cluster_behalf_child_as_test_user";
+const CHILD_ENV: &str = "BFT_CHILD_SLURM_CONF";
+
+/// Run by the test above as bftuser: submitting as root must be refused by slurmctld.
+/// Does nothing when run on its own.
+#[test]
+#[ignore]
+fn cluster_behalf_child_as_test_user() {
+    let Some(conf) = std::env::var_os(CHILD_ENV) else {
+        return;
+    };
+    let s = bftrainer_slurm::Slurm::init_with_config(std::path::Path::new(&conf)).unwrap();
+    let e = s
+        .submit_batch(&BatchJob {
+            script: "#!/bin/sh\ntrue\n".into(),
+            run_as: Some((0, 0)),
+            work_dir: Some("/tmp".into()),
+            output: Some("/dev/null".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+    println!("CHILD-REFUSED: {e}");
 }

@@ -12,6 +12,16 @@ use common::TestCluster;
 fn cluster_observe_nodes_partitions_errors_and_no_change() {
     let c = TestCluster::start();
     let s = c.slurm;
+    // One process, one cluster: a second configuration is refused, the same one is fine.
+    let e =
+        bftrainer_slurm::Slurm::init_with_config(std::path::Path::new("/etc/hosts")).unwrap_err();
+    assert!(e.to_string().contains("already initialised"), "{e}");
+    bftrainer_slurm::Slurm::init_with_config(c.cluster.slurm_conf()).unwrap();
+    bftrainer_slurm::Slurm::init().unwrap();
+    assert_eq!(
+        std::env::var_os("SLURM_CONF").as_deref(),
+        Some(c.cluster.slurm_conf().as_os_str())
+    );
 
     let mut view = ClusterView::default();
     let first = view.refresh(&s).unwrap();
@@ -82,6 +92,8 @@ fn cluster_observe_nodes_partitions_errors_and_no_change() {
     assert_eq!(j.user_name.as_deref(), Some("root"));
     assert!(j.is_held());
 
+    assert_eq!(s.cluster_name().unwrap(), "bftest");
+
     // Errors carry Slurm's own text.
     let e = s.cancel_job(999_999).unwrap_err();
     assert!(e.is_invalid_job_id(), "{e}");
@@ -111,6 +123,25 @@ fn cluster_observe_nodes_partitions_errors_and_no_change() {
         "{e}"
     );
 
+    // Concurrent calls from several threads, as a tokio daemon's blocking pool makes
+    // them: successes stay consistent and each thread gets its own error (errno is
+    // per thread).
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            scope.spawn(move || {
+                for _ in 0..25 {
+                    let nodes = s.load_nodes(None).unwrap().changed().unwrap();
+                    assert_eq!(nodes.nodes.len(), 4);
+                    let e = s.load_job(900_000 + t).unwrap_err();
+                    assert!(e.is_invalid_job_id(), "thread {t}: {e}");
+                    let jobs = s.load_jobs(None).unwrap().changed().unwrap();
+                    assert!(jobs.get(sub.job_id).is_some());
+                    assert_eq!(bftrainer_slurm::hostlist_expand("n[1-2]").unwrap().len(), 2);
+                }
+            });
+        }
+    });
+
     // With a queue of held jobs the unchanged path saves packing and copying them.
     for i in 0..200 {
         s.submit_batch(&bftrainer_slurm::BatchJob {
@@ -129,7 +160,50 @@ fn cluster_observe_nodes_partitions_errors_and_no_change() {
     assert_eq!(view.jobs().len(), 201);
     measure_refresh(&s, &mut view, "201 pending jobs");
 
+    // A job array submitted with Slurm's own sbatch: its pending tasks are one record.
+    let array = c
+        .cluster
+        .sbatch(&["--array=1-3", "-H", "-o", "/dev/null", "--wrap", "sleep 60"])
+        .unwrap();
+    let j = s.load_job(array).unwrap();
+    assert_eq!(j.array_job_id, Some(array));
+    assert_eq!(j.array_task_str.as_deref(), Some("1-3"));
+    assert_eq!(j.array_task_id, None, "pending tasks are not split yet");
+    assert!(j.het_job_id.is_none() && j.het_job_offset.is_none());
+
     s.cancel_job(sub.job_id).unwrap();
+}
+
+/// The cost of the unchanged path against full loads with a long queue, where the
+/// payload matters more than the round trip. Slow to set up (one RPC per job), so run
+/// on demand: `BFT_JOBS=2000 cargo nextest run -p bftrainer-slurm --run-ignored
+/// ignored-only --no-capture -E 'test(refresh_cost)'`.
+#[test]
+#[ignore]
+fn cluster_observe_refresh_cost_with_a_long_queue() {
+    let c = TestCluster::start();
+    let s = c.slurm;
+    let n: u32 = std::env::var("BFT_JOBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    for i in 0..n {
+        s.submit_batch(&bftrainer_slurm::BatchJob {
+            script: common::SLEEP_SCRIPT.into(),
+            name: Some(format!("queued-{i}")),
+            hold: true,
+            work_dir: Some(c.work_dir()),
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    let mut view = ClusterView::default();
+    common::wait_for(60, "an unchanged refresh", || {
+        let r = view.refresh(&s).unwrap();
+        (!r.any()).then_some(())
+    });
+    assert_eq!(view.jobs().len(), n as usize);
+    measure_refresh(&s, &mut view, &format!("{n} pending jobs"));
 }
 
 /// Times the unchanged path against full loads and prints it (not asserted); rounds

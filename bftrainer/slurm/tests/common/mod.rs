@@ -27,9 +27,8 @@ impl TestCluster {
             ..Default::default()
         })
         .expect("start a test cluster");
-        // The only thread that touches the environment at this point.
-        std::env::set_var("SLURM_CONF", cluster.slurm_conf());
-        let slurm = Slurm::init().expect("slurm_init on the test cluster");
+        let slurm =
+            Slurm::init_with_config(cluster.slurm_conf()).expect("slurm_init on the test cluster");
         TestCluster { cluster, slurm }
     }
 
