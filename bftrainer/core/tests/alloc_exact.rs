@@ -80,7 +80,16 @@ fn reclaim_gap() {
         let best = exhaustive_reclaim(&inst);
         let gap = best - sol.objective_value;
         // Against the value scale of the instance: Tfwd times every job's best rate.
-        let scale: f64 = inst.jobs.iter().map(|j| (1..=j.max_nodes).map(|n| inst.t_fwd_s * obj_at(j, n)).fold(0.0, f64::max)).sum::<f64>().max(1.0);
+        let scale: f64 = inst
+            .jobs
+            .iter()
+            .map(|j| {
+                (1..=j.max_nodes)
+                    .map(|n| inst.t_fwd_s * obj_at(j, n))
+                    .fold(0.0, f64::max)
+            })
+            .sum::<f64>()
+            .max(1.0);
         let rel = gap / scale;
         n += 1;
         if close(best, sol.objective_value) {

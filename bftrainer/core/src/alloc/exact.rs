@@ -1,20 +1,21 @@
 //! Exact maximisation of a sum of per-job terms f_j(n_j) under sum n_j <= budget:
-//! Lagrangian bound from the concave envelopes, reduced-cost fixing, then a DP over node
-//! counts on the few jobs whose count is still open. Nodes of one kind are
-//! interchangeable, so counts are all that matters here.
+//! Lagrangian bound from the concave envelopes, reduced-cost fixing, branching on the
+//! rescale mode (0 / shrink / keep / grow) of jobs whose envelope is loose, and a DP over
+//! node counts on the few jobs still open. Nodes of one kind are interchangeable, so
+//! counts are all that matters here.
 
 use super::model::JobFn;
 
-/// Pre-pruning statistics, for benchmarks and docs.
+/// How much work the exact search did, for benchmarks and docs.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Stats {
-    /// Jobs left open after reduced-cost fixing.
+    /// Jobs left open after reduced-cost fixing at the root.
     pub open_jobs: usize,
-    /// Width of the DP over node counts.
+    /// Widest DP over node counts that ran.
     pub dp_width: usize,
-    /// Candidate counts summed over open jobs.
-    pub candidates: usize,
-    /// Lagrangian upper bound and the feasible value the search started from.
+    /// Linear pieces of candidate counts the DP swept (one sliding window each).
+    pub pieces: usize,
+    /// Lagrangian upper bound and the feasible value the search started from (root).
     pub upper_bound: f64,
     pub lower_bound: f64,
     /// Value of the returned counts.
@@ -47,58 +48,416 @@ fn hull(f: &JobFn<'_>, vals: &[f64]) -> Vec<(u32, f64)> {
 }
 
 /// Counts maximising sum_j f_j(n_j) with sum n_j <= budget. `None` when even the smallest
-/// allowed counts do not fit. Ties: fewest nodes in total, then reverse-lexicographically
-/// smallest (the last job with the fewest nodes first).
+/// allowed counts do not fit. Ties (values within 1e-12 of the value scale): fewest nodes
+/// in total, then reverse-lexicographically smallest (the last job with the fewest nodes
+/// first).
 pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, Stats)> {
-    let nj = fns.len();
-    let vals: Vec<Vec<f64>> = fns
-        .iter()
-        .map(|f| f.bps.iter().map(|&n| f.value(n)).collect())
-        .collect();
-    let hulls: Vec<Vec<(u32, f64)>> = fns.iter().zip(&vals).map(|(f, v)| hull(f, v)).collect();
-    if hulls.iter().any(|h| h.is_empty()) {
-        return None;
+    let mut st = Search {
+        budget,
+        best: None,
+        stats: Stats::default(),
+        tie: 0.0,
+        tol: 0.0,
+    };
+    st.node(fns.to_vec(), 0);
+    let (v, counts) = st.best?;
+    st.stats.optimum = v;
+    Some((counts, st.stats))
+}
+
+struct Search {
+    budget: u32,
+    best: Option<(f64, Vec<u32>)>,
+    stats: Stats,
+    /// Values closer than this are ties (rounding noise), broken by the documented rule.
+    tie: f64,
+    /// Slack on every pruning test, so rounding never removes an optimum.
+    tol: f64,
+}
+
+fn tie_better(a: &[u32], b: &[u32]) -> bool {
+    let (sa, sb): (u64, u64) = (
+        a.iter().map(|&x| u64::from(x)).sum(),
+        b.iter().map(|&x| u64::from(x)).sum(),
+    );
+    if sa != sb {
+        return sa < sb;
     }
-    let base: u64 = hulls.iter().map(|h| u64::from(h[0].0)).sum();
-    if base > u64::from(budget) {
-        return None;
+    a.iter().rev().lt(b.iter().rev())
+}
+
+impl Search {
+    fn offer(&mut self, fns: &[JobFn<'_>], counts: Vec<u32>) {
+        let used: u64 = counts.iter().map(|&n| u64::from(n)).sum();
+        if used > u64::from(self.budget) || counts.iter().zip(fns).any(|(&n, f)| !f.allowed(n)) {
+            return; // a heuristic start that does not fit
+        }
+        let v: f64 = counts.iter().zip(fns).map(|(&n, f)| f.value(n)).sum();
+        let better = match &self.best {
+            None => true,
+            Some((bv, bc)) => v > bv + self.tie || (v >= bv - self.tie && tie_better(&counts, bc)),
+        };
+        if better {
+            self.best = Some((v, counts));
+        }
     }
 
-    // LP relaxation over the envelopes: hull segments by decreasing slope.
-    let mut segs: Vec<(f64, u32, u32)> = Vec::new();
-    for (j, h) in hulls.iter().enumerate() {
-        for k in 0..h.len() - 1 {
-            let s = (h[k + 1].1 - h[k].1) / f64::from(h[k + 1].0 - h[k].0);
-            if s > 0.0 {
-                segs.push((s, j as u32, k as u32));
+    fn node(&mut self, fns: Vec<JobFn<'_>>, depth: usize) {
+        let budget = self.budget;
+        let nj = fns.len();
+        let vals: Vec<Vec<f64>> = fns
+            .iter()
+            .map(|f| f.bps.iter().map(|&n| f.value(n)).collect())
+            .collect();
+        let hulls: Vec<Vec<(u32, f64)>> = fns.iter().zip(&vals).map(|(f, v)| hull(f, v)).collect();
+        if hulls.iter().any(|h| h.is_empty()) {
+            return;
+        }
+        let base: u64 = hulls.iter().map(|h| u64::from(h[0].0)).sum();
+        if base > u64::from(budget) {
+            return;
+        }
+
+        // LP relaxation over the envelopes: hull segments by decreasing slope.
+        let mut segs: Vec<(f64, u32, u32)> = Vec::new();
+        for (j, h) in hulls.iter().enumerate() {
+            for k in 0..h.len() - 1 {
+                let s = (h[k + 1].1 - h[k].1) / f64::from(h[k + 1].0 - h[k].0);
+                if s > 0.0 {
+                    segs.push((s, j as u32, k as u32));
+                }
             }
         }
-    }
-    segs.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    let mut pos: Vec<usize> = vec![0; nj];
-    let mut left = u64::from(budget) - base;
-    let mut lambda = 0.0;
-    let mut crit: Option<usize> = None;
-    for (si, &(s, j, k)) in segs.iter().enumerate() {
-        let (j, k) = (j as usize, k as usize);
-        let len = u64::from(hulls[j][k + 1].0 - hulls[j][k].0);
-        if len <= left {
-            left -= len;
-            pos[j] = k + 1;
-        } else {
-            lambda = s;
-            crit = Some(si);
-            break;
+        segs.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let mut pos: Vec<usize> = vec![0; nj];
+        let mut left = u64::from(budget) - base;
+        let mut lambda = 0.0;
+        let mut crit: Option<usize> = None;
+        for (si, &(s, j, k)) in segs.iter().enumerate() {
+            let (j, k) = (j as usize, k as usize);
+            let len = u64::from(hulls[j][k + 1].0 - hulls[j][k].0);
+            if len <= left {
+                left -= len;
+                pos[j] = k + 1;
+            } else {
+                lambda = s;
+                crit = Some(si);
+                break;
+            }
         }
+
+        // Feasible solution: the greedy's vertices, then the remaining nodes poured into
+        // the following segments in slope order, each job as far as its true value (not
+        // the envelope) still rises. Many jobs share a model, hence a slope, so this
+        // usually reaches the bound at once.
+        let start = crit.unwrap_or(segs.len());
+        let mut lb_counts: Vec<u32> = (0..nj).map(|j| hulls[j][pos[j]].0).collect();
+        pour(
+            &fns,
+            &hulls,
+            &segs[start..],
+            &mut pos.clone(),
+            &mut lb_counts,
+            left,
+        );
+        // Third start, the knapsack "critical item" rounding: take the critical segment
+        // whole and make room by undoing the flattest segments taken before it.
+        let mut round_up: Option<Vec<u32>> = None;
+        if let Some(ci) = crit {
+            let (_, cj, ck) = segs[ci];
+            let (cj, ck) = (cj as usize, ck as usize);
+            let len = u64::from(hulls[cj][ck + 1].0 - hulls[cj][ck].0);
+            let mut need = len - left;
+            let mut p2 = pos.clone();
+            for &(_, j, k) in segs[..ci].iter().rev() {
+                if need == 0 {
+                    break;
+                }
+                let (j, k) = (j as usize, k as usize);
+                if j == cj {
+                    continue;
+                }
+                let l = u64::from(hulls[j][k + 1].0 - hulls[j][k].0);
+                p2[j] = k;
+                // Surplus freed here is poured back below.
+                need = need.saturating_sub(l);
+            }
+            if need == 0 {
+                p2[cj] = ck + 1;
+                let mut counts: Vec<u32> = (0..nj).map(|j| hulls[j][p2[j]].0).collect();
+                let used: u64 = counts.iter().map(|&n| u64::from(n)).sum();
+                if used <= u64::from(budget) {
+                    let rest = u64::from(budget) - used;
+                    pour(&fns, &hulls, &segs[ci + 1..], &mut p2, &mut counts, rest);
+                    round_up = Some(counts);
+                }
+            }
+        }
+        let lj: Vec<f64> = hulls
+            .iter()
+            .map(|h| {
+                h.iter()
+                    .map(|&(x, y)| y - lambda * f64::from(x))
+                    .fold(f64::NEG_INFINITY, f64::max)
+            })
+            .collect();
+        let ub = lambda * f64::from(budget) + lj.iter().sum::<f64>();
+        if depth == 0 {
+            let scale = lambda * f64::from(budget) + lj.iter().map(|v| v.abs()).sum::<f64>() + 1.0;
+            self.tol = 1e-9 * scale;
+            self.tie = 1e-12 * scale;
+            self.stats.upper_bound = ub;
+        }
+        self.offer(&fns, lb_counts);
+        if let Some(c) = round_up {
+            self.offer(&fns, c);
+        }
+        // Second start, blind to the envelope: every job keeps its size, then free nodes
+        // go where their true value per node is highest. With rescale costs of ~1-2 Tfwd
+        // this is often the optimum, and a strong incumbent is what makes pruning bite.
+        let keep = keep_start(&fns, budget);
+        self.offer(&fns, keep);
+        if depth == 0 {
+            self.stats.lower_bound = self.best.as_ref().map_or(f64::NEG_INFINITY, |b| b.0);
+        }
+        let inc = self.best.as_ref().map_or(f64::NEG_INFINITY, |b| b.0);
+        if ub < inc - self.tol {
+            return; // nothing here beats (or ties) what we have
+        }
+        let gap = (ub - inc).max(0.0) + self.tol;
+
+        // Reduced-cost fixing: a job's count n can be in a solution at least as good as the
+        // incumbent only if L_j - (f_j(n) - lambda n) <= UB - incumbent.
+        let mut cands: Vec<Vec<(u32, u32)>> = Vec::with_capacity(nj);
+        for (j, f) in fns.iter().enumerate() {
+            let iv = candidates(f, &vals[j], lambda, lj[j] - gap);
+            if iv.is_empty() {
+                return;
+            }
+            cands.push(iv);
+        }
+        let open: Vec<usize> = (0..nj)
+            .filter(|&j| cands[j].len() > 1 || cands[j][0].0 != cands[j][0].1)
+            .collect();
+        if depth == 0 {
+            self.stats.open_jobs = open.len();
+        }
+        let fixed: u64 = (0..nj)
+            .filter(|j| open.binary_search(j).is_err())
+            .map(|j| u64::from(cands[j][0].0))
+            .sum();
+        let lows: Vec<u32> = open.iter().map(|&j| cands[j][0].0).collect();
+        let sum_low: u64 = lows.iter().map(|&x| u64::from(x)).sum();
+        if fixed + sum_low > u64::from(budget) {
+            return;
+        }
+        let span: u64 = open
+            .iter()
+            .map(|&j| u64::from(cands[j].last().unwrap().1 - cands[j][0].0))
+            .sum();
+        let width = (u64::from(budget) - fixed - sum_low).min(span) as usize;
+        let fixed_val: f64 = (0..nj)
+            .filter(|j| open.binary_search(j).is_err())
+            .map(|j| fns[j].value(cands[j][0].0))
+            .sum();
+        let _ = depth;
+        self.dp(&fns, &cands, &open, &lows, fixed_val, width, lambda, &lj);
     }
 
-    // Feasible solution (lower bound): the greedy's vertices, then the remaining nodes
-    // poured into the following segments in slope order, each job as far as its true
-    // value (not the envelope) still rises. Many jobs share a model, hence a slope, so
-    // this usually closes the gap to the bound at once.
-    let mut lb_counts: Vec<u32> = (0..nj).map(|j| hulls[j][pos[j]].0).collect();
-    let mut partial = vec![false; nj];
-    for &(_, j, k) in segs.iter().skip(crit.unwrap_or(segs.len())) {
+    /// DP over y = sum over open jobs of (n_j - low_j). Each linear piece of a job's
+    /// candidates is one sliding-window maximum (monotone deque), so a job costs
+    /// O(width x pieces), not O(width x candidates); states that cannot reach the
+    /// incumbent even with the Lagrangian bound on the jobs still to come are dropped.
+    /// The backtrack re-evaluates every candidate with the exact term and applies the
+    /// tie rule.
+    #[allow(clippy::too_many_arguments)]
+    fn dp(
+        &mut self,
+        fns: &[JobFn<'_>],
+        cands: &[Vec<(u32, u32)>],
+        open: &[usize],
+        lows: &[u32],
+        fixed_val: f64,
+        width: usize,
+        lambda: f64,
+        lj: &[f64],
+    ) {
+        self.stats.dp_width = self.stats.dp_width.max(width);
+        let neg = f64::NEG_INFINITY;
+        let tie = self.tie;
+        let inc = self.best.as_ref().map_or(neg, |b| b.0);
+        // rest[k]: bound on the open jobs k.. in offset terms (see prune below).
+        let mut rest = vec![0.0; open.len() + 1];
+        for k in (0..open.len()).rev() {
+            let j = open[k];
+            rest[k] = rest[k + 1] + lj[j] + lambda * f64::from(lows[k]);
+        }
+        let mut layers: Vec<Vec<f64>> = Vec::with_capacity(open.len() + 1);
+        layers.push(vec![0.0]);
+        let mut pieces: Vec<(usize, usize, f64, f64)> = Vec::new();
+        // Scratch for the sliding-window maxima.
+        let (mut pbuf, mut gbuf, mut hbuf): (Vec<f64>, Vec<f64>, Vec<f64>) =
+            (Vec::new(), Vec::new(), Vec::new());
+        for (k, &j) in open.iter().enumerate() {
+            let f = &fns[j];
+            let low = lows[k];
+            pieces.clear();
+            for &(a, b) in &cands[j] {
+                if f.allowed(a) {
+                    pieces.push(((a - low) as usize, (a - low) as usize, f.value(a), 0.0));
+                }
+                // Linear stretches between consecutive breakpoints inside [a, b].
+                let mut x = a;
+                for &bp in f
+                    .bps
+                    .iter()
+                    .filter(|&&bp| bp > a && bp <= b)
+                    .chain(std::iter::once(&b))
+                {
+                    if bp > x && f.allowed(x) && f.allowed(bp) && f.range_of(x) == f.range_of(bp) {
+                        let (vx, vb) = (f.value(x), f.value(bp));
+                        let s = (vb - vx) / f64::from(bp - x);
+                        // From x + 1: x itself is already a piece of its own or the end
+                        // of the previous stretch.
+                        pieces.push(((x + 1 - low) as usize, (bp - low) as usize, vx + s, s));
+                    }
+                    x = x.max(bp);
+                }
+            }
+            pieces.retain(|p| p.0 <= width);
+            let prev = &layers[k];
+            let reach = prev.len() - 1;
+            let max_d = pieces.iter().map(|p| p.1.min(width)).max().unwrap_or(0);
+            let new_reach = (reach + max_d).min(width);
+            let mut next = vec![neg; new_reach + 1];
+            for &(da, db, va, s) in &pieces {
+                let db = db.min(width);
+                let w = db - da + 1;
+                if w <= 8 {
+                    // Short stretch: one shifted max-add per count, which vectorises.
+                    for t in 0..w {
+                        let d = da + t;
+                        if d > new_reach {
+                            break;
+                        }
+                        let val = va + s * t as f64;
+                        let zmax = reach.min(new_reach - d);
+                        for (nx, &pz) in next[d..=d + zmax].iter_mut().zip(&prev[..=zmax]) {
+                            let v = pz + val;
+                            if v > *nx {
+                                *nx = v;
+                            }
+                        }
+                    }
+                    continue;
+                }
+                // next[da + e] = va + s e + max over z in [e - (w - 1), e] of prev[z] - s z:
+                // a sliding-window maximum, by van Herk / Gil-Werman block prefix and
+                // suffix maxima (three branch-free passes).
+                let emax = new_reach - da;
+                let plen = emax + w;
+                pbuf.clear();
+                pbuf.resize(plen, neg);
+                for z in 0..=reach.min(emax) {
+                    pbuf[z + w - 1] = prev[z] - s * z as f64;
+                }
+                gbuf.clear();
+                gbuf.resize(plen, neg);
+                hbuf.clear();
+                hbuf.resize(plen, neg);
+                for i in 0..plen {
+                    gbuf[i] = if i % w == 0 {
+                        pbuf[i]
+                    } else {
+                        gbuf[i - 1].max(pbuf[i])
+                    };
+                }
+                for i in (0..plen).rev() {
+                    hbuf[i] = if (i + 1) % w == 0 || i + 1 == plen {
+                        pbuf[i]
+                    } else {
+                        hbuf[i + 1].max(pbuf[i])
+                    };
+                }
+                for e in 0..=emax {
+                    let m = hbuf[e].max(gbuf[e + w - 1]);
+                    let v = m + va + s * e as f64;
+                    let nx = &mut next[da + e];
+                    if v > *nx {
+                        *nx = v;
+                    }
+                }
+            }
+            // Prune: even the bound on the remaining jobs cannot reach the incumbent.
+            if inc > neg {
+                for (y, v) in next.iter_mut().enumerate() {
+                    let bound =
+                        fixed_val + *v + rest[k + 1] + lambda * (width - y.min(width)) as f64;
+                    if bound < inc - self.tol {
+                        *v = neg;
+                    }
+                }
+            }
+            let last = next.iter().rposition(|&v| v > neg).unwrap_or(0);
+            next.truncate(last + 1);
+            self.stats.pieces += pieces.len();
+            layers.push(next);
+        }
+        let fin = &layers[open.len()];
+        let top = fin.iter().copied().fold(neg, f64::max);
+        if top == neg {
+            return;
+        }
+        let Some(mut y) = (0..fin.len()).find(|&y| fin[y] >= top - tie) else {
+            return;
+        };
+        let mut counts: Vec<u32> = (0..fns.len()).map(|j| cands[j][0].0).collect();
+        for k in (0..open.len()).rev() {
+            let j = open[k];
+            let f = &fns[j];
+            let target = layers[k + 1][y];
+            let prev = &layers[k];
+            // Smallest candidate count that reaches this state's value (exact terms).
+            let mut chosen = None;
+            'search: for &(a, b) in &cands[j] {
+                for n in a..=b {
+                    let d = (n - lows[k]) as usize;
+                    if d > y {
+                        break 'search;
+                    }
+                    if y - d < prev.len()
+                        && prev[y - d] > neg
+                        && f.allowed(n)
+                        && prev[y - d] + f.value(n) >= target - tie
+                    {
+                        chosen = Some(n);
+                        break 'search;
+                    }
+                }
+            }
+            let Some(n) = chosen else {
+                debug_assert!(false, "DP backtrack found no candidate");
+                return;
+            };
+            counts[j] = n;
+            y -= (n - lows[k]) as usize;
+        }
+        self.offer(fns, counts);
+    }
+}
+
+/// Pour `left` nodes into `segs` in order: each job whose count sits at the segment's
+/// start moves as far along it as its true value (not the envelope) still rises.
+fn pour(
+    fns: &[JobFn<'_>],
+    hulls: &[Vec<(u32, f64)>],
+    segs: &[(f64, u32, u32)],
+    pos: &mut [usize],
+    counts: &mut [u32],
+    mut left: u64,
+) {
+    let mut partial = vec![false; fns.len()];
+    for &(_, j, k) in segs {
         if left == 0 {
             break;
         }
@@ -107,11 +466,17 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
             continue;
         }
         let f = &fns[j];
-        let from = lb_counts[j];
+        let from = counts[j];
         let end = hulls[j][k + 1].0;
         let to = u64::from(end).min(u64::from(from) + left) as u32;
         let mut best = (f.value(from), from);
-        for n in f.bps.iter().copied().filter(|&n| n > from && n < to).chain([to]) {
+        for n in f
+            .bps
+            .iter()
+            .copied()
+            .filter(|&n| n > from && n < to)
+            .chain([to])
+        {
             if f.allowed(n) {
                 let v = f.value(n);
                 if v > best.0 {
@@ -125,189 +490,114 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
             partial[j] = true;
         }
         left -= u64::from(best.1 - from);
-        lb_counts[j] = best.1;
+        counts[j] = best.1;
     }
-    if std::env::var("ALLOC_DEBUG").is_ok() {
-        if let Some(ci) = crit {
-            let (sl, j, k) = segs[ci];
-            let (j, k) = (j as usize, k as usize);
-            eprintln!("lambda {sl} crit job {j} seg {k} hull {:?} c {} lo {} hi {} left {left}", hulls[j], fns[j].c, fns[j].lo, fns[j].hi);
-        }
-    }
-    let lb: f64 = lb_counts.iter().zip(fns).map(|(&n, f)| f.value(n)).sum();
+}
 
-    let lj: Vec<f64> = hulls
+/// Everyone at its current size (clamped to its domain), then the remaining nodes in one
+/// pass to the jobs with the best value gained per extra node.
+fn keep_start(fns: &[JobFn<'_>], budget: u32) -> Vec<u32> {
+    let mut counts: Vec<u32> = fns
         .iter()
-        .map(|h| {
-            h.iter()
-                .map(|&(x, y)| y - lambda * f64::from(x))
-                .fold(f64::NEG_INFINITY, f64::max)
+        .map(|f| {
+            if f.allowed(f.c) {
+                f.c
+            } else if f.c > f.hi && f.allowed(f.hi) {
+                f.hi
+            } else if f.zero {
+                0
+            } else {
+                f.lo
+            }
         })
         .collect();
-    let ub = lambda * f64::from(budget) + lj.iter().sum::<f64>();
-    let scale =
-        lambda * f64::from(budget) + lj.iter().map(|v| v.abs()).sum::<f64>() + lb.abs() + 1.0;
-    let tol = 1e-9 * scale;
-    // Values closer than this are ties (rounding noise), broken by the documented rule.
-    let tie = 1e-12 * scale;
-    let gap = (ub - lb).max(0.0) + tol;
-
-    // Reduced-cost fixing: a job's count n can be in an optimal solution only if
-    // L_j - (f_j(n) - lambda n) <= UB - LB.
-    let mut cands: Vec<Vec<(u32, u32)>> = Vec::with_capacity(nj);
-    for (j, f) in fns.iter().enumerate() {
-        let thr = lj[j] - gap;
-        let g = |n: u32, v: f64| v - lambda * f64::from(n);
-        let mut iv: Vec<(u32, u32)> = Vec::new();
-        let mut push = |a: u32, b: u32| match iv.last_mut() {
-            Some(last) if last.1 + 1 >= a => last.1 = last.1.max(b),
-            _ => iv.push((a, b)),
-        };
-        if f.zero && g(0, f.value(0)) >= thr {
-            push(0, 0);
-        }
-        let v = &vals[j];
-        let b = &f.bps;
-        if b.len() == 1 && g(b[0], v[0]) >= thr {
-            push(b[0], b[0]);
-        }
-        for i in 0..b.len().saturating_sub(1) {
-            let (x0, x1) = (b[i], b[i + 1]);
-            let (g0, g1) = (g(x0, v[i]), g(x1, v[i + 1]));
-            if f.range_of(x0) != f.range_of(x1) {
-                // A gap in the domain between them: only the end points themselves.
-                if g0 >= thr {
-                    push(x0, x0);
-                }
-                if g1 >= thr {
-                    push(x1, x1);
-                }
-                continue;
-            }
-            match (g0 >= thr, g1 >= thr) {
-                (true, true) => push(x0, x1),
-                (true, false) => {
-                    let t = (g0 - thr) / (g0 - g1) * f64::from(x1 - x0);
-                    push(
-                        x0,
-                        (f64::from(x0) + t.floor() + 1.0).min(f64::from(x1)) as u32,
-                    );
-                }
-                (false, true) => {
-                    let t = (g1 - thr) / (g1 - g0) * f64::from(x1 - x0);
-                    push(
-                        (f64::from(x1) - t.floor() - 1.0).max(f64::from(x0)) as u32,
-                        x1,
-                    );
-                }
-                (false, false) => {}
-            }
-        }
-        if iv.is_empty() {
-            // Only reachable through rounding; fall back to the feasible count.
-            iv.push((lb_counts[j], lb_counts[j]));
-        }
-        cands.push(iv);
-    }
-
-    let mut counts = lb_counts;
-    let open: Vec<usize> = (0..nj)
-        .filter(|&j| cands[j].len() > 1 || cands[j][0].0 != cands[j][0].1)
-        .collect();
-    for j in 0..nj {
-        if !open.contains_sorted(j) {
-            counts[j] = cands[j][0].0;
-        }
-    }
-    let mut stats = Stats {
-        open_jobs: open.len(),
-        upper_bound: ub,
-        lower_bound: lb,
-        ..Stats::default()
+    let used: u64 = counts.iter().map(|&n| u64::from(n)).sum();
+    let Some(mut left) = u64::from(budget).checked_sub(used) else {
+        return counts;
     };
-    if open.is_empty() {
-        return Some((counts, stats));
-    }
-    let fixed: u64 = (0..nj)
-        .filter(|&j| !open.contains_sorted(j))
-        .map(|j| u64::from(counts[j]))
-        .sum();
-    let lows: Vec<u32> = open.iter().map(|&j| cands[j][0].0).collect();
-    let sum_low: u64 = lows.iter().map(|&x| u64::from(x)).sum();
-    let span: u64 = open
-        .iter()
-        .map(|&j| u64::from(cands[j].last().unwrap().1 - cands[j][0].0))
-        .sum();
-    let room = u64::from(budget).saturating_sub(fixed + sum_low);
-    let width = room.min(span) as usize;
-    stats.dp_width = width;
-
-    // DP over y = sum over open jobs of (n_j - low_j).
-    let neg = f64::NEG_INFINITY;
-    let mut dp = vec![neg; width + 1];
-    let mut next = vec![neg; width + 1];
-    dp[0] = 0.0;
-    let mut reach = 0usize;
-    let mut choice: Vec<Vec<u32>> = Vec::with_capacity(open.len());
-    let mut cn: Vec<u32> = Vec::new();
-    let mut cv: Vec<f64> = Vec::new();
-    for (oi, &j) in open.iter().enumerate() {
-        let f = &fns[j];
-        cn.clear();
-        cv.clear();
-        for &(a, b) in &cands[j] {
-            for n in a..=b {
-                if f.allowed(n) && ((n - lows[oi]) as usize) <= width {
-                    cn.push(n - lows[oi]);
-                    cv.push(f.value(n));
+    let best_step = |f: &JobFn<'_>, n0: u32, left: u64| -> Option<(f64, u32)> {
+        let v0 = f.value(n0);
+        let cap = (u64::from(n0) + left).min(u64::from(f.hi)) as u32;
+        let mut best: Option<(f64, u32)> = None;
+        for n in f
+            .bps
+            .iter()
+            .copied()
+            .filter(|&n| n > n0 && n < cap)
+            .chain([cap, f.lo.max(n0 + 1)])
+        {
+            if n > n0 && n <= cap && f.allowed(n) {
+                let r = (f.value(n) - v0) / f64::from(n - n0);
+                if r > 0.0 && best.map_or(true, |b| r > b.0) {
+                    best = Some((r, n));
                 }
             }
         }
-        stats.candidates += cn.len();
-        let new_reach = (reach + *cn.last().unwrap_or(&0) as usize).min(width);
-        let mut ch = vec![u32::MAX; new_reach + 1];
-        for y in 0..=new_reach {
-            let mut best = neg;
-            let mut arg = u32::MAX;
-            for (i, &d) in cn.iter().enumerate() {
-                let d = d as usize;
-                if d > y {
-                    break;
-                }
-                if y - d > reach {
-                    continue;
-                }
-                let v = dp[y - d] + cv[i];
-                if v > best + tie {
-                    best = v;
-                    arg = d as u32;
-                }
-            }
-            next[y] = best;
-            ch[y] = arg;
+        best
+    };
+    let mut order: Vec<(f64, usize)> = (0..fns.len())
+        .filter_map(|j| best_step(&fns[j], counts[j], left).map(|(r, _)| (r, j)))
+        .collect();
+    order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    for (_, j) in order {
+        if left == 0 {
+            break;
         }
-        reach = new_reach;
-        std::mem::swap(&mut dp, &mut next);
-        choice.push(ch);
+        if let Some((_, n)) = best_step(&fns[j], counts[j], left) {
+            left -= u64::from(n - counts[j]);
+            counts[j] = n;
+        }
     }
-    let top = dp[..=reach].iter().copied().fold(neg, f64::max);
-    let mut y = (0..=reach).find(|&y| dp[y] >= top - tie).unwrap_or(0);
-    for (oi, &j) in open.iter().enumerate().rev() {
-        let d = choice[oi][y];
-        debug_assert!(d != u32::MAX, "DP backtrack through an unreachable state");
-        counts[j] = lows[oi] + d;
-        y -= d as usize;
-    }
-    stats.optimum = counts.iter().zip(fns).map(|(&n, f)| f.value(n)).sum();
-    Some((counts, stats))
+    counts
 }
 
-trait ContainsSorted {
-    fn contains_sorted(&self, x: usize) -> bool;
-}
-
-impl ContainsSorted for Vec<usize> {
-    fn contains_sorted(&self, x: usize) -> bool {
-        self.binary_search(&x).is_ok()
+/// Counts of job f whose reduced value f(n) - lambda n reaches `thr`, as sorted disjoint
+/// intervals (a superset: the DP evaluates each exactly).
+fn candidates(f: &JobFn<'_>, vals: &[f64], lambda: f64, thr: f64) -> Vec<(u32, u32)> {
+    let g = |n: u32, v: f64| v - lambda * f64::from(n);
+    let mut iv: Vec<(u32, u32)> = Vec::new();
+    let mut push = |a: u32, b: u32| match iv.last_mut() {
+        Some(last) if last.1 + 1 >= a => last.1 = last.1.max(b),
+        _ => iv.push((a, b)),
+    };
+    if f.zero && g(0, f.value(0)) >= thr {
+        push(0, 0);
     }
+    let b = &f.bps;
+    if b.len() == 1 && g(b[0], vals[0]) >= thr {
+        push(b[0], b[0]);
+    }
+    for i in 0..b.len().saturating_sub(1) {
+        let (x0, x1) = (b[i], b[i + 1]);
+        let (g0, g1) = (g(x0, vals[i]), g(x1, vals[i + 1]));
+        if f.range_of(x0) != f.range_of(x1) {
+            // A gap in the domain between them: only the end points themselves.
+            if g0 >= thr {
+                push(x0, x0);
+            }
+            if g1 >= thr {
+                push(x1, x1);
+            }
+            continue;
+        }
+        match (g0 >= thr, g1 >= thr) {
+            (true, true) => push(x0, x1),
+            (true, false) => {
+                let t = (g0 - thr) / (g0 - g1) * f64::from(x1 - x0);
+                push(
+                    x0,
+                    (f64::from(x0) + t.floor() + 1.0).min(f64::from(x1)) as u32,
+                );
+            }
+            (false, true) => {
+                let t = (g1 - thr) / (g1 - g0) * f64::from(x1 - x0);
+                push(
+                    (f64::from(x1) - t.floor() - 1.0).max(f64::from(x0)) as u32,
+                    x1,
+                );
+            }
+            (false, false) => {}
+        }
+    }
+    iv
 }

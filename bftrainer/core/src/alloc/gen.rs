@@ -92,6 +92,10 @@ pub struct GenParams {
     pub reclaim_share: f64,
     /// Share of jobs that give per-batch-size curves instead of one curve.
     pub batch_share: f64,
+    /// Event-driven state (the default): the jobs hold the optimum of the previous
+    /// decision, then one event batch happened (2% of nodes reclaimed, 2% newly idle,
+    /// maybe one job replaced). Otherwise a cold state: random current allocations.
+    pub warm: bool,
 }
 
 impl GenParams {
@@ -102,6 +106,7 @@ impl GenParams {
             seed,
             reclaim_share: 0.0,
             batch_share: 0.0,
+            warm: true,
         }
     }
 }
@@ -133,9 +138,72 @@ fn model_curve(m: usize, max: u32, jitter: f64) -> Curve {
     Curve::new(pts)
 }
 
-/// A mid-run decision: most jobs run on some nodes, some are new, a few were cut below
-/// their minimum by the main scheduler; max_nodes from 8 up to the machine size.
+/// A decision instance; see [`GenParams::warm`]. max_nodes from 8 up to the machine size.
 pub fn generate(p: &GenParams) -> Instance {
+    let inst = generate_cold(p);
+    if !p.warm {
+        return inst;
+    }
+    let mut rng = Rng::new(p.seed ^ 0x5EED);
+    let mut inst = inst;
+    if let Ok(sol) = super::solve(&inst, &super::Options::default()) {
+        for (job, set) in inst.jobs.iter_mut().zip(sol.jobs) {
+            job.current = set;
+        }
+    }
+    // One event batch: some nodes taken back by the main scheduler, some newly idle.
+    let n = inst.n_nodes;
+    let lost = (n / 50).max(1).min(n);
+    let mut gone = vec![false; n as usize];
+    for _ in 0..lost {
+        gone[rng.below(u64::from(n)) as usize] = true;
+    }
+    let mut map = vec![u32::MAX; n as usize];
+    let mut next = 0u32;
+    for i in 0..n as usize {
+        if !gone[i] {
+            map[i] = next;
+            next += 1;
+        }
+    }
+    for job in &mut inst.jobs {
+        job.current = job
+            .current
+            .iter()
+            .filter(|&&i| !gone[i as usize])
+            .map(|&i| map[i as usize])
+            .collect();
+    }
+    if !inst.reclaim_in_s.is_empty() {
+        inst.reclaim_in_s = (0..n as usize)
+            .filter(|&i| !gone[i])
+            .map(|i| inst.reclaim_in_s[i])
+            .collect();
+    }
+    let fresh = (n / 50).max(1);
+    inst.n_nodes = next + fresh;
+    if !inst.reclaim_in_s.is_empty() {
+        for _ in 0..fresh {
+            let r = rng.chance(p.reclaim_share).then(|| rng.unit() * 30.0);
+            inst.reclaim_in_s.push(r);
+        }
+    }
+    // Sometimes a job finished and a queued one arrives.
+    if !inst.jobs.is_empty() && rng.chance(0.5) {
+        let k = rng.below(inst.jobs.len() as u64) as usize;
+        let mut q = p.clone();
+        q.n_jobs = 1;
+        q.seed = p.seed.wrapping_add(0xA11C);
+        q.warm = false;
+        let mut newcomer = generate_cold(&q).jobs.remove(0);
+        newcomer.id = format!("{}-next", inst.jobs[k].id);
+        newcomer.current.clear();
+        inst.jobs[k] = newcomer;
+    }
+    inst
+}
+
+fn generate_cold(p: &GenParams) -> Instance {
     let mut rng = Rng::new(p.seed);
     let n_nodes = p.n_nodes.max(1);
     let max_choices: Vec<u32> = [8u32, 16, 32, 64, 64, 64, 128, 256, 512, 1024, 4096]

@@ -23,14 +23,22 @@ pub(crate) fn node_losses(inst: &Instance, j: usize, set: &[NodeIdx]) -> Vec<f64
 }
 
 pub(crate) fn loss(inst: &Instance, alloc: &[Vec<NodeIdx>]) -> f64 {
-    alloc.iter().enumerate().map(|(j, s)| node_losses(inst, j, s).iter().sum::<f64>()).sum()
+    alloc
+        .iter()
+        .enumerate()
+        .map(|(j, s)| node_losses(inst, j, s).iter().sum::<f64>())
+        .sum()
 }
 
 /// Jobs up to which the search also tries moves that take nodes from a second job.
 const PAIR_MOVES_UP_TO: usize = 64;
 
 fn value(inst: &Instance, fns: &[JobFn<'_>], sets: &[Vec<NodeIdx>]) -> f64 {
-    fns.iter().zip(sets).map(|(f, s)| f.value(s.len() as u32)).sum::<f64>() - loss(inst, sets)
+    fns.iter()
+        .zip(sets)
+        .map(|(f, s)| f.value(s.len() as u32))
+        .sum::<f64>()
+        - loss(inst, sets)
 }
 
 /// From the counts that are optimal with the kept-node loss (exact, separable), move one
@@ -38,8 +46,11 @@ fn value(inst: &Instance, fns: &[JobFn<'_>], sets: &[Vec<NodeIdx>]) -> f64 {
 /// [`assign`]. Not exact in general: the loss of new nodes depends on which job gets
 /// which; docs/benchmarks.md gives the measured gap.
 pub(crate) fn local_search(inst: &Instance, mut counts: Vec<u32>) -> Vec<Vec<NodeIdx>> {
-    let fns: Vec<JobFn<'_>> =
-        inst.jobs.iter().map(|j| JobFn::new(j, inst.t_fwd_s, inst.n_nodes, 1.0)).collect();
+    let fns: Vec<JobFn<'_>> = inst
+        .jobs
+        .iter()
+        .map(|j| JobFn::new(j, inst.t_fwd_s, inst.n_nodes, 1.0))
+        .collect();
     let mut sets = assign(inst, &counts, Objective::ReclaimAware);
     if inst.reclaim_in_s.is_empty() {
         return sets;
@@ -51,7 +62,16 @@ pub(crate) fn local_search(inst: &Instance, mut counts: Vec<u32>) -> Vec<Vec<Nod
         let mut improved = false;
         for (j, f) in fns.iter().enumerate() {
             let n = counts[j];
-            let mut cand: Vec<u32> = vec![0, f.c, f.lo, f.hi, n.saturating_sub(1), n + 1, n.saturating_sub(2), n + 2];
+            let mut cand: Vec<u32> = vec![
+                0,
+                f.c,
+                f.lo,
+                f.hi,
+                n.saturating_sub(1),
+                n + 1,
+                n.saturating_sub(2),
+                n + 2,
+            ];
             cand.extend(f.bps.iter().copied());
             cand.sort_unstable();
             cand.dedup();
@@ -59,7 +79,8 @@ pub(crate) fn local_search(inst: &Instance, mut counts: Vec<u32>) -> Vec<Vec<Nod
                 if m == n || !f.allowed(m) {
                     continue;
                 }
-                let need = (used - u64::from(n) + u64::from(m)).saturating_sub(u64::from(inst.n_nodes));
+                let need =
+                    (used - u64::from(n) + u64::from(m)).saturating_sub(u64::from(inst.n_nodes));
                 counts[j] = m;
                 // A move that does not fit may still pay off if another job makes room
                 // (pair moves, on small instances only: each is a full evaluation).

@@ -325,6 +325,9 @@ pub fn exhaustive_reclaim(inst: &Instance) -> f64 {
 /// The same optimum as a MILP (HiGHS): per job one binary per linear piece of each of its
 /// curves (or the zero count), an integer offset inside the piece.
 pub fn milp(inst: &Instance, objective: Objective, time_limit_s: f64) -> Option<f64> {
+    if inst.jobs.is_empty() {
+        return Some(0.0); // HiGHS refuses an empty model
+    }
     let mut vars = ProblemVariables::new();
     let mut obj = Expression::from(0.0);
     let mut total_nodes = Expression::from(0.0);
@@ -395,8 +398,19 @@ pub fn milp(inst: &Instance, objective: Objective, time_limit_s: f64) -> Option<
         model = model.with(constraint!(d <= w * z));
     }
     model = model.with(constraint!(total_nodes <= f64::from(inst.n_nodes)));
-    let sol = model.solve().ok()?;
-    if !matches!(sol.status(), good_lp::SolutionStatus::Optimal) {
+    let sol = match model.solve() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("HiGHS: {e}");
+            return None;
+        }
+    };
+    // GapLimit with a zero gap limit is a proven optimum too.
+    if !matches!(
+        sol.status(),
+        good_lp::SolutionStatus::Optimal | good_lp::SolutionStatus::GapLimit
+    ) {
+        eprintln!("HiGHS status: {:?}", sol.status());
         return None;
     }
     Some(sol.eval(&obj))
