@@ -18,6 +18,18 @@ pub struct Record {
     pub event: Event,
 }
 
+impl Record {
+    /// Parses one journal line, rejecting format versions this build does not know.
+    pub fn from_json_line(line: &str) -> Result<Record, String> {
+        let r: Record =
+            serde_json::from_str(line).map_err(|e| format!("not a journal record: {e}"))?;
+        if r.v != EVENT_FORMAT_VERSION {
+            return Err(format!("journal format version {} is not supported (this build reads {EVENT_FORMAT_VERSION})", r.v));
+        }
+        Ok(r)
+    }
+}
+
 /// What an elastic job asks for: its node range, its rescale costs and the objective
 /// curve the allocator maximises.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -142,5 +154,11 @@ mod tests {
         let tick: Record =
             serde_json::from_str(r#"{"v":1,"t":0,"event":{"type":"tick"}}"#).unwrap();
         assert_eq!(tick.event, Event::Tick);
+        assert!(
+            Record::from_json_line(r#"{"v":2,"t":0,"event":{"type":"tick"}}"#)
+                .unwrap_err()
+                .contains("version 2")
+        );
+        assert!(Record::from_json_line(r#"{"v":1,"t":0,"event":{"type":"nap"}}"#).is_err());
     }
 }

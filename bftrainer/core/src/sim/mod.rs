@@ -6,7 +6,8 @@ mod report;
 pub use report::{percentile, JobReport, Report};
 
 use crate::engine::{
-    Action, Allocator, ElasticSpec, Engine, EngineConfig, Event, JobId, JobStatus,
+    Action, Allocator, ElasticSpec, Engine, EngineConfig, Event, JobId, JobStatus, Record,
+    EVENT_FORMAT_VERSION,
 };
 use crate::error::{Error, Result};
 use crate::timefmt::format_time;
@@ -44,6 +45,9 @@ pub struct SimConfig {
     /// enter it in an order shuffled with this seed, which changes the allocator's
     /// choice among equivalent nodes (a sensitivity check); same seed, same result.
     pub seed: u64,
+    /// Keep every event sent to the engine (`Outcome::journal`) and every action it
+    /// returned (`Outcome::actions`): the journal replays into a fresh engine.
+    pub journal: bool,
 }
 
 impl Default for SimConfig {
@@ -55,6 +59,7 @@ impl Default for SimConfig {
             check: true,
             record: false,
             report_progress: false,
+            journal: false,
             seed: 0,
         }
     }
@@ -93,6 +98,10 @@ pub struct Outcome {
     pub report: Report,
     pub steps: Vec<StepRecord>,
     pub sizes: Vec<SizeRecord>,
+    /// With `SimConfig::journal`: the engine's input, as the daemon would journal it.
+    pub journal: Vec<Record>,
+    /// With `SimConfig::journal`: (time, action) as the engine returned them.
+    pub actions: Vec<(f64, Action)>,
 }
 
 /// What the simulator needs from its caller's world: a clock to time decisions
@@ -257,7 +266,18 @@ impl<'a, A: Allocator> Sim<'a, A> {
 
     fn send(&mut self, ev: &Event, t: f64) -> Result<Vec<Action>> {
         let now = self.abs(t);
-        self.engine.on_event(ev, now)
+        let actions = self.engine.on_event(ev, now)?;
+        if self.cfg.journal {
+            self.out.journal.push(Record {
+                v: EVENT_FORMAT_VERSION,
+                t: now,
+                event: ev.clone(),
+            });
+            self.out
+                .actions
+                .extend(actions.iter().map(|a| (now, a.clone())));
+        }
+        Ok(actions)
     }
 
     fn violation(&self, t: f64, msg: String) -> Error {
@@ -353,6 +373,22 @@ impl<'a, A: Allocator> Sim<'a, A> {
         }
         (hooks.progress)(1.0);
         self.finish(t)
+    }
+
+    /// Remaining work goes to the engine in the objective curve's units: samples
+    /// scaled by the curves' ratio at one node (1 for a throughput objective).
+    fn objective_scale(&self, j: JobId) -> f64 {
+        let rec = &self.recs[j as usize];
+        let obj1 = match self.cfg.objective {
+            Objective::File => curve_at(&rec.objective, 1),
+            Objective::Samples => curve_at(&rec.rate, 1),
+        };
+        let r1 = curve_at(&rec.rate, 1);
+        if r1 > 0.0 {
+            obj1 / r1
+        } else {
+            1.0
+        }
     }
 
     fn next_completion(&self, t: f64) -> f64 {
@@ -563,6 +599,18 @@ impl<'a, A: Allocator> Sim<'a, A> {
             });
             *ji += 1;
             self.send(&Event::JobSubmitted { job, spec }, t)?;
+            if self.cfg.report_progress {
+                let remaining =
+                    Some(self.recs[job as usize].total_samples * self.objective_scale(job));
+                self.send(
+                    &Event::Progress {
+                        job,
+                        samples_per_s: 0.0,
+                        remaining,
+                    },
+                    t,
+                )?;
+            }
         }
         // 7. Decide.
         if self.cfg.report_progress {
@@ -571,14 +619,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
             for k in 0..self.scratch.len() {
                 let j = self.scratch[k];
                 let (s, rec) = (&self.jobs[j as usize], &self.recs[j as usize]);
-                // Remaining work in the objective curve's units: samples scaled by the
-                // curves' ratio at one node (1 for a throughput objective).
-                let obj1 = match self.cfg.objective {
-                    Objective::File => curve_at(&rec.objective, 1),
-                    Objective::Samples => curve_at(&rec.rate, 1),
-                };
-                let r1 = curve_at(&rec.rate, 1);
-                let scale = if r1 > 0.0 { obj1 / r1 } else { 1.0 };
+                let scale = self.objective_scale(j);
                 let ev = Event::Progress {
                     job: j,
                     samples_per_s: rate(rec, s.n + s.draining),

@@ -71,6 +71,7 @@ pub fn trace(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn job(
     name: &str,
     submit: i64,

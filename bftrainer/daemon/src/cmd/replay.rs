@@ -13,12 +13,20 @@ trace (2021-02-10T20:21:15 + 24 h, 4,734 nodes) with the first 200 ImageNet jobs
 )]
 pub struct Args {
     /// Node-event trace, `time,node,idle` (plain or gzip).
-    #[arg(long, value_name = "PATH", conflicts_with = "swf")]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["swf", "from_sacct"])]
     pub trace: Option<PathBuf>,
     /// SWF job log (plain or gzip): the main scheduler is simulated (FCFS + backfilling)
     /// unless the log has wait times.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "from_sacct")]
     pub swf: Option<PathBuf>,
+    /// Rebuild idle fragments from Slurm accounting (slurmdbd) between START and END
+    /// (YYYY-MM-DDTHH:MM:SS UTC or Unix seconds), on this cluster's nodes.
+    #[arg(long, num_args = 2, value_names = ["START", "END"])]
+    pub from_sacct: Option<Vec<String>>,
+    /// With --from-sacct: leave out jobs of this partition (e.g. the elastic one);
+    /// repeatable.
+    #[arg(long, value_name = "NAME", requires = "from_sacct")]
+    pub exclude_partition: Vec<String>,
     /// Elastic job file in BFTrainer's jobs-*.csv format; default: the sample's.
     #[arg(long, value_name = "PATH")]
     pub jobs: Option<PathBuf>,
@@ -107,6 +115,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Input::Trace(p.clone())
     } else if let Some(p) = &args.swf {
         Input::Swf(p.clone())
+    } else if let Some(w) = &args.from_sacct {
+        Input::Sacct {
+            start: w[0].clone(),
+            end: w[1].clone(),
+            exclude: args.exclude_partition.clone(),
+        }
     } else {
         Input::Sample
     };

@@ -3,6 +3,7 @@
 
 mod output;
 mod plot;
+pub mod sacct;
 
 use anyhow::{bail, Context};
 use bftrainer_core::alloc::{Objective, Options as AllocOptions};
@@ -30,6 +31,12 @@ pub enum Input {
     Sample,
     Trace(PathBuf),
     Swf(PathBuf),
+    /// Slurm accounting over [START, END), leaving out these partitions' jobs.
+    Sacct {
+        start: String,
+        end: String,
+        exclude: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -145,6 +152,19 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
             }
             (tr, p.display().to_string(), Some(m))
         }
+        Input::Sacct {
+            start: a,
+            end: b,
+            exclude,
+        } => {
+            let from = parse_time(a).map_err(|m| anyhow::anyhow!("--from-sacct START: {m}"))?;
+            let to = parse_time(b).map_err(|m| anyhow::anyhow!("--from-sacct END: {m}"))?;
+            let mut tr = sacct::trace_from_sacct(from, to, exclude)?;
+            if let Some(n) = o.node_limit {
+                limit_nodes(&mut tr, n);
+            }
+            (tr, format!("slurm accounting {a} .. {b}"), None)
+        }
     };
     if let Some(n) = o.node_limit {
         if n == 0 {
@@ -169,7 +189,7 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
     // their spacing.
     let mut jobs = jobs;
     if let Some(first) = jobs.first().map(|j| j.submit) {
-        if first > trace.end || jobs.last().map_or(false, |l| l.submit < trace.start) {
+        if first > trace.end || jobs.last().is_some_and(|l| l.submit < trace.start) {
             let shift = trace.start - first;
             for j in &mut jobs {
                 j.submit += shift;
@@ -223,8 +243,18 @@ fn limit_nodes(tr: &mut NodeTrace, n: usize) {
     tr.changes.retain(|c| (c.node as usize) < n);
 }
 
+/// `alloc::Options` may gain fields; its docs ask for `..Default::default()`.
+#[allow(clippy::needless_update)]
+fn alloc_options(objective: Objective) -> AllocOptions {
+    AllocOptions {
+        objective,
+        ..AllocOptions::default()
+    }
+}
+
 /// Runs the replay and writes every requested output.
 pub fn run(o: &Options) -> anyhow::Result<()> {
+    let objective: Objective = o.objective.parse()?;
     let t_load = Instant::now();
     let loaded = load(o)?;
     let load_s = t_load.elapsed().as_secs_f64();
@@ -238,18 +268,11 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         check: o.check,
         record: o.csv.is_some() || o.plots.is_some(),
         seed: o.seed,
-        report_progress: false,
-    };
-    let objective: Objective = o.objective.parse()?;
-    let cfg = SimConfig {
         report_progress: objective == Objective::RemainingWork,
-        ..cfg
+        journal: false,
     };
     let alloc = Exact {
-        opts: AllocOptions {
-            objective,
-            ..AllocOptions::default()
-        },
+        opts: alloc_options(objective),
     };
     let bar = if o.progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         let b = indicatif::ProgressBar::new(1000);
@@ -372,5 +395,204 @@ mod tests {
             parse_jobs(SAMPLE_JOBS, SAMPLE_JOBS_NAME).unwrap().len(),
             200
         );
+    }
+}
+
+#[cfg(test)]
+mod replay_tests {
+    use super::*;
+    use bftrainer_core::sim::Report;
+
+    fn opts() -> Options {
+        Options {
+            input: Input::Sample,
+            jobs: None,
+            start: None,
+            end: None,
+            hours: None,
+            node_limit: None,
+            backfill: Backfill::Easy,
+            start_times: StartTimes::Auto,
+            nodes: None,
+            procs_per_node: None,
+            max_jobs: 10,
+            t_fwd: 10.0,
+            grace: 0.0,
+            objective: "bftrainer".into(),
+            curve: CurveChoice::File,
+            seed: 0,
+            json: false,
+            csv: None,
+            plots: None,
+            check: true,
+            progress: false,
+        }
+    }
+
+    /// Replays with the invariant checker on and the exact allocator.
+    fn replay(o: &Options) -> (Loaded, Outcome) {
+        let l = load(o).unwrap();
+        let objective: Objective = o.objective.parse().unwrap();
+        let cfg = SimConfig {
+            engine: EngineConfig {
+                t_fwd_s: o.t_fwd,
+                max_jobs: o.max_jobs,
+            },
+            grace_s: o.grace,
+            objective: o.curve,
+            check: true,
+            record: true,
+            seed: o.seed,
+            report_progress: objective == Objective::RemainingWork,
+            journal: false,
+        };
+        let alloc = Exact {
+            opts: alloc_options(objective),
+        };
+        let (mut c, mut p) = (|| 0.0, |_f: f64| {});
+        let out = sim::simulate(
+            &l.trace,
+            &l.jobs,
+            alloc,
+            &cfg,
+            &mut Hooks {
+                clock: &mut c,
+                progress: &mut p,
+            },
+        )
+        .unwrap();
+        (l, out)
+    }
+
+    fn conserved(r: &Report) {
+        assert!(
+            (r.idle_node_h - r.harvested_node_h - r.unused_node_h).abs() < 1e-6 * r.idle_node_h
+        );
+        assert!(r.samples <= r.samples_dedicated);
+        assert!(
+            (r.samples_dedicated - r.samples - r.rescale_loss_samples - r.preemption_loss_samples)
+                .abs()
+                < 1e-6 * r.samples_dedicated
+        );
+    }
+
+    #[test]
+    fn sample_six_hours_every_objective_keeps_invariants() {
+        for obj in [
+            "bftrainer",
+            "efficiency",
+            "fairness",
+            "remaining-work",
+            "reclaim-aware",
+        ] {
+            let o = Options {
+                hours: Some(6.0),
+                objective: obj.into(),
+                ..opts()
+            };
+            let (l, out) = replay(&o);
+            let r = &out.report;
+            assert_eq!(l.trace.end - l.trace.start, 6 * 3600);
+            assert!(r.harvested_node_h > 0.0, "{obj}: nothing harvested");
+            assert!(r.jobs_completed > 0, "{obj}: no job completed");
+            conserved(r);
+            // Progress per step never exceeds the idle pool.
+            assert!(out.steps.iter().all(|s| s.harvested_nodes <= s.idle_nodes));
+        }
+    }
+
+    #[test]
+    fn same_seed_same_result_and_grace_runs() {
+        let o = Options {
+            hours: Some(3.0),
+            seed: 7,
+            ..opts()
+        };
+        let (_, a) = replay(&o);
+        let (_, b) = replay(&o);
+        assert_eq!(a.report, b.report);
+        assert_eq!(a.sizes, b.sizes);
+        let (_, g) = replay(&Options { grace: 30.0, ..o });
+        conserved(&g.report);
+        assert!(g.report.grace_node_h > 0.0);
+    }
+
+    #[test]
+    fn swf_with_node_limit_and_hours() {
+        let dir = std::env::temp_dir().join(format!("bft-replay-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("t.swf");
+        // 4 nodes; jobs of the hand-worked EASY schedule in easy::tests.
+        std::fs::write(&p, "; MaxNodes: 4\n; MaxProcs: 4\n; UnixStartTime: 1000\n1 0 -1 100 2 -1 -1 2 100 -1 1 1 -1 1 -1 1 -1 -1\n2 1 -1 50 4 -1 -1 4 50 -1 1 1 -1 1 -1 1 -1 -1\n3 2 -1 50 2 -1 -1 2 50 -1 1 1 -1 1 -1 1 -1 -1\n4 3 -1 200 1 -1 -1 1 200 -1 1 1 -1 1 -1 1 -1 -1\n").unwrap();
+        let l = load(&Options {
+            input: Input::Swf(p.clone()),
+            ..opts()
+        })
+        .unwrap();
+        assert_eq!((l.trace.start, l.trace.end), (1000, 1350));
+        assert!((l.trace.mean_idle() - 2.0).abs() < 1e-12);
+        // The sample jobs (2021) are shifted to the log's start (1970).
+        assert_eq!(l.jobs[0].submit, 1000);
+        let l2 = load(&Options {
+            input: Input::Swf(p),
+            node_limit: Some(2),
+            hours: Some(0.05),
+            ..opts()
+        })
+        .unwrap();
+        assert_eq!(l2.trace.names.len(), 2);
+        assert_eq!(l2.trace.end, 1000 + 180);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn outputs_are_written() {
+        let dir = std::env::temp_dir().join(format!("bft-replay-out-{}", std::process::id()));
+        let o = Options {
+            hours: Some(2.0),
+            csv: Some(dir.join("steps.csv")),
+            plots: Some(dir.clone()),
+            progress: false,
+            ..opts()
+        };
+        std::fs::create_dir_all(&dir).unwrap();
+        run(&o).unwrap();
+        let csv = std::fs::read_to_string(dir.join("steps.csv")).unwrap();
+        assert!(csv.starts_with("t,time,idle_nodes,harvested_nodes"));
+        assert!(csv.lines().count() > 10);
+        for f in [
+            "idle_vs_harvested.svg",
+            "nodes_per_job.svg",
+            "cumulative_samples.svg",
+        ] {
+            let s = std::fs::read_to_string(dir.join(f)).unwrap();
+            assert!(s.starts_with("<svg") && s.contains("polyline"), "{f}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_options_are_rejected() {
+        let e = |o: Options| load(&o).err().map(|e| format!("{e:#}")).unwrap_or_default();
+        assert!(e(Options {
+            start: Some("yesterday".into()),
+            ..opts()
+        })
+        .starts_with("--start: bad timestamp"));
+        assert!(e(Options {
+            hours: Some(-1.0),
+            ..opts()
+        })
+        .contains("--hours must be > 0"));
+        assert!(e(Options {
+            start: Some("2030-01-01T00:00:00".into()),
+            ..opts()
+        })
+        .contains("after the trace's last event"));
+        assert!(e(Options {
+            input: Input::Trace("/nonexistent.csv".into()),
+            ..opts()
+        })
+        .contains("cannot open /nonexistent.csv"));
     }
 }

@@ -107,10 +107,7 @@ pub fn print_table(
             100.0 * r.harvest_share
         ),
     );
-    row(
-        "  at or above job minimum",
-        format!("{}", thousands(r.useful_node_h, 1)),
-    );
+    row("  at or above job minimum", thousands(r.useful_node_h, 1));
     row("unused node-hours", thousands(r.unused_node_h, 1));
     if o.grace > 0.0 {
         row(

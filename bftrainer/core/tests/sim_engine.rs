@@ -1,0 +1,360 @@
+//! Engine contract tests: what the engine does with allocator answers that break the
+//! contract, with "no proven answer", with claims of lent nodes; and golden replays
+//! with the exact allocator where the optimum is worked out by hand.
+
+mod sim_common;
+
+use bftrainer_core::alloc::{Curve, Instance, Solution};
+use bftrainer_core::engine::{Action, ElasticSpec, Engine, EngineConfig, Event, Exact, NodeState};
+use bftrainer_core::sim::SimConfig;
+use bftrainer_core::Error;
+use sim_common::*;
+
+fn spec(name: &str, min: u32, max: u32) -> ElasticSpec {
+    ElasticSpec {
+        name: name.into(),
+        min_nodes: min,
+        max_nodes: max,
+        scale_up_s: 1.0,
+        scale_down_s: 1.0,
+        objective: Curve {
+            points: vec![(1, 1.0), (8, 8.0)],
+        },
+    }
+}
+
+fn sol(jobs: Vec<Vec<u32>>) -> Solution {
+    let n = jobs.len();
+    Solution {
+        objective_value: 0.0,
+        jobs,
+        batch_sizes: vec![None; n],
+        fairness_level: None,
+    }
+}
+
+/// An allocator that replays scripted answers.
+struct Scripted(Vec<Result<Option<Solution>, String>>);
+
+impl bftrainer_core::engine::Allocator for Scripted {
+    fn allocate(&mut self, _inst: &Instance) -> Result<Option<Solution>, String> {
+        self.0.remove(0)
+    }
+}
+
+fn engine(
+    nodes: u32,
+    idle: &[u32],
+    jobs: &[ElasticSpec],
+    answers: Vec<Result<Option<Solution>, String>>,
+) -> Engine<Scripted> {
+    let mut e = Engine::new(EngineConfig::default(), Scripted(answers));
+    for n in 0..nodes {
+        e.on_event(
+            &Event::NodeAdded {
+                node: n,
+                name: format!("n{n}"),
+            },
+            0.0,
+        )
+        .unwrap();
+    }
+    for &n in idle {
+        e.on_event(
+            &Event::NodeIdle {
+                node: n,
+                reclaim_at: None,
+            },
+            0.0,
+        )
+        .unwrap();
+    }
+    for (j, s) in jobs.iter().enumerate() {
+        e.on_event(
+            &Event::JobSubmitted {
+                job: j as u32,
+                spec: s.clone(),
+            },
+            0.0,
+        )
+        .unwrap();
+    }
+    e
+}
+
+#[test]
+fn contract_violations_are_rejected() {
+    let cases: Vec<(Vec<Vec<u32>>, &str)> = vec![
+        (vec![vec![0, 1], vec![1]], "given to two jobs"),
+        (
+            vec![vec![0, 1, 2], vec![]],
+            "given 3 nodes, allowed 0 or 1..2",
+        ),
+        (vec![vec![9], vec![]], "out of range"),
+        (vec![vec![0]], "1 node sets for 2 jobs"),
+    ];
+    for (answer, msg) in cases {
+        let mut e = engine(
+            3,
+            &[0, 1, 2],
+            &[spec("a", 1, 2), spec("b", 1, 2)],
+            vec![Ok(Some(sol(answer)))],
+        );
+        let err = e.on_event(&Event::Tick, 5.0).unwrap_err();
+        assert!(
+            matches!(err, Error::Alloc { .. }) && err.to_string().contains(msg),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn migration_is_rejected() {
+    // Pool order is idle order: node 0 -> index 0, node 1 -> index 1, node 2 -> index 2.
+    let mut e = engine(
+        3,
+        &[0, 1, 2],
+        &[spec("a", 1, 2)],
+        vec![
+            Ok(Some(sol(vec![vec![0, 1]]))),
+            Ok(Some(sol(vec![vec![1, 2]]))),
+        ],
+    );
+    let a = e.on_event(&Event::Tick, 0.0).unwrap();
+    assert_eq!(
+        a,
+        vec![Action::Admit {
+            job: 0,
+            nodes: vec![0, 1]
+        }]
+    );
+    e.on_event(
+        &Event::NodeIdle {
+            node: 2,
+            reclaim_at: Some(50.0),
+        },
+        1.0,
+    )
+    .unwrap();
+    let err = e.on_event(&Event::Tick, 1.0).unwrap_err().to_string();
+    assert!(err.contains("both grows and shrinks"), "{err}");
+}
+
+#[test]
+fn shrinks_come_before_grows_and_claims_take_nodes_away() {
+    let answers = vec![
+        Ok(Some(sol(vec![vec![0, 1, 2], vec![]]))),
+        Ok(Some(sol(vec![vec![0], vec![1]]))),
+    ];
+    let mut e = engine(4, &[0, 1, 2], &[spec("a", 1, 3), spec("b", 1, 3)], answers);
+    e.on_event(&Event::Tick, 0.0).unwrap();
+    // A regular job takes node 1 from a: no action, the engine just forgets it.
+    assert!(e
+        .on_event(&Event::NodeClaimed { node: 1 }, 2.0)
+        .unwrap()
+        .is_empty());
+    assert_eq!(e.node_state(1), NodeState::Busy);
+    assert_eq!(e.job_nodes(0), &[0, 2]);
+    // Pool after the claim: [0, 2] (swap-removed): index 0 -> node 0, 1 -> node 2.
+    // a keeps node 0 and gives node 2 to b: the shrink is listed first.
+    let a = e.on_event(&Event::Tick, 2.0).unwrap();
+    assert_eq!(
+        a,
+        vec![
+            Action::Shrink {
+                job: 0,
+                nodes: vec![2]
+            },
+            Action::Admit {
+                job: 1,
+                nodes: vec![2]
+            }
+        ]
+    );
+    assert_eq!(e.node_state(2), NodeState::Held(1));
+}
+
+#[test]
+fn no_proven_answer_keeps_the_allocation() {
+    let mut e = engine(
+        3,
+        &[0, 1],
+        &[spec("a", 1, 3)],
+        vec![Ok(Some(sol(vec![vec![0, 1]]))), Ok(None)],
+    );
+    e.on_event(&Event::Tick, 0.0).unwrap();
+    e.on_event(
+        &Event::NodeIdle {
+            node: 2,
+            reclaim_at: None,
+        },
+        1.0,
+    )
+    .unwrap();
+    assert!(e.on_event(&Event::Tick, 1.0).unwrap().is_empty());
+    assert_eq!(e.stats.kept, 1);
+    assert_eq!(e.node_state(2), NodeState::Idle);
+    // Nothing changed since: no third decision (the script would panic if asked).
+    assert!(e.on_event(&Event::Tick, 2.0).unwrap().is_empty());
+    assert_eq!(e.stats.decisions, 2);
+}
+
+#[test]
+fn bad_events_are_rejected() {
+    let mut e = engine(2, &[], &[], vec![]);
+    assert!(e
+        .on_event(
+            &Event::NodeIdle {
+                node: 7,
+                reclaim_at: None
+            },
+            0.0
+        )
+        .unwrap_err()
+        .to_string()
+        .contains("unknown node 7"));
+    assert!(e
+        .on_event(
+            &Event::NodeAdded {
+                node: 5,
+                name: "x".into()
+            },
+            0.0
+        )
+        .unwrap_err()
+        .to_string()
+        .contains("out of order"));
+    assert!(e
+        .on_event(&Event::JobFinished { job: 0 }, 0.0)
+        .unwrap_err()
+        .to_string()
+        .contains("unknown job 0"));
+    assert!(e
+        .on_event(
+            &Event::JobSubmitted {
+                job: 0,
+                spec: spec("z", 3, 2)
+            },
+            0.0
+        )
+        .is_err());
+}
+
+/// Exact allocator, one job (1..4 nodes, 10 samples/s per node, Tup 10 s): a, b idle at
+/// 0; c idle at 10. Admission costs nothing (rate 0 before). Growing 2 -> 3 at t=10
+/// gains Tfwd * 10 and costs Tup * 20 = 200: with Tfwd = 10 (gain 100) the job stays on
+/// 2 nodes; with Tfwd = 100 (gain 1000) it grows.
+#[test]
+fn exact_allocator_weighs_growth_against_rescale_cost() {
+    let tr = trace(&["a", "b", "c"], &[true, true, false], &[(10, 2, true)], 60);
+    let jobs = [job("J", 0, 1, 4, 10.0, 5.0, 1e9, &[(1, 10.0), (4, 40.0)])];
+    for (t_fwd, grows, samples) in [
+        (10.0, 0, 20.0 * 60.0),
+        (100.0, 1, 200.0 - 200.0 + 30.0 * 50.0),
+    ] {
+        let cfg = SimConfig {
+            engine: EngineConfig {
+                t_fwd_s: t_fwd,
+                max_jobs: 10,
+            },
+            ..Default::default()
+        };
+        let r = run(&tr, &jobs, Exact::default(), &cfg).report;
+        assert_eq!(r.grows, grows, "t_fwd {t_fwd}");
+        assert!(close(r.samples, samples), "t_fwd {t_fwd}: {}", r.samples);
+    }
+}
+
+/// Records what the allocator sees, then fills like FillInOrder.
+struct Spy(std::rc::Rc<std::cell::RefCell<Vec<(u32, Vec<Option<f64>>)>>>);
+
+impl bftrainer_core::engine::Allocator for Spy {
+    fn allocate(&mut self, inst: &Instance) -> Result<Option<Solution>, String> {
+        self.0
+            .borrow_mut()
+            .push((inst.n_nodes, inst.reclaim_in_s.clone()));
+        FillInOrder.allocate(inst)
+    }
+}
+
+/// The EASY schedule of easy::tests: at t=52 n2, n3 turn idle while B waits for its
+/// reservation at 100, so the allocator sees both nodes with reclaim_in_s = 48. At 150,
+/// with the queue empty, forecasts are gone (empty vector).
+#[test]
+fn backfill_forecasts_reach_the_allocator() {
+    use bftrainer_core::easy::{schedule, SchedConfig};
+    use bftrainer_core::trace::swf::{SwfJob, SwfLog};
+    let log = SwfLog {
+        max_nodes: Some(4),
+        max_procs: Some(4),
+        unix_start: Some(0),
+        jobs: [(0, 100, 2), (1, 50, 4), (2, 50, 2), (3, 200, 1)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(submit, run, procs))| SwfJob {
+                id: i as i64,
+                submit,
+                wait: None,
+                run,
+                procs: Some(procs),
+                req_time: Some(run),
+            })
+            .collect(),
+    };
+    let (tr, _) = schedule(&log, &SchedConfig::default()).unwrap();
+    // The job arrives at 52, when n2 and n3 are idle.
+    let jobs = [job("J", 52, 1, 4, 0.0, 0.0, 1e12, &[(1, 1.0), (4, 4.0)])];
+    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    run(&tr, &jobs, Spy(seen.clone()), &SimConfig::default());
+    let seen = seen.borrow();
+    assert_eq!(seen[0], (2, vec![Some(48.0), Some(48.0)]));
+    assert!(
+        seen.iter().any(|(n, r)| *n == 3 && r.is_empty()),
+        "{seen:?}"
+    );
+}
+
+/// The simulator's journal replays into a fresh engine with the same allocator and
+/// yields the same actions: what the daemon journals, the simulator can re-run.
+#[test]
+fn journal_replays_to_the_same_actions() {
+    use bftrainer_core::engine::Record;
+    let tr = trace(
+        &["a", "b", "c", "d"],
+        &[true, true, false, false],
+        &[(10, 2, true), (30, 0, false), (40, 3, true), (50, 1, false)],
+        100,
+    );
+    let r = [(1, 10.0), (2, 20.0), (4, 40.0)];
+    let jobs = [
+        job("J", 0, 1, 4, 10.0, 5.0, 1500.0, &r),
+        job("K", 5, 2, 4, 1.0, 1.0, 900.0, &r),
+    ];
+    let cfg = SimConfig {
+        journal: true,
+        engine: EngineConfig {
+            t_fwd_s: 100.0,
+            max_jobs: 10,
+        },
+        ..Default::default()
+    };
+    let out = run(&tr, &jobs, Exact::default(), &cfg);
+    assert!(out.actions.len() >= 3);
+    let text: String = out
+        .journal
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap() + "\n")
+        .collect();
+    let mut e = Engine::new(cfg.engine.clone(), Exact::default());
+    let mut again = Vec::new();
+    for line in text.lines() {
+        let rec = Record::from_json_line(line).unwrap();
+        again.extend(
+            e.on_event(&rec.event, rec.t)
+                .unwrap()
+                .into_iter()
+                .map(|a| (rec.t, a)),
+        );
+    }
+    assert_eq!(again, out.actions);
+}
