@@ -55,13 +55,17 @@ fn state() -> MutexGuard<'static, Option<State>> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// slurmctld's global configuration (public layout from slurm.h).
+/// slurmctld's global configuration (public layout from slurm.h). The address is looked
+/// up once: dlsym walks every loaded object, which costs microseconds per call.
 fn slurm_conf() -> Option<&'static slurm_sys::slurm_conf_t> {
+    static ADDR: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     // SAFETY: dlsym on a NUL-terminated name.
-    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"slurm_conf".as_ptr()) };
+    let p = *ADDR
+        .get_or_init(|| unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"slurm_conf".as_ptr()) } as usize)
+        as *const slurm_sys::slurm_conf_t;
     // SAFETY: inside slurmctld this is `slurm_conf_t slurm_conf`, which lives for the
     // whole process; its layout is the one of the headers we were built against.
-    (!p.is_null()).then(|| unsafe { &*(p as *const slurm_sys::slurm_conf_t) })
+    (!p.is_null()).then(|| unsafe { &*p })
 }
 
 fn conf_stamp() -> i64 {
@@ -179,7 +183,13 @@ pub unsafe extern "C" fn job_submit(
         // SAFETY: per the contract above.
         let rc = unsafe { submit_inner(job_desc, submit_uid, err_msg) };
         let ns = started.elapsed().as_nanos() as u64;
-        STATS.lock().unwrap_or_else(|e| e.into_inner()).record(ns);
+        let mut stats = STATS.lock().unwrap_or_else(|e| e.into_inner());
+        stats.record(ns);
+        if stats.due() {
+            if let Some(line) = stats.summary() {
+                LOG.info(&line);
+            }
+        }
         rc
     })
 }

@@ -108,8 +108,9 @@ pub fn submit(pol: &Policy, s: &Submission<'_>) -> Verdict {
         // The option travels as _SLURM_SPANK_OPTION_bftrainer_elastic, and sbatch re-exports
         // it as SLURM_SPANK__SLURM_SPANK_OPTION_bftrainer_elastic: match any carrier.
         let option = OPTION_ENV_PREFIX.as_bytes();
-        let reserved =
-            name == JOB_ENV_COPY.as_bytes() || name.windows(option.len()).any(|w| w == option);
+        // Cheap pre-filter first: every carrier name holds "SPANK", most variables do not.
+        let reserved = name.windows(5).any(|w| w == b"SPANK")
+            && (name == JOB_ENV_COPY.as_bytes() || name.windows(option.len()).any(|w| w == option));
         if !reserved {
             continue;
         }

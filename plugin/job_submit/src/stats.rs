@@ -1,12 +1,16 @@
 //! The plugin's own cost per job_submit call, measured inside slurmctld and logged as
-//! p50/p99 at fini (shutdown or plugin reload) and on demand at debug level.
+//! p50/p99 every [`SUMMARY_EVERY`] calls and at fini (shutdown or plugin reload).
 //!
-//! Samples go into a fixed-size ring, so memory stays bounded on a busy controller.
+//! Samples go into a fixed-size ring of the latest calls, so memory and the cost of a
+//! summary (one sort of at most 16384 numbers, ~1 ms) stay bounded on a busy controller.
 
 use std::sync::Mutex;
 
 /// Most recent samples kept for the percentiles.
-const CAPACITY: usize = 1 << 20;
+const CAPACITY: usize = 1 << 14;
+
+/// A summary line goes to slurmctld's log after this many calls.
+pub const SUMMARY_EVERY: u64 = 1000;
 
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -35,6 +39,11 @@ impl Stats {
         self.total += 1;
     }
 
+    /// Whether the call just recorded should log a summary.
+    pub fn due(&self) -> bool {
+        self.total % SUMMARY_EVERY == 0
+    }
+
     /// "N calls, p50 X us, p99 Y us, max Z us" over the kept samples.
     pub fn summary(&self) -> Option<String> {
         if self.samples_ns.is_empty() {
@@ -47,7 +56,7 @@ impl Stats {
             f64::from(v[i]) / 1000.0
         };
         Some(format!(
-            "job_submit timing: {} calls ({} sampled), p50 {:.1} us, p99 {:.1} us, max {:.1} us",
+            "job_submit timing: {} calls (last {} sampled), p50 {:.1} us, p99 {:.1} us, max {:.1} us",
             self.total,
             v.len(),
             pct(0.50),
@@ -72,9 +81,17 @@ mod tests {
         }
         assert_eq!(
             s.summary().unwrap(),
-            "job_submit timing: 1000 calls (1000 sampled), p50 501.0 us, p99 990.0 us, max 1000.0 us"
+            "job_submit timing: 1000 calls (last 1000 sampled), p50 501.0 us, p99 990.0 us, max 1000.0 us"
         );
+        assert!(s.due());
         s.record(u64::MAX);
+        assert!(!s.due());
         assert!(s.summary().unwrap().contains("max 4294967.3 us"));
+        for _ in 0..2 * CAPACITY {
+            s.record(5000);
+        }
+        assert!(s.summary().unwrap().contains(&format!(
+            "(last {CAPACITY} sampled), p50 5.0 us, p99 5.0 us, max 5.0 us"
+        )));
     }
 }
