@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Extra arguments for nextest, e.g. `make test NEXTEST_ARGS="-p bftrainer-testcluster"`.
 NEXTEST_ARGS ?=
 
-.PHONY: deps deps-system build demo test cluster-up cluster-down
+.PHONY: deps deps-system build demo test install cluster-up cluster-down
 
 deps:
 	./scripts/install-deps
@@ -30,3 +30,19 @@ cluster-up: deps-system
 
 cluster-down:
 	tests/cluster/cluster down --dir .cluster
+
+# Installs the two plugins into Slurm's PluginDir under the names Slurm looks for.
+# PluginDir is taken from the running slurmctld's config, else Debian's default;
+# override with `make install PLUGIN_DIR=/path` (e.g. a directory for
+# `tests/cluster/cluster up --plugins DIR`). Each file is copied beside its target and
+# renamed over it: overwriting a loaded plugin in place would crash slurmctld.
+PLUGIN_DIR ?= $(firstword $(subst :, ,$(shell scontrol show config 2>/dev/null | sed -n 's/^PluginDir *= *//p')) /usr/lib/x86_64-linux-gnu/slurm-wlm)
+
+install:
+	$(CARGO) build --release -p job_submit_bftrainer -p spank_bftrainer
+	install -d $(DESTDIR)$(PLUGIN_DIR)
+	for p in job_submit_bftrainer spank_bftrainer; do \
+	  install -m 0755 target/release/lib$$p.so $(DESTDIR)$(PLUGIN_DIR)/.$$p.so.new && \
+	  mv -f $(DESTDIR)$(PLUGIN_DIR)/.$$p.so.new $(DESTDIR)$(PLUGIN_DIR)/$$p.so || exit 1; \
+	done
+	@echo "installed job_submit_bftrainer.so and spank_bftrainer.so into $(DESTDIR)$(PLUGIN_DIR)"

@@ -8,6 +8,7 @@ pub mod engine;
 pub mod error;
 pub mod sacct;
 pub mod sim;
+pub mod spec;
 pub mod timefmt;
 pub mod trace;
 

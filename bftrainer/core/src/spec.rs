@@ -1,0 +1,557 @@
+//! The elastic-spec grammar `MIN[:MAX][,key=value...]`, written once and shared by the
+//! SPANK plugin (command line), the job_submit plugin (slurmctld) and the daemon.
+//!
+//! ```text
+//! spec   := bounds ( "," pair )*
+//! bounds := MIN [ ":" MAX ]          whole numbers, 1 <= MIN <= MAX <= 4294967295
+//! pair   := key "=" value            each key at most once
+//! key    := up | down | profile | role | parent
+//! ```
+//!
+//! The value is plain ASCII without spaces and at most [`MAX_SPEC_LEN`] bytes. Parsing
+//! never panics and never allocates more than a small multiple of the input (checked by
+//! the property tests over millions of generated inputs). [`ElasticSpec`]'s `Display` is
+//! the canonical form: `parse(spec.to_string()) == spec`.
+
+use std::fmt;
+
+/// Longest accepted value, in bytes. Real specs are < 80 bytes; the limit keeps a
+/// hostile 100 kB argument from costing slurmctld anything but a length check.
+pub const MAX_SPEC_LEN: usize = 256;
+
+/// Longest rescale cost accepted for `up=`/`down=`, in seconds (one day).
+pub const MAX_RESCALE_SECONDS: u32 = 86_400;
+
+/// Longest profile name.
+pub const MAX_PROFILE_LEN: usize = 64;
+
+/// The usage hint appended to bound errors.
+pub const USAGE: &str = "expected --elastic=MIN[:MAX] with 1 <= MIN <= MAX";
+
+/// Keys of the `key=value` part, in canonical order. New keys go here and in
+/// [`parse_pair`]; everything else (messages, canonical output) follows.
+pub const KEYS: [&str; 5] = ["up", "down", "profile", "role", "parent"];
+
+/// Name under which the request travels in the job's `spank_job_env`
+/// (set by the SPANK plugin with `spank_job_control_setenv`, read by job_submit).
+pub const JOB_ENV_NAME: &str = "BFTRAINER_ELASTIC";
+
+/// sbatch copies each SPANK job-environment entry into the job's own environment
+/// under `SLURM_SPANK_<name>`; stepd reads the request from there for API-submitted jobs.
+pub const JOB_ENV_COPY: &str = "SLURM_SPANK_BFTRAINER_ELASTIC";
+
+/// Slurm forwards a SPANK option to the remote side as the environment variable
+/// `_SLURM_SPANK_OPTION_<plugin>_<option>`; this is ours without the option name.
+pub const OPTION_ENV_PREFIX: &str = "_SLURM_SPANK_OPTION_bftrainer_";
+
+/// Prefix that marks bftrainer's machine-readable tag in a job's admin comment.
+pub const TAG_PREFIX: &str = "bftrainer:v1 ";
+
+/// Environment that the SPANK plugin exports to the tasks of an elastic job, for `bft-run`.
+pub mod env {
+    /// Canonical spec, e.g. `2:8,up=30`.
+    pub const SPEC: &str = "BFT_ELASTIC";
+    pub const MIN: &str = "BFT_ELASTIC_MIN";
+    /// Absent when the request gave no MAX (the daemon caps by policy and cluster size).
+    pub const MAX: &str = "BFT_ELASTIC_MAX";
+    /// `core` or `satellite`.
+    pub const ROLE: &str = "BFT_ROLE";
+    /// The core job's id: the job itself for a core job, `parent=` for a satellite.
+    pub const PARENT_JOB_ID: &str = "BFT_PARENT_JOB_ID";
+    pub const UP_SECONDS: &str = "BFT_UP_SECONDS";
+    pub const DOWN_SECONDS: &str = "BFT_DOWN_SECONDS";
+    pub const PROFILE: &str = "BFT_PROFILE";
+}
+
+/// Which part of an elastic job a Slurm job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Role {
+    /// The job the user submitted: holds the MIN-node core allocation.
+    #[default]
+    Core,
+    /// One extra node lent to a core job; only bftrainerd submits these.
+    Satellite,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Core => "core",
+            Role::Satellite => "satellite",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A parsed, valid elastic request.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct ElasticSpec {
+    /// Fewest nodes the job runs on (its core allocation), >= 1.
+    pub min: u32,
+    /// Most nodes it can use, >= min; `None` when the user left it to the policy.
+    pub max: Option<u32>,
+    /// Cost of growing, in seconds (BFTrainer's Tup).
+    pub up: Option<u32>,
+    /// Cost of shrinking, in seconds (BFTrainer's Tdw).
+    pub down: Option<u32>,
+    /// Throughput curve name in the admin's profile directory.
+    pub profile: Option<String>,
+    pub role: Role,
+    /// Core job of a satellite; present exactly when `role == Satellite`.
+    pub parent: Option<u32>,
+}
+
+impl ElasticSpec {
+    /// The upper bound, with `cap` standing in for an open MAX.
+    pub fn max_or(&self, cap: u32) -> u32 {
+        self.max.unwrap_or(cap)
+    }
+
+    /// The machine-readable admin-comment tag, e.g. `bftrainer:v1 2:4,role=core`.
+    /// The role is always written so that a reader never has to default it.
+    pub fn to_tag(&self) -> String {
+        let mut s = format!("{TAG_PREFIX}{self}");
+        if self.role == Role::Core {
+            s.push_str(",role=core");
+        }
+        s
+    }
+}
+
+impl fmt::Display for ElasticSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.min)?;
+        if let Some(max) = self.max {
+            write!(f, ":{max}")?;
+        }
+        if let Some(v) = self.up {
+            write!(f, ",up={v}")?;
+        }
+        if let Some(v) = self.down {
+            write!(f, ",down={v}")?;
+        }
+        if let Some(v) = &self.profile {
+            write!(f, ",profile={v}")?;
+        }
+        if self.role == Role::Satellite {
+            write!(f, ",role=satellite")?;
+        }
+        if let Some(v) = self.parent {
+            write!(f, ",parent={v}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A rejected `--elastic` value: what was given (shortened when long) and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--elastic={shown}: {kind}")]
+pub struct SpecError {
+    /// The value as shown to the user: lossy UTF-8, control bytes escaped, at most
+    /// 40 characters.
+    pub shown: String,
+    pub kind: SpecErrorKind,
+}
+
+/// What exactly is wrong; each message says what is allowed instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecErrorKind {
+    #[error("the value is empty; {USAGE}, e.g. --elastic=2:8")]
+    Empty,
+    #[error("the value is {0} bytes long; at most {MAX_SPEC_LEN} bytes are allowed")]
+    TooLong(usize),
+    #[error("byte {offset} (0x{byte:02x}) is not printable ASCII; the value may hold only letters, digits and , : = . _ -")]
+    BadByte { offset: usize, byte: u8 },
+    #[error("{what} is empty; {USAGE}")]
+    MissingBound { what: &'static str },
+    #[error("{what} ({text}) is negative; {USAGE}")]
+    Negative { what: &'static str, text: String },
+    #[error("{what} ({text}) is not a whole number; {USAGE}")]
+    NotANumber { what: &'static str, text: String },
+    #[error("{what} ({text}) is too large; the most is {max}", max = u32::MAX)]
+    TooLarge { what: &'static str, text: String },
+    #[error("{what} (0) must be at least 1; {USAGE}")]
+    Zero { what: &'static str },
+    #[error("MAX ({max}) is smaller than MIN ({min}); {USAGE}")]
+    MaxBelowMin { min: u32, max: u32 },
+    #[error("'{0}' is not a key=value pair; after MIN[:MAX] come ,key=value items with keys {keys}", keys = KEYS.join(", "))]
+    NotAPair(String),
+    #[error("unknown key '{0}'; known keys: {keys}", keys = KEYS.join(", "))]
+    UnknownKey(String),
+    #[error("key '{0}' is given twice; give each key at most once")]
+    DuplicateKey(&'static str),
+    #[error("{0}= has an empty value; {1}")]
+    EmptyValue(&'static str, &'static str),
+    #[error("{key}={value}: {expected}")]
+    BadValue {
+        key: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("role=satellite needs parent=JOBID (the core job it serves)")]
+    SatelliteWithoutParent,
+    #[error("parent= is only for role=satellite")]
+    ParentWithoutSatellite,
+}
+
+const UP_EXPECTED: &str = "expected whole seconds from 0 to 86400";
+const PROFILE_EXPECTED: &str =
+    "expected a profile name of 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'";
+const ROLE_EXPECTED: &str = "expected role=core or role=satellite";
+const PARENT_EXPECTED: &str = "expected a job id from 1 to 4294967295";
+
+/// Parses raw bytes (what a C caller hands over). Non-ASCII input is an error, not a panic.
+pub fn parse_bytes(input: &[u8]) -> Result<ElasticSpec, SpecError> {
+    parse_inner(input).map_err(|kind| SpecError {
+        shown: shown(input),
+        kind,
+    })
+}
+
+/// Parses a `--elastic` value.
+pub fn parse(input: &str) -> Result<ElasticSpec, SpecError> {
+    parse_bytes(input.as_bytes())
+}
+
+/// Parses an admin-comment tag written by [`ElasticSpec::to_tag`]. `None` when the
+/// comment is not a bftrainer tag at all.
+pub fn parse_tag(comment: &str) -> Option<Result<ElasticSpec, SpecError>> {
+    comment.strip_prefix(TAG_PREFIX).map(parse)
+}
+
+/// Whether an admin comment claims to be a bftrainer tag (valid or not). Used to stop
+/// users from planting one: the prefix is matched without its trailing space.
+pub fn looks_like_tag(comment: &str) -> bool {
+    comment
+        .trim_start()
+        .to_ascii_lowercase()
+        .starts_with(TAG_PREFIX.trim_end())
+}
+
+fn shown(input: &[u8]) -> String {
+    const LIMIT: usize = 40;
+    let mut out = String::new();
+    for (n, c) in String::from_utf8_lossy(input).chars().enumerate() {
+        if n == LIMIT {
+            out.push_str("...");
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn parse_inner(input: &[u8]) -> Result<ElasticSpec, SpecErrorKind> {
+    if input.is_empty() {
+        return Err(SpecErrorKind::Empty);
+    }
+    if input.len() > MAX_SPEC_LEN {
+        return Err(SpecErrorKind::TooLong(input.len()));
+    }
+    if let Some(offset) = input.iter().position(|b| !b.is_ascii_graphic()) {
+        return Err(SpecErrorKind::BadByte {
+            offset,
+            byte: input[offset],
+        });
+    }
+    // Only ASCII from here on, so this cannot fail; the error arm keeps it panic-free.
+    let text = std::str::from_utf8(input).map_err(|e| SpecErrorKind::BadByte {
+        offset: e.valid_up_to(),
+        byte: input[e.valid_up_to()],
+    })?;
+
+    let mut items = text.split(',');
+    let bounds = items.next().unwrap_or("");
+    let (min_text, max_text) = match bounds.split_once(':') {
+        Some((a, b)) => (a, Some(b)),
+        None => (bounds, None),
+    };
+    let min = bound("MIN", min_text)?;
+    let max = match max_text {
+        Some(t) => {
+            let max = bound("MAX", t)?;
+            if max < min {
+                return Err(SpecErrorKind::MaxBelowMin { min, max });
+            }
+            Some(max)
+        }
+        None => None,
+    };
+    let mut spec = ElasticSpec {
+        min,
+        max,
+        ..ElasticSpec::default()
+    };
+    let mut role_given = false;
+    for item in items {
+        let Some((key, value)) = item.split_once('=') else {
+            return Err(SpecErrorKind::NotAPair(item.to_string()));
+        };
+        parse_pair(&mut spec, &mut role_given, key, value)?;
+    }
+    match (spec.role, spec.parent) {
+        (Role::Satellite, None) => Err(SpecErrorKind::SatelliteWithoutParent),
+        (Role::Core, Some(_)) => Err(SpecErrorKind::ParentWithoutSatellite),
+        _ => Ok(spec),
+    }
+}
+
+fn parse_pair(
+    spec: &mut ElasticSpec,
+    role_given: &mut bool,
+    key: &str,
+    value: &str,
+) -> Result<(), SpecErrorKind> {
+    let Some(&key) = KEYS.iter().find(|k| **k == key) else {
+        return Err(SpecErrorKind::UnknownKey(key.to_string()));
+    };
+    let expected = match key {
+        "up" | "down" => UP_EXPECTED,
+        "profile" => PROFILE_EXPECTED,
+        "role" => ROLE_EXPECTED,
+        _ => PARENT_EXPECTED,
+    };
+    if value.is_empty() {
+        return Err(SpecErrorKind::EmptyValue(key, expected));
+    }
+    let bad = || SpecErrorKind::BadValue {
+        key,
+        value: value.to_string(),
+        expected,
+    };
+    let duplicate = |given: bool| {
+        if given {
+            Err(SpecErrorKind::DuplicateKey(key))
+        } else {
+            Ok(())
+        }
+    };
+    match key {
+        "up" | "down" => {
+            let slot = if key == "up" {
+                &mut spec.up
+            } else {
+                &mut spec.down
+            };
+            duplicate(slot.is_some())?;
+            let secs = digits(value).ok_or_else(bad)?;
+            if secs > u64::from(MAX_RESCALE_SECONDS) {
+                return Err(bad());
+            }
+            *slot = Some(secs as u32);
+        }
+        "profile" => {
+            duplicate(spec.profile.is_some())?;
+            let ok = value.len() <= MAX_PROFILE_LEN
+                && !value.starts_with('.')
+                && value
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if !ok {
+                return Err(bad());
+            }
+            spec.profile = Some(value.to_string());
+        }
+        "role" => {
+            duplicate(*role_given)?;
+            *role_given = true;
+            spec.role = match value {
+                "core" => Role::Core,
+                "satellite" => Role::Satellite,
+                _ => return Err(bad()),
+            };
+        }
+        _ => {
+            duplicate(spec.parent.is_some())?;
+            match digits(value) {
+                Some(id) if (1..=u64::from(u32::MAX)).contains(&id) => {
+                    spec.parent = Some(id as u32)
+                }
+                _ => return Err(bad()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A MIN or MAX bound: digits only, 1..=u32::MAX.
+fn bound(what: &'static str, text: &str) -> Result<u32, SpecErrorKind> {
+    if text.is_empty() {
+        return Err(SpecErrorKind::MissingBound { what });
+    }
+    let owned = || text.to_string();
+    if text.starts_with('-') && text.len() > 1 && text[1..].bytes().all(|b| b.is_ascii_digit()) {
+        return Err(SpecErrorKind::Negative {
+            what,
+            text: owned(),
+        });
+    }
+    let Some(v) = digits(text) else {
+        return if text.bytes().all(|b| b.is_ascii_digit()) {
+            Err(SpecErrorKind::TooLarge {
+                what,
+                text: owned(),
+            })
+        } else {
+            Err(SpecErrorKind::NotANumber {
+                what,
+                text: owned(),
+            })
+        };
+    };
+    match u32::try_from(v) {
+        Ok(0) => Err(SpecErrorKind::Zero { what }),
+        Ok(v) => Ok(v),
+        Err(_) => Err(SpecErrorKind::TooLarge {
+            what,
+            text: owned(),
+        }),
+    }
+}
+
+/// Unsigned decimal without sign or spaces; `None` when not all digits or past u64.
+fn digits(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.bytes().try_fold(0u64, |acc, b| {
+        acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(input: &str) -> String {
+        parse(input).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn bounds_only() {
+        let s = parse("2:16").unwrap();
+        assert_eq!((s.min, s.max), (2, Some(16)));
+        assert_eq!(s.role, Role::Core);
+        let s = parse("3").unwrap();
+        assert_eq!((s.min, s.max), (3, None));
+        assert_eq!(parse("4:4").unwrap().max, Some(4));
+        assert_eq!(parse("4294967295").unwrap().min, u32::MAX);
+    }
+
+    #[test]
+    fn all_keys() {
+        let s = parse("1:8,up=30,down=5,profile=resnet-50.v2,role=satellite,parent=77").unwrap();
+        assert_eq!(s.up, Some(30));
+        assert_eq!(s.down, Some(5));
+        assert_eq!(s.profile.as_deref(), Some("resnet-50.v2"));
+        assert_eq!(s.role, Role::Satellite);
+        assert_eq!(s.parent, Some(77));
+        assert_eq!(
+            s.to_string(),
+            "1:8,up=30,down=5,profile=resnet-50.v2,role=satellite,parent=77"
+        );
+    }
+
+    #[test]
+    fn canonical_order_and_tag() {
+        let s = parse("2:4,profile=x,down=1,up=2,role=core").unwrap();
+        assert_eq!(s.to_string(), "2:4,up=2,down=1,profile=x");
+        assert_eq!(
+            s.to_tag(),
+            "bftrainer:v1 2:4,up=2,down=1,profile=x,role=core"
+        );
+        assert_eq!(parse_tag(&s.to_tag()).unwrap().unwrap(), s);
+        assert!(parse_tag("user text").is_none());
+        assert!(looks_like_tag("  BFTRAINER:v1 1:1"));
+        assert!(looks_like_tag("bftrainer:v1"));
+        assert!(!looks_like_tag("bftrainer rocks"));
+    }
+
+    #[test]
+    fn issue_message_for_max_below_min() {
+        assert_eq!(
+            err("8:2"),
+            "--elastic=8:2: MAX (2) is smaller than MIN (8); expected --elastic=MIN[:MAX] with 1 <= MIN <= MAX"
+        );
+    }
+
+    #[test]
+    fn bad_bounds() {
+        assert!(err("").contains("the value is empty"));
+        assert_eq!(
+            err("0"),
+            "--elastic=0: MIN (0) must be at least 1; expected --elastic=MIN[:MAX] with 1 <= MIN <= MAX"
+        );
+        assert!(err("2:0").contains("MAX (0) must be at least 1"));
+        assert!(err("-1").contains("MIN (-1) is negative"));
+        assert!(err("2:-4").contains("MAX (-4) is negative"));
+        assert!(err("4294967296").contains("MIN (4294967296) is too large; the most is 4294967295"));
+        assert!(
+            err("1:99999999999999999999999").contains("MAX (99999999999999999999999) is too large")
+        );
+        assert!(err("two").contains("MIN (two) is not a whole number"));
+        assert!(err("2:x").contains("MAX (x) is not a whole number"));
+        assert!(err("2:4:8").contains("MAX (4:8) is not a whole number"));
+        assert!(err("+2").contains("MIN (+2) is not a whole number"));
+        assert!(err("1.5").contains("not a whole number"));
+        assert!(err(":4").contains("MIN is empty"));
+        assert!(err("2:").contains("MAX is empty"));
+        assert!(err(",up=3").contains("MIN is empty"));
+    }
+
+    #[test]
+    fn bad_keys() {
+        assert_eq!(
+            err("2:4,foo=1"),
+            "--elastic=2:4,foo=1: unknown key 'foo'; known keys: up, down, profile, role, parent"
+        );
+        assert!(err("2:4,up=1,up=2").contains("key 'up' is given twice"));
+        assert!(err("2:4,role=core,role=core").contains("key 'role' is given twice"));
+        assert!(err("2:4,up=").contains("up= has an empty value"));
+        assert!(err("2:4,up").contains("'up' is not a key=value pair"));
+        assert!(err("2:4,").contains("'' is not a key=value pair"));
+        assert!(err("2:4,up=x").contains("up=x: expected whole seconds from 0 to 86400"));
+        assert!(err("2:4,down=86401").contains("down=86401: expected whole seconds"));
+        assert!(err("2:4,profile=../etc").contains("profile=../etc: expected a profile name"));
+        assert!(err("2:4,profile=a/b").contains("expected a profile name"));
+        assert!(err(&format!("2:4,profile={}", "a".repeat(65))).contains("expected a profile name"));
+        assert!(err("2:4,role=boss").contains("expected role=core or role=satellite"));
+        assert!(err("1:1,role=satellite").contains("needs parent=JOBID"));
+        assert!(err("1:1,parent=4").contains("only for role=satellite"));
+        assert!(err("1:1,role=satellite,parent=0").contains("parent=0: expected a job id"));
+        assert!(err("2:4,UP=3").contains("unknown key 'UP'"));
+    }
+
+    #[test]
+    fn hostile_bytes() {
+        let long = "1".repeat(100 * 1024);
+        assert_eq!(
+            err(&long),
+            format!(
+                "--elastic={}...: the value is 102400 bytes long; at most 256 bytes are allowed",
+                "1".repeat(40)
+            )
+        );
+        let e = parse_bytes(b"2:\xff\xfe").unwrap_err().to_string();
+        assert!(e.contains("byte 2 (0xff) is not printable ASCII"), "{e}");
+        assert!(e.starts_with("--elastic=2:\u{fffd}"), "{e}");
+        assert!(err("2:4, up=3").contains("byte 4 (0x20)"));
+        assert!(err("2:4\n").contains("--elastic=2:4\\n: byte 3 (0x0a)"));
+        assert!(err("２").contains("byte 0 (0xef)"));
+    }
+
+    #[test]
+    fn max_or() {
+        assert_eq!(parse("2").unwrap().max_or(10), 10);
+        assert_eq!(parse("2:3").unwrap().max_or(10), 3);
+    }
+}

@@ -1,0 +1,458 @@
+//! The admin's policy for elastic jobs: the `[policy]` table of bftrainer.toml, parsed
+//! once (at init and after `scontrol reconfigure`) into a typed, range-checked struct.
+//!
+//! Every error names the file, the key and what is allowed, because it ends up as the
+//! one line in slurmctld's log that explains why slurmctld refused to start.
+
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+
+/// Top-level tables of bftrainer.toml; the plugin reads `policy` and leaves the others
+/// to bftrainerd. An unknown table is most likely a typo, so it is an error too.
+pub const TABLES: [&str; 5] = ["policy", "daemon", "engine", "metrics", "runtime"];
+
+/// Keys of `[policy]`, in the order docs/admin.md explains them.
+pub const POLICY_KEYS: [&str; 9] = [
+    "partition",
+    "allowed_partitions",
+    "max_nodes",
+    "allowed_users",
+    "allowed_accounts",
+    "daemon_user",
+    "profile_dir",
+    "exclusive",
+    "hold",
+];
+
+/// Where the config comes from when nothing else is said.
+pub const DEFAULT_PATH: &str = "/etc/slurm/bftrainer.toml";
+
+/// The policy, ready for use on the submit path without any further I/O: user names
+/// are resolved to uids and the profile directory is listed here, not per job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// The file this came from (for messages).
+    pub path: PathBuf,
+    /// Where elastic jobs go when the user names no partition.
+    pub partition: String,
+    /// Further partitions a user may pick with `-p` for an elastic job.
+    pub allowed_partitions: Vec<String>,
+    /// Upper limit on MAX (and fill-in for an open MAX); `None`: no limit.
+    pub max_nodes: Option<u32>,
+    /// Uids allowed to submit elastic jobs; empty: everyone.
+    pub allowed_uids: BTreeSet<u32>,
+    pub allowed_users: Vec<String>,
+    /// Accounts allowed to submit elastic jobs; empty: every account.
+    pub allowed_accounts: Vec<String>,
+    pub daemon_user: String,
+    pub daemon_uid: u32,
+    pub profile_dir: Option<PathBuf>,
+    /// Profile names found in `profile_dir` (file names without their extension).
+    pub profiles: BTreeSet<String>,
+    /// Elastic jobs get whole nodes (one job per node, as the allocator assumes).
+    pub exclusive: bool,
+    /// Core jobs are held until bftrainerd admits them.
+    pub hold: bool,
+}
+
+impl Policy {
+    /// Partitions an elastic job may name.
+    pub fn partition_ok(&self, name: &str) -> bool {
+        self.partition == name || self.allowed_partitions.iter().any(|p| p == name)
+    }
+
+    /// `elastic` or `elastic, gpu-elastic` for messages.
+    pub fn partitions_text(&self) -> String {
+        std::iter::once(self.partition.as_str())
+            .chain(self.allowed_partitions.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Root and the daemon's user may submit satellites and edit elastic jobs freely.
+    pub fn privileged(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.daemon_uid
+    }
+}
+
+/// A config problem, with everything the admin needs to fix it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Which file to read: `$BFTRAINER_CONFIG`, else `bftrainer.toml` beside slurm.conf
+/// (`slurm_conf_path`, or `$SLURM_CONF`), else [`DEFAULT_PATH`].
+pub fn locate(env_config: Option<&str>, slurm_conf_path: Option<&Path>) -> PathBuf {
+    if let Some(p) = env_config.filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    if let Some(dir) = slurm_conf_path.and_then(Path::parent) {
+        let p = dir.join("bftrainer.toml");
+        if p.is_file() {
+            return p;
+        }
+    }
+    PathBuf::from(DEFAULT_PATH)
+}
+
+/// Reads and checks the policy in `path`. `lookup_uid` maps a user name to its uid
+/// (getpwnam in the plugin, a table in tests).
+pub fn load(path: &Path, lookup_uid: &dyn Fn(&str) -> Option<u32>) -> Result<Policy, ConfigError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError(format!(
+            "{shown}: cannot read the bftrainer config: {e}; write it (see conf/bftrainer.toml) \
+             or point BFTRAINER_CONFIG at it"
+        ))
+    })?;
+    parse(&text, path, lookup_uid)
+}
+
+/// Checks config text; `path` is only used in messages and to resolve `profile_dir`.
+pub fn parse(
+    text: &str,
+    path: &Path,
+    lookup_uid: &dyn Fn(&str) -> Option<u32>,
+) -> Result<Policy, ConfigError> {
+    let file = path.display().to_string();
+    let err = |key: &str, msg: String| ConfigError(format!("{file}: [policy] {key}: {msg}"));
+    let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        ConfigError(format!("{file}: not valid TOML: {}", e.message().trim()))
+    })?;
+    for (k, v) in &doc {
+        if !TABLES.contains(&k.as_str()) {
+            return Err(ConfigError(format!(
+                "{file}: unknown table or key '{k}' at top level; allowed tables: [{}]",
+                TABLES.join("], [")
+            )));
+        }
+        if !v.is_table() {
+            return Err(ConfigError(format!(
+                "{file}: '{k}' must be a table ([{k}])"
+            )));
+        }
+    }
+    let empty = toml::Table::new();
+    let t = doc
+        .get("policy")
+        .and_then(|v| v.as_table())
+        .unwrap_or(&empty);
+    for k in t.keys() {
+        if !POLICY_KEYS.contains(&k.as_str()) {
+            return Err(err(
+                k,
+                format!("unknown key; allowed keys: {}", POLICY_KEYS.join(", ")),
+            ));
+        }
+    }
+
+    let string = |key: &str, default: &str| -> Result<String, ConfigError> {
+        match t.get(key) {
+            None => Ok(default.to_string()),
+            Some(toml::Value::String(s)) => Ok(s.clone()),
+            Some(v) => Err(err(
+                key,
+                format!("expected a string, found {}", v.type_str()),
+            )),
+        }
+    };
+    let strings = |key: &str| -> Result<Vec<String>, ConfigError> {
+        match t.get(key) {
+            None => Ok(Vec::new()),
+            Some(toml::Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_str().map(str::to_string).ok_or_else(|| {
+                        err(
+                            key,
+                            format!("expected a list of strings, found a {} in it", v.type_str()),
+                        )
+                    })
+                })
+                .collect(),
+            Some(v) => Err(err(
+                key,
+                format!(
+                    "expected a list of strings like [\"a\", \"b\"], found {}",
+                    v.type_str()
+                ),
+            )),
+        }
+    };
+    let boolean = |key: &str, default: bool| -> Result<bool, ConfigError> {
+        match t.get(key) {
+            None => Ok(default),
+            Some(toml::Value::Boolean(b)) => Ok(*b),
+            Some(v) => Err(err(
+                key,
+                format!("expected true or false, found {}", v.type_str()),
+            )),
+        }
+    };
+    let name_ok = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    };
+
+    let partition = string("partition", "elastic")?;
+    if !name_ok(&partition) {
+        return Err(err(
+            "partition",
+            format!(
+                "'{partition}' is not a partition name; expected letters, digits, '.', '_' or '-'"
+            ),
+        ));
+    }
+    let allowed_partitions = strings("allowed_partitions")?;
+    if let Some(bad) = allowed_partitions.iter().find(|p| !name_ok(p)) {
+        return Err(err(
+            "allowed_partitions",
+            format!("'{bad}' is not a partition name; expected letters, digits, '.', '_' or '-'"),
+        ));
+    }
+
+    let max_nodes = match t.get("max_nodes") {
+        None => None,
+        Some(toml::Value::Integer(n)) if (1..=i64::from(u32::MAX)).contains(n) => Some(*n as u32),
+        Some(toml::Value::Integer(n)) => {
+            return Err(err(
+                "max_nodes",
+                format!(
+                    "{n} is out of range; expected a whole number from 1 to {}",
+                    u32::MAX
+                ),
+            ))
+        }
+        Some(v) => {
+            return Err(err(
+                "max_nodes",
+                format!(
+                    "expected a whole number from 1 to {}, found {}",
+                    u32::MAX,
+                    v.type_str()
+                ),
+            ))
+        }
+    };
+
+    let allowed_users = strings("allowed_users")?;
+    let mut allowed_uids = BTreeSet::new();
+    for u in &allowed_users {
+        let uid = lookup_uid(u).ok_or_else(|| {
+            err(
+                "allowed_users",
+                format!("no such user '{u}'; expected existing user names"),
+            )
+        })?;
+        allowed_uids.insert(uid);
+    }
+    let allowed_accounts = strings("allowed_accounts")?;
+    let daemon_user = string("daemon_user", "root")?;
+    let daemon_uid = lookup_uid(&daemon_user).ok_or_else(|| {
+        err(
+            "daemon_user",
+            format!("no such user '{daemon_user}'; expected the user bftrainerd runs as"),
+        )
+    })?;
+
+    let (profile_dir, profiles) = match t.get("profile_dir") {
+        None => (None, BTreeSet::new()),
+        Some(toml::Value::String(s)) => {
+            let dir = path.parent().unwrap_or(Path::new("/")).join(s);
+            let entries = std::fs::read_dir(&dir).map_err(|e| {
+                err("profile_dir", format!("cannot list '{}': {e}; expected a readable directory of throughput profiles", dir.display()))
+            })?;
+            let mut names = BTreeSet::new();
+            for entry in entries.flatten() {
+                if entry.file_type().map(|t| t.is_file()).unwrap_or(false) {
+                    if let Some(stem) = Path::new(&entry.file_name())
+                        .file_stem()
+                        .and_then(|s| s.to_str())
+                    {
+                        if !stem.starts_with('.') {
+                            names.insert(stem.to_string());
+                        }
+                    }
+                }
+            }
+            (Some(dir), names)
+        }
+        Some(v) => {
+            return Err(err(
+                "profile_dir",
+                format!("expected a directory path string, found {}", v.type_str()),
+            ))
+        }
+    };
+
+    Ok(Policy {
+        path: path.to_path_buf(),
+        partition,
+        allowed_partitions,
+        max_nodes,
+        allowed_uids,
+        allowed_users,
+        allowed_accounts,
+        daemon_user,
+        daemon_uid,
+        profile_dir,
+        profiles,
+        exclusive: boolean("exclusive", true)?,
+        hold: boolean("hold", true)?,
+    })
+}
+
+/// getpwnam_r: user name to uid. Only called while (re)loading the config, never per
+/// job, because NSS may sit on LDAP and slurmctld must not wait on the network per job.
+pub fn uid_of(name: &str) -> Option<u32> {
+    let c = CString::new(name).ok()?;
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: all pointers are valid for the call; buf outlives pwd's string fields,
+    // which are not used after this function.
+    let rc =
+        unsafe { libc::getpwnam_r(c.as_ptr(), &mut pwd, buf.as_mut_ptr(), buf.len(), &mut out) };
+    (rc == 0 && !out.is_null()).then_some(pwd.pw_uid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn users(name: &str) -> Option<u32> {
+        match name {
+            "root" => Some(0),
+            "alice" => Some(1000),
+            "bftd" => Some(990),
+            _ => None,
+        }
+    }
+
+    fn p(text: &str) -> Result<Policy, String> {
+        parse(text, Path::new("/etc/slurm/bftrainer.toml"), &users).map_err(|e| e.0)
+    }
+
+    #[test]
+    fn defaults() {
+        let pol = p("").unwrap();
+        assert_eq!(pol.partition, "elastic");
+        assert_eq!(pol.max_nodes, None);
+        assert!(pol.exclusive && pol.hold);
+        assert_eq!((pol.daemon_user.as_str(), pol.daemon_uid), ("root", 0));
+        assert!(pol.privileged(0) && !pol.privileged(1000));
+    }
+
+    #[test]
+    fn full() {
+        let pol = p(r#"
+            [policy]
+            partition = "harvest"
+            allowed_partitions = ["harvest-gpu"]
+            max_nodes = 16
+            allowed_users = ["alice"]
+            allowed_accounts = ["ml"]
+            daemon_user = "bftd"
+            exclusive = false
+            hold = false
+            [daemon]
+            anything = 1
+        "#)
+        .unwrap();
+        assert!(
+            pol.partition_ok("harvest")
+                && pol.partition_ok("harvest-gpu")
+                && !pol.partition_ok("batch")
+        );
+        assert_eq!(pol.partitions_text(), "harvest, harvest-gpu");
+        assert_eq!(pol.max_nodes, Some(16));
+        assert!(pol.allowed_uids.contains(&1000));
+        assert!(pol.privileged(990));
+        assert!(!pol.exclusive && !pol.hold);
+    }
+
+    #[test]
+    fn errors_name_file_key_and_allowed_values() {
+        assert_eq!(
+            p("[policy]\nmax_nodes = 0").unwrap_err(),
+            "/etc/slurm/bftrainer.toml: [policy] max_nodes: 0 is out of range; expected a whole number from 1 to 4294967295"
+        );
+        assert!(p("[policy]\nmax_nodes = \"8\"")
+            .unwrap_err()
+            .contains("max_nodes: expected a whole number from 1 to 4294967295, found string"));
+        assert!(p("[policy]\nmaxnodes = 3").unwrap_err().contains("[policy] maxnodes: unknown key; allowed keys: partition, allowed_partitions, max_nodes"));
+        assert!(p("[polcy]\n").unwrap_err().contains(
+            "unknown table or key 'polcy' at top level; allowed tables: [policy], [daemon]"
+        ));
+        assert!(p("[policy]\ndaemon_user = \"nobody-here\"")
+            .unwrap_err()
+            .contains("daemon_user: no such user 'nobody-here'"));
+        assert!(p("[policy]\nallowed_users = [\"alice\", \"zed\"]")
+            .unwrap_err()
+            .contains("allowed_users: no such user 'zed'"));
+        assert!(p("[policy]\nallowed_users = \"alice\"")
+            .unwrap_err()
+            .contains("expected a list of strings"));
+        assert!(p("[policy]\nhold = 1")
+            .unwrap_err()
+            .contains("hold: expected true or false, found integer"));
+        assert!(p("[policy]\npartition = \"a b\"")
+            .unwrap_err()
+            .contains("'a b' is not a partition name"));
+        assert!(p("[policy]\nprofile_dir = \"/nonexistent/x\"")
+            .unwrap_err()
+            .contains("profile_dir: cannot list '/nonexistent/x'"));
+        assert!(p("policy = 3")
+            .unwrap_err()
+            .contains("'policy' must be a table"));
+        assert!(p("[policy\n")
+            .unwrap_err()
+            .starts_with("/etc/slurm/bftrainer.toml: not valid TOML"));
+    }
+
+    #[test]
+    fn profiles_are_listed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let prof = dir.path().join("profiles");
+        std::fs::create_dir_all(prof.join("subdir")).unwrap();
+        std::fs::write(prof.join("resnet50.toml"), "").unwrap();
+        std::fs::write(prof.join("bert.json"), "").unwrap();
+        std::fs::write(prof.join(".hidden"), "").unwrap();
+        // Relative to the config file's directory.
+        let cfg = dir.path().join("bftrainer.toml");
+        std::fs::write(&cfg, "[policy]\nprofile_dir = \"profiles\"\n").unwrap();
+        let pol = load(&cfg, &users).unwrap();
+        assert_eq!(
+            pol.profiles.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["bert", "resnet50"]
+        );
+    }
+
+    #[test]
+    fn locate_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("slurm.conf");
+        assert_eq!(
+            locate(Some("/x/b.toml"), Some(&conf)),
+            PathBuf::from("/x/b.toml")
+        );
+        assert_eq!(locate(None, Some(&conf)), PathBuf::from(DEFAULT_PATH));
+        std::fs::write(dir.path().join("bftrainer.toml"), "").unwrap();
+        assert_eq!(locate(None, Some(&conf)), dir.path().join("bftrainer.toml"));
+        assert_eq!(locate(Some(""), None), PathBuf::from(DEFAULT_PATH));
+    }
+
+    #[test]
+    fn uid_lookup() {
+        assert_eq!(uid_of("root"), Some(0));
+        assert_eq!(uid_of("no-such-user-bft"), None);
+        assert_eq!(uid_of("a\0b"), None);
+    }
+}

@@ -1,0 +1,700 @@
+//! What job_submit and job_modify decide, as pure functions over plain data: the FFI
+//! layer copies the few fields it needs out of Slurm's structs and applies the verdict.
+//!
+//! Kept free of pointers so every rule is unit-tested without slurmctld.
+
+use bftrainer_core::spec::{self, ElasticSpec, Role, JOB_ENV_COPY, OPTION_ENV_PREFIX};
+
+use crate::config::Policy;
+
+/// Slurm's "not set" for 32-bit fields of job_desc_msg_t.
+pub const NO_VAL: u32 = 0xffff_fffe;
+/// Slurm's "not set" for 16-bit fields.
+pub const NO_VAL16: u16 = 0xfffe;
+/// `priority` value that `scontrol release` sends.
+pub const INFINITE: u32 = 0xffff_ffff;
+
+/// The fields of a submission the policy looks at.
+#[derive(Debug, Clone, Default)]
+pub struct Submission<'a> {
+    pub uid: u32,
+    pub account: Option<&'a [u8]>,
+    pub partition: Option<&'a [u8]>,
+    pub min_nodes: u32,
+    pub max_nodes: u32,
+    pub admin_comment: Option<&'a [u8]>,
+    pub comment: Option<&'a [u8]>,
+    /// `NAME=value` entries of `spank_job_env`.
+    pub spank_env: Vec<&'a [u8]>,
+    /// `NAME=value` entries of the job's environment (batch jobs only).
+    pub environment: Vec<&'a [u8]>,
+}
+
+/// The changes an accepted elastic job gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rewrite {
+    pub spec: ElasticSpec,
+    pub partition: String,
+    /// Core allocation: min_nodes = max_nodes = MIN.
+    pub nodes: u32,
+    /// `Some(0)`: hold (priority 0) until bftrainerd releases the job.
+    pub priority: Option<u32>,
+    /// `Some(0)`: whole nodes (`shared = 0`, i.e. `--exclusive`).
+    pub shared: Option<u16>,
+    pub admin_comment: String,
+    /// Plain-words note shown by `squeue -O comment`; only set when the user gave none.
+    pub comment: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not an elastic job: leave every field as it is.
+    Untouched,
+    Elastic(Box<Rewrite>),
+    /// Refuse the job; the text goes to the user as err_msg.
+    Reject(String, Code),
+}
+
+/// The Slurm error code a rejection returns (sbatch prints its text after err_msg).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// Malformed request: SLURM_ERROR ("Unspecified error"), err_msg says the rest.
+    Invalid,
+    /// Not allowed for this user: ESLURM_ACCESS_DENIED.
+    Denied,
+    /// Partition closed to elastic jobs: ESLURM_INVALID_PARTITION_NAME.
+    Partition,
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn split_env(entry: &[u8]) -> (&[u8], &[u8]) {
+    match entry.iter().position(|&b| b == b'=') {
+        Some(i) => (&entry[..i], &entry[i + 1..]),
+        None => (entry, &[]),
+    }
+}
+
+/// Decides what happens to a submitted job.
+pub fn submit(pol: &Policy, s: &Submission<'_>) -> Verdict {
+    let privileged = pol.privileged(s.uid);
+    let requests: Vec<&[u8]> = s
+        .spank_env
+        .iter()
+        .map(|e| split_env(e))
+        .filter(|(k, _)| *k == spec::JOB_ENV_NAME.as_bytes())
+        .map(|(_, v)| v)
+        .collect();
+    if requests.len() > 1 {
+        return Verdict::Reject(format!(
+            "the elastic request ({}) appears {} times in the job's SPANK environment; give --elastic once",
+            spec::JOB_ENV_NAME,
+            requests.len()
+        ), Code::Invalid);
+    }
+    let request = match requests.first().map(|v| spec::parse_bytes(v)) {
+        None => None,
+        Some(Ok(r)) => Some(r),
+        Some(Err(e)) => return Verdict::Reject(e.to_string(), Code::Invalid),
+    };
+
+    // The job's environment must not claim an elastic request that slurmctld has not
+    // been given (--export=...,SLURM_SPANK_BFTRAINER_ELASTIC=...): bft-run and the SPANK
+    // plugin's remote side read it from there.
+    for entry in &s.environment {
+        let (name, value) = split_env(entry);
+        // The option travels as _SLURM_SPANK_OPTION_bftrainer_elastic, and sbatch re-exports
+        // it as SLURM_SPANK__SLURM_SPANK_OPTION_bftrainer_elastic: match any carrier.
+        let option = OPTION_ENV_PREFIX.as_bytes();
+        // Cheap pre-filter first: every carrier name holds "SPANK", most variables do not.
+        let reserved = name.windows(5).any(|w| w == b"SPANK")
+            && (name == JOB_ENV_COPY.as_bytes() || name.windows(option.len()).any(|w| w == option));
+        if !reserved {
+            continue;
+        }
+        let agrees = matches!((&request, spec::parse_bytes(value)), (Some(r), Ok(v)) if *r == v);
+        if !agrees {
+            return Verdict::Reject(
+                format!(
+                "environment variable {} is reserved for bftrainer and does not match the job's \
+                 elastic request; request an elastic job with --elastic=MIN[:MAX], not through \
+                 --export or the environment (unset {} before calling sbatch)",
+                text(name),
+                text(name)
+            ),
+                Code::Denied,
+            );
+        }
+    }
+
+    let Some(spec) = request else {
+        if let Some(c) = s.admin_comment {
+            if !privileged && spec::looks_like_tag(&text(c)) {
+                return Verdict::Reject(format!(
+                    "an admin comment starting with '{}' is bftrainer's tag; only bftrainerd sets it",
+                    spec::TAG_PREFIX.trim_end()
+                ), Code::Denied);
+            }
+        }
+        return Verdict::Untouched;
+    };
+    elastic(pol, s, spec, privileged)
+}
+
+fn elastic(pol: &Policy, s: &Submission<'_>, mut spec: ElasticSpec, privileged: bool) -> Verdict {
+    let shown = format!("--elastic={spec}");
+    if spec.role == Role::Satellite && !privileged {
+        return Verdict::Reject(format!(
+            "{shown}: role=satellite is reserved for bftrainerd (user '{}'); submit the core job with --elastic=MIN[:MAX] and bftrainerd adds satellites",
+            pol.daemon_user
+        ), Code::Denied);
+    }
+    if !privileged && !pol.allowed_uids.is_empty() && !pol.allowed_uids.contains(&s.uid) {
+        return Verdict::Reject(
+            format!(
+                "{shown}: user {} may not submit elastic jobs on this cluster; allowed users: {}",
+                s.uid,
+                pol.allowed_users.join(", ")
+            ),
+            Code::Denied,
+        );
+    }
+    if !privileged && !pol.allowed_accounts.is_empty() {
+        match s.account.map(text) {
+            None => {
+                return Verdict::Reject(format!(
+                    "{shown}: elastic jobs must name their account (--account); allowed accounts: {}",
+                    pol.allowed_accounts.join(", ")
+                ), Code::Denied)
+            }
+            Some(a) if !pol.allowed_accounts.contains(&a) => {
+                return Verdict::Reject(format!(
+                    "{shown}: account '{a}' may not submit elastic jobs; allowed accounts: {}",
+                    pol.allowed_accounts.join(", ")
+                ), Code::Denied)
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(limit) = pol.max_nodes {
+        let (what, n) = match spec.max {
+            Some(m) => ("MAX", m),
+            None => ("MIN", spec.min),
+        };
+        if n > limit {
+            return Verdict::Reject(format!(
+                "{shown}: {what} ({n}) is over this cluster's limit of {limit} nodes for elastic jobs; use --elastic=MIN:MAX with MAX <= {limit}"
+            ), Code::Invalid);
+        }
+        spec.max.get_or_insert(limit);
+    }
+    if let Some(name) = &spec.profile {
+        if pol.profile_dir.is_none() {
+            return Verdict::Reject(format!("{shown}: profile={name}: this cluster has no profile directory; leave out profile="), Code::Invalid);
+        }
+        if !pol.profiles.contains(name) {
+            let known: Vec<&str> = pol.profiles.iter().take(20).map(String::as_str).collect();
+            return Verdict::Reject(
+                format!(
+                    "{shown}: profile={name}: no such profile; known profiles: {}",
+                    if known.is_empty() {
+                        "(none)".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+                Code::Invalid,
+            );
+        }
+    }
+    let partition = match s.partition.map(text) {
+        None => pol.partition.clone(),
+        Some(list) => {
+            if let Some(bad) = list.split(',').find(|p| !pol.partition_ok(p)) {
+                return Verdict::Reject(format!(
+                    "{shown}: partition '{bad}' is closed to elastic jobs by this cluster's policy; elastic jobs may use: {} (leave out -p to get {})",
+                    pol.partitions_text(),
+                    pol.partition
+                ), Code::Partition);
+            }
+            list
+        }
+    };
+    // An explicit node count that disagrees with MIN would be silently overwritten;
+    // say so instead. sbatch sends NO_VAL (min) / 0 or NO_VAL (max) when -N is absent.
+    let min_given = s.min_nodes != NO_VAL && s.min_nodes != 0;
+    let max_given = s.max_nodes != NO_VAL && s.max_nodes != 0;
+    if (min_given && s.min_nodes != spec.min) || (max_given && s.max_nodes != spec.min) {
+        return Verdict::Reject(format!(
+            "{shown}: --nodes conflicts with the elastic request; an elastic job starts on MIN ({}) nodes and grows up to MAX: leave out --nodes",
+            spec.min
+        ), Code::Invalid);
+    }
+    let hold = pol.hold && spec.role == Role::Core;
+    let comment = (hold && s.comment.is_none()).then(|| {
+        format!(
+            "bftrainer: elastic job ({}-{} nodes) waiting for bftrainerd to admit it",
+            spec.min,
+            spec.max
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "any".into())
+        )
+    });
+    Verdict::Elastic(Box::new(Rewrite {
+        partition,
+        nodes: spec.min,
+        priority: hold.then_some(0),
+        shared: pol.exclusive.then_some(0),
+        admin_comment: spec.to_tag(),
+        comment,
+        spec,
+    }))
+}
+
+/// The fields of a job update (`scontrol update`, `scontrol release`...) the policy checks.
+#[derive(Debug, Clone, Default)]
+pub struct Modification<'a> {
+    pub uid: u32,
+    /// The job's current admin comment (its tag, if elastic).
+    pub current_admin_comment: Option<&'a [u8]>,
+    pub admin_comment: Option<&'a [u8]>,
+    pub partition: Option<&'a [u8]>,
+    pub min_nodes: u32,
+    pub max_nodes: u32,
+    pub priority: u32,
+    pub requeue: u16,
+}
+
+/// `Ok(())` lets the update through; `Err` is logged and turned into an error code.
+pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<(), ModifyDenied> {
+    if pol.privileged(m.uid) {
+        return Ok(());
+    }
+    let tag = m
+        .current_admin_comment
+        .map(text)
+        .and_then(|c| spec::parse_tag(&c));
+    let Some(Ok(spec)) = tag else {
+        if m.admin_comment
+            .map(text)
+            .is_some_and(|c| spec::looks_like_tag(&c))
+        {
+            return Err(ModifyDenied::Access("sets bftrainer's tag on a job"));
+        }
+        return Ok(());
+    };
+    if m.admin_comment.is_some() {
+        return Err(ModifyDenied::Access(
+            "edits the admin comment (bftrainer's tag) of an elastic job",
+        ));
+    }
+    if let Some(p) = m.partition.map(text) {
+        if p.split(',').any(|p| !pol.partition_ok(p)) {
+            return Err(ModifyDenied::Partition);
+        }
+    }
+    if m.min_nodes != NO_VAL || m.max_nodes != NO_VAL {
+        return Err(ModifyDenied::Access(
+            "changes the node count of an elastic job (bftrainerd sizes it)",
+        ));
+    }
+    // Holding one's own job is fine; releasing a held core job is bftrainerd's call.
+    if m.priority != NO_VAL && m.priority != 0 && spec.role == Role::Core {
+        return Err(ModifyDenied::Access(
+            "releases or reprioritises an elastic job (bftrainerd admits it)",
+        ));
+    }
+    if m.requeue != NO_VAL16 && m.requeue == 0 {
+        return Err(ModifyDenied::Access(
+            "turns requeue off for an elastic job (preemption requeues it)",
+        ));
+    }
+    Ok(())
+}
+
+/// Why an update was refused; job_modify in 22.05 has no err_msg, so the user sees the
+/// Slurm error code's text and slurmctld's log gets this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModifyDenied {
+    Access(&'static str),
+    Partition,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+    use std::path::Path;
+
+    fn pol(extra: &str) -> Policy {
+        let users = |n: &str| match n {
+            "root" => Some(0),
+            "alice" => Some(1000),
+            "bftd" => Some(990),
+            _ => None,
+        };
+        config::parse(
+            &format!("[policy]\ndaemon_user = \"bftd\"\n{extra}"),
+            Path::new("/t/bftrainer.toml"),
+            &users,
+        )
+        .unwrap()
+    }
+
+    fn sub(env: &'static str) -> Submission<'static> {
+        Submission {
+            uid: 1000,
+            min_nodes: NO_VAL,
+            max_nodes: NO_VAL,
+            spank_env: vec![env.as_bytes()],
+            ..Submission::default()
+        }
+    }
+
+    fn rejected(v: Verdict) -> String {
+        match v {
+            Verdict::Reject(m, _) => m,
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+
+    fn rewrite(v: Verdict) -> Rewrite {
+        match v {
+            Verdict::Elastic(r) => *r,
+            other => panic!("expected an elastic rewrite, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn plain_jobs_are_untouched() {
+        let p = pol("");
+        let s = Submission {
+            uid: 1000,
+            min_nodes: 3,
+            partition: Some(b"batch"),
+            spank_env: vec![b"OTHER=1"],
+            environment: vec![b"PATH=/bin"],
+            ..Default::default()
+        };
+        assert_eq!(submit(&p, &s), Verdict::Untouched);
+    }
+
+    #[test]
+    fn elastic_job_is_routed_tagged_and_held() {
+        let r = rewrite(submit(&pol(""), &sub("BFTRAINER_ELASTIC=2:4")));
+        assert_eq!(r.partition, "elastic");
+        assert_eq!(r.nodes, 2);
+        assert_eq!(r.priority, Some(0));
+        assert_eq!(r.shared, Some(0));
+        assert_eq!(r.admin_comment, "bftrainer:v1 2:4,role=core");
+        assert_eq!(
+            r.comment.as_deref(),
+            Some("bftrainer: elastic job (2-4 nodes) waiting for bftrainerd to admit it")
+        );
+    }
+
+    #[test]
+    fn open_max_takes_the_policy_limit() {
+        let r = rewrite(submit(&pol("max_nodes = 8"), &sub("BFTRAINER_ELASTIC=3")));
+        assert_eq!(r.admin_comment, "bftrainer:v1 3:8,role=core");
+        let r = rewrite(submit(&pol(""), &sub("BFTRAINER_ELASTIC=3")));
+        assert_eq!(r.admin_comment, "bftrainer:v1 3,role=core");
+    }
+
+    #[test]
+    fn forged_requests_are_revalidated() {
+        let p = pol("max_nodes = 4");
+        assert!(rejected(submit(&p, &sub("BFTRAINER_ELASTIC=8:2")))
+            .contains("MAX (2) is smaller than MIN (8)"));
+        assert!(rejected(submit(&p, &sub("BFTRAINER_ELASTIC="))).contains("the value is empty"));
+        assert!(rejected(submit(&p, &sub("BFTRAINER_ELASTIC=2:64")))
+            .contains("MAX (64) is over this cluster's limit of 4 nodes"));
+        assert!(rejected(submit(&p, &sub("BFTRAINER_ELASTIC=6"))).contains("MIN (6) is over"));
+        let twice = Submission {
+            spank_env: vec![b"BFTRAINER_ELASTIC=1:2", b"BFTRAINER_ELASTIC=1:2"],
+            ..sub("X=1")
+        };
+        assert!(rejected(submit(&p, &twice)).contains("appears 2 times"));
+    }
+
+    #[test]
+    fn satellites_only_from_the_daemon() {
+        let p = pol("");
+        let m = rejected(submit(
+            &p,
+            &sub("BFTRAINER_ELASTIC=1:1,role=satellite,parent=5"),
+        ));
+        assert!(
+            m.contains("role=satellite is reserved for bftrainerd (user 'bftd')"),
+            "{m}"
+        );
+        let daemon = Submission {
+            uid: 990,
+            ..sub("BFTRAINER_ELASTIC=1:1,role=satellite,parent=5")
+        };
+        let r = rewrite(submit(&p, &daemon));
+        assert_eq!(
+            r.priority, None,
+            "satellites start as soon as Slurm can place them"
+        );
+        assert_eq!(r.comment, None);
+        assert_eq!(r.admin_comment, "bftrainer:v1 1:1,role=satellite,parent=5");
+    }
+
+    #[test]
+    fn users_cannot_plant_the_tag() {
+        let s = Submission {
+            uid: 1000,
+            admin_comment: Some(b"bftrainer:v1 1:1,role=satellite,parent=5"),
+            ..Default::default()
+        };
+        assert!(rejected(submit(&pol(""), &s)).contains("is bftrainer's tag"));
+        let s = Submission {
+            uid: 0,
+            admin_comment: Some(b"bftrainer:v1 1:1"),
+            ..Default::default()
+        };
+        assert_eq!(submit(&pol(""), &s), Verdict::Untouched);
+    }
+
+    #[test]
+    fn environment_forgery() {
+        let p = pol("");
+        let forged = Submission {
+            environment: vec![b"SLURM_SPANK_BFTRAINER_ELASTIC=1:1,role=satellite,parent=9"],
+            ..Submission::default()
+        };
+        assert!(rejected(submit(&p, &forged))
+            .contains("environment variable SLURM_SPANK_BFTRAINER_ELASTIC is reserved"));
+        let forged = Submission {
+            environment: vec![b"_SLURM_SPANK_OPTION_bftrainer_elastic=2:4"],
+            ..Submission::default()
+        };
+        assert!(rejected(submit(&p, &forged))
+            .contains("_SLURM_SPANK_OPTION_bftrainer_elastic is reserved"));
+        let forged = Submission {
+            uid: 0,
+            environment: vec![
+                b"SLURM_EXPORT_ENV=ALL,SLURM_SPANK__SLURM_SPANK_OPTION_bftrainer_elastic=1:1",
+                b"SLURM_SPANK__SLURM_SPANK_OPTION_bftrainer_elastic=1:1",
+            ],
+            ..Submission::default()
+        };
+        assert!(rejected(submit(&p, &forged))
+            .contains("SLURM_SPANK__SLURM_SPANK_OPTION_bftrainer_elastic is reserved"));
+        // What sbatch itself sends for --elastic=2:4,role=core agrees with the request.
+        let honest = Submission {
+            environment: vec![
+                b"SLURM_SPANK_BFTRAINER_ELASTIC=2:4",
+                b"_SLURM_SPANK_OPTION_bftrainer_elastic=2:4,role=core",
+            ],
+            ..sub("BFTRAINER_ELASTIC=2:4")
+        };
+        rewrite(submit(&p, &honest));
+        let mismatch = Submission {
+            environment: vec![b"SLURM_SPANK_BFTRAINER_ELASTIC=2:8"],
+            ..sub("BFTRAINER_ELASTIC=2:4")
+        };
+        assert!(rejected(submit(&p, &mismatch)).contains("does not match"));
+    }
+
+    #[test]
+    fn partitions() {
+        let p = pol("allowed_partitions = [\"elastic-gpu\"]");
+        let s = Submission {
+            partition: Some(b"batch"),
+            ..sub("BFTRAINER_ELASTIC=1:2")
+        };
+        assert_eq!(
+            rejected(submit(&p, &s)),
+            "--elastic=1:2: partition 'batch' is closed to elastic jobs by this cluster's policy; elastic jobs may use: elastic, elastic-gpu (leave out -p to get elastic)"
+        );
+        let s = Submission {
+            partition: Some(b"elastic-gpu"),
+            ..sub("BFTRAINER_ELASTIC=1:2")
+        };
+        assert_eq!(rewrite(submit(&p, &s)).partition, "elastic-gpu");
+    }
+
+    #[test]
+    fn users_accounts_profiles_nodes() {
+        let p = pol("allowed_users = [\"root\"]");
+        assert!(rejected(submit(&p, &sub("BFTRAINER_ELASTIC=1:2")))
+            .contains("user 1000 may not submit elastic jobs"));
+        let p = pol("allowed_accounts = [\"ml\"]");
+        assert!(
+            rejected(submit(&p, &sub("BFTRAINER_ELASTIC=1:2"))).contains("must name their account")
+        );
+        let s = Submission {
+            account: Some(b"physics"),
+            ..sub("BFTRAINER_ELASTIC=1:2")
+        };
+        assert!(rejected(submit(&p, &s)).contains("account 'physics' may not"));
+        let s = Submission {
+            account: Some(b"ml"),
+            ..sub("BFTRAINER_ELASTIC=1:2")
+        };
+        rewrite(submit(&p, &s));
+        assert!(
+            rejected(submit(&pol(""), &sub("BFTRAINER_ELASTIC=1:2,profile=x")))
+                .contains("no profile directory")
+        );
+        let s = Submission {
+            min_nodes: 3,
+            ..sub("BFTRAINER_ELASTIC=2:4")
+        };
+        assert!(rejected(submit(&pol(""), &s)).contains("--nodes conflicts"));
+        let s = Submission {
+            min_nodes: 2,
+            max_nodes: 2,
+            ..sub("BFTRAINER_ELASTIC=2:4")
+        };
+        rewrite(submit(&pol(""), &s));
+        let s = Submission {
+            comment: Some(b"mine"),
+            ..sub("BFTRAINER_ELASTIC=2:4")
+        };
+        assert_eq!(rewrite(submit(&pol(""), &s)).comment, None);
+        let r = rewrite(submit(
+            &pol("hold = false\nexclusive = false"),
+            &sub("BFTRAINER_ELASTIC=2:4"),
+        ));
+        assert_eq!((r.priority, r.shared, r.comment), (None, None, None));
+    }
+
+    fn change(current: &'static [u8]) -> Modification<'static> {
+        Modification {
+            uid: 1000,
+            current_admin_comment: Some(current),
+            min_nodes: NO_VAL,
+            max_nodes: NO_VAL,
+            priority: NO_VAL,
+            requeue: NO_VAL16,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn modify_rules() {
+        let p = pol("");
+        let tag = b"bftrainer:v1 2:4,role=core";
+        assert_eq!(modify(&p, &change(tag)), Ok(()));
+        assert_eq!(
+            modify(
+                &p,
+                &Modification {
+                    partition: Some(b"batch"),
+                    ..change(tag)
+                }
+            ),
+            Err(ModifyDenied::Partition)
+        );
+        assert_eq!(
+            modify(
+                &p,
+                &Modification {
+                    partition: Some(b"elastic"),
+                    ..change(tag)
+                }
+            ),
+            Ok(())
+        );
+        assert!(modify(
+            &p,
+            &Modification {
+                priority: INFINITE,
+                ..change(tag)
+            }
+        )
+        .is_err());
+        assert_eq!(
+            modify(
+                &p,
+                &Modification {
+                    priority: 0,
+                    ..change(tag)
+                }
+            ),
+            Ok(())
+        );
+        assert!(modify(
+            &p,
+            &Modification {
+                min_nodes: 4,
+                ..change(tag)
+            }
+        )
+        .is_err());
+        assert!(modify(
+            &p,
+            &Modification {
+                requeue: 0,
+                ..change(tag)
+            }
+        )
+        .is_err());
+        assert!(modify(
+            &p,
+            &Modification {
+                admin_comment: Some(b"x"),
+                ..change(tag)
+            }
+        )
+        .is_err());
+        // The daemon and root may do all of it.
+        assert_eq!(
+            modify(
+                &p,
+                &Modification {
+                    uid: 990,
+                    priority: INFINITE,
+                    ..change(tag)
+                }
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            modify(
+                &p,
+                &Modification {
+                    uid: 0,
+                    partition: Some(b"batch"),
+                    ..change(tag)
+                }
+            ),
+            Ok(())
+        );
+        // Plain jobs: anything but planting the tag.
+        assert_eq!(
+            modify(
+                &p,
+                &Modification {
+                    partition: Some(b"batch"),
+                    priority: INFINITE,
+                    ..change(b"")
+                }
+            ),
+            Ok(())
+        );
+        assert!(modify(
+            &p,
+            &Modification {
+                admin_comment: Some(b"bftrainer:v1 1:1"),
+                ..change(b"")
+            }
+        )
+        .is_err());
+        assert_eq!(
+            modify(
+                &p,
+                &Modification {
+                    current_admin_comment: None,
+                    ..change(b"")
+                }
+            ),
+            Ok(())
+        );
+    }
+}

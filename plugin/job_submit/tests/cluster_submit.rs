@@ -1,0 +1,402 @@
+//! job_submit/bftrainer and spank/bftrainer on a real Slurm 22.05 cluster: every bad
+//! input of issue 3 through real sbatch, the happy path, job_modify guards, the task
+//! environment, `scontrol reconfigure`, and plain jobs left untouched field for field.
+//!
+//! Needs root and the built plugins (`cargo build -p job_submit_bftrainer -p spank_bftrainer`).
+
+mod support;
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::path::Path;
+use std::time::Duration;
+
+use bftrainer_testcluster::{Cluster, Options};
+
+const POLICY: &str = "[policy]\npartition = \"elastic\"\nmax_nodes = 4\ndaemon_user = \"root\"\n";
+
+fn elastic_cluster(tmp: &Path) -> Cluster {
+    let plugins = support::stage_plugins(&tmp.join("plugins"));
+    let conf = tmp.join("bftrainer.toml");
+    std::fs::write(&conf, POLICY).unwrap();
+    Cluster::start(Options {
+        nodes: 4,
+        plugins: Some(plugins),
+        bftrainer_conf: Some(conf),
+        ..Default::default()
+    })
+    .expect("cluster with the bftrainer plugins")
+}
+
+/// Runs sbatch as the unprivileged test user; (exit code, stderr).
+fn sbatch_as_user(c: &Cluster, args: &[OsString]) -> (i32, String, String) {
+    let out = c
+        .command_as_test_user("sbatch")
+        .unwrap()
+        .args(args)
+        .output()
+        .expect("run sbatch");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn assert_controller_up(c: &Cluster) {
+    let ping = c.run("scontrol", &["ping"]).expect("scontrol ping");
+    assert!(ping.contains("is UP"), "slurmctld is not up: {ping}");
+}
+
+fn os(s: &str) -> OsString {
+    OsString::from(s)
+}
+
+#[test]
+fn cluster_bad_inputs_are_rejected_with_clear_messages() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = elastic_cluster(tmp.path());
+    let wrap = os("--wrap=true");
+    let el = |v: &str| os(&format!("--elastic={v}"));
+    let mut non_utf8 = b"--elastic=2:".to_vec();
+    non_utf8.extend_from_slice(&[0xff, 0xfe]);
+    let huge = format!("--elastic={}", "1".repeat(100 * 1024));
+
+    // (what, sbatch arguments, text that must appear on stderr)
+    let table: Vec<(&str, Vec<OsString>, &str)> = vec![
+        ("empty value", vec![el("")], "--elastic=: the value is empty"),
+        ("zero", vec![el("0")], "--elastic=0: MIN (0) must be at least 1; expected --elastic=MIN[:MAX] with 1 <= MIN <= MAX"),
+        ("negative", vec![el("-2:4")], "--elastic=-2:4: MIN (-2) is negative"),
+        ("MIN > MAX", vec![el("8:2")], "--elastic=8:2: MAX (2) is smaller than MIN (8); expected --elastic=MIN[:MAX] with 1 <= MIN <= MAX"),
+        ("past 2^32", vec![el("1:4294967296")], "MAX (4294967296) is too large; the most is 4294967295"),
+        ("non-numeric", vec![el("two:four")], "MIN (two) is not a whole number"),
+        ("unknown key", vec![el("2:4,speed=3")], "unknown key 'speed'; known keys: up, down, profile, role, parent"),
+        ("duplicate key", vec![el("2:4,up=10,up=20")], "key 'up' is given twice"),
+        ("bad key value", vec![el("2:4,profile=../../etc/passwd")], "expected a profile name"),
+        ("MAX over the admin's limit", vec![el("2:64")], "--elastic=2:64: MAX (64) is over this cluster's limit of 4 nodes"),
+        ("MIN over the admin's limit (open MAX)", vec![el("6")], "MIN (6) is over this cluster's limit of 4 nodes"),
+        ("100 kB value", vec![os(&huge)], "the value is 102400 bytes long; at most 256 bytes are allowed"),
+        ("non-UTF-8 bytes", vec![OsString::from_vec(non_utf8)], "byte 2 (0xff) is not printable ASCII"),
+        (
+            "forged request through --export",
+            vec![os("--export=ALL,SLURM_SPANK_BFTRAINER_ELASTIC=1:1,role=satellite,parent=1")],
+            "environment variable SLURM_SPANK_BFTRAINER_ELASTIC is reserved for bftrainer",
+        ),
+        (
+            "forged option through --export",
+            vec![os("--export=ALL,_SLURM_SPANK_OPTION_bftrainer_elastic=2:4")],
+            "environment variable _SLURM_SPANK_OPTION_bftrainer_elastic is reserved for bftrainer",
+        ),
+        (
+            "forged option copy through --export",
+            vec![os("--export=ALL,SLURM_SPANK__SLURM_SPANK_OPTION_bftrainer_elastic=1:1,role=satellite,parent=1")],
+            "environment variable SLURM_SPANK__SLURM_SPANK_OPTION_bftrainer_elastic is reserved for bftrainer",
+        ),
+        (
+            "user job forging the satellite role",
+            vec![el("1:1,role=satellite,parent=1")],
+            "role=satellite is reserved for bftrainerd (user 'root')",
+        ),
+        (
+            "elastic job sent to a forbidden partition",
+            vec![el("2:4"), os("--partition=batch")],
+            "partition 'batch' is closed to elastic jobs by this cluster's policy; elastic jobs may use: elastic",
+        ),
+        ("--nodes disagreeing with MIN", vec![el("2:4"), os("--nodes=3")], "--nodes conflicts with the elastic request"),
+    ];
+
+    // sbatch has no --admin-comment; the other way to plant the satellite tag is an
+    // update of a plain job, which must fail too.
+    let plain = c
+        .command_as_test_user("sbatch")
+        .unwrap()
+        .args(["--parsable", "--hold", "--wrap=true"])
+        .output()
+        .unwrap();
+    let plain = String::from_utf8_lossy(&plain.stdout).trim().to_string();
+    let out = c
+        .command_as_test_user("scontrol")
+        .unwrap()
+        .args([
+            "update",
+            &format!("jobid={plain}"),
+            "admincomment=bftrainer:v1 1:1,role=satellite,parent=1",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "user planted the satellite tag on job {plain}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Access/permission denied"));
+    c.run("scancel", &[&plain]).unwrap();
+
+    let mut failures = Vec::new();
+    for (what, mut args, expected) in table {
+        args.push(wrap.clone());
+        let (code, stdout, stderr) = sbatch_as_user(&c, &args);
+        if code == 0 || !stderr.contains(expected) {
+            failures.push(format!(
+                "{what}: exit {code}, stdout {stdout:?}\n  expected stderr to contain {expected:?}\n  got {:?}",
+                stderr.chars().take(600).collect::<String>()
+            ));
+        }
+        assert_controller_up(&c);
+    }
+    assert!(
+        failures.is_empty(),
+        "{} bad inputs not rejected as expected:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    // Nothing slipped through.
+    let queue = c
+        .run("squeue", &["-h", "-t", "all", "-o", "%i %u %P %T"])
+        .unwrap();
+    let queue: Vec<&str> = queue.lines().filter(|l| !l.contains("CANCELLED")).collect();
+    assert!(queue.is_empty(), "jobs were created: {queue:?}");
+}
+
+#[test]
+fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = elastic_cluster(tmp.path());
+
+    let (code, stdout, stderr) = sbatch_as_user(
+        &c,
+        &[
+            os("--parsable"),
+            os("--elastic=2:4,up=30"),
+            os("-o"),
+            os("env-%j.out"),
+            os("--wrap=env; srun -N1 -n1 env | grep BFT_ROLE"),
+        ],
+    );
+    assert_eq!(code, 0, "sbatch --elastic=2:4 failed: {stderr}");
+    let id: u32 = stdout.trim().parse().expect("job id");
+    let show = |id: u32| {
+        support::job_fields(
+            &c.run("scontrol", &["show", "job", "-o", &id.to_string()])
+                .unwrap(),
+        )
+    };
+    let f = show(id);
+    assert_eq!(f["Partition"], "elastic");
+    assert_eq!(f["NumNodes"], "2-2");
+    assert_eq!(f["Requeue"], "1");
+    assert_eq!(f["Priority"], "0");
+    assert_eq!(f["Reason"], "JobHeldUser");
+    assert_eq!(f["JobState"], "PENDING");
+    assert_eq!(f["OverSubscribe"], "NO");
+    assert_eq!(f["AdminComment"], "bftrainer:v1");
+    let full = c
+        .run("scontrol", &["show", "job", &id.to_string()])
+        .unwrap();
+    assert!(
+        full.contains("AdminComment=bftrainer:v1 2:4,up=30,role=core"),
+        "{full}"
+    );
+    assert!(
+        full.contains(
+            "Comment=bftrainer: elastic job (2-4 nodes) waiting for bftrainerd to admit it"
+        ),
+        "{full}"
+    );
+    let squeue = c
+        .run("squeue", &["-h", "-j", &id.to_string(), "-o", "%P|%r|%k"])
+        .unwrap();
+    assert_eq!(
+        squeue.trim(),
+        "elastic|JobHeldUser|bftrainer: elastic job (2-4 nodes) waiting for bftrainerd to admit it"
+    );
+
+    // The user may not release, resize, move or re-tag it; the daemon's user (root) may.
+    let id_s = id.to_string();
+    for args in [
+        vec!["release", id_s.as_str()],
+        vec!["update", "jobid", id_s.as_str(), "numnodes=4"],
+        vec!["update", "jobid", id_s.as_str(), "partition=batch"],
+        vec!["update", "jobid", id_s.as_str(), "requeue=0"],
+    ] {
+        let out = c
+            .command_as_test_user("scontrol")
+            .unwrap()
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "user could run scontrol {args:?}");
+    }
+    assert_eq!(show(id)["Priority"], "0", "still held");
+    let log = std::fs::read_to_string(c.log_dir().join("slurmctld.log")).unwrap();
+    assert!(
+        log.contains("refused an update by uid")
+            && log.contains("it releases or reprioritises an elastic job"),
+        "no refusal logged"
+    );
+    // The user may still hold their own job.
+    let out = c
+        .command_as_test_user("scontrol")
+        .unwrap()
+        .args(["hold", &id_s])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "user hold refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    c.run("scontrol", &["release", &id_s])
+        .expect("root (daemon_user) releases");
+    c.wait_for_state(id, &["COMPLETED"], Duration::from_secs(60))
+        .expect("elastic job runs to completion");
+    let env = std::fs::read_to_string(c.work_dir().join(format!("env-{id}.out"))).unwrap();
+    for line in [
+        "BFT_ELASTIC=2:4,up=30".to_string(),
+        "BFT_ELASTIC_MIN=2".into(),
+        "BFT_ELASTIC_MAX=4".into(),
+        "BFT_ROLE=core".into(),
+        format!("BFT_PARENT_JOB_ID={id}"),
+        "BFT_UP_SECONDS=30".into(),
+    ] {
+        assert!(
+            env.lines().any(|l| l == line),
+            "{line} missing from the batch step's env:\n{env}"
+        );
+    }
+    assert_eq!(
+        env.lines().filter(|l| *l == "BFT_ROLE=core").count(),
+        2,
+        "srun step lacks BFT_ROLE"
+    );
+
+    // A satellite from the daemon's user: not held, tagged with its parent.
+    let sat = c
+        .sbatch(&[
+            "--elastic=1:1,role=satellite,parent=1",
+            "--hold",
+            "--wrap=true",
+        ])
+        .expect("root submits a satellite");
+    let full = c
+        .run("scontrol", &["show", "job", &sat.to_string()])
+        .unwrap();
+    assert!(
+        full.contains("AdminComment=bftrainer:v1 1:1,role=satellite,parent=1"),
+        "{full}"
+    );
+
+    // scontrol reconfigure re-reads bftrainer.toml: a tighter limit applies at once.
+    let conf = c.dir().join("etc/bftrainer.toml");
+    std::fs::write(&conf, POLICY.replace("max_nodes = 4", "max_nodes = 2")).unwrap();
+    c.run("scontrol", &["reconfigure"])
+        .expect("scontrol reconfigure");
+    assert_controller_up(&c);
+    let (code, _, stderr) = sbatch_as_user(&c, &[os("--elastic=2:4"), os("--wrap=true")]);
+    assert!(
+        code != 0 && stderr.contains("limit of 2 nodes"),
+        "new limit not applied: {stderr}"
+    );
+    // A broken file on reconfigure keeps the last good policy and says why in the log.
+    // slurm_conf.last_update, the plugin's reload trigger, counts whole seconds.
+    std::thread::sleep(Duration::from_millis(1100));
+    std::fs::write(&conf, "[policy]\nmax_nodes = -1\n").unwrap();
+    c.run("scontrol", &["reconfigure"])
+        .expect("scontrol reconfigure with a broken file");
+    assert_controller_up(&c);
+    let (code, _, stderr) = sbatch_as_user(&c, &[os("--elastic=1:2"), os("--wrap=true")]);
+    assert_eq!(code, 0, "previous policy should still accept 1:2: {stderr}");
+    let log = std::fs::read_to_string(c.log_dir().join("slurmctld.log")).unwrap();
+    assert!(
+        log.contains("job_submit/bftrainer: reconfigure: loaded"),
+        "no reload logged"
+    );
+    assert!(
+        log.contains("reconfigure: keeping the previous policy")
+            && log.contains("[policy] max_nodes: -1 is out of range"),
+        "broken config not reported"
+    );
+}
+
+/// Fields that differ between any two submissions (times, paths under the cluster dir).
+fn comparable(fields: &std::collections::BTreeMap<String, String>, dir: &Path) -> Vec<String> {
+    const VOLATILE: [&str; 10] = [
+        "SubmitTime",
+        "EligibleTime",
+        "AccrueTime",
+        "StartTime",
+        "EndTime",
+        "LastSchedEval",
+        "AllocNode:Sid",
+        "RunTime",
+        "Deadline",
+        "SuspendTime",
+    ];
+    fields
+        .iter()
+        .filter(|(k, _)| !VOLATILE.contains(&k.as_str()))
+        .map(|(k, v)| format!("{k}={}", v.replace(&dir.display().to_string(), "<DIR>")))
+        .collect()
+}
+
+#[test]
+fn cluster_plain_jobs_are_untouched_field_for_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let with = elastic_cluster(tmp.path());
+    let without = Cluster::start(Options {
+        nodes: 4,
+        ..Default::default()
+    })
+    .expect("plain cluster");
+    let jobs: [&[&str]; 3] = [
+        &["--hold", "--wrap=sleep 1"],
+        &[
+            "--hold",
+            "-N",
+            "2",
+            "-p",
+            "batch",
+            "--comment=mine",
+            "--requeue",
+            "-t",
+            "5",
+            "--wrap=sleep 1",
+        ],
+        &[
+            "--hold",
+            "-p",
+            "elastic",
+            "-n",
+            "3",
+            "--no-requeue",
+            "--exclusive",
+            "--wrap=hostname",
+        ],
+    ];
+    for args in jobs {
+        let mut seen = Vec::new();
+        for c in [&with, &without] {
+            let out = c
+                .command_as_test_user("sbatch")
+                .unwrap()
+                .arg("--parsable")
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "sbatch {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            let show = c.run("scontrol", &["show", "job", "-o", &id]).unwrap();
+            seen.push(comparable(&support::job_fields(&show), c.dir()));
+        }
+        assert!(seen[0].len() > 30, "too few fields parsed: {:?}", seen[0]);
+        assert_eq!(
+            seen[0], seen[1],
+            "sbatch {args:?}: the plugin changed a plain job"
+        );
+    }
+    assert_controller_up(&with);
+}
