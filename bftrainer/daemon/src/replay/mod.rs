@@ -387,6 +387,27 @@ mod tests {
         assert_eq!(a, b);
     }
 
+    /// The full shared trace parses to the facts ../shared/data/README.md gives:
+    /// 851,590 rows, 4,734 nodes, 2021-02-10T00:08:52 .. 2021-02-24T22:19:29,
+    /// time-weighted mean 391 idle nodes.
+    #[test]
+    fn shared_summit_trace_matches_its_readme() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/data/bftrainer-summit/node-events.csv.gz");
+        let tr = parse_node_events(open(&p).unwrap(), "summit", &TraceWindow::default()).unwrap();
+        assert_eq!(tr.names.len(), 4734);
+        assert_eq!(tr.names.len() + tr.changes.len(), 851_590);
+        assert_eq!(
+            bftrainer_core::timefmt::format_time(tr.start),
+            "2021-02-10T00:08:52"
+        );
+        assert_eq!(
+            bftrainer_core::timefmt::format_time(tr.end),
+            "2021-02-24T22:19:29"
+        );
+        assert!((tr.mean_idle() - 391.0).abs() < 1.0, "{}", tr.mean_idle());
+    }
+
     #[test]
     fn sample_parses() {
         let tr = parse_node_events(
