@@ -128,10 +128,11 @@ pub extern "C" fn init() -> c_int {
 #[no_mangle]
 pub extern "C" fn fini() -> c_int {
     guard(LOG, "fini", SLURM_ERROR, || {
-        let stats = STATS.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = stats.summary() {
+        let mut stats = STATS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = stats.take_summary() {
             LOG.info(&s);
         }
+        stats.reset();
         *state() = None;
         SLURM_SUCCESS
     })
@@ -186,7 +187,7 @@ pub unsafe extern "C" fn job_submit(
         let mut stats = STATS.lock().unwrap_or_else(|e| e.into_inner());
         stats.record(ns);
         if stats.due() {
-            if let Some(line) = stats.summary() {
+            if let Some(line) = stats.take_summary() {
                 LOG.info(&line);
             }
         }
