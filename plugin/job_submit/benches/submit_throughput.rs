@@ -240,7 +240,7 @@ fn main() {
             .unwrap_or("")
             .lines()
             .filter_map(|l| l.split("job_submit timing: ").nth(1))
-            .last()
+            .next_back()
         {
             Some(l) => println!(
                 "plugin's own time per job_submit call, {name} jobs (inside slurmctld): {l}"

@@ -69,7 +69,7 @@ fn slurm_conf() -> Option<&'static slurm_sys::slurm_conf_t> {
 }
 
 fn conf_stamp() -> i64 {
-    slurm_conf().map(|c| c.last_update as i64).unwrap_or(0)
+    slurm_conf().map(|c| c.last_update).unwrap_or(0)
 }
 
 fn config_path() -> std::path::PathBuf {
