@@ -14,7 +14,7 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bftrainer_testcluster::{Cluster, Options};
 
@@ -66,17 +66,28 @@ fn plugins(c: &Cluster, with_text: &str, without_text: &str, on: bool) {
     );
 }
 
-/// One `sbatch ARGS`; its wall time.
-fn submit(c: &Cluster, args: &[&str]) -> Duration {
+/// CPU seconds (user + system) of all waited-for children so far.
+fn children_cpu() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// One `sbatch ARGS`: its wall time and the CPU time sbatch itself used. The CPU time
+/// isolates the client side (SPANK plugin load) from scheduling noise.
+fn submit(c: &Cluster, args: &[&str]) -> (f64, f64) {
+    let cpu0 = children_cpu();
     let start = Instant::now();
     let out = c.command("sbatch").args(args).output().expect("run sbatch");
-    let took = start.elapsed();
+    let took = start.elapsed().as_secs_f64();
     assert!(
         out.status.success(),
         "sbatch {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    took
+    (took, children_cpu() - cpu0)
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -122,7 +133,9 @@ fn main() {
 
     // (stream, args with the plugins, args without them). The elastic baseline is what
     // job_submit/bftrainer turns `--elastic=2:4` into.
-    let streams: [(&str, &[&str], &[&str]); 2] = [
+    // Plain runs again last: the first stream of a young cluster has shown a bias
+    // (slurmdbd still busy), and the repeat tells drift from cost.
+    let streams: [(&str, &[&str], &[&str]); 3] = [
         (
             "plain",
             &["--hold", "--wrap=true"],
@@ -143,17 +156,39 @@ fn main() {
                 "--wrap=true",
             ],
         ),
+        (
+            "plain",
+            &["--hold", "--wrap=true"],
+            &["--hold", "--wrap=true"],
+        ),
     ];
     println!(
         "submit_throughput: one cluster, {} blocks of {} submissions per side and stream, ABBA",
         a.blocks, a.block
     );
     println!(
-        "{:<8} {:>14} {:>14} {:>8} {:>12} {:>12} {:>10}",
-        "stream", "with (jobs/s)", "without", "ratio", "p50 with", "p50 without", "p50 ratio"
+        "{:<8} {:>14} {:>14} {:>8} {:>12} {:>12} {:>10} {:>11} {:>11}",
+        "stream",
+        "with (jobs/s)",
+        "without",
+        "ratio",
+        "p50 with",
+        "p50 without",
+        "p50 ratio",
+        "cpu with",
+        "cpu without"
     );
+    // Warm-up, discarded: page cache, munge credentials, slurmctld's first RPCs.
+    for on in [true, false, false, true] {
+        plugins(&c, &with_text, &without_text, on);
+        for _ in 0..a.block {
+            submit(&c, streams[0].1);
+        }
+    }
+    let _ = c.command("scancel").args(["-u", "root"]).output();
     for (name, with_args, without_args) in streams {
         let (mut lat_with, mut lat_without) = (Vec::new(), Vec::new());
+        let (mut cpu_with, mut cpu_without) = (Vec::new(), Vec::new());
         for b in 0..2 * a.blocks {
             // A B B A A B B A ...: drifts in machine load cancel out.
             let on = matches!(b % 4, 0 | 3);
@@ -161,45 +196,56 @@ fn main() {
             let args = if on { with_args } else { without_args };
             // The first submission after a switch pays for loading the plugins.
             submit(&c, args);
-            let lat = if on { &mut lat_with } else { &mut lat_without };
+            let (lat, cpu) = if on {
+                (&mut lat_with, &mut cpu_with)
+            } else {
+                (&mut lat_without, &mut cpu_without)
+            };
             for _ in 0..a.block {
-                lat.push(submit(&c, args).as_secs_f64());
+                let (wall, used) = submit(&c, args);
+                lat.push(wall);
+                cpu.push(used);
             }
             let _ = c.command("scancel").args(["-u", "root"]).output();
         }
         let rate = |v: &[f64]| v.len() as f64 / v.iter().sum::<f64>();
         let (r_with, r_without) = (rate(&lat_with), rate(&lat_without));
         let (m_with, m_without) = (median(&mut lat_with), median(&mut lat_without));
+        let (c_with, c_without) = (median(&mut cpu_with), median(&mut cpu_without));
         println!(
-            "{name:<8} {r_with:>14.1} {r_without:>14.1} {:>8.3} {:>10.2}ms {:>10.2}ms {:>10.3}",
+            "{name:<8} {r_with:>14.1} {r_without:>14.1} {:>8.3} {:>10.2}ms {:>10.2}ms {:>10.3} {:>9.2}ms {:>9.2}ms",
             r_with / r_without,
             m_with * 1e3,
             m_without * 1e3,
-            m_without / m_with
+            m_without / m_with,
+            c_with * 1e3,
+            c_without * 1e3,
         );
     }
+
+    // The plugin's own time: a fresh load (fini resets its counters), then 1000 plain
+    // and 1000 elastic submissions; it logs one summary per 1000 calls.
+    plugins(&c, &with_text, &without_text, false);
+    let log_path = c.log_dir().join("slurmctld.log");
+    let skip = std::fs::read_to_string(&log_path).unwrap_or_default().len();
     plugins(&c, &with_text, &without_text, true);
-
-    // The plugin logs a summary every 1000 calls and at fini (each switch-off); its
-    // counters survive the switches (slurmctld keeps the library mapped), so the last
-    // line covers the latest (up to 16384) calls of both streams.
-    let log = std::fs::read_to_string(c.log_dir().join("slurmctld.log")).unwrap_or_default();
-    match log
-        .lines()
-        .filter_map(|l| l.split("job_submit timing: ").nth(1))
-        .last()
-    {
-        Some(l) => println!("plugin's own time per job_submit call (inside slurmctld): {l}"),
-        None => println!("plugin's own time: no summary logged"),
+    for (name, with_args, _) in &streams[..2] {
+        for _ in 0..1000 {
+            submit(&c, with_args);
+        }
+        let _ = c.command("scancel").args(["-u", "root"]).output();
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        match log
+            .get(skip..)
+            .unwrap_or("")
+            .lines()
+            .filter_map(|l| l.split("job_submit timing: ").nth(1))
+            .next_back()
+        {
+            Some(l) => println!(
+                "plugin's own time per job_submit call, {name} jobs (inside slurmctld): {l}"
+            ),
+            None => println!("plugin's own time, {name} jobs: no summary logged"),
+        }
     }
-}
-
-/// The number after `key` in a summary line ("p50 8.3 us" -> 8.3).
-fn field(line: &str, key: &str) -> Option<f64> {
-    line.split(key)
-        .nth(1)?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }

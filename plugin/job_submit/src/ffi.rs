@@ -69,7 +69,7 @@ fn slurm_conf() -> Option<&'static slurm_sys::slurm_conf_t> {
 }
 
 fn conf_stamp() -> i64 {
-    slurm_conf().map(|c| c.last_update as i64).unwrap_or(0)
+    slurm_conf().map(|c| c.last_update).unwrap_or(0)
 }
 
 fn config_path() -> std::path::PathBuf {
@@ -128,10 +128,11 @@ pub extern "C" fn init() -> c_int {
 #[no_mangle]
 pub extern "C" fn fini() -> c_int {
     guard(LOG, "fini", SLURM_ERROR, || {
-        let stats = STATS.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = stats.summary() {
+        let mut stats = STATS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = stats.take_summary() {
             LOG.info(&s);
         }
+        stats.reset();
         *state() = None;
         SLURM_SUCCESS
     })
@@ -186,7 +187,7 @@ pub unsafe extern "C" fn job_submit(
         let mut stats = STATS.lock().unwrap_or_else(|e| e.into_inner());
         stats.record(ns);
         if stats.due() {
-            if let Some(line) = stats.summary() {
+            if let Some(line) = stats.take_summary() {
                 LOG.info(&line);
             }
         }

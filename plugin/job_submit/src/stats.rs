@@ -1,12 +1,12 @@
 //! The plugin's own cost per job_submit call, measured inside slurmctld and logged as
-//! p50/p99 every [`SUMMARY_EVERY`] calls and at fini (shutdown or plugin reload).
+//! p50/p99 every [`SUMMARY_EVERY`] calls and at fini (shutdown or plugin unload).
 //!
-//! Samples go into a fixed-size ring of the latest calls, so memory and the cost of a
-//! summary (one sort of at most 16384 numbers, ~1 ms) stay bounded on a busy controller.
+//! Each summary covers the calls since the previous one (at most [`CAPACITY`] kept), so
+//! memory and the cost of a summary (one sort, well under a millisecond) stay bounded.
 
 use std::sync::Mutex;
 
-/// Most recent samples kept for the percentiles.
+/// Most samples kept between two summaries.
 const CAPACITY: usize = 1 << 14;
 
 /// A summary line goes to slurmctld's log after this many calls.
@@ -14,27 +14,22 @@ pub const SUMMARY_EVERY: u64 = 1000;
 
 #[derive(Debug, Default)]
 pub struct Stats {
-    samples_ns: Vec<u32>,
-    next: usize,
+    window_ns: Vec<u32>,
+    /// Calls since the plugin was loaded (or since the last fini).
     total: u64,
 }
 
 impl Stats {
     pub const fn new() -> Self {
         Stats {
-            samples_ns: Vec::new(),
-            next: 0,
+            window_ns: Vec::new(),
             total: 0,
         }
     }
 
     pub fn record(&mut self, ns: u64) {
-        let ns = u32::try_from(ns).unwrap_or(u32::MAX);
-        if self.samples_ns.len() < CAPACITY {
-            self.samples_ns.push(ns);
-        } else {
-            self.samples_ns[self.next] = ns;
-            self.next = (self.next + 1) % CAPACITY;
+        if self.window_ns.len() < CAPACITY {
+            self.window_ns.push(u32::try_from(ns).unwrap_or(u32::MAX));
         }
         self.total += 1;
     }
@@ -44,25 +39,32 @@ impl Stats {
         self.total % SUMMARY_EVERY == 0
     }
 
-    /// "N calls, p50 X us, p99 Y us, max Z us" over the kept samples.
-    pub fn summary(&self) -> Option<String> {
-        if self.samples_ns.is_empty() {
+    /// "calls 1-1000: p50 X us, p99 Y us, max Z us" over the calls since the last
+    /// summary, which starts a new window. `None` when there were none.
+    pub fn take_summary(&mut self) -> Option<String> {
+        if self.window_ns.is_empty() {
             return None;
         }
-        let mut v = self.samples_ns.clone();
+        let mut v = std::mem::take(&mut self.window_ns);
         v.sort_unstable();
         let pct = |p: f64| {
             let i = ((v.len() as f64 - 1.0) * p).round() as usize;
             f64::from(v[i]) / 1000.0
         };
+        let first = self.total + 1 - v.len() as u64;
         Some(format!(
-            "job_submit timing: {} calls (last {} sampled), p50 {:.1} us, p99 {:.1} us, max {:.1} us",
+            "job_submit timing: calls {first}-{}: p50 {:.1} us, p99 {:.1} us, max {:.1} us",
             self.total,
-            v.len(),
             pct(0.50),
             pct(0.99),
             pct(1.0)
         ))
+    }
+
+    /// Forget everything (fini: the next init starts counting afresh, whether or not
+    /// slurmctld unloads the library in between).
+    pub fn reset(&mut self) {
+        *self = Stats::new();
     }
 }
 
@@ -73,25 +75,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn percentiles() {
+    fn windows_and_percentiles() {
         let mut s = Stats::new();
-        assert_eq!(s.summary(), None);
+        assert_eq!(s.take_summary(), None);
         for ns in 1..=1000u64 {
             s.record(ns * 1000);
         }
-        assert_eq!(
-            s.summary().unwrap(),
-            "job_submit timing: 1000 calls (last 1000 sampled), p50 501.0 us, p99 990.0 us, max 1000.0 us"
-        );
         assert!(s.due());
+        assert_eq!(
+            s.take_summary().unwrap(),
+            "job_submit timing: calls 1-1000: p50 501.0 us, p99 990.0 us, max 1000.0 us"
+        );
         s.record(u64::MAX);
         assert!(!s.due());
-        assert!(s.summary().unwrap().contains("max 4294967.3 us"));
-        for _ in 0..2 * CAPACITY {
-            s.record(5000);
-        }
-        assert!(s.summary().unwrap().contains(&format!(
-            "(last {CAPACITY} sampled), p50 5.0 us, p99 5.0 us, max 5.0 us"
-        )));
+        assert_eq!(
+            s.take_summary().unwrap(),
+            "job_submit timing: calls 1001-1001: p50 4294967.3 us, p99 4294967.3 us, max 4294967.3 us"
+        );
+        s.reset();
+        s.record(2000);
+        assert!(s
+            .take_summary()
+            .unwrap()
+            .starts_with("job_submit timing: calls 1-1: p50 2.0 us"));
     }
 }
