@@ -138,4 +138,27 @@ fn cluster_preempt_batch_requeues_elastic_and_accounting_records_it() {
     );
 
     s.cancel_job(elastic).unwrap();
+
+    // With slurmdbd gone, connecting is an error that says so, not a connection
+    // object that fails only at the first query.
+    let pid_file = c.dir().join("run/slurmdbd.pid");
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill(2) on the pid our cluster's slurmdbd wrote.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    wait_for(30, "slurmdbd to exit", || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Gone, or a zombie waiting for init to reap it.
+        let state = stat.rsplit(") ").next().and_then(|r| r.chars().next());
+        matches!(state, None | Some('Z')).then_some(())
+    });
+    let e = SlurmDb::connect(&s).unwrap_err();
+    assert_eq!(e.code().map(|c| c != 0), Some(true), "{e}");
+    assert!(
+        e.to_string().starts_with("slurmdb_connection_get failed: "),
+        "{e}"
+    );
 }
