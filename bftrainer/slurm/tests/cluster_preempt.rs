@@ -49,13 +49,21 @@ fn cluster_preempt_batch_requeues_elastic_and_accounting_records_it() {
 
     // The batch job preempts it: the elastic job is requeued, the batch job runs.
     let regular = s.submit_batch(&batch_job).unwrap().job_id;
+    // Preemption begins at once: the elastic job keeps running through its grace time
+    // with its preemption time set, which is what the daemon reads to react early.
+    let in_grace = wait_for(30, "the elastic job's preemption to begin", || {
+        let j = s.load_job(elastic).ok()?;
+        j.preempt_time.is_some().then_some(j)
+    });
+    assert!(in_grace.preempt_time.unwrap() >= t0, "{in_grace:?}");
+    assert_eq!(in_grace.restart_count, 0);
     let r = wait_state(&s, regular, JobBase::Running, 90);
     assert!(r.nodes.is_some());
     let e = wait_for(90, "the elastic job to be requeued", || {
         let j = s.load_job(elastic).ok()?;
         (j.restart_count >= 1 && j.state.base() == JobBase::Pending).then_some(j)
     });
-    assert!(e.preempt_time.is_some() || e.restart_count >= 1);
+    assert_eq!(e.restart_count, 1, "{e:?}");
     wait_state(&s, regular, JobBase::Complete, 60);
     // (The elastic job runs again about 30 s later, after Slurm's requeue delay; not
     // waited for here, it is Slurm's behaviour, not the layer's.)
