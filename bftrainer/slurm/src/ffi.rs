@@ -92,6 +92,26 @@ pub(crate) fn c_arg(what: &'static str, s: &str) -> Result<CString> {
         .map_err(|_| Error::invalid(what, "contains a NUL byte, which C strings cannot hold"))
 }
 
+/// `owned_msg!(Name, slurm_type, slurm_free_fn)`: a guard owning a `*mut slurm_type`
+/// that libslurm allocated (NULL until the call fills it), freed once on drop with
+/// the matching `slurm_free_*`, on every return path and on unwinding.
+macro_rules! owned_msg {
+    ($(#[$doc:meta])* $name:ident, $ty:ident, $free:ident) => {
+        $(#[$doc])*
+        struct $name(*mut slurm_sys::$ty);
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                if !self.0.is_null() {
+                    // SAFETY: allocated by libslurm for this guard, freed only here.
+                    unsafe { slurm_sys::$free(self.0) };
+                }
+            }
+        }
+    };
+}
+pub(crate) use owned_msg;
+
 /// Owns a hostlist_t; destroyed on drop.
 struct Hostlist(slurm_sys::hostlist_t);
 
