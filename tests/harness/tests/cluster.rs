@@ -225,6 +225,18 @@ fn recorded_daemons(dir: &Path) -> Vec<(u32, String)> {
         .collect()
 }
 
+/// No pid of `daemons` runs its recorded command any more (a reused pid runs another).
+fn assert_all_gone(daemons: &[(u32, String)]) {
+    for (pid, cmd) in daemons {
+        assert!(!cmd.is_empty(), "pid {pid}: no command was recorded");
+        let now = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            String::from_utf8_lossy(&now).replace('\0', " ") != *cmd,
+            "pid {pid} ({cmd}) still running"
+        );
+    }
+}
+
 fn processes_mentioning(needle: &str) -> Vec<String> {
     let mut found = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -278,13 +290,7 @@ fn cluster_stop_leaves_no_process_behind() {
         "{msg}"
     );
     c.stop().unwrap();
-    for (pid, cmd) in daemons {
-        let now = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        assert!(
-            String::from_utf8_lossy(&now).replace('\0', " ") != cmd,
-            "pid {pid} ({cmd}) still running"
-        );
-    }
+    assert_all_gone(&daemons);
     let left = processes_mentioning(&conf);
     assert!(left.is_empty(), "left running: {left:?}");
     assert!(!dir.exists(), "{} not removed", dir.display());
@@ -402,13 +408,7 @@ fn cluster_watchdog_stops_the_cluster_of_a_killed_test() {
         || Ok((!dir.exists()).then_some(())),
     )
     .unwrap();
-    for (pid, cmd) in daemons {
-        let now = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        assert!(
-            String::from_utf8_lossy(&now).replace('\0', " ") != cmd,
-            "pid {pid} ({cmd}) still running"
-        );
-    }
+    assert_all_gone(&daemons);
 }
 
 #[test]
