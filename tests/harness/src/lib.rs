@@ -168,7 +168,7 @@ impl Cluster {
         if let Some(p) = &opts.bftrainer_conf {
             cmd.arg("--bftrainer-conf").arg(p);
         }
-        let out = run_output(&mut cmd)?;
+        let out = run_script(&mut cmd)?;
         if !out.status.success() {
             // `up` has already stopped what it started; keep its logs for the reader,
             // if it got as far as starting a daemon.
@@ -460,7 +460,7 @@ fn down_only(dir: &Path, fast: bool) -> Result<(), Error> {
     if fast {
         cmd.args(["--fast", "--purge"]);
     }
-    let out = run_output(&mut cmd)?;
+    let out = run_script(&mut cmd)?;
     if !out.status.success() {
         return Err(Error::Down {
             code: out.status.code().unwrap_or(-1),
@@ -515,6 +515,26 @@ fn run_output(cmd: &mut Command) -> Result<Output, Error> {
             program: format!("{:?}", cmd.get_program()),
             source,
         })
+}
+
+/// Runs the cluster script. Its exec fails with "not found" when its interpreter
+/// (python3) is missing although the script itself exists: say which.
+fn run_script(cmd: &mut Command) -> Result<Output, Error> {
+    run_output(cmd).map_err(|e| match e {
+        Error::Spawn { program, source }
+            if source.kind() == std::io::ErrorKind::NotFound
+                && Path::new(cmd.get_program()).is_file() =>
+        {
+            Error::Spawn {
+                program: format!(
+                    "{program} (it exists: its interpreter, python3, is missing? \
+                     `scripts/install-deps --system` installs it)"
+                ),
+                source,
+            }
+        }
+        e => e,
+    })
 }
 
 fn checked(cmd: &mut Command) -> Result<String, Error> {
@@ -639,6 +659,28 @@ mod tests {
                 "{msg}"
             );
         }
+    }
+
+    #[test]
+    fn a_missing_script_interpreter_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("cluster");
+        std::fs::write(&script, "#!/nonexistent/python3\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let err = run_script(Command::new(&script).arg("up")).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, Error::Spawn { .. }), "{msg}");
+        assert!(msg.contains("python3, is missing"), "{msg}");
+        // A script that is not there at all is reported as such, without the hint.
+        let gone = dir.path().join("nothing-here");
+        let msg = run_script(&mut Command::new(&gone))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("nothing-here") && !msg.contains("python3"),
+            "{msg}"
+        );
     }
 
     #[test]
