@@ -2,6 +2,8 @@
 # tests. Both install what they need on a fresh Debian 12 machine (as root).
 
 SHELL := /bin/bash
+# `make deps` may install Rust with rustup; its cargo must be found by the later steps.
+export PATH := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin:$(PATH)
 CARGO ?= cargo
 # Extra arguments for nextest, e.g. `make test NEXTEST_ARGS="-p bftrainer-testcluster"`.
 NEXTEST_ARGS ?=

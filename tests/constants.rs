@@ -182,14 +182,17 @@ fn allocator_round_trip() {
     use std::ffi::{CStr, CString};
     let s = CString::new("bftrainer").unwrap();
     unsafe {
-        let mut p = slurm_sys::slurm_xstrdup(s.as_ptr());
+        let p = slurm_sys::slurm_xstrdup(s.as_ptr());
         assert!(!p.is_null());
+        assert_ne!(p.cast_const(), s.as_ptr(), "a copy, not the same buffer");
         assert_eq!(CStr::from_ptr(p).to_str().unwrap(), "bftrainer");
         let mut v = p.cast::<std::os::raw::c_void>();
         slurm_sys::slurm_xfree(&mut v);
         assert!(v.is_null());
-        p = std::ptr::null_mut();
-        assert!(p.is_null());
+        // xfree of a NULL pointer is a no-op (Slurm frees optional fields this way).
+        slurm_sys::slurm_xfree(&mut v);
+        assert!(v.is_null());
+        assert!(slurm_sys::slurm_xstrdup(std::ptr::null()).is_null());
         let z = slurm_sys::slurm_xcalloc(4, 8, true, false, c"t".as_ptr(), 1, c"t".as_ptr());
         assert!(!z.is_null());
         assert!(std::slice::from_raw_parts(z.cast::<u8>(), 32)

@@ -99,8 +99,15 @@ impl SlurmDb {
         let mut flags: u16 = 0;
         // SAFETY: flags outlives the call; the result is owned by SlurmDb.
         let conn = unsafe { slurm_sys::slurmdb_connection_get(&mut flags) };
-        if conn.is_null() {
-            return Err(last_error("slurmdb_connection_get", -1));
+        // SAFETY: reads this thread's errno.
+        let errno = unsafe { slurm_sys::slurm_get_errno() };
+        // When slurmdbd cannot be reached, the slurmdbd plugin still hands back a
+        // connection object and reports the failure in errno only (sacct checks errno,
+        // not the pointer, for this reason). Take it as the failure it is.
+        if conn.is_null() || errno != 0 {
+            let err = last_error("slurmdb_connection_get", -1);
+            drop(SlurmDb { conn, slurm: None });
+            return Err(err);
         }
         Ok(SlurmDb {
             conn,

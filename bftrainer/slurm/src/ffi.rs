@@ -92,6 +92,26 @@ pub(crate) fn c_arg(what: &'static str, s: &str) -> Result<CString> {
         .map_err(|_| Error::invalid(what, "contains a NUL byte, which C strings cannot hold"))
 }
 
+/// `owned_msg!(Name, slurm_type, slurm_free_fn)`: a guard owning a `*mut slurm_type`
+/// that libslurm allocated (NULL until the call fills it), freed once on drop with
+/// the matching `slurm_free_*`, on every return path and on unwinding.
+macro_rules! owned_msg {
+    ($(#[$doc:meta])* $name:ident, $ty:ident, $free:ident) => {
+        $(#[$doc])*
+        struct $name(*mut slurm_sys::$ty);
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                if !self.0.is_null() {
+                    // SAFETY: allocated by libslurm for this guard, freed only here.
+                    unsafe { slurm_sys::$free(self.0) };
+                }
+            }
+        }
+    };
+}
+pub(crate) use owned_msg;
+
 /// Owns a hostlist_t; destroyed on drop.
 struct Hostlist(slurm_sys::hostlist_t);
 
@@ -267,9 +287,10 @@ impl Drop for List {
 /// # Safety
 /// `l` is NULL or a live List for the duration of the call.
 pub(crate) unsafe fn for_each_borrowed(l: slurm_sys::List, f: impl FnMut(*mut c_void)) {
-    let borrowed = List(l);
+    // ManuallyDrop, not mem::forget after the loop: if `f` panics, unwinding must not
+    // destroy a list that its owner (a Slurm response) frees again later.
+    let borrowed = std::mem::ManuallyDrop::new(List(l));
     borrowed.for_each(f);
-    std::mem::forget(borrowed);
 }
 
 /// Resolves a uid to a user name with getpwuid_r (thread-safe), `None` if unknown.
@@ -345,6 +366,22 @@ mod tests {
         l.push_str("x", "two").unwrap();
         let mut seen = Vec::new();
         l.for_each(|p| seen.push(unsafe { string(p.cast()) }));
+        assert_eq!(seen, vec!["one", "two"]);
+    }
+
+    #[test]
+    fn a_panic_while_walking_a_borrowed_list_leaves_it_to_its_owner() {
+        let mut owner = List::new_xfree();
+        owner.push_str("x", "one").unwrap();
+        owner.push_str("x", "two").unwrap();
+        let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+            for_each_borrowed(owner.0, |_| panic!("deliberate"));
+        }));
+        assert!(walked.is_err());
+        // Still intact (a destroyed list would be a use after free here, and a double
+        // free when `owner` drops).
+        let mut seen = Vec::new();
+        unsafe { for_each_borrowed(owner.0, |p| seen.push(string(p.cast()))) };
         assert_eq!(seen, vec!["one", "two"]);
     }
 

@@ -4,7 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{clear_errno, last_error, Result};
-use crate::ffi::{comma_list, opt_string, opt_time, opt_u16, opt_u32, opt_u64, string, user_name};
+use crate::ffi::{
+    comma_list, opt_string, opt_time, opt_u16, opt_u32, opt_u64, owned_msg, string, user_name,
+};
 use crate::state::{reason_name, JobBase, JobState, NodeState, TimeLimit};
 use crate::Slurm;
 
@@ -264,36 +266,18 @@ fn parse_count(s: &str) -> Option<u32> {
     u32::try_from(n.saturating_mul(mult)).ok()
 }
 
-/// Owns a node_info_msg_t; freed on drop.
-struct NodeMsg(*mut slurm_sys::node_info_msg_t);
-impl Drop for NodeMsg {
-    fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: allocated by slurm_load_node, freed once.
-            unsafe { slurm_sys::slurm_free_node_info_msg(self.0) };
-        }
-    }
-}
-
-struct PartMsg(*mut slurm_sys::partition_info_msg_t);
-impl Drop for PartMsg {
-    fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: allocated by slurm_load_partitions, freed once.
-            unsafe { slurm_sys::slurm_free_partition_info_msg(self.0) };
-        }
-    }
-}
-
-struct JobMsg(*mut slurm_sys::job_info_msg_t);
-impl Drop for JobMsg {
-    fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: allocated by slurm_load_jobs/slurm_load_job, freed once.
-            unsafe { slurm_sys::slurm_free_job_info_msg(self.0) };
-        }
-    }
-}
+owned_msg!(
+    /// Owns a node_info_msg_t from slurm_load_node.
+    NodeMsg, node_info_msg_t, slurm_free_node_info_msg
+);
+owned_msg!(
+    /// Owns a partition_info_msg_t from slurm_load_partitions.
+    PartMsg, partition_info_msg_t, slurm_free_partition_info_msg
+);
+owned_msg!(
+    /// Owns a job_info_msg_t from slurm_load_jobs / slurm_load_job.
+    JobMsg, job_info_msg_t, slurm_free_job_info_msg
+);
 
 /// Runs a load call; -1 with SLURM_NO_CHANGE_IN_DATA is not an error.
 fn run_load(call: &'static str, f: impl FnOnce() -> i32) -> Result<bool> {
@@ -339,15 +323,10 @@ fn select_u64(info: *mut slurm_sys::dynamic_plugin_data_t, what: u32, state: u32
     (rc == slurm_sys::SLURM_SUCCESS as i32).then_some(v)
 }
 
-struct ConfMsg(*mut slurm_sys::slurm_conf_t);
-impl Drop for ConfMsg {
-    fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: allocated by slurm_load_ctl_conf, freed once.
-            unsafe { slurm_sys::slurm_free_ctl_conf(self.0) };
-        }
-    }
-}
+owned_msg!(
+    /// Owns a slurm_conf_t from slurm_load_ctl_conf.
+    ConfMsg, slurm_conf_t, slurm_free_ctl_conf
+);
 
 impl Slurm {
     /// The cluster's name (ClusterName) as slurmctld reports it (`slurm_load_ctl_conf`).

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{check, clear_errno, last_error, Error, Result};
-use crate::ffi::{c_arg, for_each_borrowed, opt_string, opt_time};
+use crate::ffi::{c_arg, for_each_borrowed, opt_string, opt_time, owned_msg};
 use crate::state::TimeLimit;
 use crate::Slurm;
 
@@ -285,25 +285,14 @@ fn update_desc(job_id: u32, u: &JobUpdate) -> Result<Desc> {
     })
 }
 
-struct SubmitResp(*mut slurm_sys::submit_response_msg_t);
-impl Drop for SubmitResp {
-    fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: allocated by slurm_submit_batch_job, freed once.
-            unsafe { slurm_sys::slurm_free_submit_response_response_msg(self.0) };
-        }
-    }
-}
-
-struct WillRunResp(*mut slurm_sys::will_run_response_msg_t);
-impl Drop for WillRunResp {
-    fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: allocated by slurm_job_will_run2, freed once.
-            unsafe { slurm_sys::slurm_free_will_run_response_msg(self.0) };
-        }
-    }
-}
+owned_msg!(
+    /// Owns a submit_response_msg_t from slurm_submit_batch_job.
+    SubmitResp, submit_response_msg_t, slurm_free_submit_response_response_msg
+);
+owned_msg!(
+    /// Owns a will_run_response_msg_t from slurm_job_will_run2.
+    WillRunResp, will_run_response_msg_t, slurm_free_will_run_response_msg
+);
 
 impl Slurm {
     /// Submits a batch job (`slurm_submit_batch_job`).

@@ -49,13 +49,21 @@ fn cluster_preempt_batch_requeues_elastic_and_accounting_records_it() {
 
     // The batch job preempts it: the elastic job is requeued, the batch job runs.
     let regular = s.submit_batch(&batch_job).unwrap().job_id;
+    // Preemption begins at once: the elastic job keeps running through its grace time
+    // with its preemption time set, which is what the daemon reads to react early.
+    let in_grace = wait_for(30, "the elastic job's preemption to begin", || {
+        let j = s.load_job(elastic).ok()?;
+        j.preempt_time.is_some().then_some(j)
+    });
+    assert!(in_grace.preempt_time.unwrap() >= t0, "{in_grace:?}");
+    assert_eq!(in_grace.restart_count, 0);
     let r = wait_state(&s, regular, JobBase::Running, 90);
     assert!(r.nodes.is_some());
     let e = wait_for(90, "the elastic job to be requeued", || {
         let j = s.load_job(elastic).ok()?;
         (j.restart_count >= 1 && j.state.base() == JobBase::Pending).then_some(j)
     });
-    assert!(e.preempt_time.is_some() || e.restart_count >= 1);
+    assert_eq!(e.restart_count, 1, "{e:?}");
     wait_state(&s, regular, JobBase::Complete, 60);
     // (The elastic job runs again about 30 s later, after Slurm's requeue delay; not
     // waited for here, it is Slurm's behaviour, not the layer's.)
@@ -138,4 +146,27 @@ fn cluster_preempt_batch_requeues_elastic_and_accounting_records_it() {
     );
 
     s.cancel_job(elastic).unwrap();
+
+    // With slurmdbd gone, connecting is an error that says so, not a connection
+    // object that fails only at the first query.
+    let pid_file = c.dir().join("run/slurmdbd.pid");
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill(2) on the pid our cluster's slurmdbd wrote.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    wait_for(30, "slurmdbd to exit", || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Gone, or a zombie waiting for init to reap it.
+        let state = stat.rsplit(") ").next().and_then(|r| r.chars().next());
+        matches!(state, None | Some('Z')).then_some(())
+    });
+    let e = SlurmDb::connect(&s).unwrap_err();
+    assert_eq!(e.code().map(|c| c != 0), Some(true), "{e}");
+    assert!(
+        e.to_string().starts_with("slurmdb_connection_get failed: "),
+        "{e}"
+    );
 }

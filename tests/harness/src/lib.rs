@@ -129,15 +129,16 @@ static SEQ: AtomicUsize = AtomicUsize::new(0);
 impl Cluster {
     /// Brings up a cluster (about 2 s) and waits until all its nodes are idle.
     pub fn start(opts: Options) -> Result<Cluster, Error> {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        if unsafe { geteuid() } != 0 {
-            return Err(Error::NotRoot);
-        }
+        // Options first: a bad one is the caller's mistake whoever runs the test.
         if opts.nodes == 0 || opts.nodes > 64 {
             return Err(Error::BadOption(format!(
                 "nodes = {}; allowed are 1 to 64",
                 opts.nodes
             )));
+        }
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { geteuid() } != 0 {
+            return Err(Error::NotRoot);
         }
         let name = sanitize(&opts.name.clone().unwrap_or_else(test_name));
         let seq = SEQ.fetch_add(1, Ordering::Relaxed);
@@ -167,7 +168,7 @@ impl Cluster {
         if let Some(p) = &opts.bftrainer_conf {
             cmd.arg("--bftrainer-conf").arg(p);
         }
-        let out = run_output(&mut cmd)?;
+        let out = run_script(&mut cmd)?;
         if !out.status.success() {
             // `up` has already stopped what it started; keep its logs for the reader,
             // if it got as far as starting a daemon.
@@ -459,7 +460,7 @@ fn down_only(dir: &Path, fast: bool) -> Result<(), Error> {
     if fast {
         cmd.args(["--fast", "--purge"]);
     }
-    let out = run_output(&mut cmd)?;
+    let out = run_script(&mut cmd)?;
     if !out.status.success() {
         return Err(Error::Down {
             code: out.status.code().unwrap_or(-1),
@@ -514,6 +515,26 @@ fn run_output(cmd: &mut Command) -> Result<Output, Error> {
             program: format!("{:?}", cmd.get_program()),
             source,
         })
+}
+
+/// Runs the cluster script. Its exec fails with "not found" when its interpreter
+/// (python3) is missing although the script itself exists: say which.
+fn run_script(cmd: &mut Command) -> Result<Output, Error> {
+    run_output(cmd).map_err(|e| match e {
+        Error::Spawn { program, source }
+            if source.kind() == std::io::ErrorKind::NotFound
+                && Path::new(cmd.get_program()).is_file() =>
+        {
+            Error::Spawn {
+                program: format!(
+                    "{program} (it exists: its interpreter, python3, is missing? \
+                     `scripts/install-deps --system` installs it)"
+                ),
+                source,
+            }
+        }
+        e => e,
+    })
 }
 
 fn checked(cmd: &mut Command) -> Result<String, Error> {
@@ -631,11 +652,35 @@ mod tests {
                 ..Default::default()
             })
             .unwrap_err();
+            assert!(matches!(err, Error::BadOption(_)), "{nodes}: {err}");
+            let msg = err.to_string();
             assert!(
-                matches!(err, Error::BadOption(_) | Error::NotRoot),
-                "{nodes}: {err}"
+                msg.contains(&format!("nodes = {nodes}")) && msg.contains("1 to 64"),
+                "{msg}"
             );
         }
+    }
+
+    #[test]
+    fn a_missing_script_interpreter_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("cluster");
+        std::fs::write(&script, "#!/nonexistent/python3\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let err = run_script(Command::new(&script).arg("up")).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, Error::Spawn { .. }), "{msg}");
+        assert!(msg.contains("python3, is missing"), "{msg}");
+        // A script that is not there at all is reported as such, without the hint.
+        let gone = dir.path().join("nothing-here");
+        let msg = run_script(&mut Command::new(&gone))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("nothing-here") && !msg.contains("python3"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -225,6 +225,18 @@ fn recorded_daemons(dir: &Path) -> Vec<(u32, String)> {
         .collect()
 }
 
+/// No pid of `daemons` runs its recorded command any more (a reused pid runs another).
+fn assert_all_gone(daemons: &[(u32, String)]) {
+    for (pid, cmd) in daemons {
+        assert!(!cmd.is_empty(), "pid {pid}: no command was recorded");
+        let now = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            String::from_utf8_lossy(&now).replace('\0', " ") != *cmd,
+            "pid {pid} ({cmd}) still running"
+        );
+    }
+}
+
 fn processes_mentioning(needle: &str) -> Vec<String> {
     let mut found = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -278,13 +290,7 @@ fn cluster_stop_leaves_no_process_behind() {
         "{msg}"
     );
     c.stop().unwrap();
-    for (pid, cmd) in daemons {
-        let now = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        assert!(
-            String::from_utf8_lossy(&now).replace('\0', " ") != cmd,
-            "pid {pid} ({cmd}) still running"
-        );
-    }
+    assert_all_gone(&daemons);
     let left = processes_mentioning(&conf);
     assert!(left.is_empty(), "left running: {left:?}");
     assert!(!dir.exists(), "{} not removed", dir.display());
@@ -402,13 +408,7 @@ fn cluster_watchdog_stops_the_cluster_of_a_killed_test() {
         || Ok((!dir.exists()).then_some(())),
     )
     .unwrap();
-    for (pid, cmd) in daemons {
-        let now = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        assert!(
-            String::from_utf8_lossy(&now).replace('\0', " ") != cmd,
-            "pid {pid} ({cmd}) still running"
-        );
-    }
+    assert_all_gone(&daemons);
 }
 
 #[test]
@@ -457,8 +457,12 @@ fn cluster_interrupted_up_leaves_nothing_running() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("c");
     let conf = format!("SLURM_CONF={}", dir.join("etc/slurm.conf").display());
-    for delay_ms in [300, 900] {
-        let mut up = std::process::Command::new(
+    let state = dir.join("cluster.json");
+    // SIGTERM once right after munged is started, once right after slurmctld is (the
+    // 4th daemon): `up` still has daemons to start or wait for, so it is interrupted
+    // with some of its daemons running, and must stop them.
+    for started in [1, 4] {
+        let up = std::process::Command::new(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster/cluster"),
         )
         .args(["up", "--nodes", "2", "--dir", dir.to_str().unwrap()])
@@ -466,21 +470,38 @@ fn cluster_interrupted_up_leaves_nothing_running() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-        std::thread::sleep(Duration::from_millis(delay_ms));
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let text = std::fs::read_to_string(&state).unwrap_or_default();
+            if text.matches("\"pid\": ").count() >= started {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "`up` did not start {started} daemons in 120 s"
+            );
+            // Finer than the fixture's 100 ms polls: the interrupt must land mid-`up`.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let running = processes_mentioning(&conf);
+        assert!(
+            running.len() >= started,
+            "{started} daemons recorded, running: {running:?}"
+        );
         // SAFETY: kill(2) on our own child's pid.
         unsafe { kill(up.id() as i32, 15) };
         let out = up.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        // Very late, `up` may already have finished; then `down` must still work.
-        if out.status.success() {
-            assert!(script(&["down", "--dir", dir.to_str().unwrap()])
-                .status
-                .success());
-        } else {
-            assert!(err.contains("interrupted (SIGTERM)"), "{err}");
-        }
+        assert!(
+            !out.status.success(),
+            "`up` finished before the interrupt at {started} daemons"
+        );
+        assert!(err.contains("interrupted (SIGTERM)"), "{err}");
         let left = processes_mentioning(&conf);
-        assert!(left.is_empty(), "after SIGTERM at {delay_ms} ms: {left:?}");
+        assert!(
+            left.is_empty(),
+            "after SIGTERM at {started} daemons: {left:?}"
+        );
     }
 }
 
