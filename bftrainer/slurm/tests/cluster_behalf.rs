@@ -10,7 +10,7 @@ use common::{wait_state, TestCluster};
 fn cluster_jobs_submit_on_behalf_of_another_user() {
     let c = TestCluster::start();
     let s = c.slurm;
-    let (uid, gid) = common::ids_of(bftrainer_testcluster::TEST_USER);
+    let (uid, gid) = bftrainer_testcluster::user_ids(bftrainer_testcluster::TEST_USER).unwrap();
     // The job writes its output as bftuser, so into the world-writable work dir.
     let out = c.work_dir().join("behalf.out");
     let sub = s
