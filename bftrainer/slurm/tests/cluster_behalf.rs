@@ -10,7 +10,7 @@ use common::{wait_state, TestCluster};
 fn cluster_jobs_submit_on_behalf_of_another_user() {
     let c = TestCluster::start();
     let s = c.slurm;
-    let (uid, gid) = common::ids_of(bftrainer_testcluster::TEST_USER);
+    let (uid, gid) = bftrainer_testcluster::user_ids(bftrainer_testcluster::TEST_USER).unwrap();
     // The job writes its output as bftuser, so into the world-writable work dir.
     let out = c.work_dir().join("behalf.out");
     let sub = s
@@ -47,7 +47,11 @@ fn cluster_jobs_submit_on_behalf_of_another_user() {
     // ESLURM_USER_ID_MISSING, "Invalid user id"). This test binary runs
     // itself as bftuser (the ignored test below) and reports what Slurm said.
     use std::os::unix::process::CommandExt;
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
+    // Run a copy from the cluster's work dir: bftuser may not reach the build tree
+    // (a checkout under /root, mode 0700, is the usual case on a CI machine).
+    let exe = c.work_dir().join("behalf-child");
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    let child = std::process::Command::new(&exe)
         .args(["--ignored", "--exact", "--nocapture", CHILD])
         .env(CHILD_ENV, c.cluster.slurm_conf())
         .current_dir(c.work_dir())

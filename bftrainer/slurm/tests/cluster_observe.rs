@@ -46,6 +46,11 @@ fn cluster_observe_nodes_partitions_errors_and_no_change() {
         assert_eq!(n.partitions, ["batch", "elastic"], "node {}", n.name);
         assert_eq!(n.gpus, 0);
         assert_eq!(n.alloc_cpus, Some(0));
+        // The test cluster gives every node `Features=bft,rackK`, K = ceil(i / 2).
+        let i: u32 = n.name[1..].parse().unwrap();
+        let rack = format!("rack{}", i.div_ceil(2));
+        assert_eq!(n.features, ["bft", rack.as_str()], "node {}", n.name);
+        assert_eq!(n.active_features, n.features, "node {}", n.name);
     }
 
     let batch = view

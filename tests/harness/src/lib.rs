@@ -566,7 +566,8 @@ fn parse_job_id(out: &str) -> Result<u32, Error> {
         })
 }
 
-fn user_ids(user: &str) -> Result<(u32, u32), Error> {
+/// uid and primary gid of a local user (from /etc/passwd), e.g. [`TEST_USER`]'s.
+pub fn user_ids(user: &str) -> Result<(u32, u32), Error> {
     let passwd = Path::new("/etc/passwd");
     let text = std::fs::read_to_string(passwd).map_err(|source| Error::Io {
         what: "cannot read",

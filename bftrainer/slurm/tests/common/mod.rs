@@ -77,21 +77,6 @@ pub fn wait_state(slurm: &Slurm, job_id: u32, base: JobBase, secs: u64) -> Job {
     })
 }
 
-/// uid and gid of a local user.
-pub fn ids_of(user: &str) -> (u32, u32) {
-    let out = Command::new("id").args(["-u", user]).output().unwrap();
-    let uid = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("uid");
-    let out = Command::new("id").args(["-g", user]).output().unwrap();
-    let gid = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("gid");
-    (uid, gid)
-}
-
 /// Seconds since the epoch.
 pub fn now() -> i64 {
     std::time::SystemTime::now()
