@@ -19,8 +19,9 @@ deps-system:
 build: deps
 	$(CARGO) build --workspace --all-targets
 
-# For now the demo needs only the cluster (Debian packages, no Rust build).
-demo: deps-system
+# The replay of the committed sample, then the live cluster with the plugins loaded.
+demo: deps
+	$(CARGO) build --release -p bftrainer-daemon -p job_submit_bftrainer -p spank_bftrainer
 	./scripts/demo
 
 test: build
