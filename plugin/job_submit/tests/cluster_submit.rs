@@ -102,6 +102,7 @@ fn cluster_bad_inputs_are_rejected_with_clear_messages() {
             vec![el("2:4"), os("--partition=batch")],
             "partition 'batch' is closed to elastic jobs by this cluster's policy; elastic jobs may use: elastic",
         ),
+        ("job array", vec![el("1:2"), os("--array=1-3")], "job arrays cannot be elastic (--array=1-3)"),
         ("--nodes disagreeing with MIN", vec![el("2:4"), os("--nodes=3")], "--nodes conflicts with the elastic request"),
     ];
 
