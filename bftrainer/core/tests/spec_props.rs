@@ -1,7 +1,7 @@
 //! Property tests of the elastic-spec grammar: no input panics it, errors stay short,
 //! and every accepted spec survives a round trip through its canonical form.
 //! The main test runs over 1,200,000 generated inputs (bytes, token soups, mutated specs);
-//! proptest adds 40,000 more with shrinking.
+//! proptest adds four properties of 20,000 cases each, with shrinking.
 
 use bftrainer_core::spec::{self, ElasticSpec, Role, KEYS};
 use proptest::prelude::*;

@@ -220,6 +220,8 @@ unsafe fn submit_inner(
             max_nodes: jd.max_nodes,
             admin_comment: common::bytes(jd.admin_comment),
             comment: common::bytes(jd.comment),
+            array: common::bytes(jd.array_inx),
+            het_offset: jd.het_job_offset,
             spank_env: common::string_array(jd.spank_job_env, jd.spank_job_env_size),
             environment: common::string_array(jd.environment, jd.env_size),
         };

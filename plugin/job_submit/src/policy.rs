@@ -24,6 +24,10 @@ pub struct Submission<'a> {
     pub max_nodes: u32,
     pub admin_comment: Option<&'a [u8]>,
     pub comment: Option<&'a [u8]>,
+    /// `--array` index expression, if any.
+    pub array: Option<&'a [u8]>,
+    /// Component index of a heterogeneous job; NO_VAL for ordinary jobs.
+    pub het_offset: u32,
     /// `NAME=value` entries of `spank_job_env`.
     pub spank_env: Vec<&'a [u8]>,
     /// `NAME=value` entries of the job's environment (batch jobs only).
@@ -145,6 +149,22 @@ pub fn submit(pol: &Policy, s: &Submission<'_>) -> Verdict {
 
 fn elastic(pol: &Policy, s: &Submission<'_>, mut spec: ElasticSpec, privileged: bool) -> Verdict {
     let shown = format!("--elastic={spec}");
+    // One tag, one core allocation, one set of satellites: the daemon manages whole
+    // jobs, so arrays and heterogeneous jobs stay rigid.
+    if let Some(a) = s.array {
+        return Verdict::Reject(
+            format!("{shown}: job arrays cannot be elastic (--array={}); submit each elastic job on its own", text(a)),
+            Code::Invalid,
+        );
+    }
+    if s.het_offset != NO_VAL {
+        return Verdict::Reject(
+            format!(
+                "{shown}: heterogeneous jobs cannot be elastic; give --elastic to an ordinary job"
+            ),
+            Code::Invalid,
+        );
+    }
     if spec.role == Role::Satellite && !privileged {
         return Verdict::Reject(format!(
             "{shown}: role=satellite is reserved for bftrainerd (user '{}'); submit the core job with --elastic=MIN[:MAX] and bftrainerd adds satellites",
@@ -348,6 +368,7 @@ mod tests {
             uid: 1000,
             min_nodes: NO_VAL,
             max_nodes: NO_VAL,
+            het_offset: NO_VAL,
             spank_env: vec![env.as_bytes()],
             ..Submission::default()
         }
@@ -498,6 +519,28 @@ mod tests {
             ..sub("BFTRAINER_ELASTIC=2:4")
         };
         assert!(rejected(submit(&p, &mismatch)).contains("does not match"));
+    }
+
+    #[test]
+    fn arrays_and_het_jobs_stay_rigid() {
+        let p = pol("");
+        let s = Submission {
+            array: Some(b"1-10"),
+            ..sub("BFTRAINER_ELASTIC=1:2")
+        };
+        assert!(rejected(submit(&p, &s)).contains("job arrays cannot be elastic (--array=1-10)"));
+        let s = Submission {
+            het_offset: 0,
+            ..sub("BFTRAINER_ELASTIC=1:2")
+        };
+        assert!(rejected(submit(&p, &s)).contains("heterogeneous jobs cannot be elastic"));
+        // Plain arrays are none of our business.
+        let s = Submission {
+            array: Some(b"1-10"),
+            het_offset: NO_VAL,
+            ..Default::default()
+        };
+        assert_eq!(submit(&p, &s), Verdict::Untouched);
     }
 
     #[test]

@@ -102,6 +102,7 @@ fn cluster_bad_inputs_are_rejected_with_clear_messages() {
             vec![el("2:4"), os("--partition=batch")],
             "partition 'batch' is closed to elastic jobs by this cluster's policy; elastic jobs may use: elastic",
         ),
+        ("job array", vec![el("1:2"), os("--array=1-3")], "job arrays cannot be elastic (--array=1-3)"),
         ("--nodes disagreeing with MIN", vec![el("2:4"), os("--nodes=3")], "--nodes conflicts with the elastic request"),
     ];
 
@@ -270,21 +271,37 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
         "srun step lacks BFT_ROLE"
     );
 
-    // A satellite from the daemon's user: not held, tagged with its parent.
+    // A satellite from the daemon's user: not held, tagged with its parent, and its
+    // tasks learn their role and parent.
+    let spec = format!("--elastic=1:1,role=satellite,parent={id}");
     let sat = c
-        .sbatch(&[
-            "--elastic=1:1,role=satellite,parent=1",
-            "--hold",
-            "--wrap=true",
-        ])
+        .sbatch(&[spec.as_str(), "-o", "sat-%j.out", "--wrap=env"])
         .expect("root submits a satellite");
     let full = c
         .run("scontrol", &["show", "job", &sat.to_string()])
         .unwrap();
     assert!(
-        full.contains("AdminComment=bftrainer:v1 1:1,role=satellite,parent=1"),
+        full.contains(&format!(
+            "AdminComment=bftrainer:v1 1:1,role=satellite,parent={id}"
+        )),
         "{full}"
     );
+    assert!(
+        !full.contains("Reason=JobHeldUser"),
+        "satellite held: {full}"
+    );
+    c.wait_for_state(sat, &["COMPLETED"], Duration::from_secs(60))
+        .expect("satellite runs");
+    let env = std::fs::read_to_string(c.work_dir().join(format!("sat-{sat}.out"))).unwrap();
+    for line in [
+        "BFT_ROLE=satellite".to_string(),
+        format!("BFT_PARENT_JOB_ID={id}"),
+    ] {
+        assert!(
+            env.lines().any(|l| l == line),
+            "{line} missing from the satellite's env:\n{env}"
+        );
+    }
 
     // scontrol reconfigure re-reads bftrainer.toml: a tighter limit applies at once.
     let conf = c.dir().join("etc/bftrainer.toml");
