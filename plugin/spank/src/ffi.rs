@@ -136,7 +136,8 @@ pub extern "C" fn slurm_spank_user_init(
         let mut job_id: u32 = 0;
         // SAFETY: S_JOB_ID writes one uint32_t through the pointer.
         let rc = unsafe { sys::spank_get_item(sp, sys::S_JOB_ID, &mut job_id as *mut u32) };
-        let job_id = (rc == sys::ESPANK_SUCCESS as sys::spank_err_t && job_id != 0).then_some(job_id);
+        let job_id =
+            (rc == sys::ESPANK_SUCCESS as sys::spank_err_t && job_id != 0).then_some(job_id);
         for (k, v) in exports::task_env(&spec, job_id) {
             let (k, v) = (common::c_string(k), common::c_string(&v));
             // SAFETY: valid handle and NUL-terminated strings, copied by Slurm.
