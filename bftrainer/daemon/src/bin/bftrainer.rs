@@ -21,7 +21,7 @@ enum Command {
     /// Measure allocator decision latency on generated instances; print a table.
     BenchAlloc(cmd::bench_alloc::Args),
     /// Replay a node-event trace or job log through the engine; print a harvest report.
-    Replay(cmd::replay::Args),
+    Replay(Box<cmd::replay::Args>),
 }
 
 fn main() {
