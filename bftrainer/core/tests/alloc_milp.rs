@@ -9,14 +9,7 @@ use bftrainer_core::alloc::{solve, Instance, Objective, Options};
 use proptest::prelude::*;
 
 fn check(inst: &Instance, objective: Objective) -> Result<(), TestCaseError> {
-    let sol = solve(
-        inst,
-        &Options {
-            objective,
-            ..Options::default()
-        },
-    )
-    .unwrap();
+    let sol = solve(inst, &Options::new(objective)).unwrap();
     check_solution(inst, objective, &sol);
     let Some(best) = milp(inst, objective, 60.0) else {
         return Err(TestCaseError::fail(
