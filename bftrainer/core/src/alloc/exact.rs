@@ -59,7 +59,7 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
         tie: 0.0,
         tol: 0.0,
     };
-    st.node(fns.to_vec(), 0);
+    st.run(fns.to_vec());
     let (v, counts) = st.best?;
     st.stats.optimum = v;
     Some((counts, st.stats))
@@ -102,7 +102,7 @@ impl Search {
         }
     }
 
-    fn node(&mut self, fns: Vec<JobFn<'_>>, depth: usize) {
+    fn run(&mut self, fns: Vec<JobFn<'_>>) {
         let budget = self.budget;
         let nj = fns.len();
         let vals: Vec<Vec<f64>> = fns
@@ -202,12 +202,10 @@ impl Search {
             })
             .collect();
         let ub = lambda * f64::from(budget) + lj.iter().sum::<f64>();
-        if depth == 0 {
-            let scale = lambda * f64::from(budget) + lj.iter().map(|v| v.abs()).sum::<f64>() + 1.0;
-            self.tol = 1e-9 * scale;
-            self.tie = 1e-12 * scale;
-            self.stats.upper_bound = ub;
-        }
+        let scale = lambda * f64::from(budget) + lj.iter().map(|v| v.abs()).sum::<f64>() + 1.0;
+        self.tol = 1e-9 * scale;
+        self.tie = 1e-12 * scale;
+        self.stats.upper_bound = ub;
         self.offer(&fns, lb_counts);
         if let Some(c) = round_up {
             self.offer(&fns, c);
@@ -217,10 +215,8 @@ impl Search {
         // this is often the optimum, and a strong incumbent is what makes pruning bite.
         let keep = keep_start(&fns, budget);
         self.offer(&fns, keep);
-        if depth == 0 {
-            self.stats.lower_bound = self.best.as_ref().map_or(f64::NEG_INFINITY, |b| b.0);
-        }
         let inc = self.best.as_ref().map_or(f64::NEG_INFINITY, |b| b.0);
+        self.stats.lower_bound = inc;
         if ub < inc - self.tol {
             return; // nothing here beats (or ties) what we have
         }
@@ -239,9 +235,7 @@ impl Search {
         let open: Vec<usize> = (0..nj)
             .filter(|&j| cands[j].len() > 1 || cands[j][0].0 != cands[j][0].1)
             .collect();
-        if depth == 0 {
-            self.stats.open_jobs = open.len();
-        }
+        self.stats.open_jobs = open.len();
         let fixed: u64 = (0..nj)
             .filter(|j| open.binary_search(j).is_err())
             .map(|j| u64::from(cands[j][0].0))
@@ -260,7 +254,6 @@ impl Search {
             .filter(|j| open.binary_search(j).is_err())
             .map(|j| fns[j].value(cands[j][0].0))
             .sum();
-        let _ = depth;
         self.dp(&fns, &cands, &open, &lows, fixed_val, width, lambda, &lj);
     }
 
