@@ -217,16 +217,35 @@ impl Search {
         self.offer(&fns, keep);
         let inc = self.best.as_ref().map_or(f64::NEG_INFINITY, |b| b.0);
         self.stats.lower_bound = inc;
-        if ub < inc - self.tol {
-            return; // nothing here beats (or ties) what we have
+        // Reduced-cost fixing: a count n of job j can be in a solution at least as good
+        // as the incumbent V only if L_j - (f_j(n) - lambda n) <= UB - V. When that gap
+        // is wide, first solve with a fraction g of it: the result is a better incumbent,
+        // and optimal as soon as UB - V <= g (every solution within the tolerance of V
+        // then lies inside the restricted sets). Otherwise widen g and repeat.
+        let full = (ub - inc).max(0.0) + self.tol;
+        let mut g = if nj > 32 {
+            full / 64.0 + self.tol
+        } else {
+            full
+        };
+        loop {
+            self.fixed_dp(&fns, &vals, lambda, &lj, g);
+            let inc = self.best.as_ref().map_or(f64::NEG_INFINITY, |b| b.0);
+            let need = (ub - inc).max(0.0) + self.tol;
+            if need <= g {
+                return;
+            }
+            g = (g * 8.0).min(need);
         }
-        let gap = (ub - inc).max(0.0) + self.tol;
+    }
 
-        // Reduced-cost fixing: a job's count n can be in a solution at least as good as the
-        // incumbent only if L_j - (f_j(n) - lambda n) <= UB - incumbent.
+    /// Candidate sets at gap `g`, then the DP over them.
+    fn fixed_dp(&mut self, fns: &[JobFn<'_>], vals: &[Vec<f64>], lambda: f64, lj: &[f64], g: f64) {
+        let budget = self.budget;
+        let nj = fns.len();
         let mut cands: Vec<Vec<(u32, u32)>> = Vec::with_capacity(nj);
         for (j, f) in fns.iter().enumerate() {
-            let iv = candidates(f, &vals[j], lambda, lj[j] - gap);
+            let iv = candidates(f, &vals[j], lambda, lj[j] - g);
             if iv.is_empty() {
                 return;
             }
@@ -254,7 +273,7 @@ impl Search {
             .filter(|j| open.binary_search(j).is_err())
             .map(|j| fns[j].value(cands[j][0].0))
             .sum();
-        self.dp(&fns, &cands, &open, &lows, fixed_val, width, lambda, &lj);
+        self.dp(fns, &cands, &open, &lows, fixed_val, width, lambda, lj);
     }
 
     /// DP over y = sum over open jobs of (n_j - low_j). Each linear piece of a job's
