@@ -228,6 +228,7 @@ impl Search {
         } else {
             full
         };
+        let mut before = inc;
         loop {
             self.fixed_dp(&fns, &vals, lambda, &lj, g);
             let inc = self.best.as_ref().map_or(f64::NEG_INFINITY, |b| b.0);
@@ -235,7 +236,13 @@ impl Search {
             if need <= g {
                 return;
             }
-            g = (g * 8.0).min(need);
+            // No better incumbent: the bound is what is loose, go to the full gap.
+            g = if inc > before + self.tie {
+                (g * 8.0).min(need)
+            } else {
+                need
+            };
+            before = inc;
         }
     }
 
@@ -339,6 +346,8 @@ impl Search {
             pieces.retain(|p| p.0 <= width);
             let prev = &layers[k];
             let reach = prev.len() - 1;
+            // Pruning leaves a dead prefix of states too; skip it.
+            let first = prev.iter().position(|&v| v > neg).unwrap_or(reach);
             let max_d = pieces.iter().map(|p| p.1.min(width)).max().unwrap_or(0);
             let new_reach = (reach + max_d).min(width);
             let mut next = vec![neg; new_reach + 1];
@@ -354,7 +363,13 @@ impl Search {
                         }
                         let val = va + s * t as f64;
                         let zmax = reach.min(new_reach - d);
-                        for (nx, &pz) in next[d..=d + zmax].iter_mut().zip(&prev[..=zmax]) {
+                        if first > zmax {
+                            continue;
+                        }
+                        for (nx, &pz) in next[d + first..=d + zmax]
+                            .iter_mut()
+                            .zip(&prev[first..=zmax])
+                        {
                             let v = pz + val;
                             if v > *nx {
                                 *nx = v;
@@ -370,28 +385,29 @@ impl Search {
                 let plen = emax + w;
                 pbuf.clear();
                 pbuf.resize(plen, neg);
-                for z in 0..=reach.min(emax) {
+                for z in first..=reach.min(emax) {
                     pbuf[z + w - 1] = prev[z] - s * z as f64;
                 }
                 gbuf.clear();
                 gbuf.resize(plen, neg);
                 hbuf.clear();
                 hbuf.resize(plen, neg);
-                for i in 0..plen {
+                let lo = first.min(emax);
+                for i in (lo - lo % w)..plen {
                     gbuf[i] = if i % w == 0 {
                         pbuf[i]
                     } else {
                         gbuf[i - 1].max(pbuf[i])
                     };
                 }
-                for i in (0..plen).rev() {
+                for i in (lo..plen).rev() {
                     hbuf[i] = if (i + 1) % w == 0 || i + 1 == plen {
                         pbuf[i]
                     } else {
                         hbuf[i + 1].max(pbuf[i])
                     };
                 }
-                for e in 0..=emax {
+                for e in lo..=emax {
                     let m = hbuf[e].max(gbuf[e + w - 1]);
                     let v = m + va + s * e as f64;
                     let nx = &mut next[da + e];
