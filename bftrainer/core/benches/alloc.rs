@@ -3,7 +3,6 @@
 //! (ALLOC_BENCH_SIZES=64x10,512x10 to narrow it), then runs the criterion benchmarks.
 
 #[path = "../tests/alloc_support/mod.rs"]
-#[allow(dead_code)]
 mod alloc_support;
 
 use bftrainer_core::alloc::gen::{generate, GenParams};
@@ -72,14 +71,14 @@ fn table() {
         }
         let mut milp = Vec::new();
         let mut same = 0;
-        for k in 0..milp_n.min(ours_n) {
+        for (k, &ours_value) in values.iter().enumerate().take(milp_n) {
             let inst = instance(n, j, 1 + k as u64);
             let t = Instant::now();
             let r = alloc_support::milp(&inst, Objective::Bftrainer, MILP_LIMIT_S);
             let ms = t.elapsed().as_secs_f64() * 1e3;
             if let Some(v) = r {
                 milp.push(ms);
-                if (v - values[k]).abs() <= 1e-6 * (1.0 + v.abs()) {
+                if (v - ours_value).abs() <= 1e-6 * (1.0 + v.abs()) {
                     same += 1;
                 }
             }

@@ -113,14 +113,7 @@ fn reclaim_aware_gives_long_lived_nodes_to_costly_jobs() {
     let mut i = inst(4, vec![cheap, costly]);
     i.t_fwd_s = 100.0;
     i.reclaim_in_s = vec![None, None, Some(2.0), None];
-    let s = solve(
-        &i,
-        &Options {
-            objective: Objective::ReclaimAware,
-            ..Options::default()
-        },
-    )
-    .unwrap();
+    let s = solve(&i, &Options::new(Objective::ReclaimAware)).unwrap();
     assert_eq!(s.jobs[1], vec![1, 3], "{s:?}");
 }
 
@@ -147,14 +140,7 @@ fn fairness_lifts_the_worst_job() {
     let i = inst(4, vec![fast, slow]);
     let b = solve(&i, &Options::default()).unwrap();
     assert_eq!(b.counts(), vec![4, 0]);
-    let f = solve(
-        &i,
-        &Options {
-            objective: Objective::Fairness,
-            ..Options::default()
-        },
-    )
-    .unwrap();
+    let f = solve(&i, &Options::new(Objective::Fairness)).unwrap();
     assert_eq!(f.counts(), vec![2, 2]);
     assert_eq!(f.fairness_level, Some(0.5));
 }

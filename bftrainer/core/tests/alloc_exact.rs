@@ -8,10 +8,7 @@ use bftrainer_core::alloc::{solve, Objective, Options};
 use proptest::prelude::*;
 
 fn opts(objective: Objective) -> Options {
-    Options {
-        objective,
-        ..Options::default()
-    }
+    Options::new(objective)
 }
 
 proptest! {
@@ -96,6 +93,7 @@ fn reclaim_gap() {
             exact += 1;
         }
         sum_rel += rel;
+        // SHOW_WORST=1 prints each new worst case, to study the heuristic.
         if rel > worst && std::env::var("SHOW_WORST").is_ok() {
             println!("seed {seed}: gap {gap} rel {rel}\n{inst:?}\n{sol:?}");
         }
@@ -111,18 +109,7 @@ fn reclaim_gap() {
     );
     assert!(n == 600);
     assert!(
-        f64::from(exact) >= 0.8 * f64::from(n),
+        f64::from(exact) >= 0.9 * f64::from(n),
         "optimal on only {exact} of {n}"
     );
-}
-
-#[test]
-#[ignore]
-fn debug_seed() {
-    let seed: u64 = std::env::var("SEED").unwrap().parse().unwrap();
-    let inst = random_small(seed, 5, 3);
-    println!("{inst:?}");
-    let sol = solve(&inst, &opts(Objective::ReclaimAware)).unwrap();
-    println!("{sol:?}");
-    println!("{:?}", exhaustive_fair(&inst));
 }

@@ -59,7 +59,7 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
         tie: 0.0,
         tol: 0.0,
     };
-    st.node(fns.to_vec(), 0);
+    st.run(fns.to_vec());
     let (v, counts) = st.best?;
     st.stats.optimum = v;
     Some((counts, st.stats))
@@ -102,7 +102,7 @@ impl Search {
         }
     }
 
-    fn node(&mut self, fns: Vec<JobFn<'_>>, depth: usize) {
+    fn run(&mut self, fns: Vec<JobFn<'_>>) {
         let budget = self.budget;
         let nj = fns.len();
         let vals: Vec<Vec<f64>> = fns
@@ -202,12 +202,10 @@ impl Search {
             })
             .collect();
         let ub = lambda * f64::from(budget) + lj.iter().sum::<f64>();
-        if depth == 0 {
-            let scale = lambda * f64::from(budget) + lj.iter().map(|v| v.abs()).sum::<f64>() + 1.0;
-            self.tol = 1e-9 * scale;
-            self.tie = 1e-12 * scale;
-            self.stats.upper_bound = ub;
-        }
+        let scale = lambda * f64::from(budget) + lj.iter().map(|v| v.abs()).sum::<f64>() + 1.0;
+        self.tol = 1e-9 * scale;
+        self.tie = 1e-12 * scale;
+        self.stats.upper_bound = ub;
         self.offer(&fns, lb_counts);
         if let Some(c) = round_up {
             self.offer(&fns, c);
@@ -217,20 +215,44 @@ impl Search {
         // this is often the optimum, and a strong incumbent is what makes pruning bite.
         let keep = keep_start(&fns, budget);
         self.offer(&fns, keep);
-        if depth == 0 {
-            self.stats.lower_bound = self.best.as_ref().map_or(f64::NEG_INFINITY, |b| b.0);
-        }
         let inc = self.best.as_ref().map_or(f64::NEG_INFINITY, |b| b.0);
-        if ub < inc - self.tol {
-            return; // nothing here beats (or ties) what we have
+        self.stats.lower_bound = inc;
+        // Reduced-cost fixing: a count n of job j can be in a solution at least as good
+        // as the incumbent V only if L_j - (f_j(n) - lambda n) <= UB - V. When that gap
+        // is wide, first solve with a fraction g of it: the result is a better incumbent,
+        // and optimal as soon as UB - V <= g (every solution within the tolerance of V
+        // then lies inside the restricted sets). Otherwise widen g and repeat.
+        let full = (ub - inc).max(0.0) + self.tol;
+        let mut g = if nj > 32 {
+            full / 64.0 + self.tol
+        } else {
+            full
+        };
+        let mut before = inc;
+        loop {
+            self.fixed_dp(&fns, &vals, lambda, &lj, g);
+            let inc = self.best.as_ref().map_or(f64::NEG_INFINITY, |b| b.0);
+            let need = (ub - inc).max(0.0) + self.tol;
+            if need <= g {
+                return;
+            }
+            // No better incumbent: the bound is what is loose, go to the full gap.
+            g = if inc > before + self.tie {
+                (g * 8.0).min(need)
+            } else {
+                need
+            };
+            before = inc;
         }
-        let gap = (ub - inc).max(0.0) + self.tol;
+    }
 
-        // Reduced-cost fixing: a job's count n can be in a solution at least as good as the
-        // incumbent only if L_j - (f_j(n) - lambda n) <= UB - incumbent.
+    /// Candidate sets at gap `g`, then the DP over them.
+    fn fixed_dp(&mut self, fns: &[JobFn<'_>], vals: &[Vec<f64>], lambda: f64, lj: &[f64], g: f64) {
+        let budget = self.budget;
+        let nj = fns.len();
         let mut cands: Vec<Vec<(u32, u32)>> = Vec::with_capacity(nj);
         for (j, f) in fns.iter().enumerate() {
-            let iv = candidates(f, &vals[j], lambda, lj[j] - gap);
+            let iv = candidates(f, &vals[j], lambda, lj[j] - g);
             if iv.is_empty() {
                 return;
             }
@@ -239,9 +261,7 @@ impl Search {
         let open: Vec<usize> = (0..nj)
             .filter(|&j| cands[j].len() > 1 || cands[j][0].0 != cands[j][0].1)
             .collect();
-        if depth == 0 {
-            self.stats.open_jobs = open.len();
-        }
+        self.stats.open_jobs = open.len();
         let fixed: u64 = (0..nj)
             .filter(|j| open.binary_search(j).is_err())
             .map(|j| u64::from(cands[j][0].0))
@@ -260,8 +280,7 @@ impl Search {
             .filter(|j| open.binary_search(j).is_err())
             .map(|j| fns[j].value(cands[j][0].0))
             .sum();
-        let _ = depth;
-        self.dp(&fns, &cands, &open, &lows, fixed_val, width, lambda, &lj);
+        self.dp(fns, &cands, &open, &lows, fixed_val, width, lambda, lj);
     }
 
     /// DP over y = sum over open jobs of (n_j - low_j). Each linear piece of a job's
@@ -327,6 +346,8 @@ impl Search {
             pieces.retain(|p| p.0 <= width);
             let prev = &layers[k];
             let reach = prev.len() - 1;
+            // Pruning leaves a dead prefix of states too; skip it.
+            let first = prev.iter().position(|&v| v > neg).unwrap_or(reach);
             let max_d = pieces.iter().map(|p| p.1.min(width)).max().unwrap_or(0);
             let new_reach = (reach + max_d).min(width);
             let mut next = vec![neg; new_reach + 1];
@@ -342,7 +363,13 @@ impl Search {
                         }
                         let val = va + s * t as f64;
                         let zmax = reach.min(new_reach - d);
-                        for (nx, &pz) in next[d..=d + zmax].iter_mut().zip(&prev[..=zmax]) {
+                        if first > zmax {
+                            continue;
+                        }
+                        for (nx, &pz) in next[d + first..=d + zmax]
+                            .iter_mut()
+                            .zip(&prev[first..=zmax])
+                        {
                             let v = pz + val;
                             if v > *nx {
                                 *nx = v;
@@ -358,28 +385,29 @@ impl Search {
                 let plen = emax + w;
                 pbuf.clear();
                 pbuf.resize(plen, neg);
-                for z in 0..=reach.min(emax) {
+                for z in first..=reach.min(emax) {
                     pbuf[z + w - 1] = prev[z] - s * z as f64;
                 }
                 gbuf.clear();
                 gbuf.resize(plen, neg);
                 hbuf.clear();
                 hbuf.resize(plen, neg);
-                for i in 0..plen {
+                let lo = first.min(emax);
+                for i in (lo - lo % w)..plen {
                     gbuf[i] = if i % w == 0 {
                         pbuf[i]
                     } else {
                         gbuf[i - 1].max(pbuf[i])
                     };
                 }
-                for i in (0..plen).rev() {
+                for i in (lo..plen).rev() {
                     hbuf[i] = if (i + 1) % w == 0 || i + 1 == plen {
                         pbuf[i]
                     } else {
                         hbuf[i + 1].max(pbuf[i])
                     };
                 }
-                for e in 0..=emax {
+                for e in lo..=emax {
                     let m = hbuf[e].max(gbuf[e + w - 1]);
                     let v = m + va + s * e as f64;
                     let nx = &mut next[da + e];

@@ -325,21 +325,6 @@ impl<'a> JobFn<'a> {
         f
     }
 
-    /// Narrow the domain to {0} (`zero`) or to [lo, hi] (branching).
-    #[allow(dead_code)]
-    pub(crate) fn restrict(&mut self, zero: bool, lo: u32, hi: u32) {
-        if zero {
-            self.zero = true;
-            self.lo = 1;
-            self.hi = 0;
-        } else {
-            self.zero = false;
-            self.lo = lo;
-            self.hi = hi;
-        }
-        self.rebuild_bps();
-    }
-
     /// Restrict the domain to the counts with O(n) >= target (fairness); 0 stays
     /// allowed only when the target is 0.
     pub(crate) fn restrict_level(&mut self, target: f64) {

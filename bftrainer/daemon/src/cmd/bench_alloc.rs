@@ -60,10 +60,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .split(',')
         .map(parse_size)
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let opts = Options {
-        objective,
-        ..Options::default()
-    };
+    let opts = Options::new(objective);
     println!(
         "objective {objective}; {} {} instances per size, latency = fastest of {} solves; seeds from {}",
         args.instances,

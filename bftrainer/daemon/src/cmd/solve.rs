@@ -29,13 +29,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         named.instance.t_fwd_s = t;
     }
     let started = std::time::Instant::now();
-    let sol = solve(
-        &named.instance,
-        &Options {
-            objective,
-            ..Options::default()
-        },
-    )?;
+    let sol = solve(&named.instance, &Options::new(objective))?;
     log::info!(
         "solved {} nodes x {} jobs ({objective}) in {:.3} ms",
         named.instance.n_nodes,
