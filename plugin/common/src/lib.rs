@@ -212,7 +212,13 @@ fn install_panic_hook() {
                 .location()
                 .map(|l| format!(" at {}:{}", l.file(), l.line()))
                 .unwrap_or_default();
-            LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("{msg}{at}")));
+            // try_with: a panic while this thread's TLS is being torn down must not
+            // become a second panic inside the hook (that aborts the host process).
+            let _ = LAST_PANIC.try_with(|p| {
+                if let Ok(mut slot) = p.try_borrow_mut() {
+                    *slot = Some(format!("{msg}{at}"));
+                }
+            });
         }));
     });
 }
@@ -228,7 +234,9 @@ where
         Ok(rc) => rc,
         Err(_) => {
             let why = LAST_PANIC
-                .with(|p| p.borrow_mut().take())
+                .try_with(|p| p.try_borrow_mut().ok().and_then(|mut s| s.take()))
+                .ok()
+                .flatten()
                 .unwrap_or_else(|| "no panic message".into());
             log.error(&format!(
                 "{hook}: internal error, hook aborted ({why}); returning {on_panic}"
