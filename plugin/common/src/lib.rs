@@ -265,6 +265,24 @@ mod tests {
         assert!(LAST_PANIC.with(|p| p.borrow().is_none()));
     }
 
+    /// build.rs links the unwinder statically; this binary is linked the same way as the
+    /// plugins, so a panic caught here with no libgcc_s in the process shows the trampoline
+    /// still works without it (a broken static unwinder aborts instead of returning).
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn panics_are_caught_by_the_static_unwinder() {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(
+            !maps.contains("libgcc_s"),
+            "libgcc_s.so is loaded: build.rs did not link libgcc_eh statically"
+        );
+        let rc = guard(LOG, "hook", -7, || {
+            let v: Vec<c_int> = Vec::new();
+            v[3]
+        });
+        assert_eq!(rc, -7);
+    }
+
     #[test]
     fn no_slurm_allocator_outside_slurm() {
         // Test binaries do not load libslurm: never fall back to another allocator.
