@@ -212,7 +212,13 @@ fn install_panic_hook() {
                 .location()
                 .map(|l| format!(" at {}:{}", l.file(), l.line()))
                 .unwrap_or_default();
-            LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("{msg}{at}")));
+            // try_with: a panic while this thread's TLS is being torn down must not
+            // become a second panic inside the hook (that aborts the host process).
+            let _ = LAST_PANIC.try_with(|p| {
+                if let Ok(mut slot) = p.try_borrow_mut() {
+                    *slot = Some(format!("{msg}{at}"));
+                }
+            });
         }));
     });
 }
@@ -228,7 +234,9 @@ where
         Ok(rc) => rc,
         Err(_) => {
             let why = LAST_PANIC
-                .with(|p| p.borrow_mut().take())
+                .try_with(|p| p.try_borrow_mut().ok().and_then(|mut s| s.take()))
+                .ok()
+                .flatten()
                 .unwrap_or_else(|| "no panic message".into());
             log.error(&format!(
                 "{hook}: internal error, hook aborted ({why}); returning {on_panic}"
@@ -255,6 +263,24 @@ mod tests {
         assert_eq!(rc, SLURM_ERROR);
         // The slot was consumed by the trampoline.
         assert!(LAST_PANIC.with(|p| p.borrow().is_none()));
+    }
+
+    /// build.rs links the unwinder statically; this binary is linked the same way as the
+    /// plugins, so a panic caught here with no libgcc_s in the process shows the trampoline
+    /// still works without it (a broken static unwinder aborts instead of returning).
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn panics_are_caught_by_the_static_unwinder() {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(
+            !maps.contains("libgcc_s"),
+            "libgcc_s.so is loaded: build.rs did not link libgcc_eh statically"
+        );
+        let rc = guard(LOG, "hook", -7, || {
+            let v: Vec<c_int> = Vec::new();
+            v[3]
+        });
+        assert_eq!(rc, -7);
     }
 
     #[test]
