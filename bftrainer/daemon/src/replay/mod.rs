@@ -158,8 +158,14 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
             end: b,
             exclude,
         } => {
+            if o.start.is_some() || o.end.is_some() || o.hours.is_some() {
+                bail!("--from-sacct START END is the window: --start, --end and --hours do not apply to it");
+            }
             let from = parse_time(a).map_err(|m| anyhow::anyhow!("--from-sacct START: {m}"))?;
             let to = parse_time(b).map_err(|m| anyhow::anyhow!("--from-sacct END: {m}"))?;
+            if to <= from {
+                bail!("--from-sacct: END ({b}) must be after START ({a})");
+            }
             let mut tr = sacct::trace_from_sacct(from, to, exclude)?;
             if let Some(n) = o.node_limit {
                 limit_nodes(&mut tr, n);
