@@ -3,7 +3,7 @@
 
 use crate::replay::{self, Input, Options};
 use bftrainer_core::easy::{Backfill, StartTimes};
-use bftrainer_core::sim::Objective as CurveChoice;
+use bftrainer_core::sim::{Objective as CurveChoice, Steps};
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
@@ -61,6 +61,11 @@ pub struct Args {
     /// Forward-looking time Tfwd of the allocator, seconds.
     #[arg(long, default_value_t = 10.0, value_name = "S")]
     pub t_fwd: f64,
+    /// When the replay steps. exact: also at each submission and at the exact time a
+    /// job completes; trace: only at the trace's event times, as BFTrainer's replayer
+    /// (submissions wait for the next event, a done job keeps its nodes until it).
+    #[arg(long, value_enum, default_value = "exact")]
+    pub steps: StepsArg,
     /// Preemption grace period, seconds (Slurm GraceTime).
     #[arg(long, default_value_t = 0.0, value_name = "S")]
     pub grace: f64,
@@ -110,6 +115,12 @@ pub enum StartTimesArg {
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum StepsArg {
+    Exact,
+    Trace,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum CurveArg {
     Objective,
     Samples,
@@ -149,6 +160,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         procs_per_node: args.procs_per_node,
         max_jobs: args.max_jobs,
         t_fwd: args.t_fwd,
+        steps: match args.steps {
+            StepsArg::Exact => Steps::Exact,
+            StepsArg::Trace => Steps::Trace,
+        },
         grace: args.grace,
         objective: args.objective.clone(),
         curve: match args.curve {

@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use bftrainer_core::alloc::{Objective, Options as AllocOptions};
 use bftrainer_core::easy::{self, Backfill, SchedConfig, SchedMetrics, StartTimes};
 use bftrainer_core::engine::{EngineConfig, Exact};
-use bftrainer_core::sim::{self, Hooks, Objective as CurveChoice, Outcome, SimConfig};
+use bftrainer_core::sim::{self, Hooks, Objective as CurveChoice, Outcome, SimConfig, Steps};
 use bftrainer_core::timefmt::parse_time;
 use bftrainer_core::trace::jobs::{parse_jobs, JobRecord};
 use bftrainer_core::trace::swf::parse_swf;
@@ -53,6 +53,7 @@ pub struct Options {
     pub procs_per_node: Option<u32>,
     pub max_jobs: usize,
     pub t_fwd: f64,
+    pub steps: Steps,
     pub grace: f64,
     pub objective: String,
     pub curve: CurveChoice,
@@ -270,6 +271,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
             t_fwd_s: o.t_fwd,
             max_jobs: o.max_jobs,
         },
+        steps: o.steps,
         grace_s: o.grace,
         objective: o.curve,
         check: o.check,
@@ -319,7 +321,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         let v = serde_json::json!({
             "trace": loaded.trace_name,
             "jobs_file": loaded.jobs_name,
-            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "grace_s": o.grace, "objective": o.objective, "curve": o.curve, "seed": o.seed },
+            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "steps": o.steps, "grace_s": o.grace, "objective": o.objective, "curve": o.curve, "seed": o.seed },
             "scheduler": loaded.sched,
             "report": out.report,
             "wall_s": { "load": load_s, "simulate": sim_s },
@@ -450,6 +452,7 @@ mod replay_tests {
             procs_per_node: None,
             max_jobs: 10,
             t_fwd: 10.0,
+            steps: Steps::Exact,
             grace: 0.0,
             objective: "bftrainer".into(),
             curve: CurveChoice::File,
@@ -472,6 +475,7 @@ mod replay_tests {
                 t_fwd_s: o.t_fwd,
                 max_jobs: o.max_jobs,
             },
+            steps: o.steps,
             grace_s: o.grace,
             objective: o.curve,
             check: true,
@@ -507,6 +511,49 @@ mod replay_tests {
             (r.samples_dedicated - r.samples - r.rescale_loss_samples - r.preemption_loss_samples)
                 .abs()
                 < 1e-6 * r.samples_dedicated
+        );
+        // Exact steps finish jobs when they reach their total: no overrun.
+        assert!(r.overrun_loss_samples < 1e-6 * r.samples_dedicated);
+    }
+
+    /// BFTrainer's stepping on the sample: jobs finish at trace events only, so they
+    /// hold their nodes longer and lose the excess (overrun); the losses still add up.
+    #[test]
+    fn trace_steps_keep_invariants_and_lose_overrun() {
+        let o = Options {
+            hours: Some(6.0),
+            ..opts()
+        };
+        let (_, exact) = replay(&o);
+        let (_, tr) = replay(&Options {
+            steps: Steps::Trace,
+            ..o
+        });
+        let (e, t) = (&exact.report, &tr.report);
+        assert!(
+            t.jobs_completed > 0 && t.overrun_loss_samples > 0.0,
+            "{t:?}"
+        );
+        assert!(
+            (t.samples_dedicated
+                - t.samples
+                - t.rescale_loss_samples
+                - t.preemption_loss_samples
+                - t.overrun_loss_samples)
+                .abs()
+                < 1e-6 * t.samples_dedicated
+        );
+        assert!(t.samples <= t.samples_dedicated);
+        assert!((t.idle_node_h - e.idle_node_h).abs() < 1e-9);
+        assert!(
+            (t.idle_node_h - t.harvested_node_h - t.unused_node_h).abs() < 1e-6 * t.idle_node_h
+        );
+        // No decision at submissions or completions: fewer decisions.
+        assert!(
+            t.decisions < e.decisions,
+            "{} vs {}",
+            t.decisions,
+            e.decisions
         );
     }
 
