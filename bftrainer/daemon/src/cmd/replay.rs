@@ -23,6 +23,22 @@ pub struct Args {
     /// (YYYY-MM-DDTHH:MM:SS UTC or Unix seconds), on this cluster's nodes.
     #[arg(long, num_args = 2, value_names = ["START", "END"])]
     pub from_sacct: Option<Vec<String>>,
+    /// Replay an engine journal (JSON lines of `Record`, as `--write-journal` writes and
+    /// bftrainerd will journal) into a fresh engine with the policy options given here;
+    /// prints what the engine decided.
+    #[arg(
+        long,
+        value_name = "PATH",
+        conflicts_with_all = ["trace", "swf", "from_sacct", "jobs", "start", "end", "hours", "node_limit", "csv", "sizes_csv", "plots", "write_journal"]
+    )]
+    pub journal: Option<PathBuf>,
+    /// Write every event the replay sent to the engine as a journal (JSON lines).
+    #[arg(long, value_name = "PATH")]
+    pub write_journal: Option<PathBuf>,
+    /// Write every action the engine returned as CSV (`t,action,job,nodes`); with
+    /// --journal, the actions of the journal's replay.
+    #[arg(long, value_name = "PATH")]
+    pub actions_csv: Option<PathBuf>,
     /// With --from-sacct: leave out jobs of this partition (e.g. the elastic one);
     /// repeatable.
     #[arg(long, value_name = "NAME", requires = "from_sacct")]
@@ -127,7 +143,9 @@ pub enum CurveArg {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let input = if let Some(p) = &args.trace {
+    let input = if let Some(p) = &args.journal {
+        Input::Journal(p.clone())
+    } else if let Some(p) = &args.trace {
         Input::Trace(p.clone())
     } else if let Some(p) = &args.swf {
         Input::Swf(p.clone())
@@ -174,6 +192,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         json: args.json,
         csv: args.csv.clone(),
         sizes_csv: args.sizes_csv.clone(),
+        write_journal: args.write_journal.clone(),
+        actions_csv: args.actions_csv.clone(),
         plots: args.plots.clone(),
         check: !args.no_check,
         progress: !args.quiet && !args.json,

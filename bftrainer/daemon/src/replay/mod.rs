@@ -1,6 +1,7 @@
 //! The I/O around `bftrainer_core::sim`: opening (gzip) inputs, the embedded sample,
 //! the allocator, progress bar, and the outputs (table, JSON, per-step CSV, SVG plots).
 
+pub mod journal;
 mod output;
 mod plot;
 pub mod sacct;
@@ -31,6 +32,8 @@ pub enum Input {
     Sample,
     Trace(PathBuf),
     Swf(PathBuf),
+    /// An engine journal: replayed into a fresh engine, not through the job model.
+    Journal(PathBuf),
     /// Slurm accounting over [START, END), leaving out these partitions' jobs.
     Sacct {
         start: String,
@@ -61,6 +64,8 @@ pub struct Options {
     pub json: bool,
     pub csv: Option<PathBuf>,
     pub sizes_csv: Option<PathBuf>,
+    pub write_journal: Option<PathBuf>,
+    pub actions_csv: Option<PathBuf>,
     pub plots: Option<PathBuf>,
     pub check: bool,
     pub progress: bool,
@@ -154,6 +159,10 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
             }
             (tr, p.display().to_string(), Some(m))
         }
+        Input::Journal(p) => bail!(
+            "{}: a journal replays into the engine alone; it has no idle trace to load",
+            p.display()
+        ),
         Input::Sacct {
             start: a,
             end: b,
@@ -260,9 +269,74 @@ fn alloc_options(objective: Objective) -> AllocOptions {
     }
 }
 
+/// `--journal`: replays an engine journal under the policy options and reports what
+/// the engine decided.
+fn run_journal(o: &Options, p: &Path, objective: Objective) -> anyhow::Result<()> {
+    let cfg = EngineConfig {
+        t_fwd_s: o.t_fwd,
+        max_jobs: o.max_jobs,
+    };
+    if !(o.t_fwd > 0.0 && o.t_fwd.is_finite()) {
+        bail!("--t-fwd must be > 0 seconds, found {}", o.t_fwd);
+    }
+    if o.max_jobs == 0 {
+        bail!("--max-jobs must be >= 1");
+    }
+    let alloc = Exact {
+        opts: alloc_options(objective),
+    };
+    let name = p.display().to_string();
+    let rep = journal::replay_journal(open(p)?, &name, cfg, alloc)?;
+    if o.json {
+        let v = serde_json::json!({
+            "journal": name,
+            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "objective": o.objective },
+            "report": rep,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        let t = |x: Option<f64>| {
+            x.map_or("-".into(), |t| {
+                bftrainer_core::timefmt::format_time(t.floor() as i64)
+            })
+        };
+        println!("BFTrainer journal replay");
+        println!("  journal     {name}");
+        println!(
+            "  records     {} ({} .. {})",
+            rep.records,
+            t(rep.first_t),
+            t(rep.last_t)
+        );
+        println!("  nodes       {}", rep.nodes);
+        println!("  jobs        {} submitted", rep.jobs_submitted);
+        println!(
+            "  settings    max-jobs {}, t-fwd {} s, objective {}",
+            o.max_jobs, o.t_fwd, o.objective
+        );
+        println!(
+            "  decisions   {} ({} kept the old allocation), {:.3} s",
+            rep.decisions, rep.decisions_kept, rep.replay_s
+        );
+        println!(
+            "  actions     {} admits, {} grows, {} shrinks, {} requeues; {} nodes given, {} taken",
+            rep.admits, rep.grows, rep.shrinks, rep.requeues, rep.grown_nodes, rep.shrunk_nodes
+        );
+    }
+    if let Some(a) = &o.actions_csv {
+        let f =
+            std::fs::File::create(a).with_context(|| format!("cannot create {}", a.display()))?;
+        journal::write_actions_csv(std::io::BufWriter::new(f), &rep.actions)?;
+    }
+    Ok(())
+}
+
 /// Runs the replay and writes every requested output.
 pub fn run(o: &Options) -> anyhow::Result<()> {
     let objective: Objective = o.objective.parse()?;
+    if let Input::Journal(p) = &o.input {
+        return run_journal(o, p, objective);
+    }
     let t_load = Instant::now();
     let loaded = load(o)?;
     let load_s = t_load.elapsed().as_secs_f64();
@@ -278,7 +352,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         record: o.csv.is_some() || o.sizes_csv.is_some() || o.plots.is_some(),
         seed: o.seed,
         report_progress: objective == Objective::RemainingWork,
-        journal: false,
+        journal: o.write_journal.is_some() || o.actions_csv.is_some(),
     };
     let alloc = Exact {
         opts: alloc_options(objective),
@@ -346,6 +420,16 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         let f =
             std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
         write_sizes_csv(std::io::BufWriter::new(f), &out.sizes, &loaded.jobs)?;
+    }
+    if let Some(p) = &o.write_journal {
+        let f =
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
+        journal::write_journal(std::io::BufWriter::new(f), &out.journal)?;
+    }
+    if let Some(p) = &o.actions_csv {
+        let f =
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
+        journal::write_actions_csv(std::io::BufWriter::new(f), &out.actions)?;
     }
     if let Some(dir) = &o.plots {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -438,7 +522,7 @@ mod replay_tests {
     use super::*;
     use bftrainer_core::sim::Report;
 
-    fn opts() -> Options {
+    pub(super) fn opts() -> Options {
         Options {
             input: Input::Sample,
             jobs: None,
@@ -460,6 +544,8 @@ mod replay_tests {
             json: false,
             csv: None,
             sizes_csv: None,
+            write_journal: None,
+            actions_csv: None,
             plots: None,
             check: true,
             progress: false,
@@ -694,5 +780,56 @@ mod replay_tests {
             ..opts()
         })
         .contains("cannot open /nonexistent.csv"));
+    }
+}
+
+#[cfg(test)]
+mod journal_tests {
+    use super::replay_tests::opts;
+    use super::*;
+
+    /// Round trip: a replay writes its journal and its actions; replaying the journal
+    /// into a fresh engine with the same policy gives the same actions, byte for byte.
+    /// Under another policy (Tfwd 300 s) the same journal gives other actions.
+    #[test]
+    fn journal_replays_to_the_same_actions() {
+        let dir = std::env::temp_dir().join(format!("bft-journal-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (j, a1, a2, a3) = (
+            dir.join("j.jsonl"),
+            dir.join("a1.csv"),
+            dir.join("a2.csv"),
+            dir.join("a3.csv"),
+        );
+        run(&Options {
+            hours: Some(2.0),
+            write_journal: Some(j.clone()),
+            actions_csv: Some(a1.clone()),
+            ..opts()
+        })
+        .unwrap();
+        run(&Options {
+            input: Input::Journal(j.clone()),
+            actions_csv: Some(a2.clone()),
+            ..opts()
+        })
+        .unwrap();
+        let (x, y) = (
+            std::fs::read_to_string(&a1).unwrap(),
+            std::fs::read_to_string(&a2).unwrap(),
+        );
+        assert!(x.lines().count() > 50, "{x}");
+        assert!(x.lines().any(|l| l.contains(",admit,")));
+        assert!(x.lines().any(|l| l.contains(",grow,")));
+        assert_eq!(x, y);
+        run(&Options {
+            input: Input::Journal(j),
+            actions_csv: Some(a3.clone()),
+            t_fwd: 300.0,
+            ..opts()
+        })
+        .unwrap();
+        assert_ne!(x, std::fs::read_to_string(&a3).unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
