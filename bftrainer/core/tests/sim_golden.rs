@@ -5,7 +5,7 @@ mod sim_common;
 
 use bftrainer_core::easy::{schedule, SchedConfig};
 use bftrainer_core::engine::EngineConfig;
-use bftrainer_core::sim::SimConfig;
+use bftrainer_core::sim::{SimConfig, Steps};
 use bftrainer_core::trace::swf::{SwfJob, SwfLog};
 use sim_common::*;
 
@@ -164,4 +164,78 @@ fn easy_trace_feeds_the_simulator() {
     assert!(close(r.samples, 700.0));
     // Claims of lent nodes: n2,n3 at 2 and at 100.
     assert_eq!(r.preempted_nodes, 4);
+}
+
+/// BFTrainer's stepping (`Steps::Trace`) on the trace of `one_job_grow_preempt_finish`
+/// plus d turning idle at 90: the job reaches 1500 at 82.5 but is seen done at the
+/// next event, 90, holding b and c until then: progress 450 + 20 * 60 = 1650, overrun
+/// 150, JCT 90. Harvested 2*10 + 3*20 + 2*60 = 200 node-s; idle adds b, c, d over
+/// [90,100): 200 + 30 = 230, unused 30. Dedicated 200 + 600 + 1200 = 2000 = 1500 +
+/// 200 rescale + 150 preemption + 150 overrun.
+#[test]
+fn trace_steps_finish_at_the_next_event() {
+    let tr = trace(
+        &["a", "b", "c", "d"],
+        &[true, true, false, false],
+        &[(10, 2, true), (30, 0, false), (90, 3, true)],
+        100,
+    );
+    let jobs = [job(
+        "J",
+        0,
+        1,
+        4,
+        10.0,
+        5.0,
+        1500.0,
+        &[(1, 10.0), (2, 20.0), (4, 40.0)],
+    )];
+    let c = SimConfig {
+        steps: Steps::Trace,
+        ..cfg(10, 0.0)
+    };
+    let out = run(&tr, &jobs, FillInOrder, &c);
+    let r = &out.report;
+    assert_eq!(r.jobs_completed, 1);
+    assert!(close(r.jct_mean_s.unwrap(), 90.0), "{:?}", r.jct_mean_s);
+    assert!(close(r.idle_node_h * 3600.0, 230.0));
+    assert!(close(r.harvested_node_h * 3600.0, 200.0));
+    assert!(close(r.unused_node_h * 3600.0, 30.0));
+    assert!(close(r.samples, 1500.0));
+    assert!(close(r.samples_dedicated, 2000.0));
+    assert!(close(r.rescale_loss_samples, 200.0));
+    assert!(close(r.preemption_loss_samples, 150.0));
+    assert!(close(r.overrun_loss_samples, 150.0));
+    assert!(close(r.efficiency, 0.75));
+    let sizes: Vec<(f64, u32)> = out.sizes.iter().map(|s| (s.t, s.nodes)).collect();
+    assert_eq!(sizes, vec![(0.0, 2), (10.0, 3), (30.0, 2), (90.0, 0)]);
+    // The same run with exact steps: done at 82.5, no overrun.
+    let e = run(&tr, &jobs, FillInOrder, &cfg(10, 0.0)).report;
+    assert!(close(e.jct_mean_s.unwrap(), 82.5));
+    assert_eq!(e.overrun_loss_samples, 0.0);
+}
+
+/// With `Steps::Trace` a submission waits for the next trace event: a idle from 0, b
+/// from 20, J submitted at 5 -> admitted at 20 on a and b (first admission 15 s after
+/// submission); with exact steps at 5 on a. One job that never finishes, 10/s per
+/// node: trace 2 * 10 * 80 = 1600 samples by 100; exact 10 * 15 + 20 * 80 = 1750.
+#[test]
+fn trace_steps_submissions_wait_for_the_next_event() {
+    let tr = trace(&["a", "b"], &[true, false], &[(20, 1, true)], 100);
+    let jobs = [job("J", 5, 1, 2, 0.0, 0.0, 1e9, &[(1, 10.0), (2, 20.0)])];
+    let t = run(
+        &tr,
+        &jobs,
+        FillInOrder,
+        &SimConfig {
+            steps: Steps::Trace,
+            ..cfg(10, 0.0)
+        },
+    )
+    .report;
+    assert_eq!(t.jobs[0].first_admit_s, Some(15.0));
+    assert!(close(t.samples, 1600.0));
+    let e = run(&tr, &jobs, FillInOrder, &cfg(10, 0.0)).report;
+    assert_eq!(e.jobs[0].first_admit_s, Some(0.0));
+    assert!(close(e.samples, 1750.0));
 }

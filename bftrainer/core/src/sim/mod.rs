@@ -27,9 +27,25 @@ pub enum Objective {
     Samples,
 }
 
+/// When the simulator steps (accounts, applies events and lets the engine decide).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Steps {
+    /// At every trace event, at every submission and at the exact time a job reaches
+    /// its `total_samples`, so its nodes are re-planned at once.
+    #[default]
+    Exact,
+    /// As BFTrainer's replayer: only at the trace's event times (and the window's end).
+    /// A job submitted between two events waits for the next one; a job that reaches
+    /// `total_samples` between two events keeps its nodes until the next one, where
+    /// it is finished and the samples beyond its total count as overrun loss.
+    Trace,
+}
+
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub engine: EngineConfig,
+    pub steps: Steps,
     /// Slurm's preemption GraceTime: a job keeps a claimed node this long (the regular
     /// job waits), and its preemption charge shrinks by as much.
     pub grace_s: f64,
@@ -54,6 +70,7 @@ impl Default for SimConfig {
     fn default() -> Self {
         Self {
             engine: EngineConfig::default(),
+            steps: Steps::Exact,
             grace_s: 0.0,
             objective: Objective::File,
             check: true,
@@ -124,6 +141,8 @@ struct SimJob {
     gross: f64,
     rescale_loss: f64,
     preempt_loss: f64,
+    /// Samples computed past `total_samples` before the job was seen done.
+    overrun_loss: f64,
     last_size: u32,
 }
 
@@ -356,16 +375,24 @@ impl<'a, A: Allocator> Sim<'a, A> {
             if let Some(f) = tr.forecasts.get(fi) {
                 next = next.min((f.0 - tr.start) as f64);
             }
-            if let Some(j) = self.recs.get(ji) {
+            let exact = self.cfg.steps == Steps::Exact;
+            if let Some(j) = self.recs.get(ji).filter(|_| exact) {
                 next = next.min(((j.submit - tr.start) as f64).max(0.0));
             }
             for &(u, _) in &self.draining {
                 next = next.min(u);
             }
-            next = next.min(self.next_completion(t));
+            if exact {
+                next = next.min(self.next_completion(t));
+            }
             if next > end {
                 self.account(t, end)?;
                 t = end;
+                if !exact {
+                    // The window's end is the replayer's last event: jobs done by then
+                    // count as completed.
+                    self.complete_jobs(t)?;
+                }
                 break;
             }
             self.account(t, next)?;
@@ -462,18 +489,9 @@ impl<'a, A: Allocator> Sim<'a, A> {
         }
     }
 
-    fn step(
-        &mut self,
-        t: f64,
-        ci: &mut usize,
-        fi: &mut usize,
-        ji: &mut usize,
-        hooks: &mut Hooks<'_>,
-    ) -> Result<()> {
-        let tr = self.trace;
-        let tabs = tr.start + t.floor() as i64;
-        let check = self.cfg.check;
-        // 1. Completions.
+    /// Finishes the active jobs whose progress has reached their total at `t`: their
+    /// nodes go back to the pool, samples past the total count as overrun loss.
+    fn complete_jobs(&mut self, t: f64) -> Result<()> {
         self.scratch.clear();
         self.scratch.extend_from_slice(self.engine.active());
         for k in 0..self.scratch.len() {
@@ -490,6 +508,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 self.draining_total -= s.draining;
                 s.n = 0;
                 s.draining = 0;
+                s.overrun_loss += (-rem).max(0.0);
                 s.progress = rec.total_samples;
                 s.finished = Some(t);
                 self.counts.finished += 1;
@@ -497,6 +516,24 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 self.send(&Event::JobFinished { job: j }, t)?;
                 self.record_size(t, j);
             }
+        }
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        t: f64,
+        ci: &mut usize,
+        fi: &mut usize,
+        ji: &mut usize,
+        hooks: &mut Hooks<'_>,
+    ) -> Result<()> {
+        let tr = self.trace;
+        let tabs = tr.start + t.floor() as i64;
+        let check = self.cfg.check;
+        // 1. Completions (at their exact time: before this time's claims can charge them).
+        if self.cfg.steps == Steps::Exact {
+            self.complete_jobs(t)?;
         }
         // 2. Grace periods that end now.
         if !self.draining.is_empty() {
@@ -570,6 +607,11 @@ impl<'a, A: Allocator> Sim<'a, A> {
             s.preempt_loss += charge;
             self.record_size(t, j);
         }
+        // 5b. Completions at trace events: after this event's preemption charges, as
+        // BFTrainer's replayer accounts them.
+        if self.cfg.steps == Steps::Trace {
+            self.complete_jobs(t)?;
+        }
         // 6. Submissions.
         while let Some(rec) = self.recs.get(*ji).filter(|r| r.submit <= tabs) {
             let spec = ElasticSpec {
@@ -595,6 +637,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 gross: 0.0,
                 rescale_loss: 0.0,
                 preempt_loss: 0.0,
+                overrun_loss: 0.0,
                 last_size: 0,
             });
             *ji += 1;
@@ -799,6 +842,14 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 ));
             }
         }
+        // A job past its total that no event saw done (Steps::Trace, cut windows): the
+        // excess is overrun, not work.
+        for (s, rec) in self.jobs.iter_mut().zip(self.recs) {
+            if s.progress > rec.total_samples {
+                s.overrun_loss += s.progress - rec.total_samples;
+                s.progress = rec.total_samples;
+            }
+        }
         let mut per_job = Vec::with_capacity(self.jobs.len());
         let mut jcts = Vec::new();
         for (j, s) in self.jobs.iter().enumerate() {
@@ -824,6 +875,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 node_h: s.node_s / 3600.0,
                 rescale_loss_samples: s.rescale_loss,
                 preemption_loss_samples: s.preempt_loss,
+                overrun_loss_samples: s.overrun_loss,
             });
             let _ = s.submitted;
         }
@@ -858,6 +910,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
             efficiency: if gross > 0.0 { samples / gross } else { 0.0 },
             rescale_loss_samples: self.jobs.iter().map(|s| s.rescale_loss).sum(),
             preemption_loss_samples: self.jobs.iter().map(|s| s.preempt_loss).sum(),
+            overrun_loss_samples: self.jobs.iter().map(|s| s.overrun_loss).sum(),
             admits: c.admits,
             grows: c.grows,
             shrinks: c.shrinks,

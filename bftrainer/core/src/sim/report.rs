@@ -17,6 +17,9 @@ pub struct JobReport {
     pub node_h: f64,
     pub rescale_loss_samples: f64,
     pub preemption_loss_samples: f64,
+    /// Samples computed after the job's total was reached, before it was seen done
+    /// (only with `Steps::Trace`).
+    pub overrun_loss_samples: f64,
 }
 
 /// Harvest report of one replay. Node-hours: `idle = harvested + unused` exactly.
@@ -42,10 +45,12 @@ pub struct Report {
     pub samples: f64,
     /// Samples the same node-seconds yield at dedicated rates (no charges).
     pub samples_dedicated: f64,
-    /// samples / samples_dedicated.
+    /// samples / samples_dedicated; samples_dedicated = samples + the three losses.
     pub efficiency: f64,
     pub rescale_loss_samples: f64,
     pub preemption_loss_samples: f64,
+    /// Work past a job's total before a trace event saw it done (`Steps::Trace`).
+    pub overrun_loss_samples: f64,
     pub admits: u64,
     pub grows: u64,
     pub shrinks: u64,

@@ -3,7 +3,7 @@
 
 use crate::replay::{self, Input, Options};
 use bftrainer_core::easy::{Backfill, StartTimes};
-use bftrainer_core::sim::Objective as CurveChoice;
+use bftrainer_core::sim::{Objective as CurveChoice, Steps};
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
@@ -23,6 +23,22 @@ pub struct Args {
     /// (YYYY-MM-DDTHH:MM:SS UTC or Unix seconds), on this cluster's nodes.
     #[arg(long, num_args = 2, value_names = ["START", "END"])]
     pub from_sacct: Option<Vec<String>>,
+    /// Replay an engine journal (JSON lines of `Record`, as `--write-journal` writes and
+    /// bftrainerd will journal) into a fresh engine with the policy options given here;
+    /// prints what the engine decided.
+    #[arg(
+        long,
+        value_name = "PATH",
+        conflicts_with_all = ["trace", "swf", "from_sacct", "jobs", "start", "end", "hours", "node_limit", "csv", "sizes_csv", "plots", "write_journal"]
+    )]
+    pub journal: Option<PathBuf>,
+    /// Write every event the replay sent to the engine as a journal (JSON lines).
+    #[arg(long, value_name = "PATH")]
+    pub write_journal: Option<PathBuf>,
+    /// Write every action the engine returned as CSV (`t,action,job,nodes`); with
+    /// --journal, the actions of the journal's replay.
+    #[arg(long, value_name = "PATH")]
+    pub actions_csv: Option<PathBuf>,
     /// With --from-sacct: leave out jobs of this partition (e.g. the elastic one);
     /// repeatable.
     #[arg(long, value_name = "NAME", requires = "from_sacct")]
@@ -61,6 +77,11 @@ pub struct Args {
     /// Forward-looking time Tfwd of the allocator, seconds.
     #[arg(long, default_value_t = 10.0, value_name = "S")]
     pub t_fwd: f64,
+    /// When the replay steps. exact: also at each submission and at the exact time a
+    /// job completes; trace: only at the trace's event times, as BFTrainer's replayer
+    /// (submissions wait for the next event, a done job keeps its nodes until it).
+    #[arg(long, value_enum, default_value = "exact")]
+    pub steps: StepsArg,
     /// Preemption grace period, seconds (Slurm GraceTime).
     #[arg(long, default_value_t = 0.0, value_name = "S")]
     pub grace: f64,
@@ -110,13 +131,21 @@ pub enum StartTimesArg {
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum StepsArg {
+    Exact,
+    Trace,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum CurveArg {
     Objective,
     Samples,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let input = if let Some(p) = &args.trace {
+    let input = if let Some(p) = &args.journal {
+        Input::Journal(p.clone())
+    } else if let Some(p) = &args.trace {
         Input::Trace(p.clone())
     } else if let Some(p) = &args.swf {
         Input::Swf(p.clone())
@@ -149,6 +178,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         procs_per_node: args.procs_per_node,
         max_jobs: args.max_jobs,
         t_fwd: args.t_fwd,
+        steps: match args.steps {
+            StepsArg::Exact => Steps::Exact,
+            StepsArg::Trace => Steps::Trace,
+        },
         grace: args.grace,
         objective: args.objective.clone(),
         curve: match args.curve {
@@ -159,6 +192,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         json: args.json,
         csv: args.csv.clone(),
         sizes_csv: args.sizes_csv.clone(),
+        write_journal: args.write_journal.clone(),
+        actions_csv: args.actions_csv.clone(),
         plots: args.plots.clone(),
         check: !args.no_check,
         progress: !args.quiet && !args.json,

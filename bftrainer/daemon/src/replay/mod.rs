@@ -1,6 +1,7 @@
 //! The I/O around `bftrainer_core::sim`: opening (gzip) inputs, the embedded sample,
 //! the allocator, progress bar, and the outputs (table, JSON, per-step CSV, SVG plots).
 
+pub mod journal;
 mod output;
 mod plot;
 pub mod sacct;
@@ -9,7 +10,7 @@ use anyhow::{bail, Context};
 use bftrainer_core::alloc::{Objective, Options as AllocOptions};
 use bftrainer_core::easy::{self, Backfill, SchedConfig, SchedMetrics, StartTimes};
 use bftrainer_core::engine::{EngineConfig, Exact};
-use bftrainer_core::sim::{self, Hooks, Objective as CurveChoice, Outcome, SimConfig};
+use bftrainer_core::sim::{self, Hooks, Objective as CurveChoice, Outcome, SimConfig, Steps};
 use bftrainer_core::timefmt::parse_time;
 use bftrainer_core::trace::jobs::{parse_jobs, JobRecord};
 use bftrainer_core::trace::swf::parse_swf;
@@ -31,6 +32,8 @@ pub enum Input {
     Sample,
     Trace(PathBuf),
     Swf(PathBuf),
+    /// An engine journal: replayed into a fresh engine, not through the job model.
+    Journal(PathBuf),
     /// Slurm accounting over [START, END), leaving out these partitions' jobs.
     Sacct {
         start: String,
@@ -53,6 +56,7 @@ pub struct Options {
     pub procs_per_node: Option<u32>,
     pub max_jobs: usize,
     pub t_fwd: f64,
+    pub steps: Steps,
     pub grace: f64,
     pub objective: String,
     pub curve: CurveChoice,
@@ -60,6 +64,8 @@ pub struct Options {
     pub json: bool,
     pub csv: Option<PathBuf>,
     pub sizes_csv: Option<PathBuf>,
+    pub write_journal: Option<PathBuf>,
+    pub actions_csv: Option<PathBuf>,
     pub plots: Option<PathBuf>,
     pub check: bool,
     pub progress: bool,
@@ -153,13 +159,23 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
             }
             (tr, p.display().to_string(), Some(m))
         }
+        Input::Journal(p) => bail!(
+            "{}: a journal replays into the engine alone; it has no idle trace to load",
+            p.display()
+        ),
         Input::Sacct {
             start: a,
             end: b,
             exclude,
         } => {
+            if o.start.is_some() || o.end.is_some() || o.hours.is_some() {
+                bail!("--from-sacct START END is the window: --start, --end and --hours do not apply to it");
+            }
             let from = parse_time(a).map_err(|m| anyhow::anyhow!("--from-sacct START: {m}"))?;
             let to = parse_time(b).map_err(|m| anyhow::anyhow!("--from-sacct END: {m}"))?;
+            if to <= from {
+                bail!("--from-sacct: END ({b}) must be after START ({a})");
+            }
             let mut tr = sacct::trace_from_sacct(from, to, exclude)?;
             if let Some(n) = o.node_limit {
                 limit_nodes(&mut tr, n);
@@ -253,9 +269,74 @@ fn alloc_options(objective: Objective) -> AllocOptions {
     }
 }
 
+/// `--journal`: replays an engine journal under the policy options and reports what
+/// the engine decided.
+fn run_journal(o: &Options, p: &Path, objective: Objective) -> anyhow::Result<()> {
+    let cfg = EngineConfig {
+        t_fwd_s: o.t_fwd,
+        max_jobs: o.max_jobs,
+    };
+    if !(o.t_fwd > 0.0 && o.t_fwd.is_finite()) {
+        bail!("--t-fwd must be > 0 seconds, found {}", o.t_fwd);
+    }
+    if o.max_jobs == 0 {
+        bail!("--max-jobs must be >= 1");
+    }
+    let alloc = Exact {
+        opts: alloc_options(objective),
+    };
+    let name = p.display().to_string();
+    let rep = journal::replay_journal(open(p)?, &name, cfg, alloc)?;
+    if o.json {
+        let v = serde_json::json!({
+            "journal": name,
+            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "objective": o.objective },
+            "report": rep,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        let t = |x: Option<f64>| {
+            x.map_or("-".into(), |t| {
+                bftrainer_core::timefmt::format_time(t.floor() as i64)
+            })
+        };
+        println!("BFTrainer journal replay");
+        println!("  journal     {name}");
+        println!(
+            "  records     {} ({} .. {})",
+            rep.records,
+            t(rep.first_t),
+            t(rep.last_t)
+        );
+        println!("  nodes       {}", rep.nodes);
+        println!("  jobs        {} submitted", rep.jobs_submitted);
+        println!(
+            "  settings    max-jobs {}, t-fwd {} s, objective {}",
+            o.max_jobs, o.t_fwd, o.objective
+        );
+        println!(
+            "  decisions   {} ({} kept the old allocation), {:.3} s",
+            rep.decisions, rep.decisions_kept, rep.replay_s
+        );
+        println!(
+            "  actions     {} admits, {} grows, {} shrinks, {} requeues; {} nodes given, {} taken",
+            rep.admits, rep.grows, rep.shrinks, rep.requeues, rep.grown_nodes, rep.shrunk_nodes
+        );
+    }
+    if let Some(a) = &o.actions_csv {
+        let f =
+            std::fs::File::create(a).with_context(|| format!("cannot create {}", a.display()))?;
+        journal::write_actions_csv(std::io::BufWriter::new(f), &rep.actions)?;
+    }
+    Ok(())
+}
+
 /// Runs the replay and writes every requested output.
 pub fn run(o: &Options) -> anyhow::Result<()> {
     let objective: Objective = o.objective.parse()?;
+    if let Input::Journal(p) = &o.input {
+        return run_journal(o, p, objective);
+    }
     let t_load = Instant::now();
     let loaded = load(o)?;
     let load_s = t_load.elapsed().as_secs_f64();
@@ -264,13 +345,14 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
             t_fwd_s: o.t_fwd,
             max_jobs: o.max_jobs,
         },
+        steps: o.steps,
         grace_s: o.grace,
         objective: o.curve,
         check: o.check,
         record: o.csv.is_some() || o.sizes_csv.is_some() || o.plots.is_some(),
         seed: o.seed,
         report_progress: objective == Objective::RemainingWork,
-        journal: false,
+        journal: o.write_journal.is_some() || o.actions_csv.is_some(),
     };
     let alloc = Exact {
         opts: alloc_options(objective),
@@ -313,7 +395,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         let v = serde_json::json!({
             "trace": loaded.trace_name,
             "jobs_file": loaded.jobs_name,
-            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "grace_s": o.grace, "objective": o.objective, "curve": o.curve, "seed": o.seed },
+            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "steps": o.steps, "grace_s": o.grace, "objective": o.objective, "curve": o.curve, "seed": o.seed },
             "scheduler": loaded.sched,
             "report": out.report,
             "wall_s": { "load": load_s, "simulate": sim_s },
@@ -338,6 +420,16 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         let f =
             std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
         write_sizes_csv(std::io::BufWriter::new(f), &out.sizes, &loaded.jobs)?;
+    }
+    if let Some(p) = &o.write_journal {
+        let f =
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
+        journal::write_journal(std::io::BufWriter::new(f), &out.journal)?;
+    }
+    if let Some(p) = &o.actions_csv {
+        let f =
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
+        journal::write_actions_csv(std::io::BufWriter::new(f), &out.actions)?;
     }
     if let Some(dir) = &o.plots {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -430,7 +522,7 @@ mod replay_tests {
     use super::*;
     use bftrainer_core::sim::Report;
 
-    fn opts() -> Options {
+    pub(super) fn opts() -> Options {
         Options {
             input: Input::Sample,
             jobs: None,
@@ -444,6 +536,7 @@ mod replay_tests {
             procs_per_node: None,
             max_jobs: 10,
             t_fwd: 10.0,
+            steps: Steps::Exact,
             grace: 0.0,
             objective: "bftrainer".into(),
             curve: CurveChoice::File,
@@ -451,6 +544,8 @@ mod replay_tests {
             json: false,
             csv: None,
             sizes_csv: None,
+            write_journal: None,
+            actions_csv: None,
             plots: None,
             check: true,
             progress: false,
@@ -466,6 +561,7 @@ mod replay_tests {
                 t_fwd_s: o.t_fwd,
                 max_jobs: o.max_jobs,
             },
+            steps: o.steps,
             grace_s: o.grace,
             objective: o.curve,
             check: true,
@@ -501,6 +597,49 @@ mod replay_tests {
             (r.samples_dedicated - r.samples - r.rescale_loss_samples - r.preemption_loss_samples)
                 .abs()
                 < 1e-6 * r.samples_dedicated
+        );
+        // Exact steps finish jobs when they reach their total: no overrun.
+        assert!(r.overrun_loss_samples < 1e-6 * r.samples_dedicated);
+    }
+
+    /// BFTrainer's stepping on the sample: jobs finish at trace events only, so they
+    /// hold their nodes longer and lose the excess (overrun); the losses still add up.
+    #[test]
+    fn trace_steps_keep_invariants_and_lose_overrun() {
+        let o = Options {
+            hours: Some(6.0),
+            ..opts()
+        };
+        let (_, exact) = replay(&o);
+        let (_, tr) = replay(&Options {
+            steps: Steps::Trace,
+            ..o
+        });
+        let (e, t) = (&exact.report, &tr.report);
+        assert!(
+            t.jobs_completed > 0 && t.overrun_loss_samples > 0.0,
+            "{t:?}"
+        );
+        assert!(
+            (t.samples_dedicated
+                - t.samples
+                - t.rescale_loss_samples
+                - t.preemption_loss_samples
+                - t.overrun_loss_samples)
+                .abs()
+                < 1e-6 * t.samples_dedicated
+        );
+        assert!(t.samples <= t.samples_dedicated);
+        assert!((t.idle_node_h - e.idle_node_h).abs() < 1e-9);
+        assert!(
+            (t.idle_node_h - t.harvested_node_h - t.unused_node_h).abs() < 1e-6 * t.idle_node_h
+        );
+        // No decision at submissions or completions: fewer decisions.
+        assert!(
+            t.decisions < e.decisions,
+            "{} vs {}",
+            t.decisions,
+            e.decisions
         );
     }
 
@@ -641,5 +780,56 @@ mod replay_tests {
             ..opts()
         })
         .contains("cannot open /nonexistent.csv"));
+    }
+}
+
+#[cfg(test)]
+mod journal_tests {
+    use super::replay_tests::opts;
+    use super::*;
+
+    /// Round trip: a replay writes its journal and its actions; replaying the journal
+    /// into a fresh engine with the same policy gives the same actions, byte for byte.
+    /// Under another policy (Tfwd 300 s) the same journal gives other actions.
+    #[test]
+    fn journal_replays_to_the_same_actions() {
+        let dir = std::env::temp_dir().join(format!("bft-journal-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (j, a1, a2, a3) = (
+            dir.join("j.jsonl"),
+            dir.join("a1.csv"),
+            dir.join("a2.csv"),
+            dir.join("a3.csv"),
+        );
+        run(&Options {
+            hours: Some(2.0),
+            write_journal: Some(j.clone()),
+            actions_csv: Some(a1.clone()),
+            ..opts()
+        })
+        .unwrap();
+        run(&Options {
+            input: Input::Journal(j.clone()),
+            actions_csv: Some(a2.clone()),
+            ..opts()
+        })
+        .unwrap();
+        let (x, y) = (
+            std::fs::read_to_string(&a1).unwrap(),
+            std::fs::read_to_string(&a2).unwrap(),
+        );
+        assert!(x.lines().count() > 50, "{x}");
+        assert!(x.lines().any(|l| l.contains(",admit,")));
+        assert!(x.lines().any(|l| l.contains(",grow,")));
+        assert_eq!(x, y);
+        run(&Options {
+            input: Input::Journal(j),
+            actions_csv: Some(a3.clone()),
+            t_fwd: 300.0,
+            ..opts()
+        })
+        .unwrap();
+        assert_ne!(x, std::fs::read_to_string(&a3).unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

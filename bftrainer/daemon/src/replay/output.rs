@@ -1,7 +1,7 @@
 //! Human and machine outputs of a replay: the summary table and the per-step CSV.
 
 use super::{Loaded, Options};
-use bftrainer_core::sim::{Report, SizeRecord, StepRecord};
+use bftrainer_core::sim::{Report, SizeRecord, StepRecord, Steps};
 use bftrainer_core::timefmt::format_time;
 use bftrainer_core::trace::jobs::JobRecord;
 use std::io::Write;
@@ -88,8 +88,17 @@ pub fn print_table(
     row(
         "settings",
         format!(
-            "max-jobs {}, t-fwd {} s, grace {} s, objective {}, seed {}",
-            o.max_jobs, o.t_fwd, o.grace, o.objective, o.seed
+            "max-jobs {}, t-fwd {} s, grace {} s, objective {}, seed {}{}",
+            o.max_jobs,
+            o.t_fwd,
+            o.grace,
+            o.objective,
+            o.seed,
+            if o.steps == Steps::Trace {
+                ", steps at trace events"
+            } else {
+                ""
+            }
         ),
     );
     row(
@@ -141,6 +150,16 @@ pub fn print_table(
             pct(r.preemption_loss_samples, r.samples_dedicated)
         ),
     );
+    if o.steps == Steps::Trace {
+        row(
+            "overrun loss",
+            format!(
+                "{:.4e} samples ({:.2}%, done jobs held until the next event)",
+                r.overrun_loss_samples,
+                pct(r.overrun_loss_samples, r.samples_dedicated)
+            ),
+        );
+    }
     row(
         "rescales",
         format!(

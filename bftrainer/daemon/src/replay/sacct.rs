@@ -15,11 +15,17 @@ pub fn trace_from_sacct(from: i64, to: i64, exclude: &[String]) -> anyhow::Resul
     view.refresh(&slurm)
         .context("cannot read the node list from slurmctld")?;
     let nodes: Vec<String> = view.nodes().iter().map(|n| n.name.clone()).collect();
+    // One slurmdbd often serves several clusters: without naming ours, another
+    // cluster's jobs would come back on nodes this one does not have.
+    let cluster = slurm
+        .cluster_name()
+        .context("cannot read ClusterName from slurmctld")?;
     let mut db = SlurmDb::connect(&slurm).context("cannot connect to slurmdbd")?;
     let q = AcctQuery {
         start: from,
         end: Some(to),
         duplicates: true,
+        clusters: vec![cluster],
         ..Default::default()
     };
     let jobs = db
