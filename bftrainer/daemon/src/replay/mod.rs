@@ -128,7 +128,7 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
             };
             let mut tr = parse_node_events(reader, &name, &win)?;
             if let Some(h) = o.hours {
-                let e = tr.start + (h * 3600.0) as i64;
+                let e = tr.start.saturating_add((h * 3600.0) as i64);
                 if e < tr.end {
                     cut(&mut tr, e);
                 }
@@ -149,7 +149,7 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
                 rebase(&mut tr, s);
             }
             if let Some(h) = o.hours {
-                end = Some(tr.start + (h * 3600.0) as i64);
+                end = Some(tr.start.saturating_add((h * 3600.0) as i64));
             }
             if let Some(e) = end {
                 cut(&mut tr, e);
@@ -770,6 +770,13 @@ mod replay_tests {
             ..opts()
         })
         .contains("--hours must be > 0"));
+        // A huge --hours means "to the end of the trace", not an overflow.
+        let l = load(&Options {
+            hours: Some(1e300),
+            ..opts()
+        })
+        .unwrap();
+        assert_eq!(l.trace.end - l.trace.start, 24 * 3600 - 15);
         assert!(e(Options {
             start: Some("2030-01-01T00:00:00".into()),
             ..opts()
