@@ -388,24 +388,29 @@ impl Search {
                 for z in first..=reach.min(emax) {
                     pbuf[z + w - 1] = prev[z] - s * z as f64;
                 }
-                gbuf.clear();
-                gbuf.resize(plen, neg);
-                hbuf.clear();
-                hbuf.resize(plen, neg);
-                let lo = first.min(emax);
-                for i in (lo - lo % w)..plen {
-                    gbuf[i] = if i % w == 0 {
-                        pbuf[i]
-                    } else {
-                        gbuf[i - 1].max(pbuf[i])
-                    };
+                // Every slot read below is written first, so the scratch only grows.
+                if gbuf.len() < plen {
+                    gbuf.resize(plen, neg);
+                    hbuf.resize(plen, neg);
                 }
-                for i in (lo..plen).rev() {
-                    hbuf[i] = if (i + 1) % w == 0 || i + 1 == plen {
-                        pbuf[i]
-                    } else {
-                        hbuf[i + 1].max(pbuf[i])
-                    };
+                let lo = first.min(emax);
+                // Block by block rather than testing `i % w` per element: the integer
+                // division dominated this loop.
+                let mut bs = lo - lo % w;
+                while bs < plen {
+                    let be = (bs + w).min(plen);
+                    let mut m = neg;
+                    for (g, &p) in gbuf[bs..be].iter_mut().zip(&pbuf[bs..be]) {
+                        m = m.max(p);
+                        *g = m;
+                    }
+                    let hs = bs.max(lo);
+                    let mut m = neg;
+                    for (h, &p) in hbuf[hs..be].iter_mut().zip(&pbuf[hs..be]).rev() {
+                        m = m.max(p);
+                        *h = m;
+                    }
+                    bs = be;
                 }
                 for e in lo..=emax {
                     let m = hbuf[e].max(gbuf[e + w - 1]);
