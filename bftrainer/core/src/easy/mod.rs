@@ -328,11 +328,8 @@ impl Model {
         while k < order.len() || !self.ends.is_empty() {
             let next_start = order.get(k).map(|&i| starts[i]);
             let next_end = self.ends.peek().map(|r| r.0 .0);
-            let t = match (next_start, next_end) {
-                (Some(a), Some(b)) => a.min(b),
-                (Some(a), None) => a,
-                (None, Some(b)) => b,
-                (None, None) => break,
+            let Some(t) = next_start.into_iter().chain(next_end).min() else {
+                break;
             };
             self.finish_until(t);
             while k < order.len() && starts[order[k]] == t {
@@ -353,11 +350,8 @@ impl Model {
         while k < jobs.len() || !self.ends.is_empty() {
             let next_sub = jobs.get(k).map(|j| j.submit);
             let next_end = self.ends.peek().map(|r| r.0 .0);
-            let t = match (next_sub, next_end) {
-                (Some(a), Some(b)) => a.min(b),
-                (Some(a), None) => a,
-                (None, Some(b)) => b,
-                (None, None) => break,
+            let Some(t) = next_sub.into_iter().chain(next_end).min() else {
+                break;
             };
             self.finish_until(t);
             while k < jobs.len() && jobs[k].submit == t {
