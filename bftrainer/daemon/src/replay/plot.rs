@@ -34,6 +34,36 @@ fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow::anyhow!("plotting failed: {e}")
 }
 
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// The frame all three plots share: white canvas, caption, hours on x, `y_desc` on y.
+fn frame<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    caption: &str,
+    x_max: f64,
+    y_max: f64,
+    y_desc: &str,
+) -> anyhow::Result<Chart<'a, 'b>> {
+    root.fill(&WHITE).map_err(err)?;
+    let mut c = ChartBuilder::on(root)
+        .caption(caption, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+        .map_err(err)?;
+    c.configure_mesh()
+        .x_desc("hours since start")
+        .y_desc(y_desc)
+        .draw()
+        .map_err(err)?;
+    Ok(c)
+}
+
 /// Writes the three plots into `dir`; returns their paths.
 pub fn write_all(dir: &Path, out: &Outcome, t0: f64) -> anyhow::Result<Vec<PathBuf>> {
     let h = |t: f64| (t - t0) / 3600.0;
@@ -61,19 +91,7 @@ pub fn write_all(dir: &Path, out: &Outcome, t0: f64) -> anyhow::Result<Vec<PathB
     let p = dir.join("idle_vs_harvested.svg");
     {
         let root = SVGBackend::new(&p, (1100, 500)).into_drawing_area();
-        root.fill(&WHITE).map_err(err)?;
-        let mut c = ChartBuilder::on(&root)
-            .caption("Idle and harvested nodes", ("sans-serif", 22))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..x_max, 0f64..y_max)
-            .map_err(err)?;
-        c.configure_mesh()
-            .x_desc("hours since start")
-            .y_desc("nodes")
-            .draw()
-            .map_err(err)?;
+        let mut c = frame(&root, "Idle and harvested nodes", x_max, y_max, "nodes")?;
         c.draw_series(LineSeries::new(steps(&idle), BLUE.stroke_width(1)))
             .map_err(err)?
             .label("idle (main scheduler)")
@@ -100,22 +118,8 @@ pub fn write_all(dir: &Path, out: &Outcome, t0: f64) -> anyhow::Result<Vec<PathB
         }
         let y_max = out.sizes.iter().map(|s| s.nodes).max().unwrap_or(1).max(1) as f64 * 1.05;
         let root = SVGBackend::new(&p, (1100, 500)).into_drawing_area();
-        root.fill(&WHITE).map_err(err)?;
-        let mut c = ChartBuilder::on(&root)
-            .caption(
-                format!("Nodes per elastic job ({n_jobs} jobs)"),
-                ("sans-serif", 22),
-            )
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..x_max, 0f64..y_max)
-            .map_err(err)?;
-        c.configure_mesh()
-            .x_desc("hours since start")
-            .y_desc("nodes")
-            .draw()
-            .map_err(err)?;
+        let caption = format!("Nodes per elastic job ({n_jobs} jobs)");
+        let mut c = frame(&root, &caption, x_max, y_max, "nodes")?;
         for (j, pts) in per_job.iter().enumerate() {
             if pts.is_empty() {
                 continue;
@@ -138,19 +142,13 @@ pub fn write_all(dir: &Path, out: &Outcome, t0: f64) -> anyhow::Result<Vec<PathB
         );
         let y_max = pts.iter().map(|p| p.1).fold(1e-9, f64::max) * 1.05;
         let root = SVGBackend::new(&p, (1100, 500)).into_drawing_area();
-        root.fill(&WHITE).map_err(err)?;
-        let mut c = ChartBuilder::on(&root)
-            .caption("Cumulative samples processed", ("sans-serif", 22))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..x_max, 0f64..y_max)
-            .map_err(err)?;
-        c.configure_mesh()
-            .x_desc("hours since start")
-            .y_desc("samples (billions)")
-            .draw()
-            .map_err(err)?;
+        let mut c = frame(
+            &root,
+            "Cumulative samples processed",
+            x_max,
+            y_max,
+            "samples (billions)",
+        )?;
         c.draw_series(LineSeries::new(pts, GREEN.stroke_width(2)))
             .map_err(err)?;
         root.present().map_err(err)?;
