@@ -332,15 +332,9 @@ fn run_journal(o: &Options, p: &Path, objective: Objective) -> anyhow::Result<()
 }
 
 /// Runs the replay and writes every requested output.
-pub fn run(o: &Options) -> anyhow::Result<()> {
-    let objective: Objective = o.objective.parse()?;
-    if let Input::Journal(p) = &o.input {
-        return run_journal(o, p, objective);
-    }
-    let t_load = Instant::now();
-    let loaded = load(o)?;
-    let load_s = t_load.elapsed().as_secs_f64();
-    let cfg = SimConfig {
+/// The simulator's settings for these options: checks, recording and journal as asked.
+fn sim_config(o: &Options, objective: Objective) -> SimConfig {
+    SimConfig {
         engine: EngineConfig {
             t_fwd_s: o.t_fwd,
             max_jobs: o.max_jobs,
@@ -353,7 +347,18 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         seed: o.seed,
         report_progress: objective == Objective::RemainingWork,
         journal: o.write_journal.is_some() || o.actions_csv.is_some(),
-    };
+    }
+}
+
+pub fn run(o: &Options) -> anyhow::Result<()> {
+    let objective: Objective = o.objective.parse()?;
+    if let Input::Journal(p) = &o.input {
+        return run_journal(o, p, objective);
+    }
+    let t_load = Instant::now();
+    let loaded = load(o)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let cfg = sim_config(o, objective);
     let alloc = Exact {
         opts: alloc_options(objective),
     };
@@ -557,18 +562,10 @@ mod replay_tests {
         let l = load(o).unwrap();
         let objective: Objective = o.objective.parse().unwrap();
         let cfg = SimConfig {
-            engine: EngineConfig {
-                t_fwd_s: o.t_fwd,
-                max_jobs: o.max_jobs,
-            },
-            steps: o.steps,
-            grace_s: o.grace,
-            objective: o.curve,
             check: true,
             record: true,
-            seed: o.seed,
-            report_progress: objective == Objective::RemainingWork,
             journal: false,
+            ..sim_config(o, objective)
         };
         let alloc = Exact {
             opts: alloc_options(objective),
