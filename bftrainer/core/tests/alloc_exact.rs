@@ -11,6 +11,15 @@ fn opts(objective: Objective) -> Options {
     Options::new(objective)
 }
 
+/// The search splits job domains at every node where an envelope bridge is loose,
+/// instead of only where the DP would be costly: the split path on small instances.
+fn split_everywhere(objective: Objective) -> Options {
+    Options {
+        split_min_work: 0.0,
+        ..Options::new(objective)
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1200))]
 
@@ -23,7 +32,11 @@ proptest! {
         prop_assert!(close(best, sol.objective_value), "solver {} vs enumeration {best} ({best_counts:?} vs {:?})", sol.objective_value, sol.counts());
         // Values are multiples of 1/2 times small integers: ties are exact, so the
         // documented tie rule decides the counts.
-        prop_assert_eq!(sol.counts(), best_counts);
+        prop_assert_eq!(sol.counts(), best_counts.clone());
+        let split = solve(&inst, &split_everywhere(Objective::Bftrainer)).unwrap();
+        check_solution(&inst, Objective::Bftrainer, &split);
+        prop_assert!(close(best, split.objective_value), "split search {} vs enumeration {best}", split.objective_value);
+        prop_assert_eq!(split.counts(), best_counts);
     }
 
     #[test]
@@ -34,6 +47,8 @@ proptest! {
             check_solution(&inst, objective, &sol);
             let (best, _) = exhaustive(&inst, objective);
             prop_assert!(close(best, sol.objective_value), "{objective}: solver {} vs enumeration {best}", sol.objective_value);
+            let split = solve(&inst, &split_everywhere(objective)).unwrap();
+            prop_assert!(close(best, split.objective_value), "{objective}: split search {} vs enumeration {best}", split.objective_value);
         }
     }
 
@@ -47,6 +62,8 @@ proptest! {
         prop_assert!((reached - level).abs() <= 1e-9, "level {reached} vs enumeration {level}");
         prop_assert!((sol.fairness_level.unwrap() - level).abs() <= 1e-9);
         prop_assert!(close(best, sol.objective_value), "solver {} vs enumeration {best}", sol.objective_value);
+        let split = solve(&inst, &split_everywhere(Objective::Fairness)).unwrap();
+        prop_assert!(close(best, split.objective_value), "split search {} vs enumeration {best}", split.objective_value);
     }
 
     #[test]
@@ -111,5 +128,41 @@ fn reclaim_gap() {
     assert!(
         f64::from(exact) >= 0.9 * f64::from(n),
         "optimal on only {exact} of {n}"
+    );
+}
+
+/// At scale the search does split (cold states: one big job's rescale-cost bridge keeps
+/// the bound loose), and neither splitting nor its threshold changes the answer: the
+/// same counts as the search that never splits and as the one that always does.
+#[test]
+fn splits_leave_the_optimum_unchanged_at_scale() {
+    use bftrainer_core::alloc::gen::{generate, GenParams};
+    use bftrainer_core::alloc::solve_with_stats;
+    let mut split_seen = 0;
+    for seed in [1u64, 61, 7] {
+        let mut p = GenParams::new(4734, 100, seed);
+        p.warm = false;
+        let inst = generate(&p);
+        let (shipped, st) = solve_with_stats(&inst, &opts(Objective::Bftrainer)).unwrap();
+        let never = Options {
+            split_min_work: f64::INFINITY,
+            ..opts(Objective::Bftrainer)
+        };
+        let (plain, pst) = solve_with_stats(&inst, &never).unwrap();
+        assert_eq!(
+            pst.nodes, 1,
+            "seed {seed}: split_min_work = inf must not split"
+        );
+        let forced = solve(&inst, &split_everywhere(Objective::Bftrainer)).unwrap();
+        assert_eq!(shipped.counts(), plain.counts(), "seed {seed}");
+        assert_eq!(forced.counts(), plain.counts(), "seed {seed}");
+        check_solution(&inst, Objective::Bftrainer, &shipped);
+        if st.nodes > 1 {
+            split_seen += 1;
+        }
+    }
+    assert!(
+        split_seen >= 2,
+        "the shipped search split on {split_seen} of 3 cold instances"
     );
 }

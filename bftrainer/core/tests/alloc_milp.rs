@@ -11,6 +11,18 @@ use proptest::prelude::*;
 fn check(inst: &Instance, objective: Objective) -> Result<(), TestCaseError> {
     let sol = solve(inst, &Options::new(objective)).unwrap();
     check_solution(inst, objective, &sol);
+    // The search with a domain split wherever an envelope bridge is loose (not only
+    // where the DP would be costly) must find the same optimum, with the same counts.
+    let split = solve(
+        inst,
+        &Options {
+            split_min_work: 0.0,
+            ..Options::new(objective)
+        },
+    )
+    .unwrap();
+    check_solution(inst, objective, &split);
+    prop_assert_eq!(split.counts(), sol.counts());
     let Some(best) = milp(inst, objective, 60.0) else {
         return Err(TestCaseError::fail(
             "HiGHS did not prove optimality within 60 s",

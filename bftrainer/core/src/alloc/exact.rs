@@ -1,25 +1,27 @@
 //! Exact maximisation of a sum of per-job terms f_j(n_j) under sum n_j <= budget:
-//! Lagrangian bound from the concave envelopes, reduced-cost fixing, branching on the
-//! rescale mode (0 / shrink / keep / grow) of jobs whose envelope is loose, and a DP over
-//! node counts on the few jobs still open. Nodes of one kind are interchangeable, so
-//! counts are all that matters here.
+//! Lagrangian bound from the concave envelopes, splits of the one job whose envelope
+//! bridges a rescale-cost jump (so the bound tightens), reduced-cost fixing, and a DP over
+//! node counts on the jobs still open. Nodes of one kind are interchangeable, so counts
+//! are all that matters here.
 
 use super::model::JobFn;
 
 /// How much work the exact search did, for benchmarks and docs.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Stats {
-    /// Jobs left open after reduced-cost fixing at the root.
+    /// Jobs left open after reduced-cost fixing, in the last DP that ran.
     pub open_jobs: usize,
     /// Widest DP over node counts that ran.
     pub dp_width: usize,
     /// Linear pieces of candidate counts the DP swept (one sliding window each).
     pub pieces: usize,
-    /// Lagrangian upper bound and the feasible value the search started from (root).
+    /// Lagrangian upper bound and the best feasible value before any DP (root).
     pub upper_bound: f64,
     pub lower_bound: f64,
     /// Value of the returned counts.
     pub optimum: f64,
+    /// Nodes of the search over split domains (1: the root was solved as a leaf).
+    pub nodes: usize,
 }
 
 /// Upper concave hull of the job's (n, f(n)) at its breakpoints, as (n, f(n)).
@@ -51,9 +53,14 @@ fn hull(f: &JobFn<'_>, vals: &[f64]) -> Vec<(u32, f64)> {
 /// allowed counts do not fit. Ties (values within 1e-12 of the value scale): fewest nodes
 /// in total, then reverse-lexicographically smallest (the last job with the fewest nodes
 /// first).
-pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, Stats)> {
+pub(crate) fn solve_counts(
+    fns: &[JobFn<'_>],
+    budget: u32,
+    split_min_work: f64,
+) -> Option<(Vec<u32>, Stats)> {
     let mut st = Search {
         budget,
+        split_min_work,
         best: None,
         stats: Stats::default(),
         tie: 0.0,
@@ -67,6 +74,8 @@ pub(crate) fn solve_counts(fns: &[JobFn<'_>], budget: u32) -> Option<(Vec<u32>, 
 
 struct Search {
     budget: u32,
+    /// See [`SPLIT_MIN_WORK`].
+    split_min_work: f64,
     best: Option<(f64, Vec<u32>)>,
     stats: Stats,
     /// Values closer than this are ties (rounding noise), broken by the documented rule.
@@ -103,136 +112,58 @@ impl Search {
     }
 
     fn run(&mut self, fns: Vec<JobFn<'_>>) {
-        let budget = self.budget;
-        let nj = fns.len();
-        let vals: Vec<Vec<f64>> = fns
-            .iter()
-            .map(|f| f.bps.iter().map(|&n| f.value(n)).collect())
-            .collect();
-        let hulls: Vec<Vec<(u32, f64)>> = fns.iter().zip(&vals).map(|(f, v)| hull(f, v)).collect();
-        if hulls.iter().any(|h| h.is_empty()) {
+        let Some(lp) = Lp::new(&fns, self.budget) else {
             return;
-        }
-        let base: u64 = hulls.iter().map(|h| u64::from(h[0].0)).sum();
-        if base > u64::from(budget) {
-            return;
-        }
-
-        // LP relaxation over the envelopes: hull segments by decreasing slope.
-        let mut segs: Vec<(f64, u32, u32)> = Vec::new();
-        for (j, h) in hulls.iter().enumerate() {
-            for k in 0..h.len() - 1 {
-                let s = (h[k + 1].1 - h[k].1) / f64::from(h[k + 1].0 - h[k].0);
-                if s > 0.0 {
-                    segs.push((s, j as u32, k as u32));
-                }
-            }
-        }
-        segs.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        let mut pos: Vec<usize> = vec![0; nj];
-        let mut left = u64::from(budget) - base;
-        let mut lambda = 0.0;
-        let mut crit: Option<usize> = None;
-        for (si, &(s, j, k)) in segs.iter().enumerate() {
-            let (j, k) = (j as usize, k as usize);
-            let len = u64::from(hulls[j][k + 1].0 - hulls[j][k].0);
-            if len <= left {
-                left -= len;
-                pos[j] = k + 1;
-            } else {
-                lambda = s;
-                crit = Some(si);
-                break;
-            }
-        }
-
-        // Feasible solution: the greedy's vertices, then the remaining nodes poured into
-        // the following segments in slope order, each job as far as its true value (not
-        // the envelope) still rises. Many jobs share a model, hence a slope, so this
-        // usually reaches the bound at once.
-        let start = crit.unwrap_or(segs.len());
-        let mut lb_counts: Vec<u32> = (0..nj).map(|j| hulls[j][pos[j]].0).collect();
-        pour(
-            &fns,
-            &hulls,
-            &segs[start..],
-            &mut pos.clone(),
-            &mut lb_counts,
-            left,
-        );
-        // Third start, the knapsack "critical item" rounding: take the critical segment
-        // whole and make room by undoing the flattest segments taken before it.
-        let mut round_up: Option<Vec<u32>> = None;
-        if let Some(ci) = crit {
-            let (_, cj, ck) = segs[ci];
-            let (cj, ck) = (cj as usize, ck as usize);
-            let len = u64::from(hulls[cj][ck + 1].0 - hulls[cj][ck].0);
-            let mut need = len - left;
-            let mut p2 = pos.clone();
-            for &(_, j, k) in segs[..ci].iter().rev() {
-                if need == 0 {
-                    break;
-                }
-                let (j, k) = (j as usize, k as usize);
-                if j == cj {
-                    continue;
-                }
-                let l = u64::from(hulls[j][k + 1].0 - hulls[j][k].0);
-                p2[j] = k;
-                // Surplus freed here is poured back below.
-                need = need.saturating_sub(l);
-            }
-            if need == 0 {
-                p2[cj] = ck + 1;
-                let mut counts: Vec<u32> = (0..nj).map(|j| hulls[j][p2[j]].0).collect();
-                let used: u64 = counts.iter().map(|&n| u64::from(n)).sum();
-                if used <= u64::from(budget) {
-                    let rest = u64::from(budget) - used;
-                    pour(&fns, &hulls, &segs[ci + 1..], &mut p2, &mut counts, rest);
-                    round_up = Some(counts);
-                }
-            }
-        }
-        let lj: Vec<f64> = hulls
-            .iter()
-            .map(|h| {
-                h.iter()
-                    .map(|&(x, y)| y - lambda * f64::from(x))
-                    .fold(f64::NEG_INFINITY, f64::max)
-            })
-            .collect();
-        let ub = lambda * f64::from(budget) + lj.iter().sum::<f64>();
-        let scale = lambda * f64::from(budget) + lj.iter().map(|v| v.abs()).sum::<f64>() + 1.0;
+        };
+        let scale =
+            lp.lambda * f64::from(self.budget) + lp.lj.iter().map(|v| v.abs()).sum::<f64>() + 1.0;
         self.tol = 1e-9 * scale;
         self.tie = 1e-12 * scale;
-        self.stats.upper_bound = ub;
-        self.offer(&fns, lb_counts);
-        if let Some(c) = round_up {
-            self.offer(&fns, c);
-        }
-        // Second start, blind to the envelope: every job keeps its size, then free nodes
-        // go where their true value per node is highest. With rescale costs of ~1-2 Tfwd
-        // this is often the optimum, and a strong incumbent is what makes pruning bite.
-        let keep = keep_start(&fns, budget);
+        self.stats.upper_bound = lp.ub;
+        // "Everyone keeps its size, free nodes to the best value per node", blind to the
+        // envelope: with rescale costs of ~1-2 Tfwd this is often the optimum, and a
+        // strong incumbent is what makes pruning bite.
+        let keep = keep_start(&fns, self.budget);
         self.offer(&fns, keep);
-        let inc = self.best.as_ref().map_or(f64::NEG_INFINITY, |b| b.0);
-        self.stats.lower_bound = inc;
-        // Reduced-cost fixing: a count n of job j can be in a solution at least as good
-        // as the incumbent V only if L_j - (f_j(n) - lambda n) <= UB - V. When that gap
-        // is wide, first solve with a fraction g of it: the result is a better incumbent,
-        // and optimal as soon as UB - V <= g (every solution within the tolerance of V
-        // then lies inside the restricted sets). Otherwise widen g and repeat.
-        let full = (ub - inc).max(0.0) + self.tol;
-        let mut g = if nj > 32 {
+        self.node(&fns, &lp, 0);
+    }
+
+    /// One node of the search over restricted domains: prune by its bound, offer its
+    /// rounded LP solutions, then either split the job whose envelope bridge makes the
+    /// bound loose (branch) or fix by reduced cost and run the DP (leaf).
+    fn node(&mut self, fns: &[JobFn<'_>], lp: &Lp, depth: usize) {
+        self.stats.nodes += 1;
+        if lp.ub < self.incumbent() - self.tol {
+            return;
+        }
+        for start in lp.rounded_starts(fns, self.budget) {
+            self.offer(fns, start);
+        }
+        let inc = self.incumbent();
+        if depth == 0 {
+            self.stats.lower_bound = inc;
+        }
+        if self.split(fns, lp, depth) {
+            return;
+        }
+        // Leaf. Reduced-cost fixing: a count n of job j can be in a solution at least as
+        // good as the incumbent V only if L_j - (f_j(n) - lambda n) <= UB - V. When that
+        // gap is wide, first solve with a fraction g of it: the result is a better
+        // incumbent, and optimal as soon as UB - V <= g (every solution within the
+        // tolerance of V then lies inside the restricted sets). Otherwise widen g and
+        // repeat.
+        let inc = self.incumbent();
+        let full = (lp.ub - inc).max(0.0) + self.tol;
+        let mut g = if fns.len() > 32 {
             full / 64.0 + self.tol
         } else {
             full
         };
         let mut before = inc;
         loop {
-            self.fixed_dp(&fns, &vals, lambda, &lj, g);
-            let inc = self.best.as_ref().map_or(f64::NEG_INFINITY, |b| b.0);
-            let need = (ub - inc).max(0.0) + self.tol;
+            self.fixed_dp(fns, &lp.vals, lp.lambda, &lp.lj, g);
+            let inc = self.incumbent();
+            let need = (lp.ub - inc).max(0.0) + self.tol;
             if need <= g {
                 return;
             }
@@ -246,41 +177,75 @@ impl Search {
         }
     }
 
+    /// Split the node at its critical bridge and search the parts, when the DP over
+    /// the node would be costly, the bridge dips below the envelope by more than the gap
+    /// between bound and incumbent, and the best part's bound closes at least half of
+    /// that gap (after the parts' LP roundings have improved the incumbent): then the
+    /// bridge, not the incumbent, was what kept the bound loose. `false`: not split, the
+    /// caller goes on. With `split_min_work = 0` (the tests' setting) every loose bridge
+    /// is split.
+    fn split(&mut self, fns: &[JobFn<'_>], lp: &Lp, depth: usize) -> bool {
+        if depth >= MAX_DEPTH || self.stats.nodes >= MAX_NODES {
+            return false;
+        }
+        let forced = self.split_min_work <= 0.0;
+        let gap = (lp.ub - self.incumbent()).max(0.0) + self.tol;
+        let costly = Cands::new(fns, &lp.vals, lp.lambda, &lp.lj, gap, self.budget)
+            .is_some_and(|c| c.dp_work(fns) > self.split_min_work);
+        if !costly {
+            return false;
+        }
+        let min_dip = if forced { gap / 4.0 } else { gap };
+        let Some((j, parts)) = lp.bridge(fns, min_dip) else {
+            return false;
+        };
+        let mut children: Vec<(Vec<JobFn<'_>>, Lp)> = parts
+            .into_iter()
+            .filter_map(|(a, b)| {
+                let mut child = fns.to_vec();
+                child[j].restrict(a, b);
+                let clp = Lp::new(&child, self.budget)?;
+                Some((child, clp))
+            })
+            .collect();
+        for (child, clp) in &children {
+            for start in clp.rounded_starts(child, self.budget) {
+                self.offer(child, start);
+            }
+        }
+        // Most promising first: its optimum prunes the others.
+        children.sort_by(|a, b| b.1.ub.total_cmp(&a.1.ub));
+        let top = children.first().map_or(f64::NEG_INFINITY, |c| c.1.ub);
+        let gap = (lp.ub - self.incumbent()).max(0.0) + self.tol;
+        if !forced && top > lp.ub - gap / 2.0 {
+            return false;
+        }
+        for (child, clp) in &children {
+            self.node(child, clp, depth + 1);
+        }
+        true
+    }
+
+    fn incumbent(&self) -> f64 {
+        self.best.as_ref().map_or(f64::NEG_INFINITY, |b| b.0)
+    }
+
     /// Candidate sets at gap `g`, then the DP over them.
     fn fixed_dp(&mut self, fns: &[JobFn<'_>], vals: &[Vec<f64>], lambda: f64, lj: &[f64], g: f64) {
-        let budget = self.budget;
-        let nj = fns.len();
-        let mut cands: Vec<Vec<(u32, u32)>> = Vec::with_capacity(nj);
-        for (j, f) in fns.iter().enumerate() {
-            let iv = candidates(f, &vals[j], lambda, lj[j] - g);
-            if iv.is_empty() {
-                return;
-            }
-            cands.push(iv);
-        }
-        let open: Vec<usize> = (0..nj)
-            .filter(|&j| cands[j].len() > 1 || cands[j][0].0 != cands[j][0].1)
-            .collect();
-        self.stats.open_jobs = open.len();
-        let fixed: u64 = (0..nj)
-            .filter(|j| open.binary_search(j).is_err())
-            .map(|j| u64::from(cands[j][0].0))
-            .sum();
-        let lows: Vec<u32> = open.iter().map(|&j| cands[j][0].0).collect();
-        let sum_low: u64 = lows.iter().map(|&x| u64::from(x)).sum();
-        if fixed + sum_low > u64::from(budget) {
+        let Some(c) = Cands::new(fns, vals, lambda, lj, g, self.budget) else {
             return;
-        }
-        let span: u64 = open
-            .iter()
-            .map(|&j| u64::from(cands[j].last().unwrap().1 - cands[j][0].0))
-            .sum();
-        let width = (u64::from(budget) - fixed - sum_low).min(span) as usize;
-        let fixed_val: f64 = (0..nj)
-            .filter(|j| open.binary_search(j).is_err())
-            .map(|j| fns[j].value(cands[j][0].0))
-            .sum();
-        self.dp(fns, &cands, &open, &lows, fixed_val, width, lambda, lj);
+        };
+        self.stats.open_jobs = c.open.len();
+        self.dp(
+            fns,
+            &c.sets,
+            &c.open,
+            &c.lows,
+            c.fixed_val,
+            c.width,
+            lambda,
+            lj,
+        );
     }
 
     /// DP over y = sum over open jobs of (n_j - low_j). Each linear piece of a job's
@@ -476,6 +441,261 @@ impl Search {
             y -= (n - lows[k]) as usize;
         }
         self.offer(fns, counts);
+    }
+}
+
+/// Reduced-cost fixing at gap `g`: each job's candidate counts, the jobs left open and
+/// the DP's width.
+struct Cands {
+    sets: Vec<Vec<(u32, u32)>>,
+    open: Vec<usize>,
+    lows: Vec<u32>,
+    fixed_val: f64,
+    width: usize,
+}
+
+impl Cands {
+    /// `None` when some job has no candidate or the fixed counts do not fit.
+    fn new(
+        fns: &[JobFn<'_>],
+        vals: &[Vec<f64>],
+        lambda: f64,
+        lj: &[f64],
+        g: f64,
+        budget: u32,
+    ) -> Option<Cands> {
+        let nj = fns.len();
+        let mut sets: Vec<Vec<(u32, u32)>> = Vec::with_capacity(nj);
+        for (j, f) in fns.iter().enumerate() {
+            let iv = candidates(f, &vals[j], lambda, lj[j] - g);
+            if iv.is_empty() {
+                return None;
+            }
+            sets.push(iv);
+        }
+        let open: Vec<usize> = (0..nj)
+            .filter(|&j| sets[j].len() > 1 || sets[j][0].0 != sets[j][0].1)
+            .collect();
+        let fixed: u64 = (0..nj)
+            .filter(|j| open.binary_search(j).is_err())
+            .map(|j| u64::from(sets[j][0].0))
+            .sum();
+        let lows: Vec<u32> = open.iter().map(|&j| sets[j][0].0).collect();
+        let sum_low: u64 = lows.iter().map(|&x| u64::from(x)).sum();
+        if fixed + sum_low > u64::from(budget) {
+            return None;
+        }
+        let span: u64 = open
+            .iter()
+            .map(|&j| u64::from(sets[j].last().unwrap().1 - sets[j][0].0))
+            .sum();
+        let width = (u64::from(budget) - fixed - sum_low).min(span) as usize;
+        let fixed_val: f64 = (0..nj)
+            .filter(|j| open.binary_search(j).is_err())
+            .map(|j| fns[j].value(sets[j][0].0))
+            .sum();
+        Some(Cands {
+            sets,
+            open,
+            lows,
+            fixed_val,
+            width,
+        })
+    }
+
+    /// Work of the DP over these sets, in (state x linear stretch) steps.
+    fn dp_work(&self, fns: &[JobFn<'_>]) -> f64 {
+        let stretches: usize = self
+            .open
+            .iter()
+            .map(|&j| {
+                self.sets[j]
+                    .iter()
+                    .map(|&(a, b)| 1 + fns[j].bps.iter().filter(|&&x| x > a && x <= b).count())
+                    .sum::<usize>()
+            })
+            .sum();
+        stretches as f64 * self.width as f64
+    }
+}
+
+/// Deepest chain of domain splits, and most nodes in all; past them a node is solved
+/// as a leaf (still exactly: a leaf's DP covers its whole domain).
+const MAX_DEPTH: usize = 24;
+const MAX_NODES: usize = 256;
+/// A node whose DP over the full gap would take fewer steps than this is a leaf: a
+/// split costs about as much (an LP over every job's envelope, three times).
+pub(crate) const SPLIT_MIN_WORK: f64 = 1e6;
+
+/// The LP relaxation over the jobs' concave envelopes (hulls), solved greedily, and the
+/// Lagrangian bound it gives.
+struct Lp {
+    vals: Vec<Vec<f64>>,
+    hulls: Vec<Vec<(u32, f64)>>,
+    /// Hull segments with positive slope, by decreasing slope: (slope, job, index).
+    segs: Vec<(f64, u32, u32)>,
+    /// Hull vertex each job reached before the critical segment.
+    pos: Vec<usize>,
+    /// Nodes left for the critical segment.
+    left: u64,
+    crit: Option<usize>,
+    lambda: f64,
+    /// L_j = max_n f_j(n) - lambda n.
+    lj: Vec<f64>,
+    ub: f64,
+}
+
+impl Lp {
+    /// `None` when some job has no allowed count or the smallest ones do not fit.
+    fn new(fns: &[JobFn<'_>], budget: u32) -> Option<Lp> {
+        let nj = fns.len();
+        let vals: Vec<Vec<f64>> = fns
+            .iter()
+            .map(|f| f.bps.iter().map(|&n| f.value(n)).collect())
+            .collect();
+        let hulls: Vec<Vec<(u32, f64)>> = fns.iter().zip(&vals).map(|(f, v)| hull(f, v)).collect();
+        if hulls.iter().any(|h| h.is_empty()) {
+            return None;
+        }
+        let base: u64 = hulls.iter().map(|h| u64::from(h[0].0)).sum();
+        if base > u64::from(budget) {
+            return None;
+        }
+        let mut segs: Vec<(f64, u32, u32)> = Vec::new();
+        for (j, h) in hulls.iter().enumerate() {
+            for k in 0..h.len() - 1 {
+                let s = (h[k + 1].1 - h[k].1) / f64::from(h[k + 1].0 - h[k].0);
+                if s > 0.0 {
+                    segs.push((s, j as u32, k as u32));
+                }
+            }
+        }
+        segs.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let mut pos: Vec<usize> = vec![0; nj];
+        let mut left = u64::from(budget) - base;
+        let mut lambda = 0.0;
+        let mut crit: Option<usize> = None;
+        for (si, &(s, j, k)) in segs.iter().enumerate() {
+            let (j, k) = (j as usize, k as usize);
+            let len = u64::from(hulls[j][k + 1].0 - hulls[j][k].0);
+            if len <= left {
+                left -= len;
+                pos[j] = k + 1;
+            } else {
+                lambda = s;
+                crit = Some(si);
+                break;
+            }
+        }
+        let lj: Vec<f64> = hulls
+            .iter()
+            .map(|h| {
+                h.iter()
+                    .map(|&(x, y)| y - lambda * f64::from(x))
+                    .fold(f64::NEG_INFINITY, f64::max)
+            })
+            .collect();
+        let ub = lambda * f64::from(budget) + lj.iter().sum::<f64>();
+        Some(Lp {
+            vals,
+            hulls,
+            segs,
+            pos,
+            left,
+            crit,
+            lambda,
+            lj,
+            ub,
+        })
+    }
+
+    /// Feasible counts from the LP solution. (1) The greedy's vertices, then the
+    /// remaining nodes poured into the following segments in slope order, each job as
+    /// far as its true value (not the envelope) still rises; many jobs share a model,
+    /// hence a slope, so this often reaches the bound at once. (2) The knapsack
+    /// "critical item" rounding: take the critical segment whole and make room by
+    /// undoing the flattest segments taken before it.
+    fn rounded_starts(&self, fns: &[JobFn<'_>], budget: u32) -> Vec<Vec<u32>> {
+        let (hulls, segs, pos) = (&self.hulls, &self.segs, &self.pos);
+        let nj = fns.len();
+        let start = self.crit.unwrap_or(segs.len());
+        let mut lb_counts: Vec<u32> = (0..nj).map(|j| hulls[j][pos[j]].0).collect();
+        pour(
+            fns,
+            hulls,
+            &segs[start..],
+            &mut pos.clone(),
+            &mut lb_counts,
+            self.left,
+        );
+        let mut out = vec![lb_counts];
+        if let Some(ci) = self.crit {
+            let (_, cj, ck) = segs[ci];
+            let (cj, ck) = (cj as usize, ck as usize);
+            let len = u64::from(hulls[cj][ck + 1].0 - hulls[cj][ck].0);
+            let mut need = len - self.left;
+            let mut p2 = pos.clone();
+            for &(_, j, k) in segs[..ci].iter().rev() {
+                if need == 0 {
+                    break;
+                }
+                let (j, k) = (j as usize, k as usize);
+                if j == cj {
+                    continue;
+                }
+                let l = u64::from(hulls[j][k + 1].0 - hulls[j][k].0);
+                p2[j] = k;
+                // Surplus freed here is poured back below.
+                need = need.saturating_sub(l);
+            }
+            if need == 0 {
+                p2[cj] = ck + 1;
+                let mut counts: Vec<u32> = (0..nj).map(|j| hulls[j][p2[j]].0).collect();
+                let used: u64 = counts.iter().map(|&n| u64::from(n)).sum();
+                if used <= u64::from(budget) {
+                    let rest = u64::from(budget) - used;
+                    pour(fns, hulls, &segs[ci + 1..], &mut p2, &mut counts, rest);
+                    out.push(counts);
+                }
+            }
+        }
+        out
+    }
+
+    /// The critical segment, when it bridges counts whose true value lies below it by
+    /// more than `min_loss` (a rescale-cost jump, the gap below a minimum, a dip in the
+    /// curve): the job and its domain cut into the parts before, inside and after the
+    /// bridge. Each part's envelope no longer spans the dip, so the bound tightens.
+    fn bridge(&self, fns: &[JobFn<'_>], min_loss: f64) -> Option<(usize, [(u32, u32); 3])> {
+        let (_, j, k) = self.segs[self.crit?];
+        let (j, k) = (j as usize, k as usize);
+        let f = &fns[j];
+        let ((x0, y0), (x1, y1)) = (self.hulls[j][k], self.hulls[j][k + 1]);
+        if x1 <= x0 + 1 {
+            return None;
+        }
+        let s = (y1 - y0) / f64::from(x1 - x0);
+        // chord - f is linear between breakpoints and between the ends of disallowed
+        // stretches, so its maximum is at one of these counts. Where a count is not
+        // allowed, the job can at best stay at x0.
+        let loss = |x: u32| {
+            let chord = s * f64::from(x - x0);
+            if f.allowed(x) {
+                y0 + chord - f.value(x)
+            } else {
+                chord
+            }
+        };
+        let worst = f
+            .bps
+            .iter()
+            .filter(|&&b| b > x0 && b < x1)
+            .flat_map(|&b| [b - 1, b, b + 1])
+            .chain([x0 + 1, x1 - 1])
+            .filter(|&x| x > x0 && x < x1)
+            .map(loss)
+            .fold(0.0, f64::max);
+        (worst > min_loss).then_some((j, [(0, x0), (x0 + 1, x1 - 1), (x1, u32::MAX)]))
     }
 }
 

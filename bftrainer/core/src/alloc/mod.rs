@@ -214,12 +214,18 @@ impl FromStr for Objective {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Options {
     pub objective: Objective,
+    /// Tuning of the exact search, not of the result: a node of the search whose DP
+    /// would take more steps than this splits a job's domain first (docs/design.md).
+    /// Tests set 0 to force the split path; any value gives the same optimum.
+    #[doc(hidden)]
+    pub split_min_work: f64,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             objective: Objective::Bftrainer,
+            split_min_work: exact::SPLIT_MIN_WORK,
         }
     }
 }
@@ -279,14 +285,14 @@ pub(crate) fn invalid(location: impl Into<String>, message: impl Into<String>) -
 /// Solve one decision exactly. Errors only on invalid instances.
 pub fn solve(inst: &Instance, opts: &Options) -> Result<Solution, AllocError> {
     inst.validate(opts.objective)?;
-    objective::solve_validated(inst, opts.objective, &mut Stats::default())
+    objective::solve_validated(inst, opts, &mut Stats::default())
 }
 
 /// [`solve`], also returning how much of the instance the exact search had to open.
 pub fn solve_with_stats(inst: &Instance, opts: &Options) -> Result<(Solution, Stats), AllocError> {
     inst.validate(opts.objective)?;
     let mut stats = Stats::default();
-    let sol = objective::solve_validated(inst, opts.objective, &mut stats)?;
+    let sol = objective::solve_validated(inst, opts, &mut stats)?;
     Ok((sol, stats))
 }
 

@@ -375,6 +375,14 @@ impl<'a> JobFn<'a> {
         self.rebuild_bps();
     }
 
+    /// Restrict the domain to the counts in [a, b] (a search branch).
+    pub(crate) fn restrict(&mut self, a: u32, b: u32) {
+        self.zero &= a == 0;
+        self.lo = self.lo.max(a.max(1));
+        self.hi = self.hi.min(b);
+        self.rebuild_bps();
+    }
+
     /// Subtract the loss of the current nodes the job keeps (reclaim-aware); `losses`
     /// are the per-node losses of its current nodes.
     pub(crate) fn set_keep_loss(&mut self, mut losses: Vec<f64>) {

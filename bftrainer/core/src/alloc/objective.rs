@@ -4,7 +4,7 @@
 use super::assign::assign;
 use super::exact::{solve_counts, Stats};
 use super::model::{current_rate, JobFn, Obj};
-use super::{invalid, AllocError, Instance, JobInput, NodeIdx, Objective, Solution};
+use super::{invalid, AllocError, Instance, JobInput, NodeIdx, Objective, Options, Solution};
 
 /// Per-job weight w_j applied to the whole BFTrainer term.
 fn weight(job: &JobInput, objective: Objective) -> f64 {
@@ -31,9 +31,10 @@ fn job_fns(inst: &Instance, objective: Objective) -> Vec<JobFn<'_>> {
 
 pub(crate) fn solve_validated(
     inst: &Instance,
-    objective: Objective,
+    opts: &Options,
     stats: &mut Stats,
 ) -> Result<Solution, AllocError> {
+    let objective = opts.objective;
     let mut fns = job_fns(inst, objective);
     let mut level_out = None;
     if objective == Objective::Fairness {
@@ -52,7 +53,7 @@ pub(crate) fn solve_validated(
             f.set_keep_loss(super::reclaim::node_losses(inst, j, &inst.jobs[j].current));
         }
     }
-    let (counts, st) = solve_counts(&fns, inst.n_nodes).ok_or_else(|| {
+    let (counts, st) = solve_counts(&fns, inst.n_nodes, opts.split_min_work).ok_or_else(|| {
         invalid(
             "jobs",
             "no feasible allocation (internal: floors do not fit)",
