@@ -6,7 +6,7 @@
 //! by up to 15% on this machine with identical configs (A/A test), so all sides share one
 //! cluster.
 //!
-//! The floor side loads a trivial C SPANK plugin (benches/floor_spank.c, compiled here
+//! The floor side loads a trivial C SPANK plugin (benches/fixtures/floor_spank.c, compiled here
 //! with cc: it registers one option and does nothing else) and no job_submit plugin: what
 //! loading any SPANK plugin costs sbatch, so `with/floor` is the cost that is ours.
 //!
@@ -89,7 +89,7 @@ struct Confs {
 /// Compiles the floor plugin; cc and the Slurm headers are needed anyway to build
 /// slurm-sys, so a failure here names the command to check.
 fn build_floor_plugin(into: &Path) -> std::path::PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/floor_spank.c");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/fixtures/floor_spank.c");
     let out = into.join("spank_floor.so");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
@@ -235,7 +235,17 @@ fn main() {
         ..Default::default()
     })
     .expect("cluster with plugins");
-    let with_text = std::fs::read_to_string(c.slurm_conf()).unwrap();
+    // Cancelled jobs count against MaxJobCount (10000) until MinJobAge has passed; a run
+    // submits more than that within the default 300 s, so purge them soon (every side
+    // alike; slurmctld takes the new value at the first reconfigure).
+    let with_text: String = std::fs::read_to_string(c.slurm_conf())
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("MinJobAge="))
+        .chain(["MinJobAge=10"])
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n";
     let empty_stack = c.dir().join("etc/plugstack-empty.conf");
     std::fs::write(&empty_stack, "").unwrap();
     let floor_stack = c.dir().join("etc/plugstack-floor.conf");
