@@ -1,12 +1,12 @@
 //! Links the SPANK plugin for lazy binding (`-z lazy`) instead of rustc's default
 //! `-z now`, because sbatch loads it for every job, elastic or not.
 //!
-//! With `-z now` the dynamic loader resolves every imported function when sbatch
-//! dlopens the plugin, including the many libc functions std only needs to print a
-//! panic; lazily bound ones are resolved on their first call, which in sbatch's hot
-//! path most never get. Slurm itself dlopens plugins with RTLD_LAZY, and its own
-//! plugins and libslurmfull are linked lazily as well. Measured in docs/benchmarks.md
-//! ("Plugins: submission throughput").
+//! With `-z now` the dynamic loader binds every import when sbatch dlopens the plugin;
+//! with `-z lazy` the PLT imports are bound on their first call, which in sbatch most
+//! never get. (Imports that std's precompiled code reaches through the GOT are bound
+//! at dlopen either way.) Slurm dlopens plugins with RTLD_LAZY, and Slurm's own
+//! binaries and plugins are linked lazily too, so this adds no writable-GOT exposure
+//! the host lacks. Measured in docs/benchmarks.md ("Plugins: submission throughput").
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
