@@ -107,7 +107,11 @@ def main():
     for tool in ["valgrind", "callgrind_annotate", "perf", "strace", "cc", "rustc", "sbatch"]:
         if not shutil.which(tool):
             die(f"needs {tool} on PATH")
-    text = open(conf).read()
+    try:
+        with open(conf) as f:
+            text = f.read()
+    except OSError as e:
+        die(f"cannot read SLURM_CONF {conf}: {e.strerror}")
     m = re.search(r"^PlugStackConfig=(.*)$", text, re.M)
     stack = open(m.group(1)).read().split() if m and os.path.exists(m.group(1)) else []
     ours = next((stack[i + 1] for i, w in enumerate(stack[:-1]) if w in ("required", "optional")), None)
