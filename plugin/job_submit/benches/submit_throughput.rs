@@ -1,19 +1,26 @@
 //! Submission throughput through real sbatch with and without the bftrainer plugins, in
-//! one run on one cluster: blocks of submissions alternate (ABBA) between the plugins
-//! loaded and not loaded, switched by editing slurm.conf and `scontrol reconfigure`
-//! (slurmctld unloads/reloads job_submit plugins when JobSubmitPlugins changes; sbatch
-//! re-reads PlugStackConfig on every run). Two separate clusters differ by up to 15% on
-//! this machine with identical configs (A/A test), so both sides share one cluster.
+//! one run on one cluster: blocks of submissions alternate (A B C C B A ...) between the
+//! plugins loaded, not loaded, and a floor, switched by editing slurm.conf and `scontrol
+//! reconfigure` (slurmctld unloads/reloads job_submit plugins when JobSubmitPlugins
+//! changes; sbatch re-reads PlugStackConfig on every run). Two separate clusters differ
+//! by up to 15% on this machine with identical configs (A/A test), so all sides share one
+//! cluster.
+//!
+//! The floor side loads a trivial C SPANK plugin (benches/fixtures/floor_spank.c, compiled here
+//! with cc: it registers one option and does nothing else) and no job_submit plugin: what
+//! loading any SPANK plugin costs sbatch, so `with/floor` is the cost that is ours.
 //!
 //! Streams: `plain` (the cost every non-elastic job pays: sbatch loads the SPANK plugin,
 //! slurmctld calls job_submit) and `elastic` (`--elastic=2:4` with the plugins vs. the
-//! hand-written equivalent without them). Prints submissions/s per side, their ratio,
-//! the ratio of median latencies, and the plugin's own p50/p99 per job_submit call as
-//! measured inside slurmctld.
+//! hand-written equivalent without them). Prints submissions/s per side, the headline
+//! ratio with/without, the floor's ratios, median latencies and sbatch CPU per side, and
+//! the plugin's own p50/p99 per job_submit call as measured inside slurmctld.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::path::Path;
+use std::process::Command;
 use std::time::Instant;
 
 use bftrainer_testcluster::{Cluster, Options};
@@ -21,12 +28,14 @@ use bftrainer_testcluster::{Cluster, Options};
 struct Args {
     blocks: usize,
     block: usize,
+    client_runs: usize,
 }
 
 fn args() -> Args {
     let mut a = Args {
         blocks: 20,
         block: 50,
+        client_runs: 600,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -39,22 +48,81 @@ fn args() -> Args {
         match k.as_str() {
             "--blocks" => a.blocks = num("--blocks"),
             "--block" => a.block = num("--block"),
+            "--client-runs" => a.client_runs = num("--client-runs"),
             "--bench" => {}
             other => {
-                panic!("unknown argument {other}; expected --blocks N (per side), --block JOBS")
+                panic!("unknown argument {other}; expected --blocks N (per side), --block JOBS, --client-runs N")
             }
         }
     }
     a
 }
 
-/// Switches the cluster between plugins loaded (`on`) and not, and waits until
-/// slurmctld runs with the new JobSubmitPlugins.
-fn plugins(c: &Cluster, with_text: &str, without_text: &str, on: bool) {
-    std::fs::write(c.slurm_conf(), if on { with_text } else { without_text }).unwrap();
+/// The three configurations compared, each a full slurm.conf text.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// job_submit/bftrainer and spank_bftrainer loaded.
+    With,
+    /// No job_submit plugin, an empty plugstack.
+    Without,
+    /// No job_submit plugin, the trivial C SPANK plugin.
+    Floor,
+}
+
+/// Per side: blocks in the order A B C C B A, so a linear drift in machine load
+/// weighs the same on every side.
+const ORDER: [Side; 6] = [
+    Side::With,
+    Side::Without,
+    Side::Floor,
+    Side::Floor,
+    Side::Without,
+    Side::With,
+];
+
+struct Confs {
+    with: String,
+    without: String,
+    floor: String,
+}
+
+/// Compiles the floor plugin; cc and the Slurm headers are needed anyway to build
+/// slurm-sys, so a failure here names the command to check.
+fn build_floor_plugin(into: &Path) -> std::path::PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/fixtures/floor_spank.c");
+    let out = into.join("spank_floor.so");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {cc} to build the floor plugin: {e}"));
+    assert!(
+        status.success(),
+        "`{cc} -O2 -shared -fPIC -o {} {}` failed (needs <slurm/spank.h>)",
+        out.display(),
+        src.display()
+    );
+    out
+}
+
+/// Switches the cluster to `side` and waits until slurmctld runs with its
+/// JobSubmitPlugins.
+fn plugins(c: &Cluster, confs: &Confs, side: Side) {
+    let text = match side {
+        Side::With => &confs.with,
+        Side::Without => &confs.without,
+        Side::Floor => &confs.floor,
+    };
+    std::fs::write(c.slurm_conf(), text).unwrap();
     c.run("scontrol", &["reconfigure"])
         .expect("scontrol reconfigure");
-    let want = if on { "bftrainer" } else { "(null)" };
+    let want = if side == Side::With {
+        "bftrainer"
+    } else {
+        "(null)"
+    };
     let shown = c.run("scontrol", &["show", "config"]).unwrap();
     let line = shown
         .lines()
@@ -90,6 +158,64 @@ fn submit(c: &Cluster, args: &[&str]) -> (f64, f64) {
     (took, children_cpu() - cpu0)
 }
 
+/// sbatch's own CPU per side, without slurmctld in the loop: `sbatch --nodes=abc` loads
+/// the SPANK stack, runs slurm_spank_init, then fails in option parsing. Each side has
+/// its own slurm.conf copy (SLURM_CONF per run), so the sides interleave run by run
+/// (order reversed every round) and no reconfigure is needed.
+fn client_side(c: &Cluster, confs: &Confs, runs: usize) {
+    let etc = c.slurm_conf().parent().expect("slurm.conf has a directory");
+    let sides = [
+        ("with", &confs.with),
+        ("without", &confs.without),
+        ("floor", &confs.floor),
+    ];
+    let paths: Vec<_> = sides
+        .iter()
+        .map(|(name, text)| {
+            let p = etc.join(format!("slurm-client-{name}.conf"));
+            std::fs::write(&p, text).unwrap();
+            p
+        })
+        .collect();
+    let mut cpu: [Vec<f64>; 3] = Default::default();
+    for round in 0..runs + 1 {
+        let order: [usize; 3] = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+        for i in order {
+            let cpu0 = children_cpu();
+            let out = c
+                .command("sbatch")
+                .env("SLURM_CONF", &paths[i])
+                .args(["--nodes=abc", "--wrap=true"])
+                .output()
+                .expect("run sbatch");
+            let used = children_cpu() - cpu0;
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success() && err.contains("abc"),
+                "sbatch --nodes=abc ({} side) should fail on the node count: {err}",
+                sides[i].0
+            );
+            // Round 0 warms the page cache for every side.
+            if round > 0 {
+                cpu[i].push(used);
+            }
+        }
+    }
+    let u = cpu.each_mut().map(|v| median(v) * 1e6);
+    println!(
+        "client side: sbatch --nodes=abc --wrap=true (loads the SPANK stack, fails in option parsing), {runs} runs per side, interleaved"
+    );
+    println!(
+        "  sbatch CPU p50: with {:.0} us, without {:.0} us, floor {:.0} us; SPANK cost: ours {:+.0} us, floor {:+.0} us, ours over floor {:+.0} us",
+        u[0],
+        u[1],
+        u[2],
+        u[0] - u[1],
+        u[2] - u[1],
+        u[0] - u[2]
+    );
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -109,25 +235,45 @@ fn main() {
         ..Default::default()
     })
     .expect("cluster with plugins");
-    let with_text = std::fs::read_to_string(c.slurm_conf()).unwrap();
-    let empty_stack = c.dir().join("etc/plugstack-empty.conf");
-    std::fs::write(&empty_stack, "").unwrap();
-    let without_text: String = with_text
+    // Cancelled jobs count against MaxJobCount (10000) until MinJobAge has passed; a run
+    // submits more than that within the default 300 s, so purge them soon (every side
+    // alike; slurmctld takes the new value at the first reconfigure).
+    let with_text: String = std::fs::read_to_string(c.slurm_conf())
+        .unwrap()
         .lines()
-        .map(|l| {
-            if l.starts_with("JobSubmitPlugins=") {
-                "#JobSubmitPlugins=".to_string()
-            } else if l.starts_with("PlugStackConfig=") {
-                format!("PlugStackConfig={}", empty_stack.display())
-            } else {
-                l.to_string()
-            }
-        })
+        .filter(|l| !l.starts_with("MinJobAge="))
+        .chain(["MinJobAge=10"])
         .collect::<Vec<_>>()
         .join("\n")
         + "\n";
+    let empty_stack = c.dir().join("etc/plugstack-empty.conf");
+    std::fs::write(&empty_stack, "").unwrap();
+    let floor_stack = c.dir().join("etc/plugstack-floor.conf");
+    let floor_so = build_floor_plugin(tmp.path());
+    std::fs::write(&floor_stack, format!("required {}\n", floor_so.display())).unwrap();
+    let no_plugins = |stack: &Path| -> String {
+        with_text
+            .lines()
+            .map(|l| {
+                if l.starts_with("JobSubmitPlugins=") {
+                    "#JobSubmitPlugins=".to_string()
+                } else if l.starts_with("PlugStackConfig=") {
+                    format!("PlugStackConfig={}", stack.display())
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n"
+    };
+    let confs = Confs {
+        without: no_plugins(&empty_stack),
+        floor: no_plugins(&floor_stack),
+        with: with_text,
+    };
     assert_ne!(
-        with_text, without_text,
+        confs.with, confs.without,
         "slurm.conf has no plugin lines to switch"
     );
 
@@ -162,73 +308,80 @@ fn main() {
             &["--hold", "--wrap=true"],
         ),
     ];
+    client_side(&c, &confs, a.client_runs);
+
     println!(
-        "submit_throughput: one cluster, {} blocks of {} submissions per side and stream, ABBA",
+        "submit_throughput: one cluster, {} blocks of {} submissions per side and stream, order A B C C B A",
         a.blocks, a.block
     );
     println!(
-        "{:<8} {:>14} {:>14} {:>8} {:>12} {:>12} {:>10} {:>11} {:>11}",
+        "sides: with = both bftrainer plugins; without = no plugins; floor = a trivial C SPANK plugin, no job_submit plugin"
+    );
+    println!(
+        "{:<8} {:>9} {:>9} {:>9} {:>13} {:>13} {:>10} {:>26} {:>26}",
         "stream",
-        "with (jobs/s)",
-        "without",
-        "ratio",
-        "p50 with",
-        "p50 without",
-        "p50 ratio",
-        "cpu with",
-        "cpu without"
+        "with/s",
+        "without/s",
+        "floor/s",
+        "with/without",
+        "floor/without",
+        "with/floor",
+        "p50 ms with/without/floor",
+        "cpu ms with/without/floor"
     );
     // Warm-up, discarded: page cache, munge credentials, slurmctld's first RPCs.
-    for on in [true, false, false, true] {
-        plugins(&c, &with_text, &without_text, on);
+    for side in ORDER {
+        plugins(&c, &confs, side);
         for _ in 0..a.block {
             submit(&c, streams[0].1);
         }
     }
     let _ = c.command("scancel").args(["-u", "root"]).output();
     for (name, with_args, without_args) in streams {
-        let (mut lat_with, mut lat_without) = (Vec::new(), Vec::new());
-        let (mut cpu_with, mut cpu_without) = (Vec::new(), Vec::new());
-        for b in 0..2 * a.blocks {
-            // A B B A A B B A ...: drifts in machine load cancel out.
-            let on = matches!(b % 4, 0 | 3);
-            plugins(&c, &with_text, &without_text, on);
-            let args = if on { with_args } else { without_args };
+        // Per side (With, Without, Floor): latencies and sbatch CPU times.
+        let mut lat: [Vec<f64>; 3] = Default::default();
+        let mut cpu: [Vec<f64>; 3] = Default::default();
+        for b in 0..3 * a.blocks {
+            let side = ORDER[b % ORDER.len()];
+            plugins(&c, &confs, side);
+            let (args, i) = match side {
+                Side::With => (with_args, 0),
+                Side::Without => (without_args, 1),
+                Side::Floor => (without_args, 2),
+            };
             // The first submission after a switch pays for loading the plugins.
             submit(&c, args);
-            let (lat, cpu) = if on {
-                (&mut lat_with, &mut cpu_with)
-            } else {
-                (&mut lat_without, &mut cpu_without)
-            };
             for _ in 0..a.block {
                 let (wall, used) = submit(&c, args);
-                lat.push(wall);
-                cpu.push(used);
+                lat[i].push(wall);
+                cpu[i].push(used);
             }
             let _ = c.command("scancel").args(["-u", "root"]).output();
         }
         let rate = |v: &[f64]| v.len() as f64 / v.iter().sum::<f64>();
-        let (r_with, r_without) = (rate(&lat_with), rate(&lat_without));
-        let (m_with, m_without) = (median(&mut lat_with), median(&mut lat_without));
-        let (c_with, c_without) = (median(&mut cpu_with), median(&mut cpu_without));
+        let r = [rate(&lat[0]), rate(&lat[1]), rate(&lat[2])];
+        let ms = |v: &mut Vec<f64>| median(v) * 1e3;
+        let m = lat.each_mut().map(ms);
+        let u = cpu.each_mut().map(ms);
         println!(
-            "{name:<8} {r_with:>14.1} {r_without:>14.1} {:>8.3} {:>10.2}ms {:>10.2}ms {:>10.3} {:>9.2}ms {:>9.2}ms",
-            r_with / r_without,
-            m_with * 1e3,
-            m_without * 1e3,
-            m_without / m_with,
-            c_with * 1e3,
-            c_without * 1e3,
+            "{name:<8} {:>9.1} {:>9.1} {:>9.1} {:>13.3} {:>13.3} {:>10.3} {:>26} {:>26}",
+            r[0],
+            r[1],
+            r[2],
+            r[0] / r[1],
+            r[2] / r[1],
+            r[0] / r[2],
+            format!("{:.2}/{:.2}/{:.2}", m[0], m[1], m[2]),
+            format!("{:.2}/{:.2}/{:.2}", u[0], u[1], u[2]),
         );
     }
 
     // The plugin's own time: a fresh load (fini resets its counters), then 1000 plain
     // and 1000 elastic submissions; it logs one summary per 1000 calls.
-    plugins(&c, &with_text, &without_text, false);
+    plugins(&c, &confs, Side::Without);
     let log_path = c.log_dir().join("slurmctld.log");
     let skip = std::fs::read_to_string(&log_path).unwrap_or_default().len();
-    plugins(&c, &with_text, &without_text, true);
+    plugins(&c, &confs, Side::With);
     for (name, with_args, _) in &streams[..2] {
         for _ in 0..1000 {
             submit(&c, with_args);
