@@ -663,10 +663,12 @@ impl Lp {
     }
 
     /// The critical segment, when it bridges counts whose true value lies below it by
-    /// more than `min_loss` (a rescale-cost jump, the gap below a minimum, a dip in the
-    /// curve): the job and its domain cut into the parts before, inside and after the
-    /// bridge. Each part's envelope no longer spans the dip, so the bound tightens.
-    fn bridge(&self, fns: &[JobFn<'_>], min_loss: f64) -> Option<(usize, [(u32, u32); 3])> {
+    /// more than `min_loss` (a rescale-cost jump, the gap below a minimum, a convex kink
+    /// in the curve): the job and its domain cut into the counts up to the deepest point
+    /// of the dip and those above it. Neither part's envelope spans the dip any more
+    /// (next to a jump at c the cut falls at c - 1 or c + 1; at a kink, on it), so the
+    /// bound tightens.
+    fn bridge(&self, fns: &[JobFn<'_>], min_loss: f64) -> Option<(usize, [(u32, u32); 2])> {
         let (_, j, k) = self.segs[self.crit?];
         let (j, k) = (j as usize, k as usize);
         let f = &fns[j];
@@ -686,16 +688,16 @@ impl Lp {
                 chord
             }
         };
-        let worst = f
+        let (worst, at) = f
             .bps
             .iter()
             .filter(|&&b| b > x0 && b < x1)
             .flat_map(|&b| [b - 1, b, b + 1])
             .chain([x0 + 1, x1 - 1])
             .filter(|&x| x > x0 && x < x1)
-            .map(loss)
-            .fold(0.0, f64::max);
-        (worst > min_loss).then_some((j, [(0, x0), (x0 + 1, x1 - 1), (x1, u32::MAX)]))
+            .map(|x| (loss(x), x))
+            .fold((0.0, x0), |a, b| if b.0 > a.0 { b } else { a });
+        (worst > min_loss).then_some((j, [(0, at), (at + 1, u32::MAX)]))
     }
 }
 
