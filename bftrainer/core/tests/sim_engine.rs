@@ -265,8 +265,11 @@ fn exact_allocator_weighs_growth_against_rescale_cost() {
     }
 }
 
+/// What the allocator saw, call by call: pool size and reclaim forecasts.
+type Seen = std::rc::Rc<std::cell::RefCell<Vec<(u32, Vec<Option<f64>>)>>>;
+
 /// Records what the allocator sees, then fills like FillInOrder.
-struct Spy(std::rc::Rc<std::cell::RefCell<Vec<(u32, Vec<Option<f64>>)>>>);
+struct Spy(Seen);
 
 impl bftrainer_core::engine::Allocator for Spy {
     fn allocate(&mut self, inst: &Instance) -> Result<Option<Solution>, String> {
