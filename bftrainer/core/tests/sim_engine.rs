@@ -260,7 +260,7 @@ fn exact_allocator_weighs_growth_against_rescale_cost() {
             ..Default::default()
         };
         let r = run(&tr, &jobs, Exact::default(), &cfg).report;
-        assert_eq!(r.grows, grows, "t_fwd {t_fwd}");
+        assert_eq!(r.actions.grows, grows, "t_fwd {t_fwd}");
         assert!(close(r.samples, samples), "t_fwd {t_fwd}: {}", r.samples);
     }
 }

@@ -43,7 +43,12 @@ fn one_job_grow_preempt_finish() {
     assert!(close(r.rescale_loss_samples, 200.0));
     assert!(close(r.preemption_loss_samples, 150.0));
     assert_eq!(
-        (r.admits, r.grows, r.shrinks, r.preempted_nodes),
+        (
+            r.actions.admits,
+            r.actions.grows,
+            r.actions.shrinks,
+            r.preempted_nodes
+        ),
         (1, 1, 0, 1)
     );
     let sizes: Vec<(f64, u32)> = out.sizes.iter().map(|s| (s.t, s.nodes)).collect();

@@ -160,11 +160,12 @@ pub fn print_table(
             ),
         );
     }
+    let a = &r.actions;
     row(
         "rescales",
         format!(
             "{} admits, {} grows, {} shrinks, {} requeues; {} nodes preempted",
-            r.admits, r.grows, r.shrinks, r.requeues, r.preempted_nodes
+            a.admits, a.grows, a.shrinks, a.requeues, r.preempted_nodes
         ),
     );
     row(
