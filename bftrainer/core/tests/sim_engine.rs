@@ -260,13 +260,16 @@ fn exact_allocator_weighs_growth_against_rescale_cost() {
             ..Default::default()
         };
         let r = run(&tr, &jobs, Exact::default(), &cfg).report;
-        assert_eq!(r.grows, grows, "t_fwd {t_fwd}");
+        assert_eq!(r.actions.grows, grows, "t_fwd {t_fwd}");
         assert!(close(r.samples, samples), "t_fwd {t_fwd}: {}", r.samples);
     }
 }
 
+/// What the allocator saw, call by call: pool size and reclaim forecasts.
+type Seen = std::rc::Rc<std::cell::RefCell<Vec<(u32, Vec<Option<f64>>)>>>;
+
 /// Records what the allocator sees, then fills like FillInOrder.
-struct Spy(std::rc::Rc<std::cell::RefCell<Vec<(u32, Vec<Option<f64>>)>>>);
+struct Spy(Seen);
 
 impl bftrainer_core::engine::Allocator for Spy {
     fn allocate(&mut self, inst: &Instance) -> Result<Option<Solution>, String> {
@@ -283,25 +286,7 @@ impl bftrainer_core::engine::Allocator for Spy {
 #[test]
 fn backfill_forecasts_reach_the_allocator() {
     use bftrainer_core::easy::{schedule, SchedConfig};
-    use bftrainer_core::trace::swf::{SwfJob, SwfLog};
-    let log = SwfLog {
-        max_nodes: Some(4),
-        max_procs: Some(4),
-        unix_start: Some(0),
-        jobs: [(0, 100, 2), (1, 50, 4), (2, 50, 2), (3, 200, 1)]
-            .iter()
-            .enumerate()
-            .map(|(i, &(submit, run, procs))| SwfJob {
-                id: i as i64,
-                submit,
-                wait: None,
-                run,
-                procs: Some(procs),
-                req_time: Some(run),
-            })
-            .collect(),
-    };
-    let (tr, _) = schedule(&log, &SchedConfig::default()).unwrap();
+    let (tr, _) = schedule(&easy_example_log(), &SchedConfig::default()).unwrap();
     // The job arrives at 52, when n2 and n3 are idle.
     let jobs = [job("J", 52, 1, 4, 0.0, 0.0, 1e12, &[(1, 1.0), (4, 4.0)])];
     let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
@@ -319,17 +304,10 @@ fn backfill_forecasts_reach_the_allocator() {
 #[test]
 fn journal_replays_to_the_same_actions() {
     use bftrainer_core::engine::Record;
-    let tr = trace(
-        &["a", "b", "c", "d"],
-        &[true, true, false, false],
-        &[(10, 2, true), (30, 0, false), (40, 3, true), (50, 1, false)],
-        100,
-    );
+    let tr = grow_preempt_trace(&[(40, 3, true), (50, 1, false)]);
+    // K: submitted at 5, 2..4 nodes, J's rates.
     let r = [(1, 10.0), (2, 20.0), (4, 40.0)];
-    let jobs = [
-        job("J", 0, 1, 4, 10.0, 5.0, 1500.0, &r),
-        job("K", 5, 2, 4, 1.0, 1.0, 900.0, &r),
-    ];
+    let jobs = [grow_preempt_job(), job("K", 5, 2, 4, 1.0, 1.0, 900.0, &r)];
     let cfg = SimConfig {
         journal: true,
         engine: EngineConfig {

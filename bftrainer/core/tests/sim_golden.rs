@@ -6,7 +6,6 @@ mod sim_common;
 use bftrainer_core::easy::{schedule, SchedConfig};
 use bftrainer_core::engine::EngineConfig;
 use bftrainer_core::sim::{SimConfig, Steps};
-use bftrainer_core::trace::swf::{SwfJob, SwfLog};
 use sim_common::*;
 
 fn cfg(max_jobs: usize, grace_s: f64) -> SimConfig {
@@ -30,22 +29,8 @@ fn cfg(max_jobs: usize, grace_s: f64) -> SimConfig {
 /// Idle node-s: 2*10 + 3*20 + 2*70 = 220; harvested: 2*10 + 3*20 + 2*52.5 = 185.
 #[test]
 fn one_job_grow_preempt_finish() {
-    let tr = trace(
-        &["a", "b", "c", "d"],
-        &[true, true, false, false],
-        &[(10, 2, true), (30, 0, false)],
-        100,
-    );
-    let jobs = [job(
-        "J",
-        0,
-        1,
-        4,
-        10.0,
-        5.0,
-        1500.0,
-        &[(1, 10.0), (2, 20.0), (4, 40.0)],
-    )];
+    let tr = grow_preempt_trace(&[]);
+    let jobs = [grow_preempt_job()];
     let out = run(&tr, &jobs, FillInOrder, &cfg(10, 0.0));
     let r = &out.report;
     assert_eq!(r.jobs_completed, 1);
@@ -58,7 +43,12 @@ fn one_job_grow_preempt_finish() {
     assert!(close(r.rescale_loss_samples, 200.0));
     assert!(close(r.preemption_loss_samples, 150.0));
     assert_eq!(
-        (r.admits, r.grows, r.shrinks, r.preempted_nodes),
+        (
+            r.actions.admits,
+            r.actions.grows,
+            r.actions.shrinks,
+            r.preempted_nodes
+        ),
         (1, 1, 0, 1)
     );
     let sizes: Vec<(f64, u32)> = out.sizes.iter().map(|s| (s.t, s.nodes)).collect();
@@ -71,22 +61,8 @@ fn one_job_grow_preempt_finish() {
 /// only): 20 + 60 + 2 * 46.5 = 173.
 #[test]
 fn grace_keeps_the_node_and_reduces_the_charge() {
-    let tr = trace(
-        &["a", "b", "c", "d"],
-        &[true, true, false, false],
-        &[(10, 2, true), (30, 0, false)],
-        100,
-    );
-    let jobs = [job(
-        "J",
-        0,
-        1,
-        4,
-        10.0,
-        5.0,
-        1500.0,
-        &[(1, 10.0), (2, 20.0), (4, 40.0)],
-    )];
+    let tr = grow_preempt_trace(&[]);
+    let jobs = [grow_preempt_job()];
     let r = run(&tr, &jobs, FillInOrder, &cfg(10, 3.0)).report;
     assert!(close(r.jct_mean_s.unwrap(), 76.5), "{:?}", r.jct_mean_s);
     assert!(close(r.preemption_loss_samples, 60.0));
@@ -137,24 +113,7 @@ fn below_minimum_is_never_admitted() {
 /// 4 * 350 - busy 700. One elastic job on 1..4 nodes that never finishes harvests all.
 #[test]
 fn easy_trace_feeds_the_simulator() {
-    let log = SwfLog {
-        max_nodes: Some(4),
-        max_procs: Some(4),
-        unix_start: Some(0),
-        jobs: [(0, 100, 2), (1, 50, 4), (2, 50, 2), (3, 200, 1)]
-            .iter()
-            .enumerate()
-            .map(|(i, &(submit, run, procs))| SwfJob {
-                id: i as i64,
-                submit,
-                wait: None,
-                run,
-                procs: Some(procs),
-                req_time: Some(run),
-            })
-            .collect(),
-    };
-    let (tr, m) = schedule(&log, &SchedConfig::default()).unwrap();
+    let (tr, m) = schedule(&easy_example_log(), &SchedConfig::default()).unwrap();
     assert!(close(m.utilisation, 0.5));
     let jobs = [job("J", 0, 1, 4, 0.0, 0.0, 1e12, &[(1, 1.0), (4, 4.0)])];
     let r = run(&tr, &jobs, FillInOrder, &cfg(10, 0.0)).report;
@@ -174,22 +133,8 @@ fn easy_trace_feeds_the_simulator() {
 /// 200 rescale + 150 preemption + 150 overrun.
 #[test]
 fn trace_steps_finish_at_the_next_event() {
-    let tr = trace(
-        &["a", "b", "c", "d"],
-        &[true, true, false, false],
-        &[(10, 2, true), (30, 0, false), (90, 3, true)],
-        100,
-    );
-    let jobs = [job(
-        "J",
-        0,
-        1,
-        4,
-        10.0,
-        5.0,
-        1500.0,
-        &[(1, 10.0), (2, 20.0), (4, 40.0)],
-    )];
+    let tr = grow_preempt_trace(&[(90, 3, true)]);
+    let jobs = [grow_preempt_job()];
     let c = SimConfig {
         steps: Steps::Trace,
         ..cfg(10, 0.0)

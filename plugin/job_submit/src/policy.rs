@@ -619,125 +619,131 @@ mod tests {
         }
     }
 
+    /// What `modify` must answer; a refusal names what was refused.
+    #[derive(Debug)]
+    enum Want {
+        Allowed,
+        Partition,
+        /// Refused with a message that contains this.
+        Access(&'static str),
+    }
+
     #[test]
     fn modify_rules() {
+        use Want::*;
         let p = pol("");
-        let tag = b"bftrainer:v1 2:4,role=core";
-        assert_eq!(modify(&p, &change(tag)), Ok(()));
-        assert_eq!(
-            modify(
-                &p,
-                &Modification {
+        let core: &'static [u8] = b"bftrainer:v1 2:4,role=core";
+        let plain: &'static [u8] = b"";
+        let cases = [
+            ("a core job, nothing changed", change(core), Allowed),
+            (
+                "a core job to a closed partition",
+                Modification {
                     partition: Some(b"batch"),
-                    ..change(tag)
-                }
+                    ..change(core)
+                },
+                Partition,
             ),
-            Err(ModifyDenied::Partition)
-        );
-        assert_eq!(
-            modify(
-                &p,
-                &Modification {
+            (
+                "a core job to the elastic partition",
+                Modification {
                     partition: Some(b"elastic"),
-                    ..change(tag)
-                }
+                    ..change(core)
+                },
+                Allowed,
             ),
-            Ok(())
-        );
-        assert!(modify(
-            &p,
-            &Modification {
-                priority: INFINITE,
-                ..change(tag)
-            }
-        )
-        .is_err());
-        assert_eq!(
-            modify(
-                &p,
-                &Modification {
+            (
+                "a core job released",
+                Modification {
+                    priority: INFINITE,
+                    ..change(core)
+                },
+                Access("releases or reprioritises an elastic job"),
+            ),
+            (
+                "a core job held",
+                Modification {
                     priority: 0,
-                    ..change(tag)
-                }
+                    ..change(core)
+                },
+                Allowed,
             ),
-            Ok(())
-        );
-        assert!(modify(
-            &p,
-            &Modification {
-                min_nodes: 4,
-                ..change(tag)
-            }
-        )
-        .is_err());
-        assert!(modify(
-            &p,
-            &Modification {
-                requeue: 0,
-                ..change(tag)
-            }
-        )
-        .is_err());
-        assert!(modify(
-            &p,
-            &Modification {
-                admin_comment: Some(b"x"),
-                ..change(tag)
-            }
-        )
-        .is_err());
-        // The daemon and root may do all of it.
-        assert_eq!(
-            modify(
-                &p,
-                &Modification {
+            (
+                "a core job resized",
+                Modification {
+                    min_nodes: 4,
+                    ..change(core)
+                },
+                Access("changes the node count of an elastic job"),
+            ),
+            (
+                "a core job's requeue turned off",
+                Modification {
+                    requeue: 0,
+                    ..change(core)
+                },
+                Access("turns requeue off"),
+            ),
+            (
+                "a core job's tag edited",
+                Modification {
+                    admin_comment: Some(b"x"),
+                    ..change(core)
+                },
+                Access("edits the admin comment"),
+            ),
+            // The daemon and root may do all of it.
+            (
+                "a core job released by the daemon",
+                Modification {
                     uid: 990,
                     priority: INFINITE,
-                    ..change(tag)
-                }
+                    ..change(core)
+                },
+                Allowed,
             ),
-            Ok(())
-        );
-        assert_eq!(
-            modify(
-                &p,
-                &Modification {
+            (
+                "a core job moved by root",
+                Modification {
                     uid: 0,
                     partition: Some(b"batch"),
-                    ..change(tag)
-                }
+                    ..change(core)
+                },
+                Allowed,
             ),
-            Ok(())
-        );
-        // Plain jobs: anything but planting the tag.
-        assert_eq!(
-            modify(
-                &p,
-                &Modification {
+            // Plain jobs: anything but planting the tag.
+            (
+                "a plain job moved and released",
+                Modification {
                     partition: Some(b"batch"),
                     priority: INFINITE,
-                    ..change(b"")
-                }
+                    ..change(plain)
+                },
+                Allowed,
             ),
-            Ok(())
-        );
-        assert!(modify(
-            &p,
-            &Modification {
-                admin_comment: Some(b"bftrainer:v1 1:1"),
-                ..change(b"")
-            }
-        )
-        .is_err());
-        assert_eq!(
-            modify(
-                &p,
-                &Modification {
+            (
+                "a plain job given the tag",
+                Modification {
+                    admin_comment: Some(b"bftrainer:v1 1:1"),
+                    ..change(plain)
+                },
+                Access("sets bftrainer's tag"),
+            ),
+            (
+                "a job without an admin comment",
+                Modification {
                     current_admin_comment: None,
-                    ..change(b"")
-                }
+                    ..change(plain)
+                },
+                Allowed,
             ),
-            Ok(())
-        );
+        ];
+        for (what, m, want) in cases {
+            match (&want, modify(&p, &m)) {
+                (Allowed, Ok(())) | (Partition, Err(ModifyDenied::Partition)) => {}
+                (Access(part), Err(ModifyDenied::Access(why))) if why.contains(part) => {}
+                (_, got) => panic!("{what}: expected {want:?}, got {got:?}"),
+            }
+        }
     }
 }

@@ -358,10 +358,15 @@ impl Model {
                 queue.push(k);
                 k += 1;
             }
+            let slots = self.running.len();
             let forecast = match self.backfill {
                 Backfill::Easy => self.pass_easy(t, jobs, &mut queue, &mut starts),
-                Backfill::Conservative => self.pass_conservative(t, jobs, &mut queue, &mut starts),
+                Backfill::Conservative => self.pass_conservative(t, jobs, &queue, &mut starts),
             };
+            // Each start takes a running slot: when the pass started jobs, drop them.
+            if self.running.len() > slots {
+                queue.retain(|&q| starts[q] == i64::MIN);
+            }
             self.emit(t, forecast);
         }
         starts
@@ -380,7 +385,8 @@ impl Model {
         rel
     }
 
-    /// One EASY pass at t; returns the head's reservation time when it must wait.
+    /// One EASY pass at t; returns the head's reservation time when it must wait. Jobs it
+    /// starts get their start time in `starts`; the caller drops them from `queue`.
     fn pass_easy(
         &mut self,
         t: i64,
@@ -406,7 +412,6 @@ impl Model {
                 break;
             }
         }
-        let mut started = false;
         for &q in queue.iter().skip(1) {
             if self.free.is_empty() {
                 break;
@@ -422,23 +427,19 @@ impl Model {
                 }
                 starts[q] = t;
                 self.start(t, j);
-                started = true;
             }
-        }
-        if started {
-            queue.retain(|&q| starts[q] == i64::MIN);
         }
         (shadow != i64::MAX).then_some(shadow)
     }
 
     /// One conservative pass: every queued job, in order, gets the earliest slot in the
-    /// availability profile that fits it; jobs whose slot is now start. Returns the
-    /// earliest future reservation.
+    /// availability profile that fits it; jobs whose slot is now start (as in
+    /// `pass_easy`). Returns the earliest future reservation.
     fn pass_conservative(
         &mut self,
         t: i64,
         jobs: &[Job],
-        queue: &mut Vec<usize>,
+        queue: &[usize],
         starts: &mut [i64],
     ) -> Option<i64> {
         // Step function: prof[i] = (from time, free nodes) until prof[i+1].0.
@@ -452,7 +453,6 @@ impl Model {
             }
         }
         let mut first_res: Option<i64> = None;
-        let mut started = false;
         for &q in queue.iter() {
             let j = &jobs[q];
             let need = i64::from(j.need);
@@ -489,13 +489,9 @@ impl Model {
             if s == t && j.need as usize <= self.free.len() {
                 starts[q] = t;
                 self.start(t, j);
-                started = true;
             } else if s > t {
                 first_res = Some(first_res.map_or(s, |f: i64| f.min(s)));
             }
-        }
-        if started {
-            queue.retain(|&q| starts[q] == i64::MIN);
         }
         first_res
     }

@@ -3,7 +3,7 @@
 
 mod report;
 
-pub use report::{percentile, JobReport, Report};
+pub use report::{percentile, ActionCounts, JobReport, Report};
 
 use crate::engine::{
     Action, Allocator, ElasticSpec, Engine, EngineConfig, Event, JobId, JobStatus, Record,
@@ -207,12 +207,7 @@ struct Sim<'a, A> {
 
 #[derive(Default)]
 struct Counts {
-    admits: u64,
-    grows: u64,
-    shrinks: u64,
-    requeues: u64,
-    grown_nodes: u64,
-    shrunk_nodes: u64,
+    actions: ActionCounts,
     preempted_nodes: u64,
     finished: u32,
 }
@@ -712,12 +707,6 @@ impl<'a, A: Allocator> Sim<'a, A> {
                     s.first_admit.get_or_insert(t);
                     self.held_total += k;
                     grown += k;
-                    self.counts.grown_nodes += u64::from(k);
-                    if matches!(a, Action::Admit { .. }) {
-                        self.counts.admits += 1;
-                    } else {
-                        self.counts.grows += 1;
-                    }
                 }
                 Action::Shrink { nodes, .. } | Action::Requeue { nodes, .. } => {
                     for &n in nodes {
@@ -736,14 +725,9 @@ impl<'a, A: Allocator> Sim<'a, A> {
                     s.n -= k;
                     self.held_total -= k;
                     shrunk += k;
-                    self.counts.shrunk_nodes += u64::from(k);
-                    if matches!(a, Action::Requeue { .. }) {
-                        self.counts.requeues += 1;
-                    } else {
-                        self.counts.shrinks += 1;
-                    }
                 }
             }
+            self.counts.actions.count(a);
             self.record_size(t, j);
         }
         if check {
@@ -911,12 +895,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
             rescale_loss_samples: self.jobs.iter().map(|s| s.rescale_loss).sum(),
             preemption_loss_samples: self.jobs.iter().map(|s| s.preempt_loss).sum(),
             overrun_loss_samples: self.jobs.iter().map(|s| s.overrun_loss).sum(),
-            admits: c.admits,
-            grows: c.grows,
-            shrinks: c.shrinks,
-            requeues: c.requeues,
-            grown_nodes: c.grown_nodes,
-            shrunk_nodes: c.shrunk_nodes,
+            actions: c.actions,
             preempted_nodes: c.preempted_nodes,
             jobs_in_file: self.recs.len(),
             jobs_submitted: self.jobs.len(),

@@ -1,6 +1,7 @@
 //! The replay's summary: harvest, work, losses, job completion times and decision cost,
 //! as one serialisable struct (the CLI prints it as a table or JSON).
 
+use crate::engine::Action;
 use serde::Serialize;
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -51,12 +52,8 @@ pub struct Report {
     pub preemption_loss_samples: f64,
     /// Work past a job's total before a trace event saw it done (`Steps::Trace`).
     pub overrun_loss_samples: f64,
-    pub admits: u64,
-    pub grows: u64,
-    pub shrinks: u64,
-    pub requeues: u64,
-    pub grown_nodes: u64,
-    pub shrunk_nodes: u64,
+    #[serde(flatten)]
+    pub actions: ActionCounts,
     /// Lent nodes taken back by the main scheduler.
     pub preempted_nodes: u64,
     pub jobs_in_file: usize,
@@ -75,6 +72,32 @@ pub struct Report {
     pub decision_p99_ms: f64,
     pub decision_max_ms: f64,
     pub jobs: Vec<JobReport>,
+}
+
+/// The engine's actions by kind and the nodes they moved: admits and grows give nodes
+/// (`grown_nodes`), shrinks and requeues take them (`shrunk_nodes`).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct ActionCounts {
+    pub admits: u64,
+    pub grows: u64,
+    pub shrinks: u64,
+    pub requeues: u64,
+    pub grown_nodes: u64,
+    pub shrunk_nodes: u64,
+}
+
+impl ActionCounts {
+    pub fn count(&mut self, a: &Action) {
+        let k = a.nodes().len() as u64;
+        let (kind, moved) = match a {
+            Action::Admit { .. } => (&mut self.admits, &mut self.grown_nodes),
+            Action::Grow { .. } => (&mut self.grows, &mut self.grown_nodes),
+            Action::Shrink { .. } => (&mut self.shrinks, &mut self.shrunk_nodes),
+            Action::Requeue { .. } => (&mut self.requeues, &mut self.shrunk_nodes),
+        };
+        *kind += 1;
+        *moved += k;
+    }
 }
 
 /// Nearest-rank percentile of sorted values; `None` when empty.

@@ -8,6 +8,7 @@ use bftrainer_core::alloc::{Curve, Instance, Solution};
 use bftrainer_core::engine::Allocator;
 use bftrainer_core::sim::{simulate, Hooks, Outcome, SimConfig};
 use bftrainer_core::trace::jobs::JobRecord;
+use bftrainer_core::trace::swf::{SwfJob, SwfLog};
 use bftrainer_core::trace::{NodeChange, NodeTrace};
 
 /// Fills jobs in order; never shrinks. Not the BFTrainer optimum: a fixture.
@@ -96,6 +97,56 @@ pub fn job(
         objective: Curve {
             points: rate.to_vec(),
         },
+    }
+}
+
+/// The grow-and-preempt trace: nodes a, b, c, d over 100 s; a and b idle from 0, c idle
+/// from 10, a claimed at 30; then the `later` changes (time, node, idle).
+pub fn grow_preempt_trace(later: &[(i64, u32, bool)]) -> NodeTrace {
+    let mut changes = vec![(10, 2, true), (30, 0, false)];
+    changes.extend_from_slice(later);
+    trace(
+        &["a", "b", "c", "d"],
+        &[true, true, false, false],
+        &changes,
+        100,
+    )
+}
+
+/// Job J of the grow-and-preempt trace: submitted at 0, 1..4 nodes, Tup 10 s, Tdw 5 s,
+/// 10 samples/s per node, 1500 samples.
+pub fn grow_preempt_job() -> JobRecord {
+    job(
+        "J",
+        0,
+        1,
+        4,
+        10.0,
+        5.0,
+        1500.0,
+        &[(1, 10.0), (2, 20.0), (4, 40.0)],
+    )
+}
+
+/// The SWF log of easy::tests' hand-worked schedule: 4 nodes, jobs (submit, run, nodes)
+/// (0, 100, 2), (1, 50, 4), (2, 50, 2), (3, 200, 1), each asking for exactly its run time.
+pub fn easy_example_log() -> SwfLog {
+    SwfLog {
+        max_nodes: Some(4),
+        max_procs: Some(4),
+        unix_start: Some(0),
+        jobs: [(0, 100, 2), (1, 50, 4), (2, 50, 2), (3, 200, 1)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(submit, run, procs))| SwfJob {
+                id: i as i64,
+                submit,
+                wait: None,
+                run,
+                procs: Some(procs),
+                req_time: Some(run),
+            })
+            .collect(),
     }
 }
 

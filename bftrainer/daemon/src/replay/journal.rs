@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 use bftrainer_core::engine::{Action, Allocator, Engine, EngineConfig, Record};
+use bftrainer_core::sim::ActionCounts;
 use serde::Serialize;
 use std::io::{BufRead, Write};
 use std::time::Instant;
@@ -43,12 +44,8 @@ pub struct JournalReport {
     pub jobs_submitted: u64,
     pub decisions: u64,
     pub decisions_kept: u64,
-    pub admits: u64,
-    pub grows: u64,
-    pub shrinks: u64,
-    pub requeues: u64,
-    pub grown_nodes: u64,
-    pub shrunk_nodes: u64,
+    #[serde(flatten)]
+    pub counts: ActionCounts,
     pub replay_s: f64,
     #[serde(skip)]
     pub actions: Vec<(f64, Action)>,
@@ -96,21 +93,7 @@ pub fn replay_journal<A: Allocator>(
             .on_event(&rec.event, rec.t)
             .map_err(|e| anyhow::anyhow!("{what}:{n}: {e}"))?;
         for a in actions {
-            let k = a.nodes().len() as u64;
-            match &a {
-                Action::Admit { .. } => {
-                    (rep.admits, rep.grown_nodes) = (rep.admits + 1, rep.grown_nodes + k)
-                }
-                Action::Grow { .. } => {
-                    (rep.grows, rep.grown_nodes) = (rep.grows + 1, rep.grown_nodes + k)
-                }
-                Action::Shrink { .. } => {
-                    (rep.shrinks, rep.shrunk_nodes) = (rep.shrinks + 1, rep.shrunk_nodes + k)
-                }
-                Action::Requeue { .. } => {
-                    (rep.requeues, rep.shrunk_nodes) = (rep.requeues + 1, rep.shrunk_nodes + k)
-                }
-            }
+            rep.counts.count(&a);
             rep.actions.push((rec.t, a));
         }
     }
@@ -175,7 +158,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!((r.records, r.nodes, r.jobs_submitted), (4, 1, 1));
-        assert_eq!((r.decisions, r.admits, r.grown_nodes), (1, 1, 1));
+        assert_eq!(
+            (r.decisions, r.counts.admits, r.counts.grown_nodes),
+            (1, 1, 1)
+        );
         assert_eq!(
             r.actions,
             vec![(

@@ -318,9 +318,10 @@ fn run_journal(o: &Options, p: &Path, objective: Objective) -> anyhow::Result<()
             "  decisions   {} ({} kept the old allocation), {:.3} s",
             rep.decisions, rep.decisions_kept, rep.replay_s
         );
+        let c = &rep.counts;
         println!(
             "  actions     {} admits, {} grows, {} shrinks, {} requeues; {} nodes given, {} taken",
-            rep.admits, rep.grows, rep.shrinks, rep.requeues, rep.grown_nodes, rep.shrunk_nodes
+            c.admits, c.grows, c.shrinks, c.requeues, c.grown_nodes, c.shrunk_nodes
         );
     }
     if let Some(a) = &o.actions_csv {

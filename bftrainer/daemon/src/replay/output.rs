@@ -160,11 +160,12 @@ pub fn print_table(
             ),
         );
     }
+    let a = &r.actions;
     row(
         "rescales",
         format!(
             "{} admits, {} grows, {} shrinks, {} requeues; {} nodes preempted",
-            r.admits, r.grows, r.shrinks, r.requeues, r.preempted_nodes
+            a.admits, a.grows, a.shrinks, a.requeues, r.preempted_nodes
         ),
     );
     row(
@@ -209,15 +210,19 @@ pub fn print_table(
     Ok(())
 }
 
+/// The first two columns of both CSV logs, `t,time`: seconds, and the time in UTC.
+fn time_columns(t: f64) -> String {
+    format!("{t:.3},{}", format_time(t.floor() as i64))
+}
+
 /// Writes the per-step log: one row per distinct event time.
 pub fn write_csv(mut w: impl Write, steps: &[StepRecord]) -> std::io::Result<()> {
     writeln!(w, "t,time,idle_nodes,harvested_nodes,active_jobs,queued_jobs,finished_jobs,grown_nodes,shrunk_nodes,preempted_nodes,samples,decision_ms")?;
     for s in steps {
         writeln!(
             w,
-            "{:.3},{},{},{},{},{},{},{},{},{},{:.1},{:.4}",
-            s.t,
-            format_time(s.t.floor() as i64),
+            "{},{},{},{},{},{},{},{},{},{:.1},{:.4}",
+            time_columns(s.t),
             s.idle_nodes,
             s.harvested_nodes,
             s.active_jobs,
@@ -243,9 +248,8 @@ pub fn write_sizes_csv(
     for s in sizes {
         writeln!(
             w,
-            "{:.3},{},{},{}",
-            s.t,
-            format_time(s.t.floor() as i64),
+            "{},{},{}",
+            time_columns(s.t),
             jobs[s.job as usize].name,
             s.nodes
         )?;
