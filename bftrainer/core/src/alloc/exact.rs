@@ -1,7 +1,7 @@
 //! Exact maximisation of a sum of per-job terms f_j(n_j) under sum n_j <= budget:
 //! Lagrangian bound from the concave envelopes, splits of the one job whose envelope
-//! bridges a rescale-cost jump (so the bound tightens), reduced-cost fixing, and a DP over
-//! node counts on the jobs still open. Nodes of one kind are interchangeable, so counts
+//! bridges a dip (a rescale-cost jump, a kink) so that the bound tightens, reduced-cost
+//! fixing, and a DP over node counts on the jobs still open. Nodes of one kind are interchangeable, so counts
 //! are all that matters here.
 
 use super::model::JobFn;
@@ -523,8 +523,9 @@ impl Cands {
 /// as a leaf (still exactly: a leaf's DP covers its whole domain).
 const MAX_DEPTH: usize = 24;
 const MAX_NODES: usize = 256;
-/// A node whose DP over the full gap would take fewer steps than this is a leaf: a
-/// split costs about as much (an LP over every job's envelope, three times).
+/// A node whose DP over the full gap would take fewer steps (open jobs' linear
+/// stretches x width) than this is a leaf: a split costs about as much (an LP over
+/// every job's envelope per part, ~1 ms at 1000 jobs).
 pub(crate) const SPLIT_MIN_WORK: f64 = 1e6;
 
 /// The LP relaxation over the jobs' concave envelopes (hulls), solved greedily, and the
