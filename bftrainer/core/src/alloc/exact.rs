@@ -525,7 +525,7 @@ const MAX_DEPTH: usize = 24;
 const MAX_NODES: usize = 256;
 /// A node whose DP over the full gap would take fewer steps (open jobs' linear
 /// stretches x width) than this is a leaf: a split costs about as much (an LP over
-/// every job's envelope per part, ~1 ms at 1000 jobs).
+/// every job's envelope per part).
 pub(crate) const SPLIT_MIN_WORK: f64 = 1e6;
 
 /// The LP relaxation over the jobs' concave envelopes (hulls), solved greedily, and the
