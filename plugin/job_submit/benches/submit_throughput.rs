@@ -13,8 +13,9 @@
 //! Streams: `plain` (the cost every non-elastic job pays: sbatch loads the SPANK plugin,
 //! slurmctld calls job_submit) and `elastic` (`--elastic=2:4` with the plugins vs. the
 //! hand-written equivalent without them). Prints submissions/s per side, the headline
-//! ratio with/without, the floor's ratios, median latencies and sbatch CPU per side, and
-//! the plugin's own p50/p99 per job_submit call as measured inside slurmctld.
+//! ratio with/without with its 95% interval over paired blocks, the floor's ratios,
+//! median latencies and sbatch CPU per side, and the plugin's own p50/p99 per
+//! job_submit call as measured inside slurmctld.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -216,6 +217,21 @@ fn client_side(c: &Cluster, confs: &Confs, runs: usize) {
     );
 }
 
+/// 95% interval of the with/without ratio from paired blocks: the k-th block of each
+/// side ran within one A B C C B A round of the other, so their ratio cancels the
+/// machine's slow drift; mean of the per-pair ratios +- 1.96 standard errors.
+fn paired_interval(with: &[f64], without: &[f64]) -> (f64, f64) {
+    let q: Vec<f64> = with.iter().zip(without).map(|(a, b)| a / b).collect();
+    let n = q.len() as f64;
+    if q.len() < 2 {
+        return (f64::NAN, f64::NAN);
+    }
+    let mean = q.iter().sum::<f64>() / n;
+    let var = q.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    let half = 1.96 * (var / n).sqrt();
+    (mean - half, mean + half)
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -318,7 +334,7 @@ fn main() {
         "sides: with = both bftrainer plugins; without = no plugins; floor = a trivial C SPANK plugin, no job_submit plugin"
     );
     println!(
-        "{:<8} {:>9} {:>9} {:>9} {:>13} {:>13} {:>10} {:>26} {:>26}",
+        "{:<8} {:>9} {:>9} {:>9} {:>13} {:>13} {:>10} {:>26} {:>26} {:>15}",
         "stream",
         "with/s",
         "without/s",
@@ -327,7 +343,8 @@ fn main() {
         "floor/without",
         "with/floor",
         "p50 ms with/without/floor",
-        "cpu ms with/without/floor"
+        "cpu ms with/without/floor",
+        "w/wo 95% CI"
     );
     // Warm-up, discarded: page cache, munge credentials, slurmctld's first RPCs.
     for side in ORDER {
@@ -341,6 +358,8 @@ fn main() {
         // Per side (With, Without, Floor): latencies and sbatch CPU times.
         let mut lat: [Vec<f64>; 3] = Default::default();
         let mut cpu: [Vec<f64>; 3] = Default::default();
+        // Submissions per second of each block, per side, for the paired interval.
+        let mut blocks: [Vec<f64>; 3] = Default::default();
         for b in 0..3 * a.blocks {
             let side = ORDER[b % ORDER.len()];
             plugins(&c, &confs, side);
@@ -351,11 +370,14 @@ fn main() {
             };
             // The first submission after a switch pays for loading the plugins.
             submit(&c, args);
+            let mut spent = 0.0;
             for _ in 0..a.block {
                 let (wall, used) = submit(&c, args);
                 lat[i].push(wall);
                 cpu[i].push(used);
+                spent += wall;
             }
+            blocks[i].push(a.block as f64 / spent);
             let _ = c.command("scancel").args(["-u", "root"]).output();
         }
         let rate = |v: &[f64]| v.len() as f64 / v.iter().sum::<f64>();
@@ -363,8 +385,9 @@ fn main() {
         let ms = |v: &mut Vec<f64>| median(v) * 1e3;
         let m = lat.each_mut().map(ms);
         let u = cpu.each_mut().map(ms);
+        let (lo, hi) = paired_interval(&blocks[0], &blocks[1]);
         println!(
-            "{name:<8} {:>9.1} {:>9.1} {:>9.1} {:>13.3} {:>13.3} {:>10.3} {:>26} {:>26}",
+            "{name:<8} {:>9.1} {:>9.1} {:>9.1} {:>13.3} {:>13.3} {:>10.3} {:>26} {:>26} {:>15}",
             r[0],
             r[1],
             r[2],
@@ -373,6 +396,7 @@ fn main() {
             r[0] / r[2],
             format!("{:.2}/{:.2}/{:.2}", m[0], m[1], m[2]),
             format!("{:.2}/{:.2}/{:.2}", u[0], u[1], u[2]),
+            format!("{lo:.3}-{hi:.3}"),
         );
     }
 
