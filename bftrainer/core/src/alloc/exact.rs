@@ -139,9 +139,8 @@ impl Search {
         for start in lp.rounded_starts(fns, self.budget) {
             self.offer(fns, start);
         }
-        let inc = self.incumbent();
         if depth == 0 {
-            self.stats.lower_bound = inc;
+            self.stats.lower_bound = self.incumbent();
         }
         if self.split(fns, lp, depth) {
             return;
@@ -161,7 +160,7 @@ impl Search {
         };
         let mut before = inc;
         loop {
-            self.fixed_dp(fns, &lp.vals, lp.lambda, &lp.lj, g);
+            self.fixed_dp(fns, lp, g);
             let inc = self.incumbent();
             let need = (lp.ub - inc).max(0.0) + self.tol;
             if need <= g {
@@ -190,7 +189,7 @@ impl Search {
         }
         let forced = self.split_min_work <= 0.0;
         let gap = (lp.ub - self.incumbent()).max(0.0) + self.tol;
-        let costly = Cands::new(fns, &lp.vals, lp.lambda, &lp.lj, gap, self.budget)
+        let costly = Cands::new(fns, lp, gap, self.budget)
             .is_some_and(|c| c.dp_work(fns) > self.split_min_work);
         if !costly {
             return false;
@@ -231,21 +230,12 @@ impl Search {
     }
 
     /// Candidate sets at gap `g`, then the DP over them.
-    fn fixed_dp(&mut self, fns: &[JobFn<'_>], vals: &[Vec<f64>], lambda: f64, lj: &[f64], g: f64) {
-        let Some(c) = Cands::new(fns, vals, lambda, lj, g, self.budget) else {
+    fn fixed_dp(&mut self, fns: &[JobFn<'_>], lp: &Lp, g: f64) {
+        let Some(c) = Cands::new(fns, lp, g, self.budget) else {
             return;
         };
         self.stats.open_jobs = c.open.len();
-        self.dp(
-            fns,
-            &c.sets,
-            &c.open,
-            &c.lows,
-            c.fixed_val,
-            c.width,
-            lambda,
-            lj,
-        );
+        self.dp(fns, &c, lp);
     }
 
     /// DP over y = sum over open jobs of (n_j - low_j). Each linear piece of a job's
@@ -254,22 +244,14 @@ impl Search {
     /// incumbent even with the Lagrangian bound on the jobs still to come are dropped.
     /// The backtrack re-evaluates every candidate with the exact term and applies the
     /// tie rule.
-    #[allow(clippy::too_many_arguments)]
-    fn dp(
-        &mut self,
-        fns: &[JobFn<'_>],
-        cands: &[Vec<(u32, u32)>],
-        open: &[usize],
-        lows: &[u32],
-        fixed_val: f64,
-        width: usize,
-        lambda: f64,
-        lj: &[f64],
-    ) {
+    fn dp(&mut self, fns: &[JobFn<'_>], c: &Cands, lp: &Lp) {
+        let (cands, open, lows, fixed_val, width) =
+            (&c.sets, &c.open, &c.lows, c.fixed_val, c.width);
+        let (lambda, lj) = (lp.lambda, &lp.lj);
         self.stats.dp_width = self.stats.dp_width.max(width);
         let neg = f64::NEG_INFINITY;
         let tie = self.tie;
-        let inc = self.best.as_ref().map_or(neg, |b| b.0);
+        let inc = self.incumbent();
         // rest[k]: bound on the open jobs k.. in offset terms (see prune below).
         let mut rest = vec![0.0; open.len() + 1];
         for k in (0..open.len()).rev() {
@@ -456,18 +438,11 @@ struct Cands {
 
 impl Cands {
     /// `None` when some job has no candidate or the fixed counts do not fit.
-    fn new(
-        fns: &[JobFn<'_>],
-        vals: &[Vec<f64>],
-        lambda: f64,
-        lj: &[f64],
-        g: f64,
-        budget: u32,
-    ) -> Option<Cands> {
+    fn new(fns: &[JobFn<'_>], lp: &Lp, g: f64, budget: u32) -> Option<Cands> {
         let nj = fns.len();
         let mut sets: Vec<Vec<(u32, u32)>> = Vec::with_capacity(nj);
         for (j, f) in fns.iter().enumerate() {
-            let iv = candidates(f, &vals[j], lambda, lj[j] - g);
+            let iv = candidates(f, &lp.vals[j], lp.lambda, lp.lj[j] - g);
             if iv.is_empty() {
                 return None;
             }
