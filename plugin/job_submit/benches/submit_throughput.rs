@@ -59,7 +59,7 @@ fn args() -> Args {
     a
 }
 
-/// The three configurations compared, each a full slurm.conf text.
+/// The three configurations compared; `side as usize` indexes the per-side arrays.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Side {
     /// job_submit/bftrainer and spank_bftrainer loaded.
@@ -81,11 +81,14 @@ const ORDER: [Side; 6] = [
     Side::With,
 ];
 
-struct Confs {
-    with: String,
-    without: String,
-    floor: String,
-}
+const SIDES: [(Side, &str); 3] = [
+    (Side::With, "with"),
+    (Side::Without, "without"),
+    (Side::Floor, "floor"),
+];
+
+/// Full slurm.conf text per side, indexed by `Side as usize`.
+struct Confs([String; 3]);
 
 /// Compiles the floor plugin; cc and the Slurm headers are needed anyway to build
 /// slurm-sys, so a failure here names the command to check.
@@ -111,12 +114,7 @@ fn build_floor_plugin(into: &Path) -> std::path::PathBuf {
 /// Switches the cluster to `side` and waits until slurmctld runs with its
 /// JobSubmitPlugins.
 fn plugins(c: &Cluster, confs: &Confs, side: Side) {
-    let text = match side {
-        Side::With => &confs.with,
-        Side::Without => &confs.without,
-        Side::Floor => &confs.floor,
-    };
-    std::fs::write(c.slurm_conf(), text).unwrap();
+    std::fs::write(c.slurm_conf(), &confs.0[side as usize]).unwrap();
     c.run("scontrol", &["reconfigure"])
         .expect("scontrol reconfigure");
     let want = if side == Side::With {
@@ -165,16 +163,11 @@ fn submit(c: &Cluster, args: &[&str]) -> (f64, f64) {
 /// (order reversed every round) and no reconfigure is needed.
 fn client_side(c: &Cluster, confs: &Confs, runs: usize) {
     let etc = c.slurm_conf().parent().expect("slurm.conf has a directory");
-    let sides = [
-        ("with", &confs.with),
-        ("without", &confs.without),
-        ("floor", &confs.floor),
-    ];
-    let paths: Vec<_> = sides
+    let paths: Vec<_> = SIDES
         .iter()
-        .map(|(name, text)| {
+        .map(|&(side, name)| {
             let p = etc.join(format!("slurm-client-{name}.conf"));
-            std::fs::write(&p, text).unwrap();
+            std::fs::write(&p, &confs.0[side as usize]).unwrap();
             p
         })
         .collect();
@@ -194,7 +187,7 @@ fn client_side(c: &Cluster, confs: &Confs, runs: usize) {
             assert!(
                 !out.status.success() && err.contains("abc"),
                 "sbatch --nodes=abc ({} side) should fail on the node count: {err}",
-                sides[i].0
+                SIDES[i].1
             );
             // Round 0 warms the page cache for every side.
             if round > 0 {
@@ -283,13 +276,12 @@ fn main() {
             .join("\n")
             + "\n"
     };
-    let confs = Confs {
-        without: no_plugins(&empty_stack),
-        floor: no_plugins(&floor_stack),
-        with: with_text,
-    };
+    // In `Side` order: with, without, floor.
+    let (without, floor) = (no_plugins(&empty_stack), no_plugins(&floor_stack));
+    let confs = Confs([with_text, without, floor]);
     assert_ne!(
-        confs.with, confs.without,
+        confs.0[Side::With as usize],
+        confs.0[Side::Without as usize],
         "slurm.conf has no plugin lines to switch"
     );
 
@@ -363,10 +355,11 @@ fn main() {
         for b in 0..3 * a.blocks {
             let side = ORDER[b % ORDER.len()];
             plugins(&c, &confs, side);
-            let (args, i) = match side {
-                Side::With => (with_args, 0),
-                Side::Without => (without_args, 1),
-                Side::Floor => (without_args, 2),
+            let i = side as usize;
+            let args = if side == Side::With {
+                with_args
+            } else {
+                without_args
             };
             // The first submission after a switch pays for loading the plugins.
             submit(&c, args);
