@@ -1,18 +1,59 @@
-//! Links the SPANK plugin for lazy binding (`-z lazy`) instead of rustc's default
-//! `-z now`, because sbatch loads it for every job, elastic or not.
+//! Link settings that make loading the SPANK plugin cheap: sbatch loads it for every job,
+//! elastic or not (docs/benchmarks.md, "Plugins: submission throughput").
 //!
-//! With `-z now` the dynamic loader binds every import when sbatch dlopens the plugin;
-//! with `-z lazy` the PLT imports are bound on their first call, which in sbatch most
-//! never get. (Imports that std's precompiled code reaches through the GOT are bound
-//! at dlopen either way.) Slurm dlopens plugins with RTLD_LAZY, and Slurm's own
-//! binaries and plugins are linked lazily too, so this adds no writable-GOT exposure
-//! the host lacks. Measured in docs/benchmarks.md ("Plugins: submission throughput").
+//! 1. `-z lazy` instead of rustc's default `-z now`: PLT imports are bound on their
+//!    first call, which in sbatch most never get. Slurm dlopens plugins with RTLD_LAZY,
+//!    and Slurm's own binaries and plugins are linked lazily too, so this adds no
+//!    writable-GOT exposure the host lacks.
+//! 2. Lazy imports (x86_64 Linux): rustc calls other libraries through the GOT, not the
+//!    PLT, and std comes precompiled that way, so each libc function std can reach would
+//!    still be looked up at dlopen. For every name in `lazy-imports.txt` the link gets
+//!    `--wrap=NAME`, which points all references at a local stub `__wrap_NAME`, and the
+//!    stub (generated here as assembly, included by src/lazy_imports.rs) is one
+//!    `jmp __real_NAME@PLT`, which `--wrap` resolves to NAME itself through the PLT: a
+//!    lazily bound import. Cost per call after the first: one direct
+//!    jump. tests/lazy_imports.rs checks the list against the built .so.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+const LIST: &str = "lazy-imports.txt";
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed={LIST}");
+    println!("cargo::rustc-check-cfg=cfg(bft_lazy_imports)");
     let target = std::env::var("TARGET").unwrap_or_default();
     if target.contains("-linux-") {
         // After rustc's own `-z now` on the link line, so this one wins.
         println!("cargo:rustc-cdylib-link-arg=-Wl,-z,lazy");
     }
+    if !(target.starts_with("x86_64-") && target.contains("-linux-gnu")) {
+        return; // Only costs load time elsewhere; the stubs are x86_64 assembly.
+    }
+    let list = std::fs::read_to_string(LIST).unwrap_or_else(|e| panic!("reading {LIST}: {e}"));
+    let mut asm = String::from(".text\n");
+    for name in names(&list) {
+        assert!(
+            name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+            "{LIST}: `{name}` is not a C identifier"
+        );
+        println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap={name}");
+        let w = format!("__wrap_{name}");
+        writeln!(
+            asm,
+            ".globl {w}\n.hidden {w}\n.type {w},@function\n.p2align 4\n{w}:\n    jmp __real_{name}@PLT\n.size {w}, .-{w}"
+        )
+        .unwrap();
+    }
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    std::fs::write(out.join("lazy_imports.s"), asm).expect("writing lazy_imports.s");
+    println!("cargo:rustc-cfg=bft_lazy_imports");
+}
+
+/// The names in the list: one per line, `#` starts a comment.
+fn names(list: &str) -> impl Iterator<Item = &str> {
+    list.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
 }

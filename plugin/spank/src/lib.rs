@@ -12,3 +12,6 @@ pub mod exports;
 
 #[cfg(not(test))]
 mod ffi;
+
+#[cfg(all(bft_lazy_imports, not(test)))]
+mod lazy_imports;

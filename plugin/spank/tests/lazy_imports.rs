@@ -1,0 +1,119 @@
+//! sbatch loads spank_bftrainer.so for every job, so what the dynamic loader does at
+//! dlopen is paid on every submission. These tests read the built .so and check that
+//! nothing but weak symbols is looked up at load time (build.rs's lazy imports) and
+//! that the plugin is not linked for eager binding.
+//!
+//! The plugin is a cdylib, so cargo does not build it for this test: `make test` builds
+//! it first (`cargo build --workspace --all-targets`).
+
+#![cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+
+use std::path::{Path, PathBuf};
+
+use object::elf;
+use object::read::elf::{Dyn, ElfFile64, FileHeader};
+use object::{Object, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget};
+
+/// target/<profile>/libspank_bftrainer.so of this test binary's profile, checked to be
+/// newer than what it is built from.
+fn plugin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile = exe
+        .ancestors()
+        .skip_while(|p| p.file_name() != Some(std::ffi::OsStr::new("deps")))
+        .nth(1)
+        .expect("test binary under target/<profile>/deps");
+    let so = profile.join("libspank_bftrainer.so");
+    let built = std::fs::metadata(&so)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} is missing; run `cargo build --workspace --all-targets` first",
+                so.display()
+            )
+        });
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for input in [
+        "build.rs",
+        "lazy-imports.txt",
+        "src/lib.rs",
+        "src/lazy_imports.rs",
+    ] {
+        let m = std::fs::metadata(crate_dir.join(input))
+            .unwrap()
+            .modified()
+            .unwrap();
+        assert!(
+            built >= m,
+            "{} is older than {input}; rebuild it: cargo build -p spank_bftrainer",
+            so.display()
+        );
+    }
+    so
+}
+
+struct Imports {
+    /// Symbols the loader resolves when the plugin is loaded (any dynamic relocation
+    /// with a symbol other than a PLT slot), with whether the symbol is weak.
+    at_load: Vec<(String, bool)>,
+    bind_now: bool,
+}
+
+fn imports(data: &[u8]) -> Imports {
+    let file = ElfFile64::<object::Endianness>::parse(data).expect("an ELF64 shared object");
+    let dynsym = file.dynamic_symbol_table().expect("a dynamic symbol table");
+    let mut at_load = Vec::new();
+    for (_, rel) in file.dynamic_relocations().expect("dynamic relocations") {
+        let RelocationTarget::Symbol(idx) = rel.target() else {
+            continue;
+        };
+        let sym = dynsym.symbol_by_index(idx).expect("relocation symbol");
+        let name = sym.name().expect("symbol name").to_string();
+        // PLT slots are resolved on first call under lazy binding; all else at load.
+        if rel.flags()
+            != (RelocationFlags::Elf {
+                r_type: elf::R_X86_64_JUMP_SLOT,
+            })
+        {
+            at_load.push((name, sym.is_weak()));
+        }
+    }
+    let endian = file.endian();
+    let mut bind_now = false;
+    if let Some((entries, _)) = file
+        .elf_header()
+        .sections(endian, data)
+        .expect("section headers")
+        .dynamic(endian, data)
+        .expect("dynamic section")
+    {
+        for d in entries {
+            let (tag, val) = (d.d_tag(endian) as u32, d.d_val(endian));
+            bind_now |= tag == elf::DT_BIND_NOW
+                || (tag == elf::DT_FLAGS && val & u64::from(elf::DF_BIND_NOW) != 0)
+                || (tag == elf::DT_FLAGS_1 && val & u64::from(elf::DF_1_NOW) != 0);
+        }
+    }
+    Imports { at_load, bind_now }
+}
+
+#[test]
+fn only_weak_symbols_are_bound_when_the_plugin_loads() {
+    let data = std::fs::read(plugin()).unwrap();
+    let imp = imports(&data);
+    let strong: Vec<&str> = imp
+        .at_load
+        .iter()
+        .filter(|(_, weak)| !weak)
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert!(
+        strong.is_empty(),
+        "spank_bftrainer.so binds {strong:?} at dlopen (in every sbatch); add them to \
+         plugin/spank/lazy-imports.txt"
+    );
+    assert!(
+        !imp.bind_now,
+        "spank_bftrainer.so is linked for eager binding (BIND_NOW); build.rs passes -z lazy"
+    );
+}
