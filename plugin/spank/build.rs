@@ -23,12 +23,13 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed={LIST}");
     println!("cargo::rustc-check-cfg=cfg(bft_lazy_imports)");
-    let target = std::env::var("TARGET").unwrap_or_default();
-    if target.contains("-linux-") {
-        // After rustc's own `-z now` on the link line, so this one wins.
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-z,lazy");
+    let cfg = |key: &str| std::env::var(format!("CARGO_CFG_TARGET_{key}")).unwrap_or_default();
+    if cfg("OS") != "linux" {
+        return;
     }
-    if !(target.starts_with("x86_64-") && target.contains("-linux-gnu")) {
+    // After rustc's own `-z now` on the link line, so this one wins.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,lazy");
+    if cfg("ARCH") != "x86_64" || cfg("ENV") != "gnu" {
         return; // Only costs load time elsewhere; the stubs are x86_64 assembly.
     }
     let list = std::fs::read_to_string(LIST).unwrap_or_else(|e| panic!("reading {LIST}: {e}"));
