@@ -1,18 +1,27 @@
 //! sbatch loads spank_bftrainer.so for every job, so what the dynamic loader does at
 //! dlopen is paid on every submission. These tests read the built .so and check that
-//! nothing but weak symbols is looked up at load time (build.rs's lazy imports) and
-//! that the plugin is not linked for eager binding.
+//! nothing but weak symbols is looked up at load time (build.rs's lazy imports), that
+//! the plugin is not linked for eager binding, and that every name in lazy-imports.txt
+//! is a function import (a stub in front of data or TLS would break it).
 //!
 //! The plugin is a cdylib, so cargo does not build it for this test: `make test` builds
 //! it first (`cargo build --workspace --all-targets`).
 
-#![cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+#![cfg(all(
+    target_arch = "x86_64",
+    target_pointer_width = "64",
+    target_os = "linux",
+    target_env = "gnu"
+))]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use object::elf;
 use object::read::elf::{Dyn, ElfFile64, FileHeader};
-use object::{Object, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget};
+use object::{
+    Object, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget, SymbolKind,
+};
 
 /// target/<profile>/libspank_bftrainer.so of this test binary's profile, checked to be
 /// newer than what it is built from.
@@ -33,29 +42,55 @@ fn plugin() -> PathBuf {
             )
         });
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for input in [
-        "build.rs",
-        "lazy-imports.txt",
-        "src/lib.rs",
-        "src/lazy_imports.rs",
-    ] {
-        let m = std::fs::metadata(crate_dir.join(input))
-            .unwrap()
-            .modified()
-            .unwrap();
+    let root = crate_dir.join("../..");
+    let mut inputs = vec![
+        crate_dir.join("build.rs"),
+        crate_dir.join("lazy-imports.txt"),
+        root.join("bftrainer/core/src/spec.rs"),
+    ];
+    sources(&crate_dir.join("src"), &mut inputs);
+    sources(&root.join("plugin/common/src"), &mut inputs);
+    for input in inputs {
+        let m = std::fs::metadata(&input)
+            .and_then(|m| m.modified())
+            .unwrap_or_else(|e| panic!("{}: {e}", input.display()));
         assert!(
             built >= m,
-            "{} is older than {input}; rebuild it: cargo build -p spank_bftrainer",
-            so.display()
+            "{} is older than {}; rebuild it: cargo build -p spank_bftrainer",
+            so.display(),
+            input.display()
         );
     }
     so
+}
+
+/// The .rs files under `dir`.
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The names in lazy-imports.txt (the format build.rs reads).
+fn listed() -> Vec<&'static str> {
+    include_str!("../lazy-imports.txt")
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .collect()
 }
 
 struct Imports {
     /// Symbols the loader resolves when the plugin is loaded (any dynamic relocation
     /// with a symbol other than a PLT slot), with whether the symbol is weak.
     at_load: Vec<(String, bool)>,
+    /// Symbols behind PLT slots (bound on first call), with their symbol kind.
+    plt: BTreeMap<String, SymbolKind>,
     bind_now: bool,
 }
 
@@ -63,6 +98,7 @@ fn imports(data: &[u8]) -> Imports {
     let file = ElfFile64::<object::Endianness>::parse(data).expect("an ELF64 shared object");
     let dynsym = file.dynamic_symbol_table().expect("a dynamic symbol table");
     let mut at_load = Vec::new();
+    let mut plt = BTreeMap::new();
     for (_, rel) in file.dynamic_relocations().expect("dynamic relocations") {
         let RelocationTarget::Symbol(idx) = rel.target() else {
             continue;
@@ -71,10 +107,12 @@ fn imports(data: &[u8]) -> Imports {
         let name = sym.name().expect("symbol name").to_string();
         // PLT slots are resolved on first call under lazy binding; all else at load.
         if rel.flags()
-            != (RelocationFlags::Elf {
+            == (RelocationFlags::Elf {
                 r_type: elf::R_X86_64_JUMP_SLOT,
             })
         {
+            plt.insert(name, sym.kind());
+        } else {
             at_load.push((name, sym.is_weak()));
         }
     }
@@ -94,7 +132,11 @@ fn imports(data: &[u8]) -> Imports {
                 || (tag == elf::DT_FLAGS_1 && val & u64::from(elf::DF_1_NOW) != 0);
         }
     }
-    Imports { at_load, bind_now }
+    Imports {
+        at_load,
+        plt,
+        bind_now,
+    }
 }
 
 #[test]
@@ -116,4 +158,24 @@ fn only_weak_symbols_are_bound_when_the_plugin_loads() {
         !imp.bind_now,
         "spank_bftrainer.so is linked for eager binding (BIND_NOW); build.rs passes -z lazy"
     );
+}
+
+#[test]
+fn every_listed_name_is_a_lazily_bound_function() {
+    let data = std::fs::read(plugin()).unwrap();
+    let imp = imports(&data);
+    for name in listed() {
+        // Each stub imports its name through the PLT, so every listed name is there.
+        match imp.plt.get(name) {
+            Some(SymbolKind::Text | SymbolKind::Unknown) => {}
+            Some(kind) => panic!(
+                "plugin/spank/lazy-imports.txt lists `{name}`, a {kind:?} symbol: only \
+                 functions can sit behind a `jmp` stub; remove it"
+            ),
+            None => panic!(
+                "`{name}` from plugin/spank/lazy-imports.txt is not a PLT import of \
+                 spank_bftrainer.so: did build.rs's --wrap arguments apply?"
+            ),
+        }
+    }
 }
