@@ -15,7 +15,7 @@
 ))]
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use object::elf;
 use object::read::elf::{Dyn, ElfFile64, FileHeader};
@@ -23,57 +23,12 @@ use object::{
     Object, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget, SymbolKind,
 };
 
-/// target/<profile>/libspank_bftrainer.so of this test binary's profile, checked to be
-/// newer than what it is built from.
-fn plugin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let profile = exe
-        .ancestors()
-        .skip_while(|p| p.file_name() != Some(std::ffi::OsStr::new("deps")))
-        .nth(1)
-        .expect("test binary under target/<profile>/deps");
-    let so = profile.join("libspank_bftrainer.so");
-    let built = std::fs::metadata(&so)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|_| {
-            panic!(
-                "{} is missing; run `cargo build --workspace --all-targets` first",
-                so.display()
-            )
-        });
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let root = crate_dir.join("../..");
-    let mut inputs = vec![
-        crate_dir.join("build.rs"),
-        crate_dir.join("lazy-imports.txt"),
-        root.join("bftrainer/core/src/spec.rs"),
-    ];
-    sources(&crate_dir.join("src"), &mut inputs);
-    sources(&root.join("plugin/common/src"), &mut inputs);
-    for input in inputs {
-        let m = std::fs::metadata(&input)
-            .and_then(|m| m.modified())
-            .unwrap_or_else(|e| panic!("{}: {e}", input.display()));
-        assert!(
-            built >= m,
-            "{} is older than {}; rebuild it: cargo build -p spank_bftrainer",
-            so.display(),
-            input.display()
-        );
-    }
-    so
-}
+// The plugin lookup (and its freshness check) shared with job_submit's cluster tests.
+#[path = "../../job_submit/tests/support/mod.rs"]
+mod support;
 
-/// The .rs files under `dir`.
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            sources(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
+fn plugin() -> PathBuf {
+    support::built_plugin("libspank_bftrainer.so")
 }
 
 /// The names in lazy-imports.txt (the format build.rs reads).
