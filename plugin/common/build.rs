@@ -11,8 +11,8 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    let target = std::env::var("TARGET").unwrap_or_default();
-    if !target.ends_with("-linux-gnu") {
+    let cfg = |key: &str| std::env::var(format!("CARGO_CFG_TARGET_{key}")).unwrap_or_default();
+    if cfg("OS") != "linux" || cfg("ENV") != "gnu" {
         return;
     }
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
