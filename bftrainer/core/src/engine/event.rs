@@ -112,6 +112,16 @@ pub enum Action {
 }
 
 impl Action {
+    /// The action's name as it appears in journals and CSV output (`admit`, `grow`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Action::Admit { .. } => "admit",
+            Action::Grow { .. } => "grow",
+            Action::Shrink { .. } => "shrink",
+            Action::Requeue { .. } => "requeue",
+        }
+    }
+
     pub fn job(&self) -> JobId {
         match self {
             Action::Admit { job, .. }
@@ -160,5 +170,28 @@ mod tests {
                 .contains("version 2")
         );
         assert!(Record::from_json_line(r#"{"v":1,"t":0,"event":{"type":"nap"}}"#).is_err());
+    }
+
+    #[test]
+    fn action_kind_is_the_serde_tag() {
+        let nodes = vec![1];
+        for a in [
+            Action::Admit {
+                job: 0,
+                nodes: nodes.clone(),
+            },
+            Action::Grow {
+                job: 0,
+                nodes: nodes.clone(),
+            },
+            Action::Shrink {
+                job: 0,
+                nodes: nodes.clone(),
+            },
+            Action::Requeue { job: 0, nodes },
+        ] {
+            let v = serde_json::to_value(&a).unwrap();
+            assert_eq!(v["type"], a.kind(), "{a:?}");
+        }
     }
 }

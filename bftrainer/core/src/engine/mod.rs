@@ -63,6 +63,20 @@ impl Default for EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// Checks the settings; the message names the setting and what is allowed. Every
+    /// driver of an engine (simulator, journal replay, bftrainerd) calls this first.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_jobs == 0 {
+            return Err("max-jobs must be >= 1".into());
+        }
+        if !(self.t_fwd_s > 0.0 && self.t_fwd_s.is_finite()) {
+            return Err(format!("t-fwd must be > 0 seconds, found {}", self.t_fwd_s));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodeState {
     /// Declared but not (yet) reported idle, or taken by a regular job.

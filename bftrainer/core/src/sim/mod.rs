@@ -234,15 +234,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 cfg.grace_s
             )));
         }
-        if cfg.engine.max_jobs == 0 {
-            return Err(Error::Config("max-jobs must be >= 1".into()));
-        }
-        if !(cfg.engine.t_fwd_s > 0.0 && cfg.engine.t_fwd_s.is_finite()) {
-            return Err(Error::Config(format!(
-                "t-fwd must be > 0 seconds, found {}",
-                cfg.engine.t_fwd_s
-            )));
-        }
+        cfg.engine.validate().map_err(Error::Config)?;
         if recs.windows(2).any(|w| w[1].submit < w[0].submit) {
             return Err(Error::Config("jobs must be sorted by submit time".into()));
         }

@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(
         long,
         value_name = "PATH",
-        conflicts_with_all = ["trace", "swf", "from_sacct", "jobs", "start", "end", "hours", "node_limit", "csv", "sizes_csv", "plots", "write_journal"]
+        conflicts_with_all = ["trace", "swf", "from_sacct", "jobs", "start", "end", "hours", "node_limit", "steps", "grace", "curve", "seed", "no_check", "csv", "sizes_csv", "plots", "write_journal"]
     )]
     pub journal: Option<PathBuf>,
     /// Write every event the replay sent to the engine as a journal (JSON lines).

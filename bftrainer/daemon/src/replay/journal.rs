@@ -22,14 +22,8 @@ pub fn write_journal(mut w: impl Write, records: &[Record]) -> anyhow::Result<()
 pub fn write_actions_csv(mut w: impl Write, actions: &[(f64, Action)]) -> std::io::Result<()> {
     writeln!(w, "t,action,job,nodes")?;
     for (t, a) in actions {
-        let kind = match a {
-            Action::Admit { .. } => "admit",
-            Action::Grow { .. } => "grow",
-            Action::Shrink { .. } => "shrink",
-            Action::Requeue { .. } => "requeue",
-        };
         let nodes: Vec<String> = a.nodes().iter().map(u32::to_string).collect();
-        writeln!(w, "{t:.6},{kind},{},{}", a.job(), nodes.join(" "))?;
+        writeln!(w, "{t:.6},{},{},{}", a.kind(), a.job(), nodes.join(" "))?;
     }
     w.flush()
 }
@@ -47,19 +41,24 @@ pub struct JournalReport {
     #[serde(flatten)]
     pub counts: ActionCounts,
     pub replay_s: f64,
+    /// Every action with its time, when asked for (`keep_actions`); else empty.
     #[serde(skip)]
     pub actions: Vec<(f64, Action)>,
 }
 
 /// Feeds every record of `reader` (JSON lines; blank lines skipped) to a fresh engine
 /// with `alloc`; a malformed line, an unknown format version, a time going backwards or
-/// an event the engine rejects stops the replay with the line number.
+/// an event the engine rejects stops the replay with the line number. The actions are
+/// counted; they are also kept, with their times, only with `keep_actions` (a long
+/// journal's actions need not sit in memory for a summary).
 pub fn replay_journal<A: Allocator>(
     reader: impl BufRead,
     what: &str,
     cfg: EngineConfig,
     alloc: A,
+    keep_actions: bool,
 ) -> anyhow::Result<JournalReport> {
+    cfg.validate().map_err(|m| anyhow::anyhow!("--{m}"))?;
     let mut engine = Engine::new(cfg, alloc);
     let mut rep = JournalReport::default();
     let started = Instant::now();
@@ -94,7 +93,9 @@ pub fn replay_journal<A: Allocator>(
             .map_err(|e| anyhow::anyhow!("{what}:{n}: {e}"))?;
         for a in actions {
             rep.counts.count(&a);
-            rep.actions.push((rec.t, a));
+            if keep_actions {
+                rep.actions.push((rec.t, a));
+            }
         }
     }
     if rep.records == 0 {
@@ -117,6 +118,7 @@ mod tests {
             "j.jsonl",
             EngineConfig::default(),
             Exact::default(),
+            false,
         )
         .unwrap_err()
         .to_string()
@@ -155,6 +157,7 @@ mod tests {
             "j",
             EngineConfig::default(),
             Exact::default(),
+            true,
         )
         .unwrap();
         assert_eq!((r.records, r.nodes, r.jobs_submitted), (4, 1, 1));

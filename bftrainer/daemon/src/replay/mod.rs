@@ -272,21 +272,17 @@ fn alloc_options(objective: Objective) -> AllocOptions {
 /// `--journal`: replays an engine journal under the policy options and reports what
 /// the engine decided.
 fn run_journal(o: &Options, p: &Path, objective: Objective) -> anyhow::Result<()> {
-    let cfg = EngineConfig {
-        t_fwd_s: o.t_fwd,
-        max_jobs: o.max_jobs,
-    };
-    if !(o.t_fwd > 0.0 && o.t_fwd.is_finite()) {
-        bail!("--t-fwd must be > 0 seconds, found {}", o.t_fwd);
-    }
-    if o.max_jobs == 0 {
-        bail!("--max-jobs must be >= 1");
-    }
     let alloc = Exact {
         opts: alloc_options(objective),
     };
     let name = p.display().to_string();
-    let rep = journal::replay_journal(open(p)?, &name, cfg, alloc)?;
+    let rep = journal::replay_journal(
+        open(p)?,
+        &name,
+        engine_config(o),
+        alloc,
+        o.actions_csv.is_some(),
+    )?;
     if o.json {
         let v = serde_json::json!({
             "journal": name,
@@ -325,21 +321,29 @@ fn run_journal(o: &Options, p: &Path, objective: Objective) -> anyhow::Result<()
         );
     }
     if let Some(a) = &o.actions_csv {
-        let f =
-            std::fs::File::create(a).with_context(|| format!("cannot create {}", a.display()))?;
-        journal::write_actions_csv(std::io::BufWriter::new(f), &rep.actions)?;
+        journal::write_actions_csv(create(a)?, &rep.actions)?;
     }
     Ok(())
 }
 
-/// Runs the replay and writes every requested output.
+/// The engine's settings for these options (`--t-fwd`, `--max-jobs`).
+fn engine_config(o: &Options) -> EngineConfig {
+    EngineConfig {
+        t_fwd_s: o.t_fwd,
+        max_jobs: o.max_jobs,
+    }
+}
+
+/// A buffered output file, or an error naming it.
+fn create(p: &Path) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
+    let f = std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
+    Ok(std::io::BufWriter::new(f))
+}
+
 /// The simulator's settings for these options: checks, recording and journal as asked.
 fn sim_config(o: &Options, objective: Objective) -> SimConfig {
     SimConfig {
-        engine: EngineConfig {
-            t_fwd_s: o.t_fwd,
-            max_jobs: o.max_jobs,
-        },
+        engine: engine_config(o),
         steps: o.steps,
         grace_s: o.grace,
         objective: o.curve,
@@ -351,6 +355,7 @@ fn sim_config(o: &Options, objective: Objective) -> SimConfig {
     }
 }
 
+/// Runs the replay and writes every requested output.
 pub fn run(o: &Options) -> anyhow::Result<()> {
     let objective: Objective = o.objective.parse()?;
     if let Input::Journal(p) = &o.input {
@@ -418,24 +423,16 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         )?;
     }
     if let Some(p) = &o.csv {
-        let f =
-            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
-        write_csv(std::io::BufWriter::new(f), &out.steps)?;
+        write_csv(create(p)?, &out.steps)?;
     }
     if let Some(p) = &o.sizes_csv {
-        let f =
-            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
-        write_sizes_csv(std::io::BufWriter::new(f), &out.sizes, &loaded.jobs)?;
+        write_sizes_csv(create(p)?, &out.sizes, &loaded.jobs)?;
     }
     if let Some(p) = &o.write_journal {
-        let f =
-            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
-        journal::write_journal(std::io::BufWriter::new(f), &out.journal)?;
+        journal::write_journal(create(p)?, &out.journal)?;
     }
     if let Some(p) = &o.actions_csv {
-        let f =
-            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
-        journal::write_actions_csv(std::io::BufWriter::new(f), &out.actions)?;
+        journal::write_actions_csv(create(p)?, &out.actions)?;
     }
     if let Some(dir) = &o.plots {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
