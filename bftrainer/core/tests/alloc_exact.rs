@@ -7,26 +7,13 @@ use alloc_support::*;
 use bftrainer_core::alloc::{solve, Objective, Options};
 use proptest::prelude::*;
 
-fn opts(objective: Objective) -> Options {
-    Options::new(objective)
-}
-
-/// The search splits job domains at every node where an envelope bridge is loose,
-/// instead of only where the DP would be costly: the split path on small instances.
-fn split_everywhere(objective: Objective) -> Options {
-    Options {
-        split_min_work: 0.0,
-        ..Options::new(objective)
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1200))]
 
     #[test]
     fn bftrainer_matches_enumeration(seed in any::<u64>()) {
         let inst = random_small(seed, 10, 4);
-        let sol = solve(&inst, &opts(Objective::Bftrainer)).unwrap();
+        let sol = solve(&inst, &Options::new(Objective::Bftrainer)).unwrap();
         check_solution(&inst, Objective::Bftrainer, &sol);
         let (best, best_counts) = exhaustive(&inst, Objective::Bftrainer);
         prop_assert!(close(best, sol.objective_value), "solver {} vs enumeration {best} ({best_counts:?} vs {:?})", sol.objective_value, sol.counts());
@@ -43,7 +30,7 @@ proptest! {
     fn weighted_objectives_match_enumeration(seed in any::<u64>()) {
         let inst = random_small(seed, 8, 4);
         for objective in [Objective::Efficiency, Objective::RemainingWork] {
-            let sol = solve(&inst, &opts(objective)).unwrap();
+            let sol = solve(&inst, &Options::new(objective)).unwrap();
             check_solution(&inst, objective, &sol);
             let (best, _) = exhaustive(&inst, objective);
             prop_assert!(close(best, sol.objective_value), "{objective}: solver {} vs enumeration {best}", sol.objective_value);
@@ -55,7 +42,7 @@ proptest! {
     #[test]
     fn fairness_matches_enumeration(seed in any::<u64>()) {
         let inst = random_small(seed, 8, 4);
-        let sol = solve(&inst, &opts(Objective::Fairness)).unwrap();
+        let sol = solve(&inst, &Options::new(Objective::Fairness)).unwrap();
         check_solution(&inst, Objective::Fairness, &sol);
         let (level, (best, _)) = exhaustive_fair(&inst);
         let reached = fair_level(&inst, &sol.counts());
@@ -69,7 +56,7 @@ proptest! {
     #[test]
     fn reclaim_aware_is_valid_and_never_above_optimum(seed in any::<u64>()) {
         let inst = random_small(seed, 5, 3);
-        let sol = solve(&inst, &opts(Objective::ReclaimAware)).unwrap();
+        let sol = solve(&inst, &Options::new(Objective::ReclaimAware)).unwrap();
         check_solution(&inst, Objective::ReclaimAware, &sol);
         let best = exhaustive_reclaim(&inst);
         prop_assert!(sol.objective_value <= best + 1e-9 * (1.0 + best.abs()));
@@ -90,7 +77,7 @@ fn reclaim_gap() {
         if inst.reclaim_in_s.is_empty() || inst.jobs.is_empty() {
             continue;
         }
-        let sol = solve(&inst, &opts(Objective::ReclaimAware)).unwrap();
+        let sol = solve(&inst, &Options::new(Objective::ReclaimAware)).unwrap();
         let best = exhaustive_reclaim(&inst);
         let gap = best - sol.objective_value;
         // Against the value scale of the instance: Tfwd times every job's best rate.
@@ -143,10 +130,10 @@ fn splits_leave_the_optimum_unchanged_at_scale() {
         let mut p = GenParams::new(4734, 100, seed);
         p.warm = false;
         let inst = generate(&p);
-        let (shipped, st) = solve_with_stats(&inst, &opts(Objective::Bftrainer)).unwrap();
+        let (shipped, st) = solve_with_stats(&inst, &Options::new(Objective::Bftrainer)).unwrap();
         let never = Options {
             split_min_work: f64::INFINITY,
-            ..opts(Objective::Bftrainer)
+            ..Options::new(Objective::Bftrainer)
         };
         let (plain, pst) = solve_with_stats(&inst, &never).unwrap();
         assert_eq!(

@@ -13,14 +13,7 @@ fn check(inst: &Instance, objective: Objective) -> Result<(), TestCaseError> {
     check_solution(inst, objective, &sol);
     // The search with a domain split wherever an envelope bridge is loose (not only
     // where the DP would be costly) must find the same optimum, with the same counts.
-    let split = solve(
-        inst,
-        &Options {
-            split_min_work: 0.0,
-            ..Options::new(objective)
-        },
-    )
-    .unwrap();
+    let split = solve(inst, &split_everywhere(objective)).unwrap();
     check_solution(inst, objective, &split);
     prop_assert_eq!(split.counts(), sol.counts());
     let Some(best) = milp(inst, objective, 60.0) else {

@@ -9,7 +9,7 @@ use super::model::JobFn;
 /// How much work the exact search did, for benchmarks and docs.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Stats {
-    /// Jobs left open after reduced-cost fixing, in the last DP that ran.
+    /// Most jobs left open after reduced-cost fixing in any DP pass.
     pub open_jobs: usize,
     /// Widest DP over node counts that ran.
     pub dp_width: usize,
@@ -66,7 +66,7 @@ pub(crate) fn solve_counts(
         tie: 0.0,
         tol: 0.0,
     };
-    st.run(fns.to_vec());
+    st.run(fns);
     let (v, counts) = st.best?;
     st.stats.optimum = v;
     Some((counts, st.stats))
@@ -111,8 +111,8 @@ impl Search {
         }
     }
 
-    fn run(&mut self, fns: Vec<JobFn<'_>>) {
-        let Some(lp) = Lp::new(&fns, self.budget) else {
+    fn run(&mut self, fns: &[JobFn<'_>]) {
+        let Some(lp) = Lp::new(fns, self.budget) else {
             return;
         };
         let scale =
@@ -123,24 +123,23 @@ impl Search {
         // "Everyone keeps its size, free nodes to the best value per node", blind to the
         // envelope: with rescale costs of ~1-2 Tfwd this is often the optimum, and a
         // strong incumbent is what makes pruning bite.
-        let keep = keep_start(&fns, self.budget);
-        self.offer(&fns, keep);
-        self.node(&fns, &lp, 0);
+        let keep = keep_start(fns, self.budget);
+        self.offer(fns, keep);
+        // The root's LP roundings; split() offers its children's before it recurses.
+        for start in lp.rounded_starts(fns, self.budget) {
+            self.offer(fns, start);
+        }
+        self.stats.lower_bound = self.incumbent();
+        self.node(fns, &lp, 0);
     }
 
-    /// One node of the search over restricted domains: prune by its bound, offer its
-    /// rounded LP solutions, then either split the job whose envelope bridge makes the
-    /// bound loose (branch) or fix by reduced cost and run the DP (leaf).
+    /// One node of the search over restricted domains (its rounded LP solutions were
+    /// offered already): prune by its bound, then either split the job whose envelope
+    /// bridge makes the bound loose (branch) or fix by reduced cost and run the DP (leaf).
     fn node(&mut self, fns: &[JobFn<'_>], lp: &Lp, depth: usize) {
         self.stats.nodes += 1;
         if lp.ub < self.incumbent() - self.tol {
             return;
-        }
-        for start in lp.rounded_starts(fns, self.budget) {
-            self.offer(fns, start);
-        }
-        if depth == 0 {
-            self.stats.lower_bound = self.incumbent();
         }
         if self.split(fns, lp, depth) {
             return;
@@ -189,15 +188,16 @@ impl Search {
         }
         let forced = self.split_min_work <= 0.0;
         let gap = (lp.ub - self.incumbent()).max(0.0) + self.tol;
+        // The bridge looks at one job, the DP's cost at all of them: cheap test first.
+        let min_dip = if forced { gap / 4.0 } else { gap };
+        let Some((j, parts)) = lp.bridge(fns, min_dip) else {
+            return false;
+        };
         let costly = Cands::new(fns, lp, gap, self.budget)
             .is_some_and(|c| c.dp_work(fns) > self.split_min_work);
         if !costly {
             return false;
         }
-        let min_dip = if forced { gap / 4.0 } else { gap };
-        let Some((j, parts)) = lp.bridge(fns, min_dip) else {
-            return false;
-        };
         let mut children: Vec<(Vec<JobFn<'_>>, Lp)> = parts
             .into_iter()
             .filter_map(|(a, b)| {
@@ -234,7 +234,7 @@ impl Search {
         let Some(c) = Cands::new(fns, lp, g, self.budget) else {
             return;
         };
-        self.stats.open_jobs = c.open.len();
+        self.stats.open_jobs = self.stats.open_jobs.max(c.open.len());
         self.dp(fns, &c, lp);
     }
 
@@ -274,12 +274,7 @@ impl Search {
                 }
                 // Linear stretches between consecutive breakpoints inside [a, b].
                 let mut x = a;
-                for &bp in f
-                    .bps
-                    .iter()
-                    .filter(|&&bp| bp > a && bp <= b)
-                    .chain(std::iter::once(&b))
-                {
+                for &bp in f.bps_in(a, b).iter().chain(std::iter::once(&b)) {
                     if bp > x && f.allowed(x) && f.allowed(bp) && f.range_of(x) == f.range_of(bp) {
                         let (vx, vb) = (f.value(x), f.value(bp));
                         let s = (vb - vx) / f64::from(bp - x);
@@ -486,7 +481,7 @@ impl Cands {
             .map(|&j| {
                 self.sets[j]
                     .iter()
-                    .map(|&(a, b)| 1 + fns[j].bps.iter().filter(|&&x| x > a && x <= b).count())
+                    .map(|&(a, b)| 1 + fns[j].bps_in(a, b).len())
                     .sum::<usize>()
             })
             .sum();

@@ -232,7 +232,6 @@ impl Default for Options {
 
 impl Options {
     /// Default options for `objective`.
-    #[allow(clippy::needless_update)] // fields may be added
     pub fn new(objective: Objective) -> Self {
         Options {
             objective,

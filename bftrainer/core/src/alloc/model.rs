@@ -398,6 +398,13 @@ impl<'a> JobFn<'a> {
         self.rebuild_bps();
     }
 
+    /// The breakpoints in (a, b]: where the linear stretches inside [a, b] end.
+    pub fn bps_in(&self, a: u32, b: u32) -> &[u32] {
+        let from = self.bps.partition_point(|&x| x <= a);
+        let to = self.bps.partition_point(|&x| x <= b);
+        &self.bps[from..to.max(from)]
+    }
+
     fn rebuild_bps(&mut self) {
         let mut b = Vec::new();
         if self.lo <= self.hi {

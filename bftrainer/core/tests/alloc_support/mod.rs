@@ -2,7 +2,7 @@
 //! statement in docs/design.md, exhaustive enumeration, and a MILP solved by HiGHS.
 #![allow(dead_code)]
 
-use bftrainer_core::alloc::{Instance, JobInput, NodeIdx, Objective, Solution};
+use bftrainer_core::alloc::{Instance, JobInput, NodeIdx, Objective, Options, Solution};
 use good_lp::{
     constraint, highs, variable, Expression, ProblemVariables, Solution as _, SolverModel,
 };
@@ -502,5 +502,14 @@ pub fn random_small(seed: u64, max_nodes: u32, max_jobs: usize) -> Instance {
         n_nodes,
         reclaim_in_s,
         jobs,
+    }
+}
+
+/// The search splitting job domains at every node where an envelope bridge is loose,
+/// instead of only where the DP would be costly: the split path on small instances.
+pub fn split_everywhere(objective: Objective) -> Options {
+    Options {
+        split_min_work: 0.0,
+        ..Options::new(objective)
     }
 }
