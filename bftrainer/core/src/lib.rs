@@ -3,6 +3,7 @@
 //! the simulator drive exactly the same code.
 
 pub mod alloc;
+pub mod config;
 pub mod easy;
 pub mod engine;
 pub mod error;

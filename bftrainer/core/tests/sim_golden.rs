@@ -13,6 +13,7 @@ fn cfg(max_jobs: usize, grace_s: f64) -> SimConfig {
         engine: EngineConfig {
             t_fwd_s: 10.0,
             max_jobs,
+            ..EngineConfig::default()
         },
         grace_s,
         record: true,

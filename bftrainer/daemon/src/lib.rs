@@ -2,4 +2,5 @@
 //! engine, and the offline tools (solve, bench-alloc, replay) that share it.
 
 pub mod cmd;
+pub mod daemon;
 pub mod replay;

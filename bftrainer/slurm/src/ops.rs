@@ -49,6 +49,11 @@ pub struct BatchJob {
     pub hold: bool,
     /// Allow (true) or forbid (false) requeue; None keeps the cluster default.
     pub requeue: Option<bool>,
+    /// Whole nodes only (`--exclusive`).
+    pub exclusive: bool,
+    /// Entries of the job's SPANK environment (`spank_job_env`), as a SPANK option
+    /// sets them: what job_submit plugins read (e.g. `BFTRAINER_ELASTIC`).
+    pub spank_env: Vec<(String, String)>,
 }
 
 /// What `submit_batch` got back.
@@ -106,6 +111,7 @@ struct Desc {
     _strings: Vec<CString>,
     _env: Vec<*mut c_char>,
     _argv: Vec<*mut c_char>,
+    _spank: Vec<*mut c_char>,
 }
 
 struct DescBuilder {
@@ -173,7 +179,7 @@ fn batch_desc(job: &BatchJob) -> Result<Desc> {
     if job.min_nodes == Some(0) {
         return Err(Error::invalid("min_nodes", "must be at least 1"));
     }
-    for (k, _) in &job.env {
+    for (k, _) in job.env.iter().chain(&job.spank_env) {
         if k.is_empty() || k.contains('=') {
             return Err(Error::invalid(
                 "env",
@@ -212,6 +218,9 @@ fn batch_desc(job: &BatchJob) -> Result<Desc> {
     if let Some(r) = job.requeue {
         b.msg.requeue = u16::from(r);
     }
+    if job.exclusive {
+        b.msg.shared = slurm_sys::JOB_SHARED_NONE as u16;
+    }
     let work_dir = match &job.work_dir {
         Some(d) => d.clone(),
         None => std::env::current_dir().map_err(|e| {
@@ -247,11 +256,22 @@ fn batch_desc(job: &BatchJob) -> Result<Desc> {
     let mut argv_ptrs = b.array("args", &argv)?;
     b.msg.argv = argv_ptrs.as_mut_ptr();
     b.msg.argc = argv.len() as u32;
+    let spank: Vec<String> = job.spank_env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let mut spank_ptrs = if spank.is_empty() {
+        Vec::new()
+    } else {
+        b.array("spank_env", &spank)?
+    };
+    if !spank.is_empty() {
+        b.msg.spank_job_env = spank_ptrs.as_mut_ptr();
+        b.msg.spank_job_env_size = spank.len() as u32;
+    }
     Ok(Desc {
         msg: b.msg,
         _strings: b.strings,
         _env: env_ptrs,
         _argv: argv_ptrs,
+        _spank: spank_ptrs,
     })
 }
 
@@ -282,6 +302,7 @@ fn update_desc(job_id: u32, u: &JobUpdate) -> Result<Desc> {
         _strings: b.strings,
         _env: Vec::new(),
         _argv: Vec::new(),
+        _spank: Vec::new(),
     })
 }
 
@@ -483,9 +504,19 @@ mod tests {
             run_as: Some((1234, 99)),
             hold: true,
             requeue: Some(true),
+            exclusive: true,
+            spank_env: vec![("BFTRAINER_ELASTIC".into(), "1:1".into())],
             ..Default::default()
         };
         let d = batch_desc(&job).unwrap();
+        assert_eq!(d.msg.shared, slurm_sys::JOB_SHARED_NONE as u16);
+        assert_eq!(d.msg.spank_job_env_size, 1);
+        unsafe {
+            assert_eq!(
+                opt_string(*d.msg.spank_job_env).as_deref(),
+                Some("BFTRAINER_ELASTIC=1:1")
+            );
+        }
         unsafe {
             assert_eq!(opt_string(d.msg.partition).as_deref(), Some("elastic"));
             assert_eq!(opt_string(d.msg.req_nodes).as_deref(), Some("n[1-2]"));

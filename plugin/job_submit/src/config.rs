@@ -8,13 +8,15 @@ use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
-/// Top-level tables of bftrainer.toml; the plugin reads `policy` and leaves the others
-/// to bftrainerd. An unknown table is most likely a typo, so it is an error too.
-pub const TABLES: [&str; 5] = ["policy", "daemon", "engine", "metrics", "runtime"];
+// Top-level tables (the plugin reads `policy` and leaves the others to bftrainerd) and
+// the key readers are shared with bftrainerd.
+pub use bftrainer_core::config::{ConfigError, TABLES};
+use bftrainer_core::config::{parse_doc, partition_name_ok, Table};
 
 /// Keys of `[policy]`, in the order docs/admin.md explains them.
-pub const POLICY_KEYS: [&str; 9] = [
+pub const POLICY_KEYS: [&str; 11] = [
     "partition",
+    "satellite_partition",
     "allowed_partitions",
     "max_nodes",
     "allowed_users",
@@ -23,6 +25,7 @@ pub const POLICY_KEYS: [&str; 9] = [
     "profile_dir",
     "exclusive",
     "hold",
+    "plain_jobs",
 ];
 
 /// Where the config comes from when nothing else is said.
@@ -34,8 +37,11 @@ pub const DEFAULT_PATH: &str = "/etc/slurm/bftrainer.toml";
 pub struct Policy {
     /// The file this came from (for messages).
     pub path: PathBuf,
-    /// Where elastic jobs go when the user names no partition.
+    /// Where elastic (core) jobs go when the user names no partition.
     pub partition: String,
+    /// Where bftrainerd's satellite jobs go: one PriorityTier below `partition`, so
+    /// that Slurm preempts satellites before core jobs. Default: `partition`.
+    pub satellite_partition: String,
     /// Further partitions a user may pick with `-p` for an elastic job.
     pub allowed_partitions: Vec<String>,
     /// Upper limit on MAX (and fill-in for an open MAX); `None`: no limit.
@@ -54,12 +60,29 @@ pub struct Policy {
     pub exclusive: bool,
     /// Core jobs are held until bftrainerd admits them.
     pub hold: bool,
+    /// What happens to a plain (non-elastic) job sent to an elastic partition.
+    pub plain_jobs: PlainJobs,
+}
+
+/// `[policy] plain_jobs`: a plain job in an elastic partition would take idle nodes
+/// outside bftrainerd's control.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlainJobs {
+    /// Refused at submission with a message naming the regular partitions' use.
+    Refuse,
+    /// Accepted as a scavenger job; bftrainerd counts its nodes as claimed.
+    Scavenger,
 }
 
 impl Policy {
     /// Partitions an elastic job may name.
     pub fn partition_ok(&self, name: &str) -> bool {
         self.partition == name || self.allowed_partitions.iter().any(|p| p == name)
+    }
+
+    /// Partitions that belong to elastic work: the core, satellite and allowed ones.
+    pub fn is_elastic_partition(&self, name: &str) -> bool {
+        self.partition_ok(name) || self.satellite_partition == name
     }
 
     /// `elastic` or `elastic, gpu-elastic` for messages.
@@ -73,16 +96,6 @@ impl Policy {
     /// Root and the daemon's user may submit satellites and edit elastic jobs freely.
     pub fn privileged(&self, uid: u32) -> bool {
         uid == 0 || uid == self.daemon_uid
-    }
-}
-
-/// A config problem, with everything the admin needs to fix it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError(pub String);
-
-impl std::fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
     }
 }
 
@@ -121,153 +134,52 @@ pub fn parse(
     lookup_uid: &dyn Fn(&str) -> Option<u32>,
 ) -> Result<Policy, ConfigError> {
     let file = path.display().to_string();
-    let err = |key: &str, msg: String| ConfigError(format!("{file}: [policy] {key}: {msg}"));
-    let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-        ConfigError(format!("{file}: not valid TOML: {}", e.message().trim()))
-    })?;
-    for (k, v) in &doc {
-        if !TABLES.contains(&k.as_str()) {
-            return Err(ConfigError(format!(
-                "{file}: unknown table or key '{k}' at top level; allowed tables: [{}]",
-                TABLES.join("], [")
-            )));
-        }
-        if !v.is_table() {
-            return Err(ConfigError(format!(
-                "{file}: '{k}' must be a table ([{k}])"
-            )));
-        }
+    let doc = parse_doc(text, &file)?;
+    let t = Table::new(&doc, "policy", &file);
+    t.check_keys(&POLICY_KEYS)?;
+    let not_a_partition = |p: &str| {
+        format!("'{p}' is not a partition name; expected letters, digits, '.', '_' or '-'")
+    };
+    let partition = t.string("partition", "elastic")?;
+    if !partition_name_ok(&partition) {
+        return Err(t.err("partition", not_a_partition(&partition)));
     }
-    let empty = toml::Table::new();
-    let t = doc
-        .get("policy")
-        .and_then(|v| v.as_table())
-        .unwrap_or(&empty);
-    for k in t.keys() {
-        if !POLICY_KEYS.contains(&k.as_str()) {
-            return Err(err(
-                k,
-                format!("unknown key; allowed keys: {}", POLICY_KEYS.join(", ")),
-            ));
-        }
+    let satellite_partition = t.string("satellite_partition", &partition)?;
+    if !partition_name_ok(&satellite_partition) {
+        return Err(t.err("satellite_partition", not_a_partition(&satellite_partition)));
     }
-
-    let string = |key: &str, default: &str| -> Result<String, ConfigError> {
-        match t.get(key) {
-            None => Ok(default.to_string()),
-            Some(toml::Value::String(s)) => Ok(s.clone()),
-            Some(v) => Err(err(
-                key,
-                format!("expected a string, found {}", v.type_str()),
-            )),
-        }
-    };
-    let strings = |key: &str| -> Result<Vec<String>, ConfigError> {
-        match t.get(key) {
-            None => Ok(Vec::new()),
-            Some(toml::Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    v.as_str().map(str::to_string).ok_or_else(|| {
-                        err(
-                            key,
-                            format!("expected a list of strings, found a {} in it", v.type_str()),
-                        )
-                    })
-                })
-                .collect(),
-            Some(v) => Err(err(
-                key,
-                format!(
-                    "expected a list of strings like [\"a\", \"b\"], found {}",
-                    v.type_str()
-                ),
-            )),
-        }
-    };
-    let boolean = |key: &str, default: bool| -> Result<bool, ConfigError> {
-        match t.get(key) {
-            None => Ok(default),
-            Some(toml::Value::Boolean(b)) => Ok(*b),
-            Some(v) => Err(err(
-                key,
-                format!("expected true or false, found {}", v.type_str()),
-            )),
-        }
-    };
-    let name_ok = |s: &str| {
-        !s.is_empty()
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-    };
-
-    let partition = string("partition", "elastic")?;
-    if !name_ok(&partition) {
-        return Err(err(
-            "partition",
-            format!(
-                "'{partition}' is not a partition name; expected letters, digits, '.', '_' or '-'"
-            ),
-        ));
+    let allowed_partitions = t.strings("allowed_partitions")?;
+    if let Some(bad) = allowed_partitions.iter().find(|p| !partition_name_ok(p)) {
+        return Err(t.err("allowed_partitions", not_a_partition(bad)));
     }
-    let allowed_partitions = strings("allowed_partitions")?;
-    if let Some(bad) = allowed_partitions.iter().find(|p| !name_ok(p)) {
-        return Err(err(
-            "allowed_partitions",
-            format!("'{bad}' is not a partition name; expected letters, digits, '.', '_' or '-'"),
-        ));
-    }
-
-    let max_nodes = match t.get("max_nodes") {
-        None => None,
-        Some(toml::Value::Integer(n)) if (1..=i64::from(u32::MAX)).contains(n) => Some(*n as u32),
-        Some(toml::Value::Integer(n)) => {
-            return Err(err(
-                "max_nodes",
-                format!(
-                    "{n} is out of range; expected a whole number from 1 to {}",
-                    u32::MAX
-                ),
-            ))
-        }
-        Some(v) => {
-            return Err(err(
-                "max_nodes",
-                format!(
-                    "expected a whole number from 1 to {}, found {}",
-                    u32::MAX,
-                    v.type_str()
-                ),
-            ))
-        }
-    };
-
-    let allowed_users = strings("allowed_users")?;
+    let max_nodes = t
+        .uint("max_nodes", 1..=u64::from(u32::MAX))?
+        .map(|n| n as u32);
+    let allowed_users = t.strings("allowed_users")?;
     let mut allowed_uids = BTreeSet::new();
     for u in &allowed_users {
         let uid = lookup_uid(u).ok_or_else(|| {
-            err(
+            t.err(
                 "allowed_users",
                 format!("no such user '{u}'; expected existing user names"),
             )
         })?;
         allowed_uids.insert(uid);
     }
-    let allowed_accounts = strings("allowed_accounts")?;
-    let daemon_user = string("daemon_user", "root")?;
+    let allowed_accounts = t.strings("allowed_accounts")?;
+    let daemon_user = t.string("daemon_user", "root")?;
     let daemon_uid = lookup_uid(&daemon_user).ok_or_else(|| {
-        err(
+        t.err(
             "daemon_user",
             format!("no such user '{daemon_user}'; expected the user bftrainerd runs as"),
         )
     })?;
-
-    let (profile_dir, profiles) = match t.get("profile_dir") {
-        None => (None, BTreeSet::new()),
-        Some(toml::Value::String(s)) => {
+    let (profile_dir, profiles) = match t.opt_string("profile_dir") {
+        Ok(None) => (None, BTreeSet::new()),
+        Ok(Some(s)) => {
             let dir = path.parent().unwrap_or(Path::new("/")).join(s);
             let entries = std::fs::read_dir(&dir).map_err(|e| {
-                err("profile_dir", format!("cannot list '{}': {e}; expected a readable directory of throughput profiles", dir.display()))
+                t.err("profile_dir", format!("cannot list '{}': {e}; expected a readable directory of throughput profiles", dir.display()))
             })?;
             let mut names = BTreeSet::new();
             for entry in entries.flatten() {
@@ -284,17 +196,24 @@ pub fn parse(
             }
             (Some(dir), names)
         }
-        Some(v) => {
-            return Err(err(
+        Err(_) => {
+            return Err(t.err(
                 "profile_dir",
-                format!("expected a directory path string, found {}", v.type_str()),
+                format!(
+                    "expected a directory path string, found {}",
+                    doc["policy"]["profile_dir"].type_str()
+                ),
             ))
         }
     };
-
+    let plain_jobs = match t.choice("plain_jobs", &["refuse", "scavenger"], "refuse")?.as_str() {
+        "scavenger" => PlainJobs::Scavenger,
+        _ => PlainJobs::Refuse,
+    };
     Ok(Policy {
         path: path.to_path_buf(),
         partition,
+        satellite_partition,
         allowed_partitions,
         max_nodes,
         allowed_uids,
@@ -304,8 +223,9 @@ pub fn parse(
         daemon_uid,
         profile_dir,
         profiles,
-        exclusive: boolean("exclusive", true)?,
-        hold: boolean("hold", true)?,
+        exclusive: t.boolean("exclusive", true)?,
+        hold: t.boolean("hold", true)?,
+        plain_jobs,
     })
 }
 
@@ -387,7 +307,7 @@ mod tests {
         assert!(p("[policy]\nmax_nodes = \"8\"")
             .unwrap_err()
             .contains("max_nodes: expected a whole number from 1 to 4294967295, found string"));
-        assert!(p("[policy]\nmaxnodes = 3").unwrap_err().contains("[policy] maxnodes: unknown key; allowed keys: partition, allowed_partitions, max_nodes"));
+        assert!(p("[policy]\nmaxnodes = 3").unwrap_err().contains("[policy] maxnodes: unknown key; allowed keys: partition, satellite_partition, allowed_partitions, max_nodes"));
         assert!(p("[polcy]\n").unwrap_err().contains(
             "unknown table or key 'polcy' at top level; allowed tables: [policy], [daemon]"
         ));

@@ -5,7 +5,7 @@
 
 use bftrainer_core::spec::{self, ElasticSpec, Role, JOB_ENV_COPY, OPTION_ENV_PREFIX};
 
-use crate::config::Policy;
+use crate::config::{PlainJobs, Policy};
 
 /// Slurm's "not set" for 32-bit fields of job_desc_msg_t.
 pub const NO_VAL: u32 = 0xffff_fffe;
@@ -142,6 +142,17 @@ pub fn submit(pol: &Policy, s: &Submission<'_>) -> Verdict {
                 ), Code::Denied);
             }
         }
+        if !privileged && pol.plain_jobs == PlainJobs::Refuse {
+            if let Some(list) = s.partition.map(text) {
+                if let Some(p) = list.split(',').find(|p| pol.is_elastic_partition(p)) {
+                    return Verdict::Reject(format!(
+                        "partition '{p}' is for elastic jobs, which bftrainerd places on idle nodes; \
+                         submit with --elastic=MIN[:MAX], or send a plain job to a regular partition \
+                         (this cluster's [policy] plain_jobs = \"refuse\")"
+                    ), Code::Partition);
+                }
+            }
+        }
         return Verdict::Untouched;
     };
     elastic(pol, s, spec, privileged)
@@ -230,7 +241,10 @@ fn elastic(pol: &Policy, s: &Submission<'_>, mut spec: ElasticSpec, privileged: 
         }
     }
     let partition = match s.partition.map(text) {
+        None if spec.role == Role::Satellite => pol.satellite_partition.clone(),
         None => pol.partition.clone(),
+        // bftrainerd names the satellite partition itself; only it submits satellites.
+        Some(p) if spec.role == Role::Satellite && p == pol.satellite_partition => p,
         Some(list) => {
             if let Some(bad) = list.split(',').find(|p| !pol.partition_ok(p)) {
                 return Verdict::Reject(format!(
@@ -462,6 +476,52 @@ mod tests {
         );
         assert_eq!(r.comment, None);
         assert_eq!(r.admin_comment, "bftrainer:v1 1:1,role=satellite,parent=5");
+    }
+
+    #[test]
+    fn satellites_go_to_their_own_partition() {
+        let p = pol("satellite_partition = \"elastic-sat\"");
+        let daemon = Submission {
+            uid: 990,
+            ..sub("BFTRAINER_ELASTIC=1:1,role=satellite,parent=5")
+        };
+        assert_eq!(rewrite(submit(&p, &daemon)).partition, "elastic-sat");
+        let named = Submission {
+            partition: Some(b"elastic-sat"),
+            ..daemon.clone()
+        };
+        assert_eq!(rewrite(submit(&p, &named)).partition, "elastic-sat");
+        // Core jobs still go to the core partition; a user cannot pick the satellites'.
+        assert_eq!(
+            rewrite(submit(&p, &sub("BFTRAINER_ELASTIC=1:2"))).partition,
+            "elastic"
+        );
+        let user = Submission {
+            partition: Some(b"elastic-sat"),
+            ..sub("BFTRAINER_ELASTIC=1:2")
+        };
+        assert!(rejected(submit(&p, &user)).contains("partition 'elastic-sat' is closed"));
+    }
+
+    #[test]
+    fn plain_jobs_in_elastic_partitions_follow_the_policy() {
+        let plain = |part: &'static [u8]| Submission {
+            uid: 1000,
+            min_nodes: 2,
+            partition: Some(part),
+            het_offset: NO_VAL,
+            ..Default::default()
+        };
+        let p = pol("satellite_partition = \"elastic-sat\"");
+        for part in [b"elastic".as_slice(), b"batch,elastic-sat"] {
+            let m = rejected(submit(&p, &plain(part)));
+            assert!(m.contains("is for elastic jobs") && m.contains("plain_jobs = \"refuse\""), "{m}");
+        }
+        assert_eq!(submit(&p, &plain(b"batch")), Verdict::Untouched);
+        let root = Submission { uid: 0, ..plain(b"elastic") };
+        assert_eq!(submit(&p, &root), Verdict::Untouched);
+        let p = pol("plain_jobs = \"scavenger\"");
+        assert_eq!(submit(&p, &plain(b"elastic")), Verdict::Untouched);
     }
 
     #[test]

@@ -16,9 +16,14 @@ use bftrainer_testcluster::{Cluster, Options};
 const POLICY: &str = "[policy]\npartition = \"elastic\"\nmax_nodes = 4\ndaemon_user = \"root\"\n";
 
 fn elastic_cluster(tmp: &Path) -> Cluster {
+    elastic_cluster_with(tmp, "")
+}
+
+/// A cluster with the plugins and POLICY plus `extra` lines of `[policy]`.
+fn elastic_cluster_with(tmp: &Path, extra: &str) -> Cluster {
     let plugins = support::stage_plugins(&tmp.join("plugins"));
     let conf = tmp.join("bftrainer.toml");
-    std::fs::write(&conf, POLICY).unwrap();
+    std::fs::write(&conf, format!("{POLICY}{extra}")).unwrap();
     Cluster::start(Options {
         nodes: 4,
         plugins: Some(plugins),
@@ -103,6 +108,11 @@ fn cluster_bad_inputs_are_rejected_with_clear_messages() {
             "partition 'batch' is closed to elastic jobs by this cluster's policy; elastic jobs may use: elastic",
         ),
         ("job array", vec![el("1:2"), os("--array=1-3")], "job arrays cannot be elastic (--array=1-3)"),
+        (
+            "plain job sent to the elastic partition ([policy] plain_jobs = \"refuse\", the default)",
+            vec![os("--partition=elastic")],
+            "partition 'elastic' is for elastic jobs, which bftrainerd places on idle nodes",
+        ),
         ("--nodes disagreeing with MIN", vec![el("2:4"), os("--nodes=3")], "--nodes conflicts with the elastic request"),
     ];
 
@@ -359,7 +369,8 @@ fn comparable(fields: &std::collections::BTreeMap<String, String>, dir: &Path) -
 #[test]
 fn cluster_plain_jobs_are_untouched_field_for_field() {
     let tmp = tempfile::tempdir().unwrap();
-    let with = elastic_cluster(tmp.path());
+    // Scavenger policy: plain jobs may use the elastic partition, untouched.
+    let with = elastic_cluster_with(tmp.path(), "plain_jobs = \"scavenger\"\n");
     let without = Cluster::start(Options {
         nodes: 4,
         ..Default::default()

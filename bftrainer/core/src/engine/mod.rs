@@ -45,13 +45,18 @@ impl Allocator for Exact {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
     /// BFTrainer's forward-looking time Tfwd, seconds.
     pub t_fwd_s: f64,
     /// At most this many elastic jobs take part in allocation at once; later ones wait
     /// in submit order.
     pub max_jobs: usize,
+    /// A job that was admitted, grown or shrunk less than this many seconds ago keeps
+    /// its nodes in decisions (losses to regular jobs still apply). 0: no limit.
+    pub min_rescale_interval_s: f64,
+    /// A node is lent only after it has been idle this many seconds. 0: at once.
+    pub lend_after_idle_s: f64,
 }
 
 impl Default for EngineConfig {
@@ -59,6 +64,8 @@ impl Default for EngineConfig {
         Self {
             t_fwd_s: 10.0,
             max_jobs: 10,
+            min_rescale_interval_s: 0.0,
+            lend_after_idle_s: 0.0,
         }
     }
 }
@@ -72,6 +79,14 @@ impl EngineConfig {
         }
         if !(self.t_fwd_s > 0.0 && self.t_fwd_s.is_finite()) {
             return Err(format!("t-fwd must be > 0 seconds, found {}", self.t_fwd_s));
+        }
+        for (name, v) in [
+            ("min-rescale-interval", self.min_rescale_interval_s),
+            ("lend-after-idle", self.lend_after_idle_s),
+        ] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(format!("{name} must be >= 0 seconds, found {v}"));
+            }
         }
         Ok(())
     }
@@ -101,6 +116,10 @@ struct NodeSlot {
     reclaim_at: Option<f64>,
     /// Position in `Engine::pool`, or NONE.
     pos: u32,
+    /// When the node last became idle (for `lend_after_idle_s`).
+    idle_since: f64,
+    /// Position in the last decision's view of the pool, or NONE.
+    vpos: u32,
 }
 
 struct JobSlot {
@@ -109,6 +128,13 @@ struct JobSlot {
     nodes: Vec<NodeId>,
     measured_rate: Option<f64>,
     remaining: Option<f64>,
+    /// The nodes the job was admitted on, first `min_nodes` of them: the core
+    /// allocation, which decisions take last (only by a requeue).
+    anchors: Vec<NodeId>,
+    /// When the job was last admitted, grown or shrunk by a decision.
+    last_rescale: Option<f64>,
+    /// Takes part in the current decision (not inside its rescale interval).
+    in_decision: bool,
 }
 
 /// Counters of the engine's own work.
@@ -136,6 +162,15 @@ pub struct Engine<A> {
     mark: Vec<u32>,
     /// Nodes with a reclaim forecast.
     forecasts: usize,
+    /// The time of the last event: events come in time order.
+    last_t: Option<f64>,
+    /// The pool as the last decision saw it: without nodes idle for less than
+    /// `lend_after_idle_s` and without the nodes of jobs inside `min_rescale_interval_s`.
+    view: Vec<NodeId>,
+    /// Jobs of the last decision's instance, in `inst.jobs` order.
+    deciding: Vec<JobId>,
+    /// The earliest time a waiting node or job becomes usable: re-decide then.
+    wake_at: Option<f64>,
     pub stats: EngineStats,
 }
 
@@ -160,8 +195,45 @@ impl<A: Allocator> Engine<A> {
             dirty: false,
             mark: Vec::new(),
             forecasts: 0,
+            last_t: None,
+            view: Vec::new(),
+            deciding: Vec::new(),
+            wake_at: None,
             stats: EngineStats::default(),
         }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Replaces the settings (bftrainerd's SIGHUP); the next `Tick` re-decides with them.
+    /// The caller validates `cfg` first.
+    pub fn set_config(&mut self, cfg: EngineConfig) {
+        self.inst.t_fwd_s = cfg.t_fwd_s;
+        self.cfg = cfg;
+        self.dirty = true;
+    }
+
+    /// The nodes the job's core allocation holds (its first `min_nodes` nodes since its
+    /// admission, fewer once some were lost); decisions shrink these last.
+    pub fn job_anchors(&self, j: JobId) -> &[NodeId] {
+        &self.jobs[j as usize].anchors
+    }
+
+    /// Number of declared nodes and jobs.
+    pub fn n_nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn n_jobs(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// The earliest time at which a `Tick` will re-decide although nothing was
+    /// observed (a node's idle wait or a job's rescale interval ends).
+    pub fn wake_at(&self) -> Option<f64> {
+        self.wake_at
     }
 
     pub fn allocator_mut(&mut self) -> &mut A {
@@ -247,9 +319,13 @@ impl<A: Allocator> Engine<A> {
         self.pool_remove(n);
         match prev {
             NodeState::Held(j) => {
-                let nodes = &mut self.jobs[j as usize].nodes;
-                if let Some(i) = nodes.iter().position(|&x| x == n) {
-                    nodes.swap_remove(i);
+                let job = &mut self.jobs[j as usize];
+                if let Some(i) = job.nodes.iter().position(|&x| x == n) {
+                    job.nodes.swap_remove(i);
+                }
+                job.anchors.retain(|&x| x != n);
+                if job.nodes.is_empty() {
+                    job.anchors.clear();
                 }
                 self.dirty = true;
                 Some(j)
@@ -262,10 +338,12 @@ impl<A: Allocator> Engine<A> {
         }
     }
 
-    fn release_job(&mut self, j: JobId, status: JobStatus) {
+    fn release_job(&mut self, j: JobId, status: JobStatus, now: f64) {
         let nodes = std::mem::take(&mut self.jobs[j as usize].nodes);
+        self.jobs[j as usize].anchors.clear();
         for n in nodes {
             self.nodes[n as usize].state = NodeState::Idle;
+            self.nodes[n as usize].idle_since = now;
         }
         let job = &mut self.jobs[j as usize];
         let was = std::mem::replace(&mut job.status, status);
@@ -283,6 +361,18 @@ impl<A: Allocator> Engine<A> {
     /// Applies one event at time `now` (seconds; Unix time in replays). Observations
     /// return no actions; `Event::Tick` runs a decision when anything changed.
     pub fn on_event(&mut self, event: &Event, now: f64) -> Result<Vec<Action>> {
+        if !now.is_finite() {
+            return Err(Self::err(now, format!("time {now} is not a finite number")));
+        }
+        if let Some(last) = self.last_t {
+            if now < last {
+                return Err(Self::err(
+                    now,
+                    format!("time {now} is earlier than the previous event's {last}: events come in time order"),
+                ));
+            }
+        }
+        self.last_t = Some(now);
         match event {
             Event::NodeAdded { node, name: _ } => {
                 if *node as usize != self.nodes.len() {
@@ -298,6 +388,8 @@ impl<A: Allocator> Engine<A> {
                     state: NodeState::Busy,
                     reclaim_at: None,
                     pos: NONE,
+                    idle_since: now,
+                    vpos: NONE,
                 });
             }
             Event::NodeIdle { node, reclaim_at } => {
@@ -311,6 +403,7 @@ impl<A: Allocator> Engine<A> {
                 }
                 if matches!(st, NodeState::Busy | NodeState::Lost) {
                     self.nodes[*node as usize].state = NodeState::Idle;
+                    self.nodes[*node as usize].idle_since = now;
                     self.pool_add(*node);
                     self.dirty = true;
                 }
@@ -347,6 +440,9 @@ impl<A: Allocator> Engine<A> {
                     nodes: Vec::new(),
                     measured_rate: None,
                     remaining: None,
+                    anchors: Vec::new(),
+                    last_rescale: None,
+                    in_decision: false,
                 });
                 self.queue.push_back(*job);
                 self.dirty = true;
@@ -362,11 +458,11 @@ impl<A: Allocator> Engine<A> {
             }
             Event::JobFinished { job } => {
                 self.job(*job, now)?;
-                self.release_job(*job, JobStatus::Finished);
+                self.release_job(*job, JobStatus::Finished, now);
             }
             Event::JobCancelled { job } => {
                 self.job(*job, now)?;
-                self.release_job(*job, JobStatus::Cancelled);
+                self.release_job(*job, JobStatus::Cancelled, now);
             }
             Event::WorkerJoined { job, node } => {
                 self.job(*job, now)?;
@@ -380,6 +476,7 @@ impl<A: Allocator> Engine<A> {
                     // Left on its own: the node is idle again.
                     self.take_node(*node, NodeState::Busy);
                     self.nodes[*node as usize].state = NodeState::Idle;
+                    self.nodes[*node as usize].idle_since = now;
                     self.pool_add(*node);
                 }
             }
@@ -421,14 +518,38 @@ impl<A: Allocator> Engine<A> {
 
     fn decide(&mut self, now: f64) -> Result<Vec<Action>> {
         self.admit_from_queue();
+        if self.wake_at.is_some_and(|w| w <= now) {
+            self.dirty = true;
+        }
         if !self.dirty || self.active.is_empty() {
             return Ok(Vec::new());
         }
         self.dirty = false;
-        if self.active_changed {
+        let mut wake: Option<f64> = None;
+        let soonest = |w: &mut Option<f64>, t: f64| *w = Some(w.map_or(t, |x| x.min(t)));
+        // Jobs inside their rescale interval keep what they hold and sit this decision
+        // out, unless a loss left them outside their bounds.
+        let interval = self.cfg.min_rescale_interval_s;
+        let mut deciding = Vec::with_capacity(self.active.len());
+        for &j in &self.active {
+            let job = &mut self.jobs[j as usize];
+            let n = job.nodes.len() as u32;
+            let until = job.last_rescale.map(|t| t + interval);
+            let frozen = interval > 0.0
+                && n > 0
+                && (job.spec.min_nodes..=job.spec.max_nodes).contains(&n)
+                && until.is_some_and(|u| u > now);
+            job.in_decision = !frozen;
+            if frozen {
+                soonest(&mut wake, until.unwrap_or(now));
+            } else {
+                deciding.push(j);
+            }
+        }
+        if self.active_changed || deciding != self.deciding {
             self.active_changed = false;
             self.inst.jobs.clear();
-            for &j in &self.active {
+            for &j in &deciding {
                 let s = &self.jobs[j as usize].spec;
                 self.inst.jobs.push(JobInput::new(
                     &s.name,
@@ -439,27 +560,56 @@ impl<A: Allocator> Engine<A> {
                     s.objective.clone(),
                 ));
             }
+            self.deciding = deciding;
         }
-        for (k, &j) in self.active.iter().enumerate() {
+        // The nodes this decision may use: the pool without nodes idle for less than
+        // `lend_after_idle_s` and without the nodes of jobs sitting it out. With neither
+        // setting in use this is the pool itself, in the same order.
+        let lend_after = self.cfg.lend_after_idle_s;
+        self.view.clear();
+        for &n in &self.pool {
+            let slot = &self.nodes[n as usize];
+            let usable = match slot.state {
+                NodeState::Idle if lend_after > 0.0 && slot.idle_since + lend_after > now => {
+                    soonest(&mut wake, slot.idle_since + lend_after);
+                    false
+                }
+                NodeState::Idle => true,
+                NodeState::Held(j) => self.jobs[j as usize].in_decision,
+                NodeState::Busy | NodeState::Lost => false,
+            };
+            let vpos = if usable {
+                self.view.push(n);
+                self.view.len() as u32 - 1
+            } else {
+                NONE
+            };
+            self.nodes[n as usize].vpos = vpos;
+        }
+        self.wake_at = wake;
+        if self.deciding.is_empty() {
+            return Ok(Vec::new());
+        }
+        for (k, &j) in self.deciding.iter().enumerate() {
             let cur = &mut self.inst.jobs[k].current;
             cur.clear();
             cur.extend(
                 self.jobs[j as usize]
                     .nodes
                     .iter()
-                    .map(|&n| self.nodes[n as usize].pos),
+                    .map(|&n| self.nodes[n as usize].vpos),
             );
             cur.sort_unstable();
             self.inst.jobs[k].remaining_work = self.jobs[j as usize].remaining;
         }
-        self.inst.n_nodes = self.pool.len() as u32;
+        self.inst.n_nodes = self.view.len() as u32;
         self.inst.reclaim_in_s.clear();
         // An empty vector means "no forecasts" to the allocator: skip the per-node work
         // when no node has one (node-event traces).
         if self.forecasts > 0 {
             let nodes = &self.nodes;
             self.inst.reclaim_in_s.extend(
-                self.pool
+                self.view
                     .iter()
                     .map(|&n| nodes[n as usize].reclaim_at.map(|r| (r - now).max(0.0))),
             );
@@ -476,21 +626,60 @@ impl<A: Allocator> Engine<A> {
         self.apply(sol, now)
     }
 
+    /// A shrinking job gives up its core (anchor) nodes last: where the allocator took
+    /// an anchor and kept another of the job's nodes, the two trade places (and a job
+    /// that received the anchor gets the other node instead). Counts, and so every
+    /// count-based objective's value, are unchanged.
+    fn keep_anchors(&mut self, sets: &mut [Vec<u32>]) {
+        for k in 0..sets.len() {
+            let j = self.deciding[k];
+            if sets[k].is_empty() || self.jobs[j as usize].anchors.is_empty() {
+                continue;
+            }
+            for ai in 0..self.jobs[j as usize].anchors.len() {
+                let a = self.jobs[j as usize].anchors[ai];
+                let av = self.nodes[a as usize].vpos;
+                if self.mark[av as usize] == k as u32 {
+                    continue;
+                }
+                // A kept node of this job that is not an anchor.
+                let anchors = &self.jobs[j as usize].anchors;
+                let Some(si) = sets[k].iter().position(|&v| {
+                    let n = self.view[v as usize];
+                    self.nodes[n as usize].state == NodeState::Held(j) && !anchors.contains(&n)
+                }) else {
+                    continue;
+                };
+                let sv = sets[k][si];
+                sets[k][si] = av;
+                let other = self.mark[av as usize];
+                if other != NONE {
+                    let o = other as usize;
+                    if let Some(p) = sets[o].iter().position(|&v| v == av) {
+                        sets[o][p] = sv;
+                    }
+                }
+                self.mark[sv as usize] = other;
+                self.mark[av as usize] = k as u32;
+            }
+        }
+    }
+
     /// Checks the allocator's answer against its contract, then turns it into actions:
     /// shrinks first, so the environment frees nodes before others grow onto them.
-    fn apply(&mut self, sol: Solution, now: f64) -> Result<Vec<Action>> {
+    fn apply(&mut self, mut sol: Solution, now: f64) -> Result<Vec<Action>> {
         let bad = |msg: String| Err(Error::Alloc { t: now, msg });
-        if sol.jobs.len() != self.active.len() {
+        if sol.jobs.len() != self.deciding.len() {
             return bad(format!(
                 "{} node sets for {} jobs",
                 sol.jobs.len(),
-                self.active.len()
+                self.deciding.len()
             ));
         }
         self.mark.clear();
-        self.mark.resize(self.pool.len(), NONE);
+        self.mark.resize(self.view.len(), NONE);
         for (k, set) in sol.jobs.iter().enumerate() {
-            let spec = &self.jobs[self.active[k] as usize].spec;
+            let spec = &self.jobs[self.deciding[k] as usize].spec;
             let n = set.len() as u32;
             if n != 0 && (n < spec.min_nodes || n > spec.max_nodes) {
                 return bad(format!(
@@ -503,7 +692,7 @@ impl<A: Allocator> Engine<A> {
                     None => {
                         return bad(format!(
                             "node index {i} out of range (pool of {})",
-                            self.pool.len()
+                            self.view.len()
                         ))
                     }
                     Some(&m) if m != NONE => {
@@ -513,20 +702,21 @@ impl<A: Allocator> Engine<A> {
                 }
             }
         }
+        self.keep_anchors(&mut sol.jobs);
         let mut shrinks = Vec::new();
         let mut grows = Vec::new();
         for (k, set) in sol.jobs.iter().enumerate() {
-            let j = self.active[k];
+            let j = self.deciding[k];
             let old = &self.jobs[j as usize].nodes;
             let added: Vec<NodeId> = set
                 .iter()
-                .map(|&i| self.pool[i as usize])
+                .map(|&i| self.view[i as usize])
                 .filter(|&n| self.nodes[n as usize].state != NodeState::Held(j))
                 .collect();
             let removed: Vec<NodeId> = old
                 .iter()
                 .copied()
-                .filter(|&n| self.mark[self.nodes[n as usize].pos as usize] != k as u32)
+                .filter(|&n| self.mark[self.nodes[n as usize].vpos as usize] != k as u32)
                 .collect();
             if !added.is_empty() && !removed.is_empty() {
                 return bad(format!(
@@ -561,19 +751,27 @@ impl<A: Allocator> Engine<A> {
             }
         }
         for a in shrinks.iter().chain(&grows) {
+            let job = &mut self.jobs[a.job() as usize];
             match a {
-                Action::Shrink { job, nodes } | Action::Requeue { job, nodes } => {
+                Action::Shrink { nodes, .. } | Action::Requeue { nodes, .. } => {
+                    job.nodes.retain(|n| !nodes.contains(n));
+                    job.anchors.retain(|n| !nodes.contains(n));
+                    job.last_rescale = (!job.nodes.is_empty()).then_some(now);
                     for &n in nodes {
                         self.nodes[n as usize].state = NodeState::Idle;
+                        self.nodes[n as usize].idle_since = now;
                     }
-                    let keep = &mut self.jobs[*job as usize].nodes;
-                    keep.retain(|n| !nodes.contains(n));
                 }
-                Action::Admit { job, nodes } | Action::Grow { job, nodes } => {
-                    for &n in nodes {
-                        self.nodes[n as usize].state = NodeState::Held(*job);
+                Action::Admit { job: j, nodes } | Action::Grow { job: j, nodes } => {
+                    if job.nodes.is_empty() {
+                        let m = (job.spec.min_nodes as usize).min(nodes.len());
+                        job.anchors = nodes[..m].to_vec();
                     }
-                    self.jobs[*job as usize].nodes.extend_from_slice(nodes);
+                    job.nodes.extend_from_slice(nodes);
+                    job.last_rescale = Some(now);
+                    for &n in nodes {
+                        self.nodes[n as usize].state = NodeState::Held(*j);
+                    }
                 }
             }
         }

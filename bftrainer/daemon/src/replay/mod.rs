@@ -331,6 +331,7 @@ fn engine_config(o: &Options) -> EngineConfig {
     EngineConfig {
         t_fwd_s: o.t_fwd,
         max_jobs: o.max_jobs,
+        ..EngineConfig::default()
     }
 }
 

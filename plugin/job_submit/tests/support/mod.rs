@@ -74,6 +74,7 @@ pub fn built_plugin(built: &str) -> PathBuf {
         "plugin/common/src",
         "plugin/common/build.rs",
         "bftrainer/core/src/spec.rs",
+        "bftrainer/core/src/config.rs",
     ];
     for d in common.iter().chain(own.iter()) {
         let p = root.join(d);

@@ -1,0 +1,237 @@
+//! Reading bftrainer.toml: one set of typed, range-checked key readers shared by the
+//! job_submit plugin (`[policy]`) and bftrainerd (`[daemon]`, `[engine]`, `[runtime]`),
+//! so every wrong key, type or value is reported the same way: the file, the table,
+//! the key and what is allowed. Parsing only; callers read the file.
+
+use std::ops::RangeInclusive;
+
+/// Top-level tables of bftrainer.toml. Any other is most likely a typo: an error.
+pub const TABLES: [&str; 5] = ["policy", "daemon", "engine", "metrics", "runtime"];
+
+/// A config problem, with everything the admin needs to fix it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Parses the file's text and checks its top level: valid TOML, only known tables.
+pub fn parse_doc(text: &str, file: &str) -> Result<toml::Table, ConfigError> {
+    let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        ConfigError(format!("{file}: not valid TOML: {}", e.message().trim()))
+    })?;
+    for (k, v) in &doc {
+        if !TABLES.contains(&k.as_str()) {
+            return Err(ConfigError(format!(
+                "{file}: unknown table or key '{k}' at top level; allowed tables: [{}]",
+                TABLES.join("], [")
+            )));
+        }
+        if !v.is_table() {
+            return Err(ConfigError(format!(
+                "{file}: '{k}' must be a table ([{k}])"
+            )));
+        }
+    }
+    Ok(doc)
+}
+
+/// One table of the document (empty when absent), with readers for its keys.
+#[derive(Debug)]
+pub struct Table<'a> {
+    file: &'a str,
+    name: &'a str,
+    t: &'a toml::Table,
+}
+
+static EMPTY: std::sync::OnceLock<toml::Table> = std::sync::OnceLock::new();
+
+impl<'a> Table<'a> {
+    pub fn new(doc: &'a toml::Table, name: &'a str, file: &'a str) -> Table<'a> {
+        let t = doc
+            .get(name)
+            .and_then(|v| v.as_table())
+            .unwrap_or_else(|| EMPTY.get_or_init(toml::Table::new));
+        Table { file, name, t }
+    }
+
+    /// An error about `key`: "FILE: [TABLE] KEY: MSG".
+    pub fn err(&self, key: &str, msg: impl std::fmt::Display) -> ConfigError {
+        ConfigError(format!("{}: [{}] {key}: {msg}", self.file, self.name))
+    }
+
+    /// Refuses keys not in `allowed`.
+    pub fn check_keys(&self, allowed: &[&str]) -> Result<(), ConfigError> {
+        for k in self.t.keys() {
+            if !allowed.contains(&k.as_str()) {
+                return Err(self.err(
+                    k,
+                    format!("unknown key; allowed keys: {}", allowed.join(", ")),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn has(&self, key: &str) -> bool {
+        self.t.contains_key(key)
+    }
+
+    pub fn string(&self, key: &str, default: &str) -> Result<String, ConfigError> {
+        match self.t.get(key) {
+            None => Ok(default.to_string()),
+            Some(toml::Value::String(s)) => Ok(s.clone()),
+            Some(v) => Err(self.err(key, format!("expected a string, found {}", v.type_str()))),
+        }
+    }
+
+    pub fn opt_string(&self, key: &str) -> Result<Option<String>, ConfigError> {
+        if self.has(key) {
+            self.string(key, "").map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    pub fn strings(&self, key: &str) -> Result<Vec<String>, ConfigError> {
+        match self.t.get(key) {
+            None => Ok(Vec::new()),
+            Some(toml::Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_str().map(str::to_string).ok_or_else(|| {
+                        self.err(
+                            key,
+                            format!("expected a list of strings, found a {} in it", v.type_str()),
+                        )
+                    })
+                })
+                .collect(),
+            Some(v) => Err(self.err(
+                key,
+                format!(
+                    "expected a list of strings like [\"a\", \"b\"], found {}",
+                    v.type_str()
+                ),
+            )),
+        }
+    }
+
+    pub fn boolean(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
+        match self.t.get(key) {
+            None => Ok(default),
+            Some(toml::Value::Boolean(b)) => Ok(*b),
+            Some(v) => Err(self.err(
+                key,
+                format!("expected true or false, found {}", v.type_str()),
+            )),
+        }
+    }
+
+    /// A whole number in `range`; `None` when absent.
+    pub fn uint(&self, key: &str, range: RangeInclusive<u64>) -> Result<Option<u64>, ConfigError> {
+        let expected = format!(
+            "expected a whole number from {} to {}",
+            range.start(),
+            range.end()
+        );
+        match self.t.get(key) {
+            None => Ok(None),
+            Some(toml::Value::Integer(n)) if *n >= 0 && range.contains(&(*n as u64)) => {
+                Ok(Some(*n as u64))
+            }
+            Some(toml::Value::Integer(n)) => {
+                Err(self.err(key, format!("{n} is out of range; {expected}")))
+            }
+            Some(v) => Err(self.err(key, format!("{expected}, found {}", v.type_str()))),
+        }
+    }
+
+    /// A number of seconds (integer or float) in `range`.
+    pub fn seconds(
+        &self,
+        key: &str,
+        range: RangeInclusive<f64>,
+        default: f64,
+    ) -> Result<f64, ConfigError> {
+        let expected = format!(
+            "expected seconds from {} to {}",
+            range.start(),
+            range.end()
+        );
+        let v = match self.t.get(key) {
+            None => return Ok(default),
+            Some(toml::Value::Integer(n)) => *n as f64,
+            Some(toml::Value::Float(f)) => *f,
+            Some(v) => return Err(self.err(key, format!("{expected}, found {}", v.type_str()))),
+        };
+        if v.is_finite() && range.contains(&v) {
+            Ok(v)
+        } else {
+            Err(self.err(key, format!("{v} is out of range; {expected}")))
+        }
+    }
+
+    /// One of `allowed` (strings).
+    pub fn choice(&self, key: &str, allowed: &[&str], default: &str) -> Result<String, ConfigError> {
+        let v = self.string(key, default)?;
+        if allowed.contains(&v.as_str()) {
+            Ok(v)
+        } else {
+            Err(self.err(
+                key,
+                format!("'{v}' is not allowed; expected one of: {}", allowed.join(", ")),
+            ))
+        }
+    }
+}
+
+/// A Slurm partition name: letters, digits, '.', '_' or '-'.
+pub fn partition_name_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(text: &str) -> toml::Table {
+        parse_doc(text, "/c.toml").unwrap()
+    }
+
+    #[test]
+    fn readers_name_file_table_key_and_what_is_allowed() {
+        let d = doc("[daemon]\npoll_interval = \"1s\"\nn = -3\nx = 1.5\nmode = \"fast\"\n");
+        let t = Table::new(&d, "daemon", "/c.toml");
+        assert_eq!(
+            t.seconds("poll_interval", 0.1..=60.0, 1.0).unwrap_err().0,
+            "/c.toml: [daemon] poll_interval: expected seconds from 0.1 to 60, found string"
+        );
+        assert_eq!(
+            t.uint("n", 1..=10).unwrap_err().0,
+            "/c.toml: [daemon] n: -3 is out of range; expected a whole number from 1 to 10"
+        );
+        assert_eq!(t.seconds("x", 0.0..=2.0, 0.0).unwrap(), 1.5);
+        assert!(t.seconds("x", 2.0..=3.0, 0.0).unwrap_err().0.contains("1.5 is out of range"));
+        assert_eq!(t.seconds("absent", 0.0..=1.0, 0.5).unwrap(), 0.5);
+        assert!(t
+            .choice("mode", &["slow", "safe"], "slow")
+            .unwrap_err()
+            .0
+            .contains("'fast' is not allowed; expected one of: slow, safe"));
+        assert!(t.check_keys(&["poll_interval"]).unwrap_err().0.contains(
+            "[daemon] mode: unknown key; allowed keys: poll_interval"
+        ));
+        let empty = Table::new(&d, "engine", "/c.toml");
+        assert_eq!(empty.string("k", "v").unwrap(), "v");
+        assert!(parse_doc("[nope]\n", "/c.toml").unwrap_err().0.contains("unknown table"));
+        assert!(parse_doc("daemon = 1\n", "/c.toml").unwrap_err().0.contains("must be a table"));
+    }
+}

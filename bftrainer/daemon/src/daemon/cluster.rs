@@ -1,0 +1,87 @@
+//! The one trait over the cluster at the daemon's edge: the real one talks to
+//! slurmctld through bftrainer-slurm; the benchmark uses a generated one. Correctness
+//! tests always use real Slurm.
+
+use bftrainer_slurm::{
+    BatchJob, ClusterView, Job, JobUpdate, Node, Partition, Refresh, SignalTarget, Slurm,
+};
+
+pub type Result<T> = std::result::Result<T, bftrainer_slurm::Error>;
+
+pub trait Cluster {
+    /// Reloads what changed; `full_jobs` forces a full job load (backfill plan).
+    fn refresh(&mut self, full_jobs: bool) -> Result<Refresh>;
+    fn nodes(&self) -> &[Node];
+    fn partitions(&self) -> &[Partition];
+    fn jobs(&self) -> &[Job];
+    fn submit(&mut self, job: &BatchJob) -> Result<u32>;
+    fn update(&mut self, job_id: u32, update: &JobUpdate) -> Result<()>;
+    fn hold(&mut self, job_id: u32) -> Result<()>;
+    fn release(&mut self, job_id: u32) -> Result<()>;
+    fn signal(&mut self, job_id: u32, signal: i32, target: SignalTarget) -> Result<()>;
+    fn cancel(&mut self, job_id: u32) -> Result<()>;
+    fn requeue(&mut self, job_id: u32, hold: bool) -> Result<()>;
+    /// A host expression for `names` ("n[1-3]").
+    fn compress(&self, names: &[String]) -> String;
+    /// The names of a host expression.
+    fn expand(&self, expr: &str) -> Vec<String>;
+}
+
+/// slurmctld through libslurm.
+#[derive(Debug)]
+pub struct SlurmCluster {
+    slurm: Slurm,
+    view: ClusterView,
+}
+
+impl SlurmCluster {
+    pub fn new(slurm: Slurm) -> Self {
+        SlurmCluster {
+            slurm,
+            view: ClusterView::default(),
+        }
+    }
+}
+
+impl Cluster for SlurmCluster {
+    fn refresh(&mut self, full_jobs: bool) -> Result<Refresh> {
+        self.view.refresh_with(&self.slurm, full_jobs)
+    }
+    fn nodes(&self) -> &[Node] {
+        self.view.nodes()
+    }
+    fn partitions(&self) -> &[Partition] {
+        self.view.partitions()
+    }
+    fn jobs(&self) -> &[Job] {
+        self.view.jobs()
+    }
+    fn submit(&mut self, job: &BatchJob) -> Result<u32> {
+        self.slurm.submit_batch(job).map(|s| s.job_id)
+    }
+    fn update(&mut self, job_id: u32, update: &JobUpdate) -> Result<()> {
+        self.slurm.update_job(job_id, update)
+    }
+    fn hold(&mut self, job_id: u32) -> Result<()> {
+        self.slurm.hold(job_id)
+    }
+    fn release(&mut self, job_id: u32) -> Result<()> {
+        self.slurm.release(job_id)
+    }
+    fn signal(&mut self, job_id: u32, signal: i32, target: SignalTarget) -> Result<()> {
+        self.slurm.signal_job(job_id, signal, target)
+    }
+    fn cancel(&mut self, job_id: u32) -> Result<()> {
+        self.slurm.cancel_job(job_id)
+    }
+    fn requeue(&mut self, job_id: u32, hold: bool) -> Result<()> {
+        self.slurm.requeue(job_id, hold)
+    }
+    fn compress(&self, names: &[String]) -> String {
+        bftrainer_slurm::hostlist_compress(names).unwrap_or_else(|_| names.join(","))
+    }
+    fn expand(&self, expr: &str) -> Vec<String> {
+        bftrainer_slurm::hostlist_expand(expr)
+            .unwrap_or_else(|_| expr.split(',').map(str::to_string).collect())
+    }
+}

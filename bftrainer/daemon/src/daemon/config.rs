@@ -1,0 +1,322 @@
+//! bftrainerd's settings: `[daemon]`, `[engine]` and `[runtime]` of bftrainer.toml,
+//! plus the few `[policy]` keys it shares with the job_submit plugin (which partitions
+//! are elastic). Read with the same key readers as the plugin; any wrong key, type or
+//! value stops the daemon with the file, key and allowed values.
+
+use bftrainer_core::alloc::{Curve, Objective};
+use bftrainer_core::config::{parse_doc, partition_name_ok, ConfigError, Table};
+use bftrainer_core::engine::EngineConfig;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const DAEMON_KEYS: [&str; 9] = [
+    "poll_interval",
+    "state_dir",
+    "shrink_grace",
+    "admit_timeout",
+    "grow_timeout",
+    "release_before",
+    "plan_refresh",
+    "node_backoff",
+    "satellite_min_runtime",
+];
+pub const ENGINE_KEYS: [&str; 8] = [
+    "objective",
+    "t_fwd",
+    "max_jobs",
+    "min_rescale_interval",
+    "lend_after_idle",
+    "default_up",
+    "default_down",
+    "default_curve",
+];
+pub const RUNTIME_KEYS: [&str; 2] = ["join_command", "satellite_output"];
+
+/// Everything bftrainerd reads from bftrainer.toml.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub path: PathBuf,
+    pub poll_interval: Duration,
+    pub state_dir: PathBuf,
+    /// From SIGTERM to a satellite being shrunk until it is cancelled.
+    pub shrink_grace_s: f64,
+    /// How long a released core job may take to start before it is held again.
+    pub admit_timeout_s: f64,
+    /// How long a satellite may take to start before it is cancelled.
+    pub grow_timeout_s: f64,
+    /// A lent node that the backfill plan gives a regular job within this many seconds
+    /// is taken back before the regular job has to preempt.
+    pub release_before_s: f64,
+    /// Jobs are loaded in full at least this often, for the backfill plan (expected
+    /// starts and SchedNodes, which Slurm changes without bumping the jobs' update time).
+    pub plan_refresh_s: f64,
+    /// First set-aside time of a node whose satellites fail; doubles per failure.
+    pub node_backoff_s: f64,
+    /// A satellite that ends by itself sooner than this after starting counts as a
+    /// failure of its node.
+    pub satellite_min_runtime_s: f64,
+    pub engine: EngineConfig,
+    pub objective: Objective,
+    pub default_up_s: f64,
+    pub default_down_s: f64,
+    /// Throughput per node count used when a job names no profile: `None` is linear
+    /// (n nodes do n times the work of one).
+    pub default_curve: Option<Curve>,
+    /// Command satellites run (through srun); `{parent}` is the core job's id.
+    pub join_command: String,
+    /// Satellites' stdout/stderr, in the parent's working directory (Slurm patterns).
+    pub satellite_output: String,
+    // From [policy]:
+    pub partition: String,
+    pub satellite_partition: String,
+    pub allowed_partitions: Vec<String>,
+    pub profile_dir: Option<PathBuf>,
+}
+
+impl Config {
+    /// Partitions whose nodes bftrainerd lends: the core, satellite and allowed ones.
+    pub fn elastic_partitions(&self) -> Vec<&str> {
+        let mut v = vec![self.partition.as_str()];
+        for p in std::iter::once(&self.satellite_partition).chain(&self.allowed_partitions) {
+            if !v.contains(&p.as_str()) {
+                v.push(p);
+            }
+        }
+        v
+    }
+
+    /// Core jobs may live in these.
+    pub fn core_partition_ok(&self, p: &str) -> bool {
+        p == self.partition || self.allowed_partitions.iter().any(|a| a == p)
+    }
+}
+
+/// Reads and checks the file at `path`.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError(format!(
+            "{}: cannot read the bftrainer config: {e}; write it (see conf/bftrainer.toml) \
+             or pass --config FILE",
+            path.display()
+        ))
+    })?;
+    let cfg = parse(&text, path)?;
+    match std::fs::metadata(&cfg.state_dir) {
+        Ok(m) if m.is_dir() => Ok(cfg),
+        Ok(_) => Err(ConfigError(format!(
+            "{}: [daemon] state_dir: '{}' is not a directory; expected an existing directory \
+             writable by bftrainerd",
+            path.display(),
+            cfg.state_dir.display()
+        ))),
+        Err(e) => Err(ConfigError(format!(
+            "{}: [daemon] state_dir: '{}': {e}; expected an existing directory writable by \
+             bftrainerd (create it, e.g. install -d -m 0700 {})",
+            path.display(),
+            cfg.state_dir.display(),
+            cfg.state_dir.display()
+        ))),
+    }
+}
+
+/// Checks config text; `path` is used in messages and to resolve relative paths.
+pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+    let file = path.display().to_string();
+    let doc = parse_doc(text, &file)?;
+    let base = path.parent().unwrap_or(Path::new("/"));
+    let d = Table::new(&doc, "daemon", &file);
+    d.check_keys(&DAEMON_KEYS)?;
+    let e = Table::new(&doc, "engine", &file);
+    e.check_keys(&ENGINE_KEYS)?;
+    let r = Table::new(&doc, "runtime", &file);
+    r.check_keys(&RUNTIME_KEYS)?;
+    let p = Table::new(&doc, "policy", &file);
+
+    let poll = d.seconds("poll_interval", 0.05..=60.0, 1.0)?;
+    let state_dir = base.join(d.string("state_dir", "/var/lib/bftrainer")?);
+    if state_dir.as_os_str().is_empty() {
+        return Err(d.err("state_dir", "is empty; expected a directory path"));
+    }
+    let names = Objective::ALL.map(Objective::name);
+    let objective = e.choice("objective", &names, "bftrainer")?;
+    let objective = Objective::ALL
+        .into_iter()
+        .find(|o| o.name() == objective)
+        .unwrap_or_default();
+    let engine = EngineConfig {
+        t_fwd_s: e.seconds("t_fwd", 1.0..=86_400.0, 600.0)?,
+        max_jobs: e.uint("max_jobs", 1..=100_000)?.unwrap_or(10) as usize,
+        min_rescale_interval_s: e.seconds("min_rescale_interval", 0.0..=86_400.0, 0.0)?,
+        lend_after_idle_s: e.seconds("lend_after_idle", 0.0..=86_400.0, 0.0)?,
+    };
+    engine
+        .validate()
+        .map_err(|m| ConfigError(format!("{file}: [engine] {m}")))?;
+    let default_curve = match doc.get("engine").and_then(|t| t.get("default_curve")) {
+        None => None,
+        Some(v) => Some(curve_from_toml(v).map_err(|m| e.err("default_curve", m))?),
+    };
+    let join_command = r.string("join_command", "bft-run --join {parent}")?;
+    if join_command.trim().is_empty() {
+        return Err(r.err("join_command", "is empty; expected a command line such as \"bft-run --join {parent}\""));
+    }
+    let partition = p.string("partition", "elastic")?;
+    let satellite_partition = p.string("satellite_partition", &partition)?;
+    for (k, v) in [("partition", &partition), ("satellite_partition", &satellite_partition)] {
+        if !partition_name_ok(v) {
+            return Err(p.err(k, format!("'{v}' is not a partition name; expected letters, digits, '.', '_' or '-'")));
+        }
+    }
+    Ok(Config {
+        path: path.to_path_buf(),
+        poll_interval: Duration::from_secs_f64(poll),
+        state_dir,
+        shrink_grace_s: d.seconds("shrink_grace", 0.0..=3600.0, 10.0)?,
+        admit_timeout_s: d.seconds("admit_timeout", 1.0..=3600.0, 30.0)?,
+        grow_timeout_s: d.seconds("grow_timeout", 1.0..=3600.0, 30.0)?,
+        release_before_s: d.seconds("release_before", 0.0..=3600.0, 30.0)?,
+        plan_refresh_s: d.seconds("plan_refresh", 0.0..=3600.0, 5.0)?,
+        node_backoff_s: d.seconds("node_backoff", 1.0..=86_400.0, 60.0)?,
+        satellite_min_runtime_s: d.seconds("satellite_min_runtime", 0.0..=3600.0, 10.0)?,
+        engine,
+        objective,
+        default_up_s: e.seconds("default_up", 0.0..=86_400.0, 30.0)?,
+        default_down_s: e.seconds("default_down", 0.0..=86_400.0, 10.0)?,
+        default_curve,
+        join_command,
+        satellite_output: r.string("satellite_output", "bftrainer-sat-%j.out")?,
+        partition,
+        satellite_partition,
+        allowed_partitions: p.strings("allowed_partitions")?,
+        profile_dir: p.opt_string("profile_dir")?.map(|s| base.join(s)),
+    })
+}
+
+/// A curve written as `[[nodes, value], ...]` (TOML), checked: node counts strictly
+/// increasing from 1, values finite and >= 0.
+pub fn curve_from_toml(v: &toml::Value) -> Result<Curve, String> {
+    const EXPECTED: &str = "expected a list of [nodes, value] pairs such as [[1, 100.0], [4, 350.0]], nodes strictly increasing from 1, values >= 0";
+    let arr = v
+        .as_array()
+        .ok_or_else(|| format!("{EXPECTED}, found {}", v.type_str()))?;
+    let mut points = Vec::new();
+    for item in arr {
+        let pair = item.as_array().filter(|a| a.len() == 2).ok_or(EXPECTED)?;
+        let n = pair[0]
+            .as_integer()
+            .filter(|&n| n >= 1 && n <= i64::from(u32::MAX))
+            .ok_or(EXPECTED)? as u32;
+        let y = pair[1]
+            .as_float()
+            .or_else(|| pair[1].as_integer().map(|i| i as f64))
+            .filter(|y| y.is_finite() && *y >= 0.0)
+            .ok_or(EXPECTED)?;
+        if points.last().is_some_and(|&(m, _)| m >= n) || (points.is_empty() && n != 1) {
+            return Err(EXPECTED.to_string());
+        }
+        points.push((n, y));
+    }
+    if points.is_empty() {
+        return Err(EXPECTED.to_string());
+    }
+    Ok(Curve::new(points))
+}
+
+/// A profile file `DIR/NAME.toml`: `points = [[1, 100.0], ...]`, optional `up` and
+/// `down` seconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    pub curve: Curve,
+    pub up_s: Option<f64>,
+    pub down_s: Option<f64>,
+}
+
+pub fn load_profile(dir: &Path, name: &str) -> Result<Profile, String> {
+    let path = dir.join(format!("{name}.toml"));
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let doc: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| format!("{}: not valid TOML: {}", path.display(), e.message().trim()))?;
+    let curve = doc
+        .get("points")
+        .ok_or_else(|| format!("{}: no `points`", path.display()))
+        .and_then(|v| curve_from_toml(v).map_err(|m| format!("{}: points: {m}", path.display())))?;
+    let secs = |k: &str| -> Result<Option<f64>, String> {
+        match doc.get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_float()
+                .or_else(|| v.as_integer().map(|i| i as f64))
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(Some)
+                .ok_or_else(|| format!("{}: {k}: expected seconds >= 0", path.display())),
+        }
+    };
+    Ok(Profile {
+        curve,
+        up_s: secs("up")?,
+        down_s: secs("down")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(text: &str) -> Result<Config, String> {
+        parse(text, Path::new("/etc/slurm/bftrainer.toml")).map_err(|e| e.0)
+    }
+
+    #[test]
+    fn defaults_and_policy_partitions() {
+        let c = p("[policy]\nsatellite_partition = \"elastic-sat\"\n").unwrap();
+        assert_eq!(c.poll_interval, Duration::from_secs(1));
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/bftrainer"));
+        assert_eq!(c.join_command, "bft-run --join {parent}");
+        assert_eq!(c.elastic_partitions(), ["elastic", "elastic-sat"]);
+        assert!(c.core_partition_ok("elastic") && !c.core_partition_ok("elastic-sat"));
+        assert_eq!(c.objective, Objective::Bftrainer);
+        let c = p("[daemon]\nstate_dir = \"state\"\n[engine]\ndefault_curve = [[1, 10], [4, 30.5]]\nobjective = \"fairness\"\n").unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/etc/slurm/state"));
+        assert_eq!(c.default_curve.unwrap().points, [(1, 10.0), (4, 30.5)]);
+        assert_eq!(c.objective, Objective::Fairness);
+    }
+
+    #[test]
+    fn errors_name_file_key_and_allowed_values() {
+        let cases = [
+            ("[daemon]\npoll = 1", "/etc/slurm/bftrainer.toml: [daemon] poll: unknown key; allowed keys: poll_interval, state_dir"),
+            ("[daemon]\npoll_interval = \"fast\"", "[daemon] poll_interval: expected seconds from 0.05 to 60, found string"),
+            ("[daemon]\npoll_interval = 0", "[daemon] poll_interval: 0 is out of range; expected seconds from 0.05 to 60"),
+            ("[engine]\nmax_jobs = 0", "[engine] max_jobs: 0 is out of range; expected a whole number from 1 to 100000"),
+            ("[engine]\nobjective = \"best\"", "[engine] objective: 'best' is not allowed; expected one of: bftrainer, efficiency, fairness, remaining-work, reclaim-aware"),
+            ("[engine]\ndefault_curve = [[2, 1.0]]", "[engine] default_curve: expected a list of [nodes, value] pairs"),
+            ("[runtime]\njoin_command = \" \"", "[runtime] join_command: is empty"),
+            ("[demon]\n", "unknown table or key 'demon' at top level"),
+            ("[policy]\nsatellite_partition = \"a b\"", "[policy] satellite_partition: 'a b' is not a partition name"),
+        ];
+        for (text, want) in cases {
+            let e = p(text).unwrap_err();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+        let e = load(Path::new("/nonexistent/bftrainer.toml")).unwrap_err().0;
+        assert!(e.starts_with("/nonexistent/bftrainer.toml: cannot read"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("b.toml");
+        std::fs::write(&f, "[daemon]\nstate_dir = \"missing\"\n").unwrap();
+        let e = load(&f).unwrap_err().0;
+        assert!(e.contains("[daemon] state_dir: '") && e.contains("missing': No such file"), "{e}");
+    }
+
+    #[test]
+    fn profiles() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("resnet.toml"), "points = [[1, 100], [2, 190.0]]\nup = 20\n").unwrap();
+        let pr = load_profile(dir.path(), "resnet").unwrap();
+        assert_eq!(pr.curve.points, [(1, 100.0), (2, 190.0)]);
+        assert_eq!((pr.up_s, pr.down_s), (Some(20.0), None));
+        std::fs::write(dir.path().join("bad.toml"), "points = 3\n").unwrap();
+        assert!(load_profile(dir.path(), "bad").unwrap_err().contains("points: expected a list"));
+        assert!(load_profile(dir.path(), "none").is_err());
+    }
+}

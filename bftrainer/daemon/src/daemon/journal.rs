@@ -1,0 +1,188 @@
+//! The daemon's append-only journal of engine events (v1 `Record` lines, what
+//! `bftrainer replay --journal` reads) and its one-daemon-per-cluster lock, both in
+//! `[daemon] state_dir`.
+
+use anyhow::Context;
+use bftrainer_core::engine::Record;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+pub const JOURNAL_FILE: &str = "journal.jsonl";
+pub const LOCK_FILE: &str = "bftrainerd.lock";
+
+/// Appends records; `flush` writes and fsyncs them before the daemon acts on them.
+#[derive(Debug)]
+pub struct Journal {
+    path: PathBuf,
+    file: File,
+    buf: Vec<u8>,
+    pub written: u64,
+}
+
+impl Journal {
+    /// Opens (creating) the journal in `dir` and returns it with the records already
+    /// there. A torn last line (the daemon killed mid-write) is cut off; any other bad
+    /// line is an error naming the line.
+    pub fn open(dir: &Path) -> anyhow::Result<(Journal, Vec<Record>)> {
+        let path = dir.join(JOURNAL_FILE);
+        let mut records = Vec::new();
+        let mut good_len: u64 = 0;
+        if path.exists() {
+            let f = File::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            let mut r = BufReader::new(f);
+            let mut line = String::new();
+            let mut n = 0usize;
+            loop {
+                line.clear();
+                let got = r
+                    .read_line(&mut line)
+                    .with_context(|| format!("{}: read failed after line {n}", path.display()))?;
+                if got == 0 {
+                    break;
+                }
+                n += 1;
+                if !line.ends_with('\n') {
+                    log::warn!(
+                        "{}:{n}: dropping a torn last line ({} bytes; the daemon stopped while writing it)",
+                        path.display(),
+                        line.len()
+                    );
+                    break;
+                }
+                if !line.trim().is_empty() {
+                    let rec = Record::from_json_line(line.trim_end())
+                        .map_err(|m| anyhow::anyhow!("{}:{n}: {m}", path.display()))?;
+                    records.push(rec);
+                }
+                good_len += got as u64;
+            }
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("cannot open {} for appending", path.display()))?;
+        if file.metadata().map(|m| m.len()).unwrap_or(0) > good_len {
+            file.set_len(good_len)
+                .with_context(|| format!("cannot cut the torn line off {}", path.display()))?;
+        }
+        Ok((
+            Journal {
+                path,
+                file,
+                buf: Vec::new(),
+                written: 0,
+            },
+            records,
+        ))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn push(&mut self, rec: &Record) {
+        // Records are plain data: serialisation cannot fail.
+        serde_json::to_writer(&mut self.buf, rec).expect("journal record serialises");
+        self.buf.push(b'\n');
+        self.written += 1;
+    }
+
+    /// Writes what was pushed and syncs it to disk.
+    pub fn flush(&mut self) -> anyhow::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        self.file
+            .write_all(&self.buf)
+            .and_then(|_| self.file.sync_data())
+            .with_context(|| format!("cannot write the journal {}", self.path.display()))?;
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+/// The lock that keeps a second bftrainerd off the same state directory (flock, held
+/// for the process's life; the file names the holder's pid).
+#[derive(Debug)]
+pub struct Lock {
+    _file: File,
+}
+
+impl Lock {
+    pub fn acquire(dir: &Path) -> anyhow::Result<Lock> {
+        let path = dir.join(LOCK_FILE);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("cannot open the lock file {}", path.display()))?;
+        // SAFETY: flock on an open descriptor.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            let holder = holder.trim();
+            anyhow::bail!(
+                "another bftrainerd (pid {}) already runs on this state directory: {} is locked; \
+                 one daemon per cluster (stop it first)",
+                if holder.is_empty() { "unknown" } else { holder },
+                path.display()
+            );
+        }
+        file.set_len(0)?;
+        writeln!(file, "{}", std::process::id())?;
+        file.sync_data()?;
+        Ok(Lock { _file: file })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bftrainer_core::engine::{Event, EVENT_FORMAT_VERSION};
+
+    #[test]
+    fn journal_round_trips_and_cuts_a_torn_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, recs) = Journal::open(dir.path()).unwrap();
+        assert!(recs.is_empty());
+        let r = Record {
+            v: EVENT_FORMAT_VERSION,
+            t: 5.0,
+            event: Event::Tick,
+        };
+        j.push(&r);
+        j.flush().unwrap();
+        drop(j);
+        let p = dir.path().join(JOURNAL_FILE);
+        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+        f.write_all(b"{\"v\":1,\"t\":6,\"ev").unwrap();
+        drop(f);
+        let (mut j, recs) = Journal::open(dir.path()).unwrap();
+        assert_eq!(recs, vec![r.clone()]);
+        j.push(&r);
+        j.flush().unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert_eq!(text.lines().count(), 2, "{text}");
+        std::fs::write(&p, "{\"v\":1,\"t\":6,\"event\":{\"type\":\"nap\"}}\n").unwrap();
+        let e = Journal::open(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("journal.jsonl:1: not a journal record"), "{e}");
+    }
+
+    #[test]
+    fn second_lock_names_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let _l = Lock::acquire(dir.path()).unwrap();
+        // flock locks belong to the open file description: a second open conflicts
+        // even in the same process.
+        let e = Lock::acquire(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("another bftrainerd (pid {})", std::process::id())),
+            "{e}"
+        );
+    }
+}

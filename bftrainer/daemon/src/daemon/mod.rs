@@ -1,0 +1,1278 @@
+//! bftrainerd: watches Slurm, feeds the engine, and makes Slurm follow its decisions.
+//!
+//! One cycle (`Daemon::cycle`), every `[daemon] poll_interval`:
+//! 1. **observe**: refresh the cluster view; turn what Slurm shows into engine events
+//!    (nodes idle / claimed / lost with reclaim forecasts; elastic core jobs submitted,
+//!    started, ended, preempted; satellites joined, preempted, failed);
+//! 2. **decide**: journal each event and feed it to the engine, then one `Tick`;
+//!    the journal is synced before anything is acted on;
+//! 3. **reconcile**: compare what the engine holds (per job: core nodes and the rest)
+//!    with the core and satellite jobs Slurm has, and make idempotent Slurm calls to
+//!    close the gap: pin and release a core job (admit), submit a satellite per extra
+//!    node (grow), SIGTERM then cancel a satellite (shrink), requeue and hold a core
+//!    job (requeue), cancel orphans. Every call is re-derived from state each cycle, so
+//!    a failed or lost call is retried and a restart after `kill -9` converges too.
+//!
+//! Slurm is the source of truth for who holds what; the journal keeps what Slurm does
+//! not (node and job ids, the engine's decisions), replayed into the engine at start.
+
+pub mod cluster;
+pub mod config;
+pub mod journal;
+pub mod run;
+
+use bftrainer_core::alloc::Curve;
+use bftrainer_core::engine::{
+    ElasticSpec, Engine, Event, Exact, JobId, JobStatus, NodeId, NodeState, Record,
+    EVENT_FORMAT_VERSION,
+};
+use bftrainer_core::spec::{self, Role};
+use bftrainer_slurm::{BatchJob, Job, JobBase, JobUpdate, SignalTarget};
+use cluster::Cluster;
+use config::Config;
+use journal::Journal;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// What the daemon believes a node is, as last told to the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    /// Open to elastic jobs (idle, or held by one), with the backfill plan's forecast.
+    Available { reclaim_at: Option<f64> },
+    /// A regular job holds it or is about to.
+    Claimed,
+    /// Down, drained, failing, reserved, in maintenance, or set aside by the daemon.
+    Lost,
+}
+
+#[derive(Debug)]
+struct NodeRec {
+    name: String,
+    /// The forecast last sent with `NodeIdle`.
+    sent_forecast: Option<f64>,
+    class: Class,
+}
+
+/// A node whose satellites keep failing: set aside until `until`.
+#[derive(Debug, Clone, Serialize)]
+pub struct SetAside {
+    pub failures: u32,
+    pub until: f64,
+    pub reason: String,
+}
+
+/// A core job the daemon manages.
+#[derive(Debug)]
+struct Core {
+    jid: JobId,
+    uid: u32,
+    gid: u32,
+    /// When the daemon released it onto its nodes (admit in flight).
+    admit_at: Option<f64>,
+    /// JobStarted sent for the current run.
+    started: bool,
+    /// Preemption of the current run seen (nodes given up in the engine).
+    preempting: bool,
+    /// Restart count last seen: a higher one means Slurm requeued it.
+    restarts: u16,
+    /// When the daemon last asked Slurm to requeue or hold it (not more than once per
+    /// few seconds).
+    asked_at: f64,
+    preemptions: u32,
+    ended: bool,
+}
+
+/// What the daemon remembers of one satellite job.
+#[derive(Debug, Default)]
+struct SatMemo {
+    joined: bool,
+    signalled_at: Option<f64>,
+    /// The daemon ended it (shrink, orphan, timeout): its end is not a failure.
+    ending: bool,
+    preempted: bool,
+    done: bool,
+}
+
+/// Counters since start.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Stats {
+    pub cycles: u64,
+    pub admits: u64,
+    pub grows: u64,
+    pub shrinks: u64,
+    pub requeues: u64,
+    pub preemptions: u64,
+    pub satellite_failures: u64,
+    pub slurm_errors: u64,
+    pub events: u64,
+    pub not_adopted: u64,
+}
+
+/// What one cycle did (for logs, tests and the benchmark).
+#[derive(Debug, Clone, Default)]
+pub struct CycleReport {
+    pub slurm_ok: bool,
+    pub changed: bool,
+    pub events: usize,
+    pub actions: usize,
+    pub calls: usize,
+}
+
+pub struct Daemon<C: Cluster> {
+    pub cfg: Config,
+    pub cluster: C,
+    engine: Engine<Exact>,
+    journal: Option<Journal>,
+    nodes: Vec<NodeRec>,
+    node_ids: HashMap<String, NodeId>,
+    /// Engine job -> Slurm job id of its core job.
+    jobs: Vec<u32>,
+    cores: BTreeMap<u32, Core>,
+    sats: HashMap<u32, SatMemo>,
+    set_aside: HashMap<NodeId, SetAside>,
+    /// Jobs with a tag the daemon refused to adopt (logged once each).
+    refused: HashSet<u32>,
+    last_t: f64,
+    last_full: f64,
+    outage_since: Option<f64>,
+    expand_cache: HashMap<String, Vec<String>>,
+    pub stats: Stats,
+    pending: Vec<Event>,
+}
+
+fn record(t: f64, event: Event) -> Record {
+    Record {
+        v: EVENT_FORMAT_VERSION,
+        t,
+        event,
+    }
+}
+
+/// The tag, name and partition of the satellite of `parent` that bftrainerd writes; a
+/// satellite that differs from them in any way is not adopted.
+pub fn satellite_tag(parent: u32) -> String {
+    spec::ElasticSpec {
+        min: 1,
+        max: Some(1),
+        role: Role::Satellite,
+        parent: Some(parent),
+        ..Default::default()
+    }
+    .to_tag()
+}
+
+pub fn satellite_name(parent: u32) -> String {
+    format!("bftsat-{parent}")
+}
+
+fn is_running(j: &Job) -> bool {
+    matches!(j.state.base(), JobBase::Running | JobBase::Suspended)
+}
+
+impl<C: Cluster> Daemon<C> {
+    /// A daemon over `cluster`, its engine rebuilt from `records` (the journal).
+    pub fn new(
+        cfg: Config,
+        cluster: C,
+        journal: Option<Journal>,
+        records: &[Record],
+    ) -> anyhow::Result<Self> {
+        cfg.engine
+            .validate()
+            .map_err(|m| anyhow::anyhow!("{}: [engine] {m}", cfg.path.display()))?;
+        let engine = Engine::new(
+            cfg.engine.clone(),
+            Exact {
+                opts: bftrainer_core::alloc::Options::new(cfg.objective),
+            },
+        );
+        let mut d = Daemon {
+            cfg,
+            cluster,
+            engine,
+            journal,
+            nodes: Vec::new(),
+            node_ids: HashMap::new(),
+            jobs: Vec::new(),
+            cores: BTreeMap::new(),
+            sats: HashMap::new(),
+            set_aside: HashMap::new(),
+            refused: HashSet::new(),
+            last_t: f64::NEG_INFINITY,
+            last_full: f64::NEG_INFINITY,
+            outage_since: None,
+            expand_cache: HashMap::new(),
+            stats: Stats::default(),
+            pending: Vec::new(),
+        };
+        for (i, r) in records.iter().enumerate() {
+            d.engine
+                .on_event(&r.event, r.t)
+                .map_err(|e| anyhow::anyhow!("journal record {}: {e}", i + 1))?;
+            d.last_t = r.t;
+            d.learn(&r.event)?;
+        }
+        if !records.is_empty() {
+            log::info!(
+                "rebuilt from the journal: {} records, {} nodes, {} elastic jobs",
+                records.len(),
+                d.nodes.len(),
+                d.jobs.len()
+            );
+        }
+        Ok(d)
+    }
+
+    /// Keeps the daemon's maps in step with an event the engine accepted.
+    fn learn(&mut self, ev: &Event) -> anyhow::Result<()> {
+        match ev {
+            Event::NodeAdded { node, name } => {
+                self.node_ids.insert(name.clone(), *node);
+                self.nodes.push(NodeRec {
+                    name: name.clone(),
+                    sent_forecast: None,
+                    class: Class::Claimed,
+                });
+            }
+            Event::NodeIdle { node, reclaim_at } => {
+                let n = &mut self.nodes[*node as usize];
+                n.sent_forecast = *reclaim_at;
+                n.class = Class::Available {
+                    reclaim_at: *reclaim_at,
+                };
+            }
+            Event::NodeClaimed { node } => self.nodes[*node as usize].class = Class::Claimed,
+            Event::NodeLost { node } => self.nodes[*node as usize].class = Class::Lost,
+            Event::JobSubmitted { spec, .. } => {
+                let id: u32 = spec.name.parse().map_err(|_| {
+                    anyhow::anyhow!("journal: job name '{}' is not a Slurm job id", spec.name)
+                })?;
+                self.jobs.push(id);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    pub fn engine(&self) -> &Engine<Exact> {
+        &self.engine
+    }
+
+    /// Applies the new config (SIGHUP). The state directory cannot change while running.
+    pub fn reconfigure(&mut self, cfg: Config) {
+        if cfg.state_dir != self.cfg.state_dir {
+            log::warn!(
+                "reload: [daemon] state_dir changed to {}; it takes effect at the next start",
+                cfg.state_dir.display()
+            );
+        }
+        self.engine.set_config(cfg.engine.clone());
+        self.engine.allocator_mut().opts = bftrainer_core::alloc::Options::new(cfg.objective);
+        let state_dir = self.cfg.state_dir.clone();
+        self.cfg = cfg;
+        self.cfg.state_dir = state_dir;
+        log::info!("reloaded {}", self.cfg.path.display());
+    }
+
+    fn node_name(&self, n: NodeId) -> &str {
+        &self.nodes[n as usize].name
+    }
+
+    fn names(&self, nodes: &[NodeId]) -> String {
+        let v: Vec<String> = nodes.iter().map(|&n| self.node_name(n).to_string()).collect();
+        self.cluster.compress(&v)
+    }
+
+    fn expand(&mut self, expr: &str) -> Vec<String> {
+        if let Some(v) = self.expand_cache.get(expr) {
+            return v.clone();
+        }
+        if self.expand_cache.len() > 100_000 {
+            self.expand_cache.clear();
+        }
+        let v = self.cluster.expand(expr);
+        self.expand_cache.insert(expr.to_string(), v.clone());
+        v
+    }
+
+    fn emit(&mut self, ev: Event) {
+        self.pending.push(ev);
+    }
+
+    /// One poll: observe, decide, reconcile. `now` is Unix time in seconds.
+    pub fn cycle(&mut self, now: f64) -> anyhow::Result<CycleReport> {
+        let now = now.max(self.last_t);
+        let mut rep = CycleReport::default();
+        self.stats.cycles += 1;
+        let full = now - self.last_full >= self.cfg.plan_refresh_s;
+        match self.cluster.refresh(full) {
+            Err(e) => {
+                if self.outage_since.is_none() {
+                    log::error!(
+                        "slurmctld does not answer ({e}); retrying every {:?}, logged once per outage",
+                        self.cfg.poll_interval
+                    );
+                    self.outage_since = Some(now);
+                }
+                self.stats.slurm_errors += 1;
+                return Ok(rep);
+            }
+            Ok(r) => {
+                if let Some(t0) = self.outage_since.take() {
+                    log::info!("slurmctld answers again after {:.1} s", now - t0);
+                }
+                if full {
+                    self.last_full = now;
+                }
+                rep.changed = r.any();
+            }
+        }
+        rep.slurm_ok = true;
+        self.observe(now);
+        rep.events = self.pending.len();
+        let actions = self.decide(now)?;
+        rep.actions = actions;
+        rep.calls = self.reconcile(now);
+        self.last_t = now;
+        Ok(rep)
+    }
+
+    /// Feeds pending events and a Tick to the engine, journaling what it accepts, and
+    /// syncs the journal. Returns the number of actions the engine decided.
+    fn decide(&mut self, now: f64) -> anyhow::Result<usize> {
+        let events = std::mem::take(&mut self.pending);
+        let mut accepted = 0usize;
+        for ev in events {
+            match self.engine.on_event(&ev, now) {
+                Ok(_) => {
+                    accepted += 1;
+                    self.learn(&ev)?;
+                    if let Some(j) = self.journal.as_mut() {
+                        j.push(&record(now, ev));
+                    }
+                }
+                Err(e) => log::warn!("engine refused {ev:?}: {e}"),
+            }
+        }
+        self.stats.events += accepted as u64;
+        let decisions = self.engine.stats.decisions;
+        let actions = self
+            .engine
+            .on_event(&Event::Tick, now)
+            .map_err(|e| anyhow::anyhow!("engine: {e}"))?;
+        if accepted > 0 || self.engine.stats.decisions != decisions {
+            if let Some(j) = self.journal.as_mut() {
+                j.push(&record(now, Event::Tick));
+            }
+        }
+        if let Some(j) = self.journal.as_mut() {
+            j.flush()?;
+        }
+        for a in &actions {
+            let what = match a {
+                bftrainer_core::engine::Action::Admit { .. } => "admit",
+                bftrainer_core::engine::Action::Grow { .. } => "grow",
+                bftrainer_core::engine::Action::Shrink { .. } => "shrink",
+                bftrainer_core::engine::Action::Requeue { .. } => "requeue",
+            };
+            log::info!(
+                "decision: {what} job {} {} {}",
+                self.jobs[a.job() as usize],
+                if what == "admit" || what == "grow" { "onto" } else { "off" },
+                self.names(a.nodes())
+            );
+        }
+        Ok(actions.len())
+    }
+
+    // ------------------------------------------------------------------ observe
+
+    fn observe(&mut self, now: f64) {
+        let parts = self.cfg.elastic_partitions();
+        let parts: Vec<String> = parts.into_iter().map(str::to_string).collect();
+        // Which jobs are ours, and which hold or will take which nodes.
+        let mut foreign_busy: HashSet<String> = HashSet::new();
+        let mut forecast: HashMap<String, f64> = HashMap::new();
+        let mut our_nodes: HashSet<String> = HashSet::new();
+        let mut cores_seen: HashMap<u32, usize> = HashMap::new();
+        let mut sats: Vec<(usize, u32)> = Vec::new(); // (index in jobs, parent)
+        let jobs = self.cluster.jobs().to_vec();
+        let uid_of: HashMap<u32, u32> = jobs.iter().map(|j| (j.job_id, j.user_id)).collect();
+        for (i, j) in jobs.iter().enumerate() {
+            let tag = j.admin_comment.as_deref().and_then(spec::parse_tag);
+            let ours = match tag {
+                Some(Ok(s)) if s.role == Role::Core => {
+                    if j.partition.as_deref().is_some_and(|p| self.cfg.core_partition_ok(p)) {
+                        cores_seen.insert(j.job_id, i);
+                        true
+                    } else {
+                        self.refuse(j, "a core tag outside the elastic partitions");
+                        false
+                    }
+                }
+                Some(Ok(s)) if s.role == Role::Satellite => {
+                    let parent = s.parent.unwrap_or(0);
+                    let consistent = j.admin_comment.as_deref() == Some(&satellite_tag(parent))
+                        && j.name == satellite_name(parent)
+                        && j.partition.as_deref() == Some(self.cfg.satellite_partition.as_str())
+                        && uid_of.get(&parent).map_or(true, |&u| u == j.user_id)
+                        && self.cores.get(&parent).map_or(true, |c| c.uid == j.user_id);
+                    if consistent {
+                        sats.push((i, parent));
+                        true
+                    } else {
+                        self.refuse(j, "a satellite tag, name, partition or owner bftrainerd did not write");
+                        false
+                    }
+                }
+                Some(_) => {
+                    if j.state.is_active() {
+                        self.refuse(j, "a malformed bftrainer tag");
+                    }
+                    false
+                }
+                None => false,
+            };
+            let holding = is_running(j) || j.state.is_completing();
+            if holding {
+                if let Some(expr) = j.nodes.clone() {
+                    for n in self.expand(&expr) {
+                        if ours {
+                            // A satellite or core being preempted goes to a regular job.
+                            if j.preempt_time.is_some() {
+                                foreign_busy.insert(n);
+                            } else {
+                                our_nodes.insert(n);
+                            }
+                        } else {
+                            foreign_busy.insert(n);
+                        }
+                    }
+                }
+            } else if !ours && j.state.base() == JobBase::Pending && !j.is_held() {
+                if let (Some(expr), Some(start)) = (j.sched_nodes.clone(), j.expected_start()) {
+                    for n in self.expand(&expr) {
+                        let e = forecast.entry(n).or_insert(start as f64);
+                        *e = e.min(start as f64);
+                    }
+                }
+            }
+        }
+
+        // Nodes.
+        let mut cluster_nodes: Vec<(String, Class)> = Vec::new();
+        for n in self.cluster.nodes() {
+            if !n.partitions.iter().any(|p| parts.contains(p)) {
+                continue;
+            }
+            let st = n.state;
+            let class = if st.is_unavailable() || st.is_drain() || st.is_reserved() {
+                Class::Lost
+            } else if foreign_busy.contains(&n.name) {
+                Class::Claimed
+            } else if !our_nodes.contains(&n.name)
+                && st.base() != bftrainer_slurm::NodeBase::Idle
+            {
+                // Allocated to something not in our snapshot (a job just started).
+                Class::Claimed
+            } else {
+                let mut r = forecast.get(&n.name).copied();
+                if r.is_none() && st.is_planned() {
+                    r = Some(now);
+                }
+                match r {
+                    Some(t) if t <= now + self.cfg.release_before_s => Class::Claimed,
+                    _ => Class::Available { reclaim_at: r },
+                }
+            };
+            cluster_nodes.push((n.name.clone(), class));
+        }
+        cluster_nodes.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, mut class) in cluster_nodes {
+            let id = match self.node_ids.get(&name) {
+                Some(&id) => id,
+                None => {
+                    let id = self.nodes.len() as NodeId;
+                    // Declared at once (the engine needs the id for later events).
+                    let ev = Event::NodeAdded {
+                        node: id,
+                        name: name.clone(),
+                    };
+                    if self.engine.on_event(&ev, now).is_ok() {
+                        self.learn(&ev).ok();
+                        if let Some(j) = self.journal.as_mut() {
+                            j.push(&record(now, ev));
+                        }
+                    }
+                    id
+                }
+            };
+            if let Some(sa) = self.set_aside.get(&id) {
+                if sa.until > now {
+                    class = Class::Lost;
+                } else {
+                    log::info!("node {name}: back in the pool after being set aside ({})", sa.reason);
+                    let failures = sa.failures;
+                    self.set_aside.insert(
+                        id,
+                        SetAside {
+                            failures,
+                            until: f64::NEG_INFINITY,
+                            reason: String::new(),
+                        },
+                    );
+                }
+            }
+            self.observe_node(id, class);
+        }
+
+        // Core jobs.
+        let known: Vec<u32> = self.cores.keys().copied().collect();
+        for id in known {
+            let job = cores_seen.get(&id).map(|&i| &jobs[i]);
+            self.observe_core(id, job, now);
+        }
+        let mut new: Vec<usize> = cores_seen
+            .iter()
+            .filter(|(id, _)| !self.cores.contains_key(id))
+            .map(|(_, &i)| i)
+            .collect();
+        new.sort_by_key(|&i| (jobs[i].submit_time, jobs[i].job_id));
+        for i in new {
+            self.adopt_core(&jobs[i], now);
+        }
+
+        // Satellites.
+        let mut live: HashSet<u32> = HashSet::new();
+        for (i, parent) in sats {
+            let j = &jobs[i];
+            live.insert(j.job_id);
+            self.observe_satellite(j, parent, now);
+        }
+        self.sats.retain(|id, _| live.contains(id));
+    }
+
+    fn refuse(&mut self, j: &Job, why: &str) {
+        if self.refused.insert(j.job_id) {
+            self.stats.not_adopted += 1;
+            log::warn!(
+                "not adopting job {} (user {}, partition {}): {why}; admin comment {:?}",
+                j.job_id,
+                j.user_id,
+                j.partition.as_deref().unwrap_or("-"),
+                j.admin_comment.as_deref().unwrap_or("")
+            );
+        }
+    }
+
+    fn observe_node(&mut self, id: NodeId, class: Class) {
+        let st = self.engine.node_state(id);
+        let rec = &self.nodes[id as usize];
+        let ev = match class {
+            Class::Lost if st != NodeState::Lost => Some(Event::NodeLost { node: id }),
+            Class::Claimed if matches!(st, NodeState::Idle | NodeState::Held(_)) => {
+                Some(Event::NodeClaimed { node: id })
+            }
+            Class::Available { reclaim_at }
+                if matches!(st, NodeState::Busy | NodeState::Lost)
+                    || rec.sent_forecast != reclaim_at =>
+            {
+                Some(Event::NodeIdle { node: id, reclaim_at })
+            }
+            _ => None,
+        };
+        self.nodes[id as usize].class = class;
+        if let Some(ev) = ev {
+            self.emit(ev);
+        }
+    }
+
+    fn job_spec(&self, j: &Job, s: &spec::ElasticSpec) -> ElasticSpec {
+        let cap = self.nodes.len().max(1) as u32;
+        let max = s.max.unwrap_or(cap).max(s.min);
+        let mut up = self.cfg.default_up_s;
+        let mut down = self.cfg.default_down_s;
+        let mut curve = self.cfg.default_curve.clone();
+        if let (Some(name), Some(dir)) = (&s.profile, &self.cfg.profile_dir) {
+            match config::load_profile(dir, name) {
+                Ok(p) => {
+                    curve = Some(p.curve);
+                    up = p.up_s.unwrap_or(up);
+                    down = p.down_s.unwrap_or(down);
+                }
+                Err(e) => log::warn!(
+                    "job {}: profile '{name}' unusable ({e}); using the default curve",
+                    j.job_id
+                ),
+            }
+        }
+        if let Some(v) = s.up {
+            up = f64::from(v);
+        }
+        if let Some(v) = s.down {
+            down = f64::from(v);
+        }
+        let objective = curve.unwrap_or_else(|| Curve::new(vec![(1, 1.0), (max, f64::from(max))]));
+        ElasticSpec {
+            name: j.job_id.to_string(),
+            min_nodes: s.min,
+            max_nodes: max,
+            scale_up_s: up,
+            scale_down_s: down,
+            objective,
+        }
+    }
+
+    fn adopt_core(&mut self, j: &Job, now: f64) {
+        if !j.state.is_active() {
+            return;
+        }
+        let s = match j.admin_comment.as_deref().and_then(spec::parse_tag) {
+            Some(Ok(s)) => s,
+            _ => return,
+        };
+        // The journal may know it already (restart): find its engine id.
+        let jid = match self.jobs.iter().position(|&x| x == j.job_id) {
+            Some(k) => k as JobId,
+            None => {
+                let jid = self.engine.n_jobs() as JobId;
+                let spec = self.job_spec(j, &s);
+                log::info!(
+                    "elastic job {} of user {} ({}:{} nodes) found {}",
+                    j.job_id,
+                    j.user_name.as_deref().unwrap_or("?"),
+                    spec.min_nodes,
+                    spec.max_nodes,
+                    if j.is_held() { "held, queued for admission" } else { "not held" }
+                );
+                // Declared at once: later events of this cycle name it.
+                let ev = Event::JobSubmitted { job: jid, spec };
+                match self.engine.on_event(&ev, now) {
+                    Ok(_) => {
+                        self.learn(&ev).ok();
+                        if let Some(jr) = self.journal.as_mut() {
+                            jr.push(&record(now, ev));
+                        }
+                    }
+                    Err(e) => {
+                        log::warn!("engine refused elastic job {}: {e}", j.job_id);
+                        return;
+                    }
+                }
+                jid
+            }
+        };
+        let status = self.engine.job_status(jid);
+        if matches!(status, JobStatus::Finished | JobStatus::Cancelled) {
+            // It ended in the journal's view, yet runs or waits in Slurm: not ours now.
+            return;
+        }
+        self.cores.insert(
+            j.job_id,
+            Core {
+                jid,
+                uid: j.user_id,
+                gid: j.group_id,
+                admit_at: None,
+                started: is_running(j),
+                preempting: false,
+                restarts: j.restart_count,
+                asked_at: f64::NEG_INFINITY,
+                preemptions: 0,
+                ended: false,
+            },
+        );
+        if is_running(j) && self.engine.job_nodes(jid).is_empty() {
+            log::warn!(
+                "elastic job {} runs on {} without an admission on record; it will be requeued and held for admission",
+                j.job_id,
+                j.nodes.as_deref().unwrap_or("?")
+            );
+        }
+    }
+
+    /// Gives up the engine's nodes of a core job: core nodes lost to a regular job,
+    /// the rest back to the pool (its satellites are cancelled by reconcile).
+    fn job_lost_nodes(&mut self, jid: JobId) {
+        let anchors: Vec<NodeId> = self.engine.job_anchors(jid).to_vec();
+        let nodes: Vec<NodeId> = self.engine.job_nodes(jid).to_vec();
+        for n in nodes {
+            if anchors.contains(&n) {
+                self.emit(Event::WorkerPreempted { job: jid, node: n });
+            } else {
+                self.emit(Event::WorkerLeft { job: jid, node: n });
+            }
+        }
+    }
+
+    fn observe_core(&mut self, id: u32, job: Option<&Job>, now: f64) {
+        let Some(core) = self.cores.get(&id) else {
+            return;
+        };
+        if core.ended {
+            return;
+        }
+        let jid = core.jid;
+        let status = self.engine.job_status(jid);
+        let Some(j) = job else {
+            log::warn!("elastic job {id} is gone from slurmctld; counted finished");
+            self.emit(Event::JobFinished { job: jid });
+            self.cores.get_mut(&id).map(|c| c.ended = true);
+            return;
+        };
+        let base = j.state.base();
+        if !j.state.is_active() {
+            // A run that ended while being preempted (the runtime left within the
+            // grace time, or PreemptMode=CANCEL) is a preemption, not an end.
+            let preempted = base == JobBase::Preempted
+                || (j.preempt_time.is_some()
+                    && matches!(base, JobBase::Complete | JobBase::Failed));
+            if preempted && status == JobStatus::Active {
+                let core = self.cores.get_mut(&id).unwrap();
+                if now - core.asked_at < 5.0 {
+                    return;
+                }
+                core.asked_at = now;
+                if !core.preempting {
+                    core.preemptions += 1;
+                    self.stats.preemptions += 1;
+                }
+                core.preempting = false;
+                core.started = false;
+                core.admit_at = None;
+                log::info!(
+                    "elastic job {id} ended {} during its preemption: requeueing it held (a preemption, not an end)",
+                    j.state.name()
+                );
+                core.restarts = j.restart_count.saturating_add(1);
+                self.job_lost_nodes(jid);
+                match self.cluster.requeue(id, true) {
+                    Ok(()) => self.stats.requeues += 1,
+                    Err(e) => {
+                        self.stats.slurm_errors += 1;
+                        log::error!("requeue of preempted elastic job {id} failed: {e}");
+                    }
+                }
+                return;
+            }
+            let ev = if base == JobBase::Cancelled {
+                Event::JobCancelled { job: jid }
+            } else {
+                Event::JobFinished { job: jid }
+            };
+            log::info!("elastic job {id} ended: {}", j.state.name());
+            self.emit(ev);
+            self.cores.get_mut(&id).unwrap().ended = true;
+            return;
+        }
+        let core = self.cores.get_mut(&id).unwrap();
+        if j.restart_count > core.restarts {
+            // Slurm requeued it (preemption): whatever it held is gone.
+            core.restarts = j.restart_count;
+            core.started = false;
+            core.admit_at = None;
+            if !core.preempting {
+                core.preemptions += 1;
+                self.stats.preemptions += 1;
+            }
+            core.preempting = false;
+            log::info!("elastic job {id} was requeued by Slurm (restart {})", j.restart_count);
+            self.job_lost_nodes(jid);
+            return;
+        }
+        if is_running(j) {
+            if j.preempt_time.is_some() {
+                if !core.preempting {
+                    core.preempting = true;
+                    core.preemptions += 1;
+                    self.stats.preemptions += 1;
+                    log::info!(
+                        "elastic job {id}: Slurm preempts its core on {}; giving up its nodes",
+                        j.nodes.as_deref().unwrap_or("?")
+                    );
+                    self.job_lost_nodes(jid);
+                }
+                return;
+            }
+            core.admit_at = None;
+            if !core.started && status == JobStatus::Active && !self.engine.job_nodes(jid).is_empty() {
+                core.started = true;
+                log::info!("elastic job {id} runs on {}", j.nodes.as_deref().unwrap_or("?"));
+                self.emit(Event::JobStarted { job: jid });
+            }
+            return;
+        }
+        // Pending.
+        core.preempting = false;
+        if let Some(t) = core.admit_at {
+            if now - t > self.cfg.admit_timeout_s {
+                core.admit_at = None;
+                log::warn!(
+                    "elastic job {id} did not start within {} s of its admission ({}); holding it again and re-planning",
+                    self.cfg.admit_timeout_s,
+                    j.reason.as_deref().unwrap_or("no reason given")
+                );
+                // The nodes are idle (not claimed): back to the pool for a new plan.
+                for n in self.engine.job_nodes(jid).to_vec() {
+                    self.emit(Event::WorkerLeft { job: jid, node: n });
+                }
+            }
+        }
+    }
+
+    fn observe_satellite(&mut self, j: &Job, parent: u32, now: f64) {
+        let node_name = j
+            .nodes
+            .clone()
+            .or_else(|| j.req_nodes.clone())
+            .unwrap_or_default();
+        let node = self.node_ids.get(&node_name).copied();
+        let jid = self.cores.get(&parent).map(|c| c.jid);
+        let memo = self.sats.entry(j.job_id).or_default();
+        let held = |d: &Self| match (jid, node) {
+            (Some(jid), Some(n)) => d.engine.node_state(n) == NodeState::Held(jid),
+            _ => false,
+        };
+        if memo.done {
+            return;
+        }
+        if !j.state.is_active() {
+            memo.done = true;
+            let ending = memo.ending;
+            let was_preempted = memo.preempted;
+            if ending || was_preempted {
+                return;
+            }
+            let (Some(jid), Some(n)) = (jid, node) else {
+                return;
+            };
+            if j.state.base() == JobBase::Preempted || j.preempt_time.is_some() {
+                if held(self) {
+                    log::info!("satellite {} of job {parent} on {node_name} preempted", j.job_id);
+                    self.emit(Event::WorkerPreempted { job: jid, node: n });
+                }
+                return;
+            }
+            let ran = match (j.start_time, j.end_time) {
+                (Some(s), Some(e)) if s > 0 => (e - s) as f64,
+                _ => 0.0,
+            };
+            if ran < self.cfg.satellite_min_runtime_s || j.state.base() != JobBase::Complete {
+                self.node_failed(
+                    n,
+                    format!(
+                        "satellite {} of job {parent} ended {} after {ran:.0} s",
+                        j.job_id,
+                        j.state.name()
+                    ),
+                    now,
+                );
+            }
+            if held(self) {
+                self.emit(Event::WorkerLeft { job: jid, node: n });
+            }
+            return;
+        }
+        if is_running(j) {
+            if j.preempt_time.is_some() {
+                if !memo.preempted {
+                    memo.preempted = true;
+                    if let (Some(jid), Some(n)) = (jid, node) {
+                        if held(self) {
+                            log::info!(
+                                "satellite {} of job {parent} on {node_name}: preempted by a regular job",
+                                j.job_id
+                            );
+                            self.stats.preemptions += 1;
+                            self.emit(Event::WorkerPreempted { job: jid, node: n });
+                        }
+                    }
+                }
+                return;
+            }
+            if !memo.joined {
+                memo.joined = true;
+                if let (Some(jid), Some(n)) = (jid, node) {
+                    if held(self) {
+                        self.emit(Event::WorkerJoined { job: jid, node: n });
+                    }
+                }
+            }
+            if let (Some(n), Some(start)) = (node, j.start_time) {
+                if now - start as f64 >= self.cfg.satellite_min_runtime_s {
+                    if let Some(sa) = self.set_aside.get_mut(&n) {
+                        if sa.until <= now {
+                            sa.failures = 0;
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        // Pending too long: the grow failed on this node.
+        let waited = now - j.submit_time.unwrap_or(now as i64) as f64;
+        if !memo.ending && waited > self.cfg.grow_timeout_s {
+            memo.ending = true;
+            log::warn!(
+                "satellite {} of job {parent} did not start on {node_name} within {} s ({}); cancelling it",
+                j.job_id,
+                self.cfg.grow_timeout_s,
+                j.reason.as_deref().unwrap_or("no reason")
+            );
+            memo.signalled_at = Some(now);
+            self.call(|c| c.cancel(j.job_id), "cancel", j.job_id);
+            if let (Some(jid), Some(n)) = (jid, node) {
+                self.node_failed(n, format!("satellite {} of job {parent} did not start", j.job_id), now);
+                if self.engine.node_state(n) == NodeState::Held(jid) {
+                    self.emit(Event::WorkerLeft { job: jid, node: n });
+                }
+            }
+        }
+    }
+
+    fn node_failed(&mut self, n: NodeId, reason: String, now: f64) {
+        self.stats.satellite_failures += 1;
+        let e = self.set_aside.entry(n).or_insert(SetAside {
+            failures: 0,
+            until: f64::NEG_INFINITY,
+            reason: String::new(),
+        });
+        e.failures += 1;
+        let wait = (self.cfg.node_backoff_s * 2f64.powi(e.failures as i32 - 1)).min(3600.0);
+        e.until = now + wait;
+        e.reason = reason;
+        log::warn!(
+            "node {}: set aside for {wait:.0} s (failure {}): {}",
+            self.nodes[n as usize].name,
+            e.failures,
+            e.reason
+        );
+    }
+
+    /// Runs one Slurm call, logging and counting a failure (the next cycle retries).
+    fn call(
+        &mut self,
+        f: impl FnOnce(&mut C) -> cluster::Result<()>,
+        what: &str,
+        job: u32,
+    ) -> bool {
+        match f(&mut self.cluster) {
+            Ok(()) => true,
+            Err(e) => {
+                self.stats.slurm_errors += 1;
+                log::error!("{what} of job {job} failed: {e}; retrying next cycle");
+                false
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- reconcile
+
+    fn reconcile(&mut self, now: f64) -> usize {
+        let mut calls = 0usize;
+        let jobs = self.cluster.jobs().to_vec();
+        let by_id: HashMap<u32, &Job> = jobs.iter().map(|j| (j.job_id, j)).collect();
+        let grace: HashMap<&str, f64> = self
+            .cluster
+            .partitions()
+            .iter()
+            .map(|p| (p.name.as_str(), f64::from(p.grace_time_s)))
+            .collect();
+        let grace: HashMap<String, f64> = grace.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        // Active satellites per parent, by node name.
+        let mut sats: HashMap<u32, Vec<&Job>> = HashMap::new();
+        for j in &jobs {
+            if !j.state.is_active() || !self.sats.contains_key(&j.job_id) {
+                continue;
+            }
+            if let Some(Ok(s)) = j.admin_comment.as_deref().and_then(spec::parse_tag) {
+                sats.entry(s.parent.unwrap_or(0)).or_default().push(j);
+            }
+        }
+        let core_ids: Vec<u32> = self.cores.keys().copied().collect();
+        for id in core_ids {
+            let (jid, ended) = {
+                let c = &self.cores[&id];
+                (c.jid, c.ended)
+            };
+            let active = !ended && self.engine.job_status(jid) == JobStatus::Active
+                || !ended && self.engine.job_status(jid) == JobStatus::Queued;
+            let want: Vec<NodeId> = if active { self.engine.job_nodes(jid).to_vec() } else { Vec::new() };
+            let anchors: Vec<NodeId> = if active { self.engine.job_anchors(jid).to_vec() } else { Vec::new() };
+            let core_job = by_id.get(&id).copied();
+            let mut core_running = false;
+            if let (true, Some(j)) = (active, core_job) {
+                calls += self.reconcile_core(id, j, &want, &anchors, &grace, now);
+                core_running = is_running(j) && j.preempt_time.is_none();
+            }
+            // Satellites: one per wanted non-core node, once the core runs.
+            let mine = sats.remove(&id).unwrap_or_default();
+            let mut have: HashMap<String, u32> = HashMap::new();
+            for s in &mine {
+                let node = s.nodes.clone().or_else(|| s.req_nodes.clone()).unwrap_or_default();
+                let n = self.node_ids.get(&node).copied();
+                let wanted = n.is_some_and(|n| want.contains(&n) && !anchors.contains(&n));
+                let memo_ending = self.sats.get(&s.job_id).is_some_and(|m| m.ending);
+                if wanted && !memo_ending && !have.contains_key(&node) {
+                    have.insert(node, s.job_id);
+                    continue;
+                }
+                if wanted && have.contains_key(&node) && !memo_ending {
+                    log::warn!("satellite {} duplicates {} on {node}; cancelling it", s.job_id, have[&node]);
+                }
+                calls += self.end_satellite(s, id, &node, &grace, now);
+            }
+            if !core_running {
+                continue;
+            }
+            let Some(core_job) = core_job else { continue };
+            for &n in &want {
+                if anchors.contains(&n) {
+                    continue;
+                }
+                let name = self.nodes[n as usize].name.clone();
+                if have.contains_key(&name) {
+                    continue;
+                }
+                if self.set_aside.get(&n).is_some_and(|s| s.until > now) {
+                    continue;
+                }
+                calls += 1;
+                self.submit_satellite(id, core_job, &name, n, now);
+            }
+        }
+        // Satellites of parents the daemon does not manage (ended, gone, refused).
+        for (parent, list) in sats {
+            for s in list {
+                let node = s.nodes.clone().or_else(|| s.req_nodes.clone()).unwrap_or_default();
+                if self.sats.get(&s.job_id).is_some_and(|m| !m.ending) {
+                    log::info!("satellite {} on {node}: its parent job {parent} is gone", s.job_id);
+                }
+                calls += self.end_satellite(s, parent, &node, &grace, now);
+            }
+        }
+        calls
+    }
+
+    fn reconcile_core(
+        &mut self,
+        id: u32,
+        j: &Job,
+        want: &[NodeId],
+        anchors: &[NodeId],
+        grace: &HashMap<String, f64>,
+        now: f64,
+    ) -> usize {
+        let core = &self.cores[&id];
+        let recently = now - core.asked_at < 5.0;
+        if j.state.base() == JobBase::Pending {
+            if want.is_empty() || core.admit_at.is_none() && !j.is_held() {
+                if !j.is_held() && !recently {
+                    self.cores.get_mut(&id).unwrap().asked_at = now;
+                    self.cores.get_mut(&id).unwrap().admit_at = None;
+                    log::info!("hold elastic job {id} (pending, not admitted)");
+                    self.call(|c| c.hold(id), "hold", id);
+                    return 1;
+                }
+                return 0;
+            }
+            if core.admit_at.is_none() && j.is_held() {
+                let names = self.names(anchors);
+                let up = JobUpdate {
+                    node_list: Some(names.clone()),
+                    ..Default::default()
+                };
+                log::info!(
+                    "admit job {id} (user {}) on {names}{}",
+                    j.user_name.as_deref().unwrap_or("?"),
+                    if want.len() > anchors.len() {
+                        format!(", {} more node(s) by satellites once it runs", want.len() - anchors.len())
+                    } else {
+                        String::new()
+                    }
+                );
+                let ok = self.call(|c| c.update(id, &up), "pin", id)
+                    && self.call(|c| c.release(id), "release", id);
+                if ok {
+                    self.stats.admits += 1;
+                    self.cores.get_mut(&id).unwrap().admit_at = Some(now);
+                }
+                return 2;
+            }
+            return 0;
+        }
+        if !is_running(j) || !want.is_empty() {
+            return 0;
+        }
+        // Running but the engine gave it no nodes: requeue it held. While Slurm
+        // preempts it, wait out the partition's grace time first.
+        if let Some(pt) = j.preempt_time {
+            let g = j.partition.as_deref().and_then(|p| grace.get(p)).copied().unwrap_or(0.0);
+            if (now as i64) < pt + g as i64 {
+                return 0;
+            }
+        }
+        if recently {
+            return 0;
+        }
+        self.cores.get_mut(&id).unwrap().asked_at = now;
+        log::info!(
+            "requeue job {id} off {}: held until it is admitted again",
+            j.nodes.as_deref().unwrap_or("?")
+        );
+        if self.call(|c| c.requeue(id, true), "requeue", id) {
+            self.stats.requeues += 1;
+            // Our own requeue: not a preemption when the restart count moves.
+            self.cores.get_mut(&id).unwrap().restarts = j.restart_count.saturating_add(1);
+        }
+        1
+    }
+
+    fn end_satellite(
+        &mut self,
+        s: &Job,
+        parent: u32,
+        node: &str,
+        grace: &HashMap<String, f64>,
+        now: f64,
+    ) -> usize {
+        let id = s.job_id;
+        let shrink_grace = self.cfg.shrink_grace_s;
+        let memo = self.sats.entry(id).or_default();
+        if s.state.base() == JobBase::Pending {
+            if memo.ending && memo.signalled_at.is_some_and(|t| now - t < 5.0) {
+                return 0;
+            }
+            memo.ending = true;
+            memo.signalled_at = Some(now);
+            log::info!("cancel pending satellite {id} of job {parent} on {node}");
+            self.call(|c| c.cancel(id), "cancel", id);
+            return 1;
+        }
+        if let Some(pt) = s.preempt_time {
+            // Slurm preempts it: cancel at the end of the grace time, not at its
+            // next periodic pass (up to 30 s later).
+            memo.ending = true;
+            let g = s.partition.as_deref().and_then(|p| grace.get(p)).copied().unwrap_or(0.0);
+            if now >= (pt as f64) + g && memo.signalled_at.map_or(true, |t| now - t >= 2.0) {
+                memo.signalled_at = Some(now);
+                log::info!("cancel satellite {id} of job {parent} on {node}: its preemption grace time is over");
+                self.call(|c| c.cancel(id), "cancel", id);
+                return 1;
+            }
+            return 0;
+        }
+        match memo.signalled_at {
+            None => {
+                memo.signalled_at = Some(now);
+                memo.ending = true;
+                self.stats.shrinks += 1;
+                log::info!("shrink job {parent} off {node}: SIGTERM to satellite {id}, cancelled after {shrink_grace} s");
+                self.call(|c| c.signal(id, libc::SIGTERM, SignalTarget::StepsOnly), "signal", id);
+                1
+            }
+            Some(t) if now - t >= shrink_grace => {
+                memo.signalled_at = Some(now);
+                log::info!("cancel satellite {id} of job {parent} on {node} (shrink grace over)");
+                self.call(|c| c.cancel(id), "cancel", id);
+                1
+            }
+            Some(_) => 0,
+        }
+    }
+
+    fn submit_satellite(&mut self, parent: u32, core_job: &Job, node: &str, n: NodeId, _now: f64) {
+        let (uid, gid) = {
+            let c = &self.cores[&parent];
+            (c.uid, c.gid)
+        };
+        let join = self.cfg.join_command.replace("{parent}", &parent.to_string());
+        let script = format!(
+            "#!/bin/sh\n# bftrainer satellite of job {parent} on {node}: the work runs in a step,\n\
+             # so a preemption's SIGTERM reaches it and this shell follows it out.\n\
+             exec srun --ntasks=1 --nodes=1 --kill-on-bad-exit=1 {join}\n"
+        );
+        let tag_spec = format!("1:1,role=satellite,parent={parent}");
+        let job = BatchJob {
+            script,
+            name: Some(satellite_name(parent)),
+            partition: Some(self.cfg.satellite_partition.clone()),
+            min_nodes: Some(1),
+            max_nodes: Some(1),
+            node_list: Some(node.to_string()),
+            time_limit: core_job.time_limit,
+            admin_comment: Some(satellite_tag(parent)),
+            comment: Some(format!("bftrainer: satellite of elastic job {parent}")),
+            env: vec![
+                ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+                (spec::env::PARENT_JOB_ID.into(), parent.to_string()),
+                (spec::env::ROLE.into(), "satellite".into()),
+            ],
+            work_dir: core_job.work_dir.clone().map(Into::into).or_else(|| Some("/tmp".into())),
+            output: Some(self.cfg.satellite_output.clone()),
+            run_as: Some((uid, gid)),
+            requeue: Some(false),
+            exclusive: true,
+            spank_env: vec![(spec::JOB_ENV_NAME.into(), tag_spec)],
+            ..Default::default()
+        };
+        match self.cluster.submit(&job) {
+            Ok(sid) => {
+                self.stats.grows += 1;
+                self.sats.insert(sid, SatMemo::default());
+                log::info!("grow job {parent} onto {node}: satellite {sid}");
+            }
+            Err(e) => {
+                self.stats.slurm_errors += 1;
+                log::error!("grow job {parent} onto {node}: submitting the satellite failed: {e}");
+                self.node_failed(n, format!("satellite submission failed: {e}"), _now);
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ status
+
+    /// A snapshot of what the daemon holds, for `state_dir/status.json`.
+    pub fn status(&self, now: f64) -> serde_json::Value {
+        let nodes: Vec<serde_json::Value> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let holder = match self.engine.node_state(i as NodeId) {
+                    NodeState::Held(j) => Some(self.jobs[j as usize]),
+                    _ => None,
+                };
+                let aside = self.set_aside.get(&(i as NodeId)).filter(|s| s.until > now);
+                serde_json::json!({
+                    "name": n.name,
+                    "class": n.class,
+                    "holder": holder,
+                    "set_aside": aside,
+                })
+            })
+            .collect();
+        let jobs: Vec<serde_json::Value> = self
+            .cores
+            .iter()
+            .map(|(id, c)| {
+                serde_json::json!({
+                    "job_id": id,
+                    "state": format!("{:?}", self.engine.job_status(c.jid)).to_lowercase(),
+                    "nodes": self.names(self.engine.job_nodes(c.jid)),
+                    "core_nodes": self.names(self.engine.job_anchors(c.jid)),
+                    "preemptions": c.preemptions,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "time": now,
+            "slurm_reachable": self.outage_since.is_none(),
+            "stats": self.stats,
+            "nodes": nodes,
+            "jobs": jobs,
+        })
+    }
+}
