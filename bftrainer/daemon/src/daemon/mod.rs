@@ -849,7 +849,8 @@ impl<C: Cluster> Daemon<C> {
             };
             if j.state.base() == JobBase::Preempted || j.preempt_time.is_some() {
                 if held(self) {
-                    log::info!("satellite {} of job {parent} on {node_name} preempted", j.job_id);
+                    log::info!("satellite {} of job {parent} on {node_name}: preempted by a regular job", j.job_id);
+                    self.stats.preemptions += 1;
                     self.emit(Event::WorkerPreempted { job: jid, node: n });
                 }
                 return;

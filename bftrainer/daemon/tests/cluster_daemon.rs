@@ -1,0 +1,395 @@
+//! bftrainerd live on a real Slurm cluster (both plugins loaded, four nodes): grow onto
+//! every idle node, give nodes to a regular job within GraceTime + 5 s, grow back;
+//! kill -9 and restart without orphans or duplicates; one daemon per state directory;
+//! a failing node set aside; forged satellites not adopted; plain jobs by policy.
+
+#[path = "../../../plugin/job_submit/tests/support/mod.rs"]
+mod support;
+
+use bftrainer_testcluster::{wait_until, Cluster, Options};
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const GRACE_TIME_S: u64 = 5;
+
+/// A satellite's join command for the tests (bft-run is another issue): logs where it
+/// runs and stays up until signalled. `BAD_NODE` makes it fail at once on that node.
+const JOIN: &str = r#"#!/bin/sh
+echo "joined parent $1 on $SLURMD_NODENAME at $(date +%s.%N)"
+if [ -n "$BAD_NODE" ] && [ "$SLURMD_NODENAME" = "$BAD_NODE" ]; then echo "broken node" >&2; exit 3; fi
+exec sleep 600
+"#;
+
+struct Live {
+    c: Cluster,
+    dir: PathBuf,
+    conf: PathBuf,
+    log: PathBuf,
+    daemon: Option<Child>,
+    _tmp: tempfile::TempDir,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- bftrainerd log ---\n{}", std::fs::read_to_string(&self.log).unwrap_or_default());
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Row {
+    id: u32,
+    name: String,
+    state: String,
+    nodes: String,
+    partition: String,
+}
+
+impl Live {
+    fn start(policy_extra: &str, daemon_extra: &str, bad_node: &str) -> Live {
+        let tmp = tempfile::Builder::new().prefix("bftd").tempdir_in("/tmp").unwrap();
+        let dir = tmp.path().to_path_buf();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let plugins = support::stage_plugins(&dir.join("plugins"));
+        let state = dir.join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        let join = dir.join("join.sh");
+        std::fs::write(&join, JOIN).unwrap();
+        std::fs::set_permissions(&join, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let conf = dir.join("bftrainer.toml");
+        std::fs::write(
+            &conf,
+            format!(
+                "[policy]\npartition = \"elastic\"\nsatellite_partition = \"elastic-sat\"\n\
+                 daemon_user = \"root\"\nmax_nodes = 4\n{policy_extra}\n\
+                 [daemon]\nstate_dir = \"{}\"\npoll_interval = 0.5\nshrink_grace = 3\n\
+                 grow_timeout = 20\nnode_backoff = 120\n{daemon_extra}\n\
+                 [engine]\nt_fwd = 600\n\
+                 [runtime]\njoin_command = \"env BAD_NODE={bad_node} {} {{parent}}\"\n\
+                 satellite_output = \"/dev/null\"\n",
+                state.display(),
+                join.display()
+            ),
+        )
+        .unwrap();
+        let c = Cluster::start(Options {
+            nodes: 4,
+            plugins: Some(plugins),
+            bftrainer_conf: Some(conf.clone()),
+            ..Default::default()
+        })
+        .expect("cluster with the plugins");
+        let log = dir.join("bftrainerd.log");
+        let mut l = Live {
+            c,
+            dir,
+            conf,
+            log,
+            daemon: None,
+            _tmp: tmp,
+        };
+        l.spawn();
+        l
+    }
+
+    fn daemon_cmd(&self) -> Command {
+        let mut cmd = self.c.command(env!("CARGO_BIN_EXE_bftrainerd"));
+        cmd.arg("--config").arg(&self.conf).env("RUST_LOG", "info");
+        cmd
+    }
+
+    fn spawn(&mut self) {
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let err = out.try_clone().unwrap();
+        let child = self
+            .daemon_cmd()
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("start bftrainerd");
+        self.daemon = Some(child);
+    }
+
+    fn kill9(&mut self) {
+        let mut d = self.daemon.take().expect("daemon running");
+        d.kill().unwrap();
+        d.wait().unwrap();
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn squeue(&self) -> Vec<Row> {
+        let out = self
+            .c
+            .run("squeue", &["-h", "-a", "-o", "%i|%j|%T|%N|%P"])
+            .unwrap_or_default();
+        out.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split('|').collect();
+                (f.len() == 5).then(|| Row {
+                    id: f[0].trim().parse().unwrap_or(0),
+                    name: f[1].to_string(),
+                    state: f[2].to_string(),
+                    nodes: f[3].to_string(),
+                    partition: f[4].to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// Running satellites of `parent`: node -> job id.
+    fn satellites(&self, parent: u32) -> BTreeMap<String, u32> {
+        self.squeue()
+            .into_iter()
+            .filter(|r| r.name == format!("bftsat-{parent}") && r.state == "RUNNING")
+            .map(|r| (r.nodes, r.id))
+            .collect()
+    }
+
+    fn active_satellites(&self, parent: u32) -> usize {
+        self.squeue()
+            .into_iter()
+            .filter(|r| r.name == format!("bftsat-{parent}") && ["RUNNING", "PENDING", "CONFIGURING"].contains(&r.state.as_str()))
+            .count()
+    }
+
+    fn state_of(&self, id: u32) -> String {
+        self.c.job_state(id).unwrap_or_default()
+    }
+
+    fn wait<T>(&self, secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+        wait_until(what, Duration::from_secs(secs), || Ok(f())).unwrap_or_else(|e| {
+            panic!("{e}\nsqueue: {:#?}", self.squeue())
+        })
+    }
+
+    /// An elastic job of bftuser that runs its work in a step.
+    fn submit_elastic(&self, spec: &str) -> u32 {
+        let out = self
+            .c
+            .command_as_test_user("sbatch")
+            .unwrap()
+            .args(["--parsable", &format!("--elastic={spec}"), "-J", "train", "-o", "/dev/null", "--wrap", "srun sleep 600"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "sbatch --elastic: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
+    /// Every node of the cluster carries at most one running job (elastic jobs own
+    /// whole nodes; no node in two elastic jobs).
+    fn assert_no_double_allocation(&self) {
+        let mut seen: BTreeMap<String, u32> = BTreeMap::new();
+        for r in self.squeue().into_iter().filter(|r| r.state == "RUNNING") {
+            for n in bftrainer_slurm::hostlist_expand(&r.nodes).unwrap() {
+                if let Some(other) = seen.insert(n.clone(), r.id) {
+                    panic!("node {n} holds jobs {other} and {}: {:#?}", r.id, self.squeue());
+                }
+            }
+        }
+    }
+
+    fn grown_to_all(&self, job: u32) -> BTreeMap<String, u32> {
+        self.wait(60, &format!("job {job} to run on 1 node plus 3 satellites"), || {
+            let sats = self.satellites(job);
+            (self.state_of(job) == "RUNNING" && sats.len() == 3).then_some(sats)
+        })
+    }
+}
+
+#[test]
+fn cluster_daemon_grows_yields_to_a_regular_job_and_grows_back() {
+    let l = Live::start("", "", "");
+    let job = l.submit_elastic("1:4");
+    let sats = l.grown_to_all(job);
+    l.assert_no_double_allocation();
+    let core_node = l.squeue().into_iter().find(|r| r.id == job).unwrap().nodes;
+    assert!(!sats.contains_key(&core_node), "a satellite on the core's node {core_node}");
+
+    // A regular job asking 2 nodes: Slurm preempts two satellites (their partition is
+    // one tier below the core's), the core runs on.
+    let t0 = Instant::now();
+    let regular = l.c.sbatch(&["-p", "batch", "-N2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 12"]).unwrap();
+    l.wait(30, "the regular job to start", || (l.state_of(regular) == "RUNNING").then_some(()));
+    let waited = t0.elapsed();
+    eprintln!("regular job started {:.1} s after submission (GraceTime {GRACE_TIME_S} s)", waited.as_secs_f64());
+    assert!(
+        waited <= Duration::from_secs(GRACE_TIME_S + 5),
+        "the regular job waited {waited:?}, more than GraceTime + 5 s"
+    );
+    assert_eq!(l.state_of(job), "RUNNING", "the core job must not be preempted");
+    let left = l.wait(20, "the elastic job to keep its other node", || {
+        let s = l.satellites(job);
+        (s.len() == 1).then_some(s)
+    });
+    let regular_nodes = l.squeue().into_iter().find(|r| r.id == regular).unwrap().nodes;
+    let regular_nodes: BTreeSet<String> = bftrainer_slurm::hostlist_expand(&regular_nodes).unwrap().into_iter().collect();
+    assert!(!regular_nodes.contains(&core_node));
+    assert!(left.keys().all(|n| !regular_nodes.contains(n)));
+    l.assert_no_double_allocation();
+
+    // When the regular job ends, the elastic job grows back onto every node.
+    l.wait(60, "the regular job to end", || (l.state_of(regular) == "COMPLETED").then_some(()));
+    l.grown_to_all(job);
+    l.assert_no_double_allocation();
+    let log = l.log_text();
+    assert!(log.contains(&format!("admit job {job}")), "{log}");
+    assert!(log.contains("preempted by a regular job"), "{log}");
+
+    // Accounting: the core job and its satellites, linked by the tag.
+    l.c.run("scancel", &[&job.to_string()]).unwrap();
+    l.wait(30, "satellites cancelled with their parent", || (l.active_satellites(job) == 0).then_some(()));
+    let rows = l.wait(60, "accounting of the satellites", || {
+        let out = l
+            .c
+            .run("sacct", &["-a", "-X", "-n", "-P", "-o", "JobID,JobName,Partition,AdminComment,User"])
+            .ok()?;
+        let sat: Vec<String> = out.lines().filter(|r| r.contains(&format!("bftsat-{job}"))).map(str::to_string).collect();
+        (sat.len() >= 5).then_some(sat)
+    });
+    for r in rows {
+        assert!(
+            r.contains(&format!("bftrainer:v1 1:1,role=satellite,parent={job}")) && r.contains("elastic-sat") && r.ends_with("bftuser"),
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn cluster_daemon_recovers_from_kill_9_without_orphans_or_duplicates() {
+    let mut l = Live::start("", "", "");
+    // A second daemon on the same state directory refuses to start, naming the pid.
+    let pid = l.daemon.as_ref().unwrap().id();
+    l.wait(10, "the lock to be taken", || l.dir.join("state/bftrainerd.lock").exists().then_some(()));
+    std::thread::sleep(Duration::from_millis(500));
+    let out = l.daemon_cmd().output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("another bftrainerd (pid {pid})")), "{err}");
+
+    // Killed during the admit and grows: right after the first satellite appears.
+    let job = l.submit_elastic("1:4");
+    l.wait(60, "a first satellite", || (l.active_satellites(job) >= 1).then_some(()));
+    l.kill9();
+    l.spawn();
+    l.grown_to_all(job);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(l.active_satellites(job), 3, "duplicate satellites: {:#?}", l.squeue());
+    l.assert_no_double_allocation();
+
+    // Killed during a shrink: a regular job takes two nodes, the daemon dies at once.
+    let regular = l.c.sbatch(&["-p", "batch", "-N2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 8"]).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    l.kill9();
+    std::thread::sleep(Duration::from_secs(2));
+    l.spawn();
+    l.wait(30, "the regular job to start", || (l.state_of(regular) == "RUNNING").then_some(()));
+    l.wait(30, "one satellite left", || (l.satellites(job).len() == 1).then_some(()));
+    l.wait(60, "the regular job to end", || (l.state_of(regular) == "COMPLETED").then_some(()));
+    l.grown_to_all(job);
+    l.assert_no_double_allocation();
+    assert_eq!(l.state_of(job), "RUNNING");
+
+    // The journal replays: `bftrainer replay --journal` reads what the daemon wrote.
+    let out = Command::new(env!("CARGO_BIN_EXE_bftrainer"))
+        .args(["replay", "--journal"])
+        .arg(l.dir.join("state/journal.jsonl"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // A clean stop leaves the satellites: the next start adopts them.
+    let mut d = l.daemon.take().unwrap();
+    unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
+    assert!(d.wait().unwrap().success());
+    assert_eq!(l.satellites(job).len(), 3);
+    l.spawn();
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(l.active_satellites(job), 3);
+    l.c.run("scancel", &[&job.to_string()]).unwrap();
+    l.wait(30, "no orphan satellite after the parent ends", || (l.active_satellites(job) == 0).then_some(()));
+}
+
+#[test]
+fn cluster_daemon_sets_a_failing_node_aside_and_refuses_forged_satellites() {
+    let l = Live::start("plain_jobs = \"scavenger\"", "", "n3");
+    // A plain job in the elastic partition (scavenger policy) holds n2: a regular claim.
+    let plain = l.c.sbatch(&["-p", "elastic", "-w", "n2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 600"]).unwrap();
+    l.wait(30, "the scavenger job to run", || (l.state_of(plain) == "RUNNING").then_some(()));
+    let job = l.submit_elastic("1:4");
+    // n3's satellites fail at once: n3 is set aside, n1 and n4 are used.
+    let sats = l.wait(60, "satellites on the two good nodes", || {
+        let s = l.satellites(job);
+        (s.len() == 1 && l.state_of(job) == "RUNNING").then_some(s)
+    });
+    assert!(!sats.contains_key("n3") && !sats.contains_key("n2"), "{sats:?}");
+    let status = l.wait(30, "n3 set aside in status.json", || {
+        let s = std::fs::read_to_string(l.dir.join("state/status.json")).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&s).ok()?;
+        let n3 = v["nodes"].as_array()?.iter().find(|n| n["name"] == "n3")?.clone();
+        (!n3["set_aside"].is_null()).then_some(n3)
+    });
+    assert!(status["set_aside"]["reason"].as_str().unwrap().contains("satellite"), "{status}");
+    assert!(l.log_text().contains("node n3: set aside for 120 s"), "{}", l.log_text());
+    l.assert_no_double_allocation();
+
+    // A satellite the daemon did not write (root may set any tag): never adopted.
+    let forged = l
+        .c
+        .sbatch(&[
+            "-p",
+            "elastic-sat",
+            "-J",
+            "not-a-satellite",
+            "--comment=x",
+            "-o",
+            "/dev/null",
+            "--hold",
+            "--wrap",
+            "sleep 60",
+        ])
+        .unwrap();
+    l.c.run("scontrol", &["update", &format!("jobid={forged}"), &format!("admincomment=bftrainer:v1 1:1,role=satellite,parent={job}")]).unwrap();
+    l.wait(20, "the forged satellite to be logged", || {
+        l.log_text().contains(&format!("not adopting job {forged}")).then_some(())
+    });
+    assert_eq!(l.state_of(forged), "PENDING", "the daemon must leave a forged job alone");
+    assert_eq!(l.satellites(job).len(), 1);
+}
+
+#[test]
+fn daemon_refuses_bad_configs_naming_file_key_and_allowed_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let cases = [
+        ("[daemon]\npoll_intervall = 1\n", "[daemon] poll_intervall: unknown key; allowed keys: poll_interval"),
+        ("[daemon]\npoll_interval = \"1s\"\n", "[daemon] poll_interval: expected seconds from 0.05 to 60, found string"),
+        ("[engine]\nmax_jobs = 0\n", "[engine] max_jobs: 0 is out of range; expected a whole number from 1 to 100000"),
+        ("[daemon]\nstate_dir = \"/nonexistent/bft\"\n", "[daemon] state_dir: '/nonexistent/bft': No such file or directory"),
+    ];
+    for (text, want) in cases {
+        let f = dir.path().join("bftrainer.toml");
+        let body = if text.contains("state_dir") { text.to_string() } else { format!("{text}[policy]\n") };
+        let body = if text.contains("state_dir") || text.starts_with("[daemon]") {
+            body
+        } else {
+            format!("[daemon]\nstate_dir = \"{}\"\n{body}", state.display())
+        };
+        std::fs::write(&f, &body).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_bftrainerd")).arg("--config").arg(&f).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{body}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("{}: {want}", f.display())), "{body}\n{err}");
+    }
+}
