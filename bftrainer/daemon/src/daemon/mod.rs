@@ -460,6 +460,16 @@ impl<C: Cluster> Daemon<C> {
             }
         }
 
+        // Core nodes are not released early on a forecast: losing one requeues the
+        // whole job, and a pending job's planned nodes may change (measured: a 1-node
+        // job planned on a core's node while Slurm preempted a satellite for it).
+        let core_nodes: HashSet<String> = self
+            .cores
+            .values()
+            .filter(|c| !c.ended)
+            .flat_map(|c| self.engine.job_anchors(c.jid).iter())
+            .map(|&n| self.nodes[n as usize].name.clone())
+            .collect();
         // Nodes.
         let mut cluster_nodes: Vec<(String, Class)> = Vec::new();
         for n in self.cluster.nodes() {
@@ -482,7 +492,12 @@ impl<C: Cluster> Daemon<C> {
                     r = Some(now);
                 }
                 match r {
-                    Some(t) if t <= now + self.cfg.release_before_s => Class::Claimed,
+                    Some(t)
+                        if t <= now + self.cfg.release_before_s
+                            && !core_nodes.contains(&n.name) =>
+                    {
+                        Class::Claimed
+                    }
                     _ => Class::Available { reclaim_at: r },
                 }
             };
@@ -1189,10 +1204,15 @@ impl<C: Cluster> Daemon<C> {
             (c.uid, c.gid)
         };
         let join = self.cfg.join_command.replace("{parent}", &parent.to_string());
+        // The work runs in a step, so a preemption's SIGTERM (Slurm signals steps, not
+        // the batch shell) reaches it and this shell follows it out at once. A step
+        // ended by SIGTERM (shrink, preemption) is a clean end of a satellite.
         let script = format!(
-            "#!/bin/sh\n# bftrainer satellite of job {parent} on {node}: the work runs in a step,\n\
-             # so a preemption's SIGTERM reaches it and this shell follows it out.\n\
-             exec srun --ntasks=1 --nodes=1 --kill-on-bad-exit=1 {join}\n"
+            "#!/bin/sh\n# bftrainer satellite of job {parent} on {node}\n\
+             srun --ntasks=1 --nodes=1 --kill-on-bad-exit=1 {join}\n\
+             rc=$?\n\
+             if [ $rc -eq 0 ] || [ $rc -eq 143 ]; then exit 0; fi\n\
+             exit $rc\n"
         );
         let tag_spec = format!("1:1,role=satellite,parent={parent}");
         let job = BatchJob {
