@@ -55,6 +55,12 @@ struct Row {
 
 impl Live {
     fn start(policy_extra: &str, daemon_extra: &str, bad_node: &str) -> Live {
+        let mut l = Live::start_without_daemon(policy_extra, daemon_extra, bad_node);
+        l.spawn();
+        l
+    }
+
+    fn start_without_daemon(policy_extra: &str, daemon_extra: &str, bad_node: &str) -> Live {
         let tmp = tempfile::Builder::new().prefix("bftd").tempdir_in("/tmp").unwrap();
         let dir = tmp.path().to_path_buf();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -88,16 +94,14 @@ impl Live {
         })
         .expect("cluster with the plugins");
         let log = dir.join("bftrainerd.log");
-        let mut l = Live {
+        Live {
             c,
             dir,
             conf,
             log,
             daemon: None,
             _tmp: tmp,
-        };
-        l.spawn();
-        l
+        }
     }
 
     fn daemon_cmd(&self) -> Command {
@@ -164,6 +168,11 @@ impl Live {
     }
 
     fn state_of(&self, id: u32) -> String {
+        // slurmctld's view first (works while slurmdbd is away), then accounting.
+        let out = self.c.run("scontrol", &["show", "job", "-o", &id.to_string()]).unwrap_or_default();
+        if let Some(st) = out.split_whitespace().find_map(|f| f.strip_prefix("JobState=")) {
+            return st.to_string();
+        }
         self.c.job_state(id).unwrap_or_default()
     }
 
@@ -171,6 +180,15 @@ impl Live {
         wait_until(what, Duration::from_secs(secs), || Ok(f())).unwrap_or_else(|e| {
             panic!("{e}\nsqueue: {:#?}", self.squeue())
         })
+    }
+
+    /// Running nodes of elastic job `job`: its core's plus its running satellites'.
+    fn elastic_size(&self, job: u32) -> usize {
+        self.squeue()
+            .into_iter()
+            .filter(|r| r.state == "RUNNING" && (r.id == job || r.name == format!("bftsat-{job}")))
+            .map(|r| bftrainer_slurm::hostlist_expand(&r.nodes).unwrap().len())
+            .sum()
     }
 
     /// An elastic job of bftuser that runs its work in a step.
@@ -407,4 +425,145 @@ fn daemon_refuses_bad_configs_naming_file_key_and_allowed_values() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(&format!("{}: {want}", f.display())), "{body}\n{err}");
     }
+}
+
+#[test]
+fn cluster_daemon_splits_nodes_between_two_jobs_as_solve_does() {
+    let profiles = tempfile::Builder::new().prefix("bftprof").tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(profiles.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(profiles.path().join("fast.toml"), "points = [[1, 3.0], [3, 9.0]]\nup = 20\ndown = 5\n").unwrap();
+    let mut l = Live::start_without_daemon(&format!("profile_dir = \"{}\"", profiles.path().display()), "", "");
+    // Both submitted before the daemon starts: one decision over both.
+    let a = l.submit_elastic("1:4");
+    let b = l.submit_elastic("2:3,profile=fast");
+    l.spawn();
+    let sizes = l.wait(60, "both jobs to settle on all 4 nodes", || {
+        let (x, y) = (l.elastic_size(a), l.elastic_size(b));
+        (x + y == 4 && x >= 1 && y >= 2).then_some((x, y))
+    });
+    // The same instance through `bftrainer solve`: linear default curve for a (default
+    // costs 30/10 s), the profile for b, t_fwd 600, four nodes, nothing held yet.
+    let instance = serde_json::json!({
+        "t_fwd_s": 600,
+        "nodes": ["n1", "n2", "n3", "n4"],
+        "jobs": [
+            {"id": a.to_string(), "min_nodes": 1, "max_nodes": 4, "scale_up_s": 30, "scale_down_s": 10, "curve": [[1, 1.0], [4, 4.0]]},
+            {"id": b.to_string(), "min_nodes": 2, "max_nodes": 3, "scale_up_s": 20, "scale_down_s": 5, "curve": [[1, 3.0], [3, 9.0]]}
+        ]
+    });
+    let mut solve = Command::new(env!("CARGO_BIN_EXE_bftrainer"))
+        .arg("solve")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    solve.stdin.take().unwrap().write_all(instance.to_string().as_bytes()).unwrap();
+    let out = solve.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let sol: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let count = |id: u32| {
+        sol["jobs"].as_array().unwrap().iter().find(|j| j["id"] == id.to_string()).unwrap()["nodes"].as_array().unwrap().len()
+    };
+    assert_eq!((count(a), count(b)), (1, 3), "solve: {sol}");
+    // Stable: the daemon's split equals the optimum and stays there.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(sizes, (count(a), count(b)), "daemon split {sizes:?}, solve {sol}");
+    assert_eq!((l.elastic_size(a), l.elastic_size(b)), sizes);
+    l.assert_no_double_allocation();
+}
+
+#[test]
+fn cluster_daemon_burst_of_regular_jobs_waits_no_longer_than_grace_plus_5s() {
+    let l = Live::start("", "", "");
+    // Start offsets of a burst of 50 one-node jobs (3 s each), in submission order.
+    let burst = |tag: &str| -> Vec<f64> {
+        let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        let mut ids = Vec::new();
+        for i in 0..50 {
+            ids.push(l.c.sbatch(&["-p", "batch", "-N1", "--exclusive", "-J", &format!("{tag}{i}"), "-o", "/dev/null", "--wrap", "sleep 3"]).unwrap());
+        }
+        let last = *ids.last().unwrap();
+        l.wait(180, "the burst to finish", || (l.state_of(last) == "COMPLETED").then_some(()));
+        let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+        let rows = l.wait(60, "accounting of the burst", || {
+            let out = l.c.run("sacct", &["-a", "-X", "-n", "-P", "-j", &list.join(","), "-o", "JobID,Start"]).ok()?;
+            let starts: BTreeMap<u32, String> = out
+                .lines()
+                .filter_map(|r| r.split_once('|'))
+                .map(|(i, s)| (i.parse().unwrap_or(0), s.to_string()))
+                .collect();
+            (starts.len() == 50 && starts.values().all(|s| s.contains('T'))).then_some(starts)
+        });
+        ids.iter()
+            .map(|id| {
+                let s = &rows[id];
+                let out = Command::new("date").args(["-d", s, "+%s"]).output().unwrap();
+                String::from_utf8_lossy(&out.stdout).trim().parse::<f64>().unwrap() - t0.floor()
+            })
+            .collect()
+    };
+    let idle = burst("idle");
+    let job = l.submit_elastic("1:4");
+    l.grown_to_all(job);
+    let harvested = burst("busy");
+    let mut worst: f64 = f64::NEG_INFINITY;
+    for (i, (a, b)) in idle.iter().zip(&harvested).enumerate() {
+        worst = worst.max(b - a);
+        assert!(
+            b - a <= (GRACE_TIME_S + 5) as f64,
+            "job {i} of the burst started {b:.0} s after the burst with the elastic job, {a:.0} s on an idle cluster"
+        );
+    }
+    eprintln!("burst of 50: worst start delay against the idle cluster {worst:.0} s (sacct's whole seconds)");
+    // The elastic job is still there and grows back afterwards.
+    l.grown_to_all(job);
+    l.assert_no_double_allocation();
+}
+
+#[test]
+fn cluster_daemon_rides_out_slurmctld_slurmdbd_and_slurmd_faults() {
+    let l = Live::start("", "", "");
+    let job = l.submit_elastic("1:4");
+    l.grown_to_all(job);
+
+    // slurmctld restarted under the daemon, away for longer than MessageTimeout (10 s;
+    // libslurm retries a connection that long before it fails): logged once, back to
+    // normal within 10 s of answering again.
+    l.c.stop_daemon("slurmctld", false).unwrap();
+    std::thread::sleep(Duration::from_secs(25));
+    l.c.start_daemon("slurmctld").unwrap();
+    let t = Instant::now();
+    l.wait(10, "the daemon to see slurmctld again", || l.log_text().contains("slurmctld answers again").then_some(()));
+    l.grown_to_all(job);
+    eprintln!("back to normal {:.1} s after slurmctld answered", t.elapsed().as_secs_f64());
+    let log = l.log_text();
+    assert_eq!(log.matches("slurmctld does not answer").count(), 1, "{log}");
+    assert_eq!(l.active_satellites(job), 3);
+    l.assert_no_double_allocation();
+
+    // slurmdbd away: the daemon does not need it; a preemption and a grow go on.
+    l.c.stop_daemon("slurmdbd", false).unwrap();
+    let regular = l.c.sbatch(&["-p", "batch", "-N1", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 4"]).unwrap();
+    l.wait(15, "the regular job to start without slurmdbd", || (l.state_of(regular) == "RUNNING").then_some(()));
+    l.wait(30, "the regular job to end", || (l.state_of(regular) == "COMPLETED").then_some(()));
+    l.grown_to_all(job);
+    std::thread::sleep(Duration::from_secs(15));
+    l.c.start_daemon("slurmdbd").unwrap();
+    l.assert_no_double_allocation();
+
+    // A slurmd killed while it runs a satellite: the node goes down, the job keeps the
+    // others; when the slurmd returns, the job grows back onto it.
+    let sats = l.satellites(job);
+    let (node, _) = sats.iter().next().unwrap();
+    let node = node.clone();
+    l.c.stop_daemon(&format!("slurmd-{node}"), true).unwrap();
+    l.wait(90, &format!("{node} to be given up"), || {
+        let s = l.satellites(job);
+        (!s.contains_key(&node) && l.state_of(job) == "RUNNING").then_some(())
+    });
+    l.assert_no_double_allocation();
+    l.c.start_daemon(&format!("slurmd-{node}")).unwrap();
+    l.grown_to_all(job);
+    l.assert_no_double_allocation();
 }

@@ -258,7 +258,7 @@ unsafe fn submit_inner(
             }
             jd.min_nodes = r.nodes;
             jd.max_nodes = r.nodes;
-            jd.requeue = 1;
+            jd.requeue = u16::from(r.requeue);
             if let Some(p) = r.priority {
                 jd.priority = p;
             }

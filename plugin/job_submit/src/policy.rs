@@ -45,6 +45,9 @@ pub struct Rewrite {
     pub priority: Option<u32>,
     /// `Some(0)`: whole nodes (`shared = 0`, i.e. `--exclusive`).
     pub shared: Option<u16>,
+    /// Requeue on preemption or node failure: core jobs yes; satellites no (one pinned
+    /// to a failed node is useless; bftrainerd grows the job again elsewhere).
+    pub requeue: bool,
     pub admin_comment: String,
     /// Plain-words note shown by `squeue -O comment`; only set when the user gave none.
     pub comment: Option<String>,
@@ -281,6 +284,7 @@ fn elastic(pol: &Policy, s: &Submission<'_>, mut spec: ElasticSpec, privileged: 
         nodes: spec.min,
         priority: hold.then_some(0),
         shared: pol.exclusive.then_some(0),
+        requeue: spec.role == Role::Core,
         admin_comment: spec.to_tag(),
         comment,
         spec,
@@ -423,6 +427,7 @@ mod tests {
         assert_eq!(r.nodes, 2);
         assert_eq!(r.priority, Some(0));
         assert_eq!(r.shared, Some(0));
+        assert!(r.requeue);
         assert_eq!(r.admin_comment, "bftrainer:v1 2:4,role=core");
         assert_eq!(
             r.comment.as_deref(),
@@ -474,6 +479,7 @@ mod tests {
             r.priority, None,
             "satellites start as soon as Slurm can place them"
         );
+        assert!(!r.requeue, "a satellite pinned to a failed node is not requeued");
         assert_eq!(r.comment, None);
         assert_eq!(r.admin_comment, "bftrainer:v1 1:1,role=satellite,parent=5");
     }

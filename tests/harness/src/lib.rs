@@ -323,6 +323,37 @@ impl Cluster {
         })
     }
 
+    /// Stops one of the cluster's daemons (`slurmctld`, `slurmdbd`, `slurmd-nK`, ...):
+    /// SIGTERM, or SIGKILL with `kill`. For fault tests; [`Cluster::start_daemon`]
+    /// starts it again with the same command line.
+    pub fn stop_daemon(&self, name: &str, kill: bool) -> Result<(), Error> {
+        let mut cmd = Command::new(script());
+        cmd.arg("stop-daemon").arg(name).arg("--dir").arg(&self.dir);
+        if kill {
+            cmd.arg("--kill");
+        }
+        self.daemon_cmd(cmd, "stop-daemon")
+    }
+
+    /// Starts a daemon stopped by [`Cluster::stop_daemon`] and waits for its port.
+    pub fn start_daemon(&self, name: &str) -> Result<(), Error> {
+        let mut cmd = Command::new(script());
+        cmd.arg("start-daemon").arg(name).arg("--dir").arg(&self.dir);
+        self.daemon_cmd(cmd, "start-daemon")
+    }
+
+    fn daemon_cmd(&self, mut cmd: Command, what: &str) -> Result<(), Error> {
+        let out = run_script(&mut cmd)?;
+        if !out.status.success() {
+            return Err(Error::Command {
+                command: format!("cluster {what}"),
+                code: out.status.code().unwrap_or(-1),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        Ok(())
+    }
+
     /// Stops the cluster now and removes its directory; errors if a daemon stays up.
     pub fn stop(mut self) -> Result<(), Error> {
         self.stopped = true;

@@ -9,7 +9,7 @@ use bftrainer_core::engine::EngineConfig;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub const DAEMON_KEYS: [&str; 9] = [
+pub const DAEMON_KEYS: [&str; 10] = [
     "poll_interval",
     "state_dir",
     "shrink_grace",
@@ -19,6 +19,7 @@ pub const DAEMON_KEYS: [&str; 9] = [
     "plan_refresh",
     "node_backoff",
     "satellite_min_runtime",
+    "reclaim_hold",
 ];
 pub const ENGINE_KEYS: [&str; 8] = [
     "objective",
@@ -55,6 +56,9 @@ pub struct Config {
     /// A satellite that ends by itself sooner than this after starting counts as a
     /// failure of its node.
     pub satellite_min_runtime_s: f64,
+    /// A node taken from an elastic job by preemption is not lent again for this long
+    /// (the regular job that preempted it is about to start there).
+    pub reclaim_hold_s: f64,
     pub engine: EngineConfig,
     pub objective: Objective,
     pub default_up_s: f64,
@@ -178,6 +182,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         plan_refresh_s: d.seconds("plan_refresh", 0.0..=3600.0, 5.0)?,
         node_backoff_s: d.seconds("node_backoff", 1.0..=86_400.0, 60.0)?,
         satellite_min_runtime_s: d.seconds("satellite_min_runtime", 0.0..=3600.0, 10.0)?,
+        reclaim_hold_s: d.seconds("reclaim_hold", 0.0..=3600.0, 10.0)?,
         engine,
         objective,
         default_up_s: e.seconds("default_up", 0.0..=86_400.0, 30.0)?,

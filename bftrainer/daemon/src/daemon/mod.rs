@@ -137,6 +137,9 @@ pub struct Daemon<C: Cluster> {
     last_full: f64,
     outage_since: Option<f64>,
     expand_cache: HashMap<String, Vec<String>>,
+    /// Nodes taken from elastic jobs by preemption, and when: not lent again for
+    /// `reclaim_hold_s` unless a regular job shows up there first.
+    reclaimed: HashMap<NodeId, f64>,
     pub stats: Stats,
     pending: Vec<Event>,
 }
@@ -203,6 +206,7 @@ impl<C: Cluster> Daemon<C> {
             last_full: f64::NEG_INFINITY,
             outage_since: None,
             expand_cache: HashMap::new(),
+            reclaimed: HashMap::new(),
             stats: Stats::default(),
             pending: Vec::new(),
         };
@@ -441,6 +445,9 @@ impl<C: Cluster> Daemon<C> {
                         if ours {
                             // A satellite or core being preempted goes to a regular job.
                             if j.preempt_time.is_some() {
+                                if let Some(&id) = self.node_ids.get(&n) {
+                                    self.reclaimed.insert(id, now);
+                                }
                                 foreign_busy.insert(n);
                             } else {
                                 our_nodes.insert(n);
@@ -471,27 +478,42 @@ impl<C: Cluster> Daemon<C> {
             .map(|&n| self.nodes[n as usize].name.clone())
             .collect();
         // Nodes.
-        let mut cluster_nodes: Vec<(String, Class)> = Vec::new();
+        let mut cluster_nodes: Vec<(String, Option<Class>)> = Vec::new();
         for n in self.cluster.nodes() {
             if !n.partitions.iter().any(|p| parts.contains(p)) {
                 continue;
             }
             let st = n.state;
-            let class = if st.is_unavailable() || st.is_drain() || st.is_reserved() {
-                Class::Lost
+            let uncertain = st.is_not_responding()
+                || st.base() == bftrainer_slurm::NodeBase::Unknown;
+            let reclaimed = self
+                .node_ids
+                .get(&n.name)
+                .and_then(|id| self.reclaimed.get(id))
+                .is_some_and(|&t| now - t < self.cfg.reclaim_hold_s);
+            let class = if uncertain && !st.is_drain() && st.base() != bftrainer_slurm::NodeBase::Down {
+                // slurmctld just restarted, or the node misses pings: Slurm has not
+                // decided; neither have we (no event until it does).
+                None
+            } else if st.is_unavailable() || st.is_drain() || st.is_reserved() {
+                Some(Class::Lost)
             } else if foreign_busy.contains(&n.name) {
-                Class::Claimed
+                Some(Class::Claimed)
             } else if !our_nodes.contains(&n.name)
                 && st.base() != bftrainer_slurm::NodeBase::Idle
             {
                 // Allocated to something not in our snapshot (a job just started).
-                Class::Claimed
+                Some(Class::Claimed)
+            } else if reclaimed && !our_nodes.contains(&n.name) {
+                // Taken from an elastic job by preemption moments ago: the regular job
+                // that preempted it is about to start there; do not lend it back.
+                Some(Class::Claimed)
             } else {
                 let mut r = forecast.get(&n.name).copied();
                 if r.is_none() && st.is_planned() {
                     r = Some(now);
                 }
-                match r {
+                Some(match r {
                     Some(t)
                         if t <= now + self.cfg.release_before_s
                             && !core_nodes.contains(&n.name) =>
@@ -499,10 +521,11 @@ impl<C: Cluster> Daemon<C> {
                         Class::Claimed
                     }
                     _ => Class::Available { reclaim_at: r },
-                }
+                })
             };
             cluster_nodes.push((n.name.clone(), class));
         }
+        self.reclaimed.retain(|_, t| now - *t < self.cfg.reclaim_hold_s);
         cluster_nodes.sort_by(|a, b| a.0.cmp(&b.0));
         for (name, mut class) in cluster_nodes {
             let id = match self.node_ids.get(&name) {
@@ -525,7 +548,7 @@ impl<C: Cluster> Daemon<C> {
             };
             if let Some(sa) = self.set_aside.get(&id) {
                 if sa.until > now {
-                    class = Class::Lost;
+                    class = Some(Class::Lost);
                 } else {
                     log::info!("node {name}: back in the pool after being set aside ({})", sa.reason);
                     let failures = sa.failures;
@@ -539,7 +562,9 @@ impl<C: Cluster> Daemon<C> {
                     );
                 }
             }
-            self.observe_node(id, class);
+            if let Some(class) = class {
+                self.observe_node(id, class);
+            }
         }
 
         // Core jobs.
@@ -863,10 +888,19 @@ impl<C: Cluster> Daemon<C> {
                 return;
             };
             if j.state.base() == JobBase::Preempted || j.preempt_time.is_some() {
+                self.reclaimed.insert(n, now);
                 if held(self) {
                     log::info!("satellite {} of job {parent} on {node_name}: preempted by a regular job", j.job_id);
                     self.stats.preemptions += 1;
                     self.emit(Event::WorkerPreempted { job: jid, node: n });
+                }
+                return;
+            }
+            if j.state.base() == JobBase::NodeFail {
+                // Slurm took the node down; it decides when it returns (no set-aside).
+                if held(self) {
+                    log::info!("satellite {} of job {parent} on {node_name}: the node failed", j.job_id);
+                    self.emit(Event::WorkerLeft { job: jid, node: n });
                 }
                 return;
             }
