@@ -38,7 +38,7 @@ impl Drop for Live {
             let _ = d.kill();
             let _ = d.wait();
         }
-        if std::thread::panicking() {
+        if std::thread::panicking() || std::env::var_os("BFTD_TEST_SHOW_LOG").is_some() {
             eprintln!("--- bftrainerd log ---\n{}", std::fs::read_to_string(&self.log).unwrap_or_default());
         }
     }
@@ -106,7 +106,9 @@ impl Live {
 
     fn daemon_cmd(&self) -> Command {
         let mut cmd = self.c.command(env!("CARGO_BIN_EXE_bftrainerd"));
-        cmd.arg("--config").arg(&self.conf).env("RUST_LOG", "info");
+        cmd.arg("--config")
+            .arg(&self.conf)
+            .env("RUST_LOG", std::env::var("BFTD_TEST_LOG").unwrap_or_else(|_| "info".into()));
         cmd
     }
 
@@ -333,9 +335,10 @@ fn cluster_daemon_recovers_from_kill_9_without_orphans_or_duplicates() {
     l.assert_no_double_allocation();
     assert_eq!(l.state_of(job), "RUNNING");
 
-    // The journal replays: `bftrainer replay --journal` reads what the daemon wrote.
+    // The journal replays: `bftrainer replay --journal` reads what the daemon wrote,
+    // under the daemon's policy (t_fwd 600, the other settings at their defaults).
     let out = Command::new(env!("CARGO_BIN_EXE_bftrainer"))
-        .args(["replay", "--journal"])
+        .args(["replay", "--t-fwd", "600", "--journal"])
         .arg(l.dir.join("state/journal.jsonl"))
         .output()
         .unwrap();

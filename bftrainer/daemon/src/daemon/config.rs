@@ -179,7 +179,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         admit_timeout_s: d.seconds("admit_timeout", 1.0..=3600.0, 30.0)?,
         grow_timeout_s: d.seconds("grow_timeout", 1.0..=3600.0, 30.0)?,
         release_before_s: d.seconds("release_before", 0.0..=3600.0, 30.0)?,
-        plan_refresh_s: d.seconds("plan_refresh", 0.0..=3600.0, 5.0)?,
+        plan_refresh_s: d.seconds("plan_refresh", 0.0..=3600.0, 30.0)?,
         node_backoff_s: d.seconds("node_backoff", 1.0..=86_400.0, 60.0)?,
         satellite_min_runtime_s: d.seconds("satellite_min_runtime", 0.0..=3600.0, 10.0)?,
         reclaim_hold_s: d.seconds("reclaim_hold", 0.0..=3600.0, 10.0)?,

@@ -70,6 +70,8 @@ struct Core {
     gid: u32,
     /// When the daemon released it onto its nodes (admit in flight).
     admit_at: Option<f64>,
+    /// The nodes it was pinned to at that admission (host expression).
+    pinned: Option<String>,
     /// JobStarted sent for the current run.
     started: bool,
     /// Preemption of the current run seen (nodes given up in the engine).
@@ -140,6 +142,8 @@ pub struct Daemon<C: Cluster> {
     /// Nodes taken from elastic jobs by preemption, and when: not lent again for
     /// `reclaim_hold_s` unless a regular job shows up there first.
     reclaimed: HashMap<NodeId, f64>,
+    /// The first cycle's time.
+    started_at: Option<f64>,
     pub stats: Stats,
     pending: Vec<Event>,
 }
@@ -207,6 +211,7 @@ impl<C: Cluster> Daemon<C> {
             outage_since: None,
             expand_cache: HashMap::new(),
             reclaimed: HashMap::new(),
+            started_at: None,
             stats: Stats::default(),
             pending: Vec::new(),
         };
@@ -279,6 +284,24 @@ impl<C: Cluster> Daemon<C> {
         log::info!("reloaded {}", self.cfg.path.display());
     }
 
+    /// An event with Slurm's names instead of engine ids, for logs.
+    fn describe(&self, ev: &Event) -> String {
+        let node = |n: &NodeId| self.nodes.get(*n as usize).map_or("?", |r| r.name.as_str()).to_string();
+        let job = |j: &JobId| self.jobs.get(*j as usize).map_or("?".into(), u32::to_string);
+        match ev {
+            Event::NodeIdle { node: n, reclaim_at } => format!("node {} idle (reclaim {reclaim_at:?})", node(n)),
+            Event::NodeClaimed { node: n } => format!("node {} claimed", node(n)),
+            Event::NodeLost { node: n } => format!("node {} lost", node(n)),
+            Event::WorkerJoined { job: j, node: n } => format!("job {} joined on {}", job(j), node(n)),
+            Event::WorkerLeft { job: j, node: n } => format!("job {} left {}", job(j), node(n)),
+            Event::WorkerPreempted { job: j, node: n } => format!("job {} preempted on {}", job(j), node(n)),
+            Event::JobStarted { job: j } => format!("job {} started", job(j)),
+            Event::JobFinished { job: j } => format!("job {} finished", job(j)),
+            Event::JobCancelled { job: j } => format!("job {} cancelled", job(j)),
+            other => format!("{other:?}"),
+        }
+    }
+
     fn node_name(&self, n: NodeId) -> &str {
         &self.nodes[n as usize].name
     }
@@ -309,7 +332,8 @@ impl<C: Cluster> Daemon<C> {
         let now = now.max(self.last_t);
         let mut rep = CycleReport::default();
         self.stats.cycles += 1;
-        let full = now - self.last_full >= self.cfg.plan_refresh_s;
+        // plan_refresh 0: never force a full job load (node-table changes still do).
+        let full = self.cfg.plan_refresh_s > 0.0 && now - self.last_full >= self.cfg.plan_refresh_s;
         match self.cluster.refresh(full) {
             Err(e) => {
                 if self.outage_since.is_none() {
@@ -350,6 +374,7 @@ impl<C: Cluster> Daemon<C> {
         for ev in events {
             match self.engine.on_event(&ev, now) {
                 Ok(_) => {
+                    log::debug!("event {}", self.describe(&ev));
                     accepted += 1;
                     self.learn(&ev)?;
                     if let Some(j) = self.journal.as_mut() {
@@ -399,6 +424,8 @@ impl<C: Cluster> Daemon<C> {
         let mut foreign_busy: HashSet<String> = HashSet::new();
         let mut forecast: HashMap<String, f64> = HashMap::new();
         let mut our_nodes: HashSet<String> = HashSet::new();
+        // Partitions where regular jobs wait.
+        let mut pending_parts: HashSet<String> = HashSet::new();
         let mut cores_seen: HashMap<u32, usize> = HashMap::new();
         let mut sats: Vec<(usize, u32)> = Vec::new(); // (index in jobs, parent)
         let jobs = self.cluster.jobs().to_vec();
@@ -458,6 +485,9 @@ impl<C: Cluster> Daemon<C> {
                     }
                 }
             } else if !ours && j.state.base() == JobBase::Pending && !j.is_held() {
+                if let Some(p) = &j.partition {
+                    pending_parts.extend(p.split(',').map(str::to_string));
+                }
                 if let (Some(expr), Some(start)) = (j.sched_nodes.clone(), j.expected_start()) {
                     for n in self.expand(&expr) {
                         let e = forecast.entry(n).or_insert(start as f64);
@@ -503,6 +533,20 @@ impl<C: Cluster> Daemon<C> {
                 && st.base() != bftrainer_slurm::NodeBase::Idle
             {
                 // Allocated to something not in our snapshot (a job just started).
+                Some(Class::Claimed)
+            } else if !our_nodes.contains(&n.name)
+                && n.partitions.iter().any(|p| pending_parts.contains(p))
+                && self
+                    .node_ids
+                    .get(&n.name)
+                    .is_some_and(|&id| self.nodes[id as usize].class == Class::Claimed)
+                && !reclaimed
+            {
+                // A regular job just left while regular jobs wait in its partitions:
+                // Slurm's scheduler is about to fill it; lend it only if it stays idle.
+                if let Some(&id) = self.node_ids.get(&n.name) {
+                    self.reclaimed.insert(id, now);
+                }
                 Some(Class::Claimed)
             } else if reclaimed && !our_nodes.contains(&n.name) {
                 // Taken from an elastic job by preemption moments ago: the regular job
@@ -583,11 +627,30 @@ impl<C: Cluster> Daemon<C> {
             self.adopt_core(&jobs[i], now);
         }
 
-        // Satellites.
+        // Satellites. An ended one is news only if it is the newest of its parent on
+        // its node and it ended while this daemon ran; older ones are history (handled
+        // before a restart, or replaced since).
+        let started = *self.started_at.get_or_insert(now);
+        let mut newest: HashMap<(u32, String), u32> = HashMap::new();
+        for &(i, parent) in &sats {
+            let j = &jobs[i];
+            let node = j.nodes.clone().or_else(|| j.req_nodes.clone()).unwrap_or_default();
+            let e = newest.entry((parent, node)).or_insert(j.job_id);
+            *e = (*e).max(j.job_id);
+        }
         let mut live: HashSet<u32> = HashSet::new();
         for (i, parent) in sats {
             let j = &jobs[i];
             live.insert(j.job_id);
+            if !j.state.is_active() {
+                let node = j.nodes.clone().or_else(|| j.req_nodes.clone()).unwrap_or_default();
+                let old = newest.get(&(parent, node)).is_some_and(|&n| n > j.job_id)
+                    || j.end_time.is_some_and(|e| (e as f64) < started.floor());
+                if old {
+                    self.sats.entry(j.job_id).or_default().done = true;
+                    continue;
+                }
+            }
             self.observe_satellite(j, parent, now);
         }
         self.sats.retain(|id, _| live.contains(id));
@@ -715,6 +778,7 @@ impl<C: Cluster> Daemon<C> {
                 uid: j.user_id,
                 gid: j.group_id,
                 admit_at: None,
+                pinned: None,
                 started: is_running(j),
                 preempting: false,
                 restarts: j.restart_count,
@@ -1054,7 +1118,8 @@ impl<C: Cluster> Daemon<C> {
             let mut core_running = false;
             if let (true, Some(j)) = (active, core_job) {
                 calls += self.reconcile_core(id, j, &want, &anchors, &grace, now);
-                core_running = is_running(j) && j.preempt_time.is_none();
+                core_running =
+                    is_running(j) && j.preempt_time.is_none() && self.on_anchors(j, &anchors);
             }
             // Satellites: one per wanted non-core node, once the core runs.
             let mine = sats.remove(&id).unwrap_or_default();
@@ -1116,12 +1181,25 @@ impl<C: Cluster> Daemon<C> {
     ) -> usize {
         let core = &self.cores[&id];
         let recently = now - core.asked_at < 5.0;
+        let anchor_names = self.names(anchors);
         if j.state.base() == JobBase::Pending {
-            if want.is_empty() || core.admit_at.is_none() && !j.is_held() {
-                if !j.is_held() && !recently {
-                    self.cores.get_mut(&id).unwrap().asked_at = now;
-                    self.cores.get_mut(&id).unwrap().admit_at = None;
-                    log::info!("hold elastic job {id} (pending, not admitted)");
+            // Re-planned while its admission is in flight: take it back before Slurm
+            // starts it on nodes the engine has since given elsewhere.
+            let stale = core.admit_at.is_some() && core.pinned.as_deref() != Some(anchor_names.as_str());
+            if want.is_empty() || core.admit_at.is_none() && !j.is_held() || stale {
+                let c = self.cores.get_mut(&id).unwrap();
+                if stale {
+                    c.admit_at = None;
+                    c.pinned = None;
+                }
+                if !j.is_held() && (!recently || stale) {
+                    c.asked_at = now;
+                    c.admit_at = None;
+                    c.pinned = None;
+                    log::info!(
+                        "hold elastic job {id} ({})",
+                        if stale { "its admission was re-planned" } else { "pending, not admitted" }
+                    );
                     self.call(|c| c.hold(id), "hold", id);
                     return 1;
                 }
@@ -1146,14 +1224,34 @@ impl<C: Cluster> Daemon<C> {
                     && self.call(|c| c.release(id), "release", id);
                 if ok {
                     self.stats.admits += 1;
-                    self.cores.get_mut(&id).unwrap().admit_at = Some(now);
+                    let c = self.cores.get_mut(&id).unwrap();
+                    c.admit_at = Some(now);
+                    c.pinned = Some(names);
                 }
                 return 2;
             }
             return 0;
         }
-        if !is_running(j) || !want.is_empty() {
+        if !is_running(j) {
             return 0;
+        }
+        if !want.is_empty() {
+            // Started on other nodes than the engine holds for its core (a race between
+            // a re-plan and the start): the engine's view must match Slurm's, so the
+            // job goes back and is admitted again on what the engine holds.
+            if j.preempt_time.is_some() || recently || self.on_anchors(j, anchors) {
+                return 0;
+            }
+            self.cores.get_mut(&id).unwrap().asked_at = now;
+            log::warn!(
+                "elastic job {id} runs on {} but its core should be on {anchor_names}; requeueing it held to admit it again",
+                j.nodes.as_deref().unwrap_or("?")
+            );
+            if self.call(|c| c.requeue(id, true), "requeue", id) {
+                self.stats.requeues += 1;
+                self.cores.get_mut(&id).unwrap().restarts = j.restart_count.saturating_add(1);
+            }
+            return 1;
         }
         // Running but the engine gave it no nodes: requeue it held. While Slurm
         // preempts it, wait out the partition's grace time first.
@@ -1177,6 +1275,19 @@ impl<C: Cluster> Daemon<C> {
             self.cores.get_mut(&id).unwrap().restarts = j.restart_count.saturating_add(1);
         }
         1
+    }
+
+    /// Whether the running core job `j` is on exactly the engine's core nodes.
+    fn on_anchors(&self, j: &Job, anchors: &[NodeId]) -> bool {
+        if anchors.is_empty() {
+            return true;
+        }
+        let mut actual = j.nodes.as_deref().map(|e| self.cluster.expand(e)).unwrap_or_default();
+        let mut expected: Vec<String> =
+            anchors.iter().map(|&n| self.nodes[n as usize].name.clone()).collect();
+        actual.sort();
+        expected.sort();
+        actual == expected
     }
 
     fn end_satellite(
