@@ -25,6 +25,20 @@ pub enum NodeBase {
 pub struct NodeState(pub u32);
 
 impl NodeState {
+    /// The state word of a plain base state (no flags).
+    pub fn from_base(base: NodeBase) -> NodeState {
+        NodeState(match base {
+            NodeBase::Unknown => slurm_sys::NODE_STATE_UNKNOWN,
+            NodeBase::Down => slurm_sys::NODE_STATE_DOWN,
+            NodeBase::Idle => slurm_sys::NODE_STATE_IDLE,
+            NodeBase::Allocated => slurm_sys::NODE_STATE_ALLOCATED,
+            NodeBase::Error => slurm_sys::NODE_STATE_ERROR,
+            NodeBase::Mixed => slurm_sys::NODE_STATE_MIXED,
+            NodeBase::Future => slurm_sys::NODE_STATE_FUTURE,
+            NodeBase::Other(x) => x,
+        })
+    }
+
     /// The base state.
     pub fn base(self) -> NodeBase {
         match self.0 & slurm_sys::NODE_STATE_BASE {
@@ -263,6 +277,9 @@ mod tests {
         assert!(s.is_drain() && s.is_planned() && !s.is_completing());
         assert_eq!(s.name(), "IDLE+DRAIN+PLANNED");
         assert_eq!(NodeState(0xe).base(), NodeBase::Other(0xe));
+        for b in [NodeBase::Idle, NodeBase::Allocated, NodeBase::Down, NodeBase::Mixed] {
+            assert_eq!(NodeState::from_base(b).base(), b);
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! not (node and job ids, the engine's decisions), replayed into the engine at start.
 
 pub mod cluster;
+pub mod gen;
 pub mod config;
 pub mod journal;
 pub mod run;
@@ -428,7 +429,40 @@ impl<C: Cluster> Daemon<C> {
         let mut pending_parts: HashSet<String> = HashSet::new();
         let mut cores_seen: HashMap<u32, usize> = HashMap::new();
         let mut sats: Vec<(usize, u32)> = Vec::new(); // (index in jobs, parent)
-        let jobs = self.cluster.jobs().to_vec();
+        // One pass over the snapshot without copying it: tagged jobs are cloned (few),
+        // of the others only the node expressions are kept.
+        let mut jobs: Vec<Job> = Vec::new();
+        let mut foreign_holding: Vec<String> = Vec::new();
+        let mut foreign_planned: Vec<(String, i64)> = Vec::new();
+        for j in self.cluster.jobs() {
+            if j.admin_comment.as_deref().is_some_and(spec::looks_like_tag) {
+                jobs.push(j.clone());
+            } else if is_running(j) || j.state.is_completing() {
+                if let Some(e) = &j.nodes {
+                    foreign_holding.push(e.clone());
+                }
+            } else if j.state.base() == JobBase::Pending && !j.is_held() {
+                if let Some(p) = &j.partition {
+                    for p in p.split(',') {
+                        if !pending_parts.contains(p) {
+                            pending_parts.insert(p.to_string());
+                        }
+                    }
+                }
+                if let (Some(e), Some(start)) = (&j.sched_nodes, j.expected_start()) {
+                    foreign_planned.push((e.clone(), start));
+                }
+            }
+        }
+        for expr in foreign_holding {
+            foreign_busy.extend(self.expand(&expr));
+        }
+        for (expr, start) in foreign_planned {
+            for n in self.expand(&expr) {
+                let e = forecast.entry(n).or_insert(start as f64);
+                *e = e.min(start as f64);
+            }
+        }
         let uid_of: HashMap<u32, u32> = jobs.iter().map(|j| (j.job_id, j.user_id)).collect();
         for (i, j) in jobs.iter().enumerate() {
             let tag = j.admin_comment.as_deref().and_then(spec::parse_tag);
@@ -485,6 +519,7 @@ impl<C: Cluster> Daemon<C> {
                     }
                 }
             } else if !ours && j.state.base() == JobBase::Pending && !j.is_held() {
+                // A job with a bftrainer-looking tag that is not ours counts as regular.
                 if let Some(p) = &j.partition {
                     pending_parts.extend(p.split(',').map(str::to_string));
                 }
@@ -1085,7 +1120,14 @@ impl<C: Cluster> Daemon<C> {
 
     fn reconcile(&mut self, now: f64) -> usize {
         let mut calls = 0usize;
-        let jobs = self.cluster.jobs().to_vec();
+        // Only the daemon's own jobs matter here (tagged; few).
+        let jobs: Vec<Job> = self
+            .cluster
+            .jobs()
+            .iter()
+            .filter(|j| j.admin_comment.as_deref().is_some_and(spec::looks_like_tag))
+            .cloned()
+            .collect();
         let by_id: HashMap<u32, &Job> = jobs.iter().map(|j| (j.job_id, j)).collect();
         let grace: HashMap<&str, f64> = self
             .cluster

@@ -1,0 +1,212 @@
+//! bftrainerd's observe-decide-reconcile cycle on a generated 10,000-node cluster with
+//! 20,000 jobs (docs/benchmarks.md). Prints per-cycle times (cold, under churn,
+//! unchanged), the baseline of one copy of the job snapshot measured in the same run,
+//! and the process's peak RSS.
+//!
+//!   cargo bench -p bftrainer-daemon --bench daemon_cycle -- [--nodes N] [--jobs N] [--cycles N]
+
+use bftrainer_daemon::daemon::config;
+use bftrainer_daemon::daemon::gen::{job, node, GenCluster};
+use bftrainer_daemon::daemon::Daemon;
+use bftrainer_slurm::{JobBase, JobState, NodeBase, NodeState, Partition};
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+use std::time::Instant;
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn partition(name: &str, nodes: &[String], tier: u16) -> Partition {
+    Partition {
+        name: name.into(),
+        nodes: None,
+        node_names: nodes.to_vec(),
+        priority_tier: tier,
+        priority_job_factor: 1,
+        preempt_mode: 0,
+        grace_time_s: 30,
+        max_time: None,
+        default_time: None,
+        total_cpus: 0,
+        total_nodes: nodes.len() as u32,
+        up: true,
+        is_default: name == "batch",
+    }
+}
+
+fn peak_rss_mb() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn main() {
+    let n_nodes = arg("--nodes", 10_000);
+    let n_jobs = arg("--jobs", 20_000);
+    let cycles = arg("--cycles", 200);
+    let elastic = 100usize;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let names: Vec<String> = (1..=n_nodes).map(|i| format!("g{i:05}")).collect();
+    let parts = ["batch", "elastic", "elastic-sat"];
+    let mut nodes: Vec<_> = names.iter().map(|n| node(n.clone(), &parts)).collect();
+    let partitions = vec![
+        partition("batch", &names, 10),
+        partition("elastic", &names, 2),
+        partition("elastic-sat", &names, 1),
+    ];
+    // 90% of the nodes run regular jobs of 1-8 nodes; the rest is idle.
+    let mut jobs = Vec::with_capacity(n_jobs);
+    let mut id = 1u32;
+    let mut next_node = 0usize;
+    let busy = n_nodes * 9 / 10;
+    while next_node < busy && jobs.len() < n_jobs / 4 {
+        let k = rng.gen_range(1..=8).min(busy - next_node);
+        let mut j = job(id, "batch", JobBase::Running);
+        j.nodes = Some(names[next_node..next_node + k].join(","));
+        j.num_nodes = k as u32;
+        j.start_time = Some(0);
+        for n in &mut nodes[next_node..next_node + k] {
+            n.state = NodeState::from_base(NodeBase::Allocated);
+        }
+        jobs.push(j);
+        id += 1;
+        next_node += k;
+    }
+    // Elastic core jobs, held for admission.
+    for _ in 0..elastic {
+        let mut j = job(id, "elastic", JobBase::Pending);
+        j.admin_comment = Some("bftrainer:v1 1:16,role=core".into());
+        j.priority = 0;
+        jobs.push(j);
+        id += 1;
+    }
+    // Pending regular jobs; some planned by backfill on idle nodes in an hour.
+    while jobs.len() < n_jobs {
+        let mut j = job(id, "batch", JobBase::Pending);
+        if id % 20 == 0 && next_node + 4 <= n_nodes {
+            let at = rng.gen_range(busy..n_nodes - 4);
+            j.sched_nodes = Some(names[at..at + 4].join(","));
+            j.start_time = Some(4_000_000_000);
+        }
+        jobs.push(j);
+        id += 1;
+    }
+    let regular_running = jobs.iter().filter(|j| j.state.base() == JobBase::Running).count();
+    let dir = std::env::temp_dir();
+    let cfg = config::parse(
+        &format!(
+            "[policy]\nsatellite_partition = \"elastic-sat\"\n[daemon]\nstate_dir = \"{}\"\n[engine]\nmax_jobs = {elastic}\n",
+            dir.display()
+        ),
+        Path::new("/bench/bftrainer.toml"),
+    )
+    .unwrap();
+    let mut d = Daemon::new(cfg, GenCluster::new(nodes, partitions, jobs), None, &[]).unwrap();
+    let rss_before = peak_rss_mb();
+    let mut now = 3_000_000_000.0f64;
+
+    // Baseline in the same run: one copy of the job snapshot (what any consumer of
+    // slurm_load_jobs pays at least once per load).
+    let mut base = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let v = d.cluster.jobs.to_vec();
+        std::hint::black_box(&v);
+        base.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let base_ms = pct(&mut base, 0.5);
+
+    let t = Instant::now();
+    d.cycle(now).unwrap();
+    let cold = t.elapsed().as_secs_f64() * 1e3;
+
+    let mut churn = Vec::with_capacity(cycles);
+    let mut unchanged = Vec::with_capacity(cycles);
+    for c in 0..cycles {
+        now += 1.0;
+        // Slurm between polls: elastic jobs start where pinned; 10 regular jobs end
+        // (their nodes go idle) and 10 pending ones start on idle nodes.
+        d.cluster.start_pending_elastic(now as i64);
+        let running: Vec<usize> = d
+            .cluster
+            .jobs
+            .iter()
+            .enumerate()
+            .filter(|(_, j)| j.state.base() == JobBase::Running && j.partition.as_deref() == Some("batch"))
+            .map(|(i, _)| i)
+            .collect();
+        for _ in 0..10 {
+            let i = running[rng.gen_range(0..running.len())];
+            let j = &mut d.cluster.jobs[i];
+            if j.state.base() != JobBase::Running {
+                continue;
+            }
+            j.state = JobState::from_base(JobBase::Complete);
+            let ns: Vec<String> = j.nodes.clone().unwrap_or_default().split(',').map(str::to_string).collect();
+            for n in ns {
+                if let Some(nd) = d.cluster.node_mut(&n) {
+                    nd.state = NodeState::from_base(NodeBase::Idle);
+                }
+            }
+        }
+        let idle: Vec<String> = d
+            .cluster
+            .nodes
+            .iter()
+            .filter(|n| n.state.base() == NodeBase::Idle)
+            .map(|n| n.name.clone())
+            .collect();
+        let mut started = 0;
+        for j in d.cluster.jobs.iter_mut() {
+            if started == 10 || idle.len() <= started {
+                break;
+            }
+            if j.state.base() == JobBase::Pending && j.partition.as_deref() == Some("batch") && j.priority != 0 {
+                j.state = JobState::from_base(JobBase::Running);
+                j.nodes = Some(idle[idle.len() - 1 - started].clone());
+                started += 1;
+            }
+        }
+        for k in 0..started {
+            let n = idle[idle.len() - 1 - k].clone();
+            if let Some(nd) = d.cluster.node_mut(&n) {
+                nd.state = NodeState::from_base(NodeBase::Allocated);
+            }
+        }
+        d.cluster.dirty = true;
+        let t = Instant::now();
+        d.cycle(now).unwrap();
+        churn.push(t.elapsed().as_secs_f64() * 1e3);
+        if c % 2 == 0 {
+            // The same poll again with nothing changed.
+            now += 0.5;
+            let t = Instant::now();
+            d.cycle(now).unwrap();
+            unchanged.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let s = &d.stats;
+    println!("bftrainerd cycle on a generated cluster: {n_nodes} nodes, {} jobs ({regular_running} regular running at start, {elastic} elastic)", d.cluster.jobs.len());
+    println!("baseline: one copy of the job snapshot  p50 {base_ms:.2} ms");
+    println!("cold first cycle (adopt {elastic} jobs, first decision): {cold:.1} ms ({:.1}x baseline)", cold / base_ms);
+    let (c50, c99, cmax) = (pct(&mut churn, 0.5), pct(&mut churn, 0.99), pct(&mut churn, 1.0));
+    println!("churn ({} cycles, 10 regular ends + 10 starts each): p50 {c50:.2} ms, p99 {c99:.2} ms, max {cmax:.2} ms ({:.1}x / {:.1}x baseline)", churn.len(), c50 / base_ms, c99 / base_ms);
+    let (u50, u99) = (pct(&mut unchanged, 0.5), pct(&mut unchanged, 0.99));
+    println!("unchanged snapshot ({} cycles): p50 {u50:.2} ms, p99 {u99:.2} ms ({:.1}x baseline)", unchanged.len(), u50 / base_ms);
+    println!("daemon work: {} admits, {} grows, {} shrinks, {} requeues, {} events; calls {:?}", s.admits, s.grows, s.shrinks, s.requeues, s.events, d.cluster.calls);
+    println!("peak RSS: {:.1} MB (after building the snapshot: {rss_before:.1} MB; the snapshot is the generator's, a real daemon holds one copy in its ClusterView)", peak_rss_mb());
+}
