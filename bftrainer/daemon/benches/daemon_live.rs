@@ -11,7 +11,7 @@ mod support;
 
 use bftrainer_testcluster::{Cluster, Options};
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 const JOIN: &str = "#!/bin/sh\nexec sleep 3600\n";
@@ -164,10 +164,17 @@ fn main() {
     let (cpu3, _) = usage(pid);
     let churn_cpu = (cpu3 - cpu2) / t_churn.elapsed().as_secs_f64() * 100.0;
 
+    println!("bftrainerd live, 4-node test cluster, GraceTime 5 s, poll 0.5 s, {rounds} rounds");
+    println!("elastic job 1:4 submitted -> on all 4 nodes: {grown:.1} s");
+    println!("node claimed -> regular job running (1 node, with bftrainerd): p50 {:.2} s, p99 {:.2} s, max {:.2} s", pct(&claim, 0.5), pct(&claim, 0.99), pct(&claim, 1.0));
+    println!("node idle -> satellite running on it: p50 {:.2} s, p99 {:.2} s, max {:.2} s", pct(&regrow, 0.5), pct(&regrow, 0.99), pct(&regrow, 1.0));
+    println!("bftrainerd CPU: {rest_cpu:.2}% of a core at rest (20 s), {churn_cpu:.2}% under churn; RSS {rss_rest:.1} MB at rest, {rss_churn:.1} MB under churn");
+
     // Without the daemon: the same claim of 2 nodes held by an elastic-partition job.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     daemon.wait().unwrap();
     c.run("scancel", &[&job.to_string()]).unwrap();
+    c.run("scancel", &["-n", &sat]).unwrap();
     wait(30.0, "the cluster to drain", || squeue(&c).iter().all(|r| r.2 != "RUNNING"));
     std::thread::sleep(Duration::from_secs(2));
     let mut without = Vec::new();
@@ -183,13 +190,8 @@ fn main() {
         std::thread::sleep(Duration::from_secs(3));
     }
 
-    println!("bftrainerd live, 4-node test cluster, GraceTime 5 s, poll 0.5 s, {rounds} rounds");
-    println!("elastic job 1:4 submitted -> on all 4 nodes: {grown:.1} s");
-    println!("node claimed -> regular job running (1 node, with bftrainerd): p50 {:.2} s, p99 {:.2} s, max {:.2} s", pct(&claim, 0.5), pct(&claim, 0.99), pct(&claim, 1.0));
-    println!("node idle -> satellite running on it: p50 {:.2} s, p99 {:.2} s, max {:.2} s", pct(&regrow, 0.5), pct(&regrow, 0.99), pct(&regrow, 1.0));
     for (what, t) in &without {
         println!("without bftrainerd, a 2-node regular job onto an elastic-partition job ({what}): {t:.1} s");
     }
-    println!("bftrainerd CPU: {rest_cpu:.2}% of a core at rest (20 s), {churn_cpu:.2}% under churn; RSS {rss_rest:.1} MB at rest, {rss_churn:.1} MB under churn");
     c.stop().unwrap();
 }

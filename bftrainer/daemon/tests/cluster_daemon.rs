@@ -570,3 +570,33 @@ fn cluster_daemon_rides_out_slurmctld_slurmdbd_and_slurmd_faults() {
     l.grown_to_all(job);
     l.assert_no_double_allocation();
 }
+
+#[test]
+fn cluster_daemon_gives_back_nodes_the_backfill_plan_needs_before_it_needs_them() {
+    // Forecasts within 50 s release satellites' nodes (never a core's) early.
+    let l = Live::start("", "release_before = 50\nplan_refresh = 1", "");
+    // A regular job on n4 that ends by its 1-minute limit: a 4-node regular job then
+    // cannot start before that, and backfill plans it on all four nodes.
+    let blocker = l.c.sbatch(&["-p", "batch", "-w", "n4", "-t", "1", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 600"]).unwrap();
+    l.wait(30, "the blocker to run", || (l.state_of(blocker) == "RUNNING").then_some(()));
+    let job = l.submit_elastic("1:4");
+    l.wait(60, "the elastic job to grow onto the 3 free nodes", || {
+        (l.state_of(job) == "RUNNING" && l.satellites(job).len() == 2).then_some(())
+    });
+    let big = l.c.sbatch(&["-p", "batch", "-N4", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 2"]).unwrap();
+    // The plan (start about 60 s after the blocker's start, on n[1-4]) reaches the
+    // daemon; it takes the satellites' nodes back while the big job still waits.
+    l.wait(40, "the satellites to be given back ahead of the plan", || {
+        (l.satellites(job).is_empty() && l.state_of(big) == "PENDING").then_some(())
+    });
+    assert_eq!(l.state_of(job), "RUNNING", "the core stays until the big job actually needs it");
+    let log = l.log_text();
+    assert!(log.contains(&format!("shrink job {job} off")), "{log}");
+    // The blocker ends early: the big job starts at once (it preempts the core only).
+    let t = Instant::now();
+    l.c.run("scancel", &[&blocker.to_string()]).unwrap();
+    l.wait(30, "the big job to start", || matches!(l.state_of(big).as_str(), "RUNNING" | "COMPLETED").then_some(()));
+    eprintln!("4-node job started {:.1} s after the blocker was cancelled", t.elapsed().as_secs_f64());
+    assert!(t.elapsed() <= Duration::from_secs(GRACE_TIME_S + 5));
+    l.assert_no_double_allocation();
+}

@@ -455,7 +455,13 @@ impl<C: Cluster> Daemon<C> {
             }
         }
         for expr in foreign_holding {
-            foreign_busy.extend(self.expand(&expr));
+            for n in self.expand(&expr) {
+                // A regular job is there: a hold after a preemption has served.
+                if let Some(id) = self.node_ids.get(&n) {
+                    self.reclaimed.remove(id);
+                }
+                foreign_busy.insert(n);
+            }
         }
         for (expr, start) in foreign_planned {
             for n in self.expand(&expr) {
