@@ -11,16 +11,13 @@ use bftrainer_daemon::daemon::Daemon;
 use bftrainer_slurm::{JobBase, JobState, NodeBase, NodeState, Partition};
 use rand::{Rng, SeedableRng};
 use std::path::Path;
-use std::time::Instant;
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "../../../plugin/job_submit/tests/support/mod.rs"]
+mod support;
+#[path = "../tests/live/mod.rs"]
+mod live;
+use live::arg;
+use std::time::Instant;
 
 fn partition(name: &str, nodes: &[String], tier: u16) -> Partition {
     Partition {

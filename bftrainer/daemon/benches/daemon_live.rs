@@ -8,22 +8,12 @@
 
 #[path = "../../../plugin/job_submit/tests/support/mod.rs"]
 mod support;
+#[path = "../tests/live/mod.rs"]
+mod live;
 
 use bftrainer_testcluster::{Cluster, Options};
-use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
-
-const JOIN: &str = "#!/bin/sh\nexec sleep 3600\n";
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn squeue(c: &Cluster) -> Vec<(u32, String, String, String)> {
     c.run("squeue", &["-h", "-a", "-o", "%i|%j|%T|%N"])
@@ -80,28 +70,9 @@ fn pct(v: &[f64], p: f64) -> f64 {
 }
 
 fn main() {
-    let rounds = arg("--rounds", 10);
-    let tmp = tempfile::Builder::new().prefix("bftbench").tempdir_in("/tmp").unwrap();
-    let dir = tmp.path();
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let plugins = support::stage_plugins(&dir.join("plugins"));
-    let state_dir = dir.join("state");
-    std::fs::create_dir_all(&state_dir).unwrap();
-    let join = dir.join("join.sh");
-    std::fs::write(&join, JOIN).unwrap();
-    std::fs::set_permissions(&join, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let conf = dir.join("bftrainer.toml");
-    std::fs::write(
-        &conf,
-        format!(
-            "[policy]\nsatellite_partition = \"elastic-sat\"\ndaemon_user = \"root\"\n\
-             [daemon]\nstate_dir = \"{}\"\npoll_interval = 0.5\nshrink_grace = 3\n\
-             [engine]\nt_fwd = 600\n[runtime]\njoin_command = \"{} {{parent}}\"\nsatellite_output = \"/dev/null\"\n",
-            state_dir.display(),
-            join.display()
-        ),
-    )
-    .unwrap();
+    let rounds = live::arg("--rounds", 10);
+    let setup = live::setup("bftbench", "", "", "");
+    let (dir, plugins, conf) = (setup.dir.clone(), setup.plugins.clone(), setup.conf.clone());
     let c = Cluster::start(Options {
         nodes: 4,
         plugins: Some(plugins),

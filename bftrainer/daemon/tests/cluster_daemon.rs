@@ -5,6 +5,7 @@
 
 #[path = "../../../plugin/job_submit/tests/support/mod.rs"]
 mod support;
+mod live;
 
 use bftrainer_testcluster::{wait_until, Cluster, Options};
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,14 +15,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const GRACE_TIME_S: u64 = 5;
-
-/// A satellite's join command for the tests (bft-run is another issue): logs where it
-/// runs and stays up until signalled. `BAD_NODE` makes it fail at once on that node.
-const JOIN: &str = r#"#!/bin/sh
-echo "joined parent $1 on $SLURMD_NODENAME at $(date +%s.%N)"
-if [ -n "$BAD_NODE" ] && [ "$SLURMD_NODENAME" = "$BAD_NODE" ]; then echo "broken node" >&2; exit 3; fi
-exec sleep 600
-"#;
 
 struct Live {
     c: Cluster,
@@ -61,31 +54,7 @@ impl Live {
     }
 
     fn start_without_daemon(policy_extra: &str, daemon_extra: &str, bad_node: &str) -> Live {
-        let tmp = tempfile::Builder::new().prefix("bftd").tempdir_in("/tmp").unwrap();
-        let dir = tmp.path().to_path_buf();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let plugins = support::stage_plugins(&dir.join("plugins"));
-        let state = dir.join("state");
-        std::fs::create_dir_all(&state).unwrap();
-        let join = dir.join("join.sh");
-        std::fs::write(&join, JOIN).unwrap();
-        std::fs::set_permissions(&join, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let conf = dir.join("bftrainer.toml");
-        std::fs::write(
-            &conf,
-            format!(
-                "[policy]\npartition = \"elastic\"\nsatellite_partition = \"elastic-sat\"\n\
-                 daemon_user = \"root\"\nmax_nodes = 4\n{policy_extra}\n\
-                 [daemon]\nstate_dir = \"{}\"\npoll_interval = 0.5\nshrink_grace = 3\n\
-                 grow_timeout = 20\nnode_backoff = 120\n{daemon_extra}\n\
-                 [engine]\nt_fwd = 600\n\
-                 [runtime]\njoin_command = \"env BAD_NODE={bad_node} {} {{parent}}\"\n\
-                 satellite_output = \"/dev/null\"\n",
-                state.display(),
-                join.display()
-            ),
-        )
-        .unwrap();
+        let live::Setup { tmp, dir, plugins, conf, .. } = live::setup("bftd", policy_extra, daemon_extra, bad_node);
         let c = Cluster::start(Options {
             nodes: 4,
             plugins: Some(plugins),
