@@ -281,6 +281,18 @@ fn cluster_daemon_recovers_from_kill_9_without_orphans_or_duplicates() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("another bftrainerd (pid {pid})")), "{err}");
 
+    // SIGHUP re-reads the config; a broken one is refused and the old one kept.
+    let good = std::fs::read_to_string(&l.conf).unwrap();
+    std::fs::write(&l.conf, good.replace("t_fwd = 600", "t_fwd = -1")).unwrap();
+    unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+    l.wait(10, "the broken config to be refused", || {
+        l.log_text().contains("[engine] t_fwd: -1 is out of range").then_some(())
+    });
+    assert!(l.log_text().contains("keeping the previous config"));
+    std::fs::write(&l.conf, &good).unwrap();
+    unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+    l.wait(10, "the config to be reloaded", || l.log_text().contains("reloaded").then_some(()));
+
     // Killed during the admit and grows: right after the first satellite appears.
     let job = l.submit_elastic("1:4");
     l.wait(60, "a first satellite", || (l.active_satellites(job) >= 1).then_some(()));

@@ -1013,7 +1013,14 @@ impl<C: Cluster> Daemon<C> {
                 (Some(s), Some(e)) if s > 0 => (e - s) as f64,
                 _ => 0.0,
             };
-            if ran < self.cfg.satellite_min_runtime_s || j.state.base() != JobBase::Complete {
+            // A failure of the node: the satellite failed, or ended at once. Cancelled
+            // (by its owner or an admin) is not the node's fault.
+            let failed = match j.state.base() {
+                JobBase::Cancelled => false,
+                JobBase::Complete => ran < self.cfg.satellite_min_runtime_s,
+                _ => true,
+            };
+            if failed {
                 self.node_failed(
                     n,
                     format!(
