@@ -581,3 +581,30 @@ fn cluster_daemon_gives_back_nodes_the_backfill_plan_needs_before_it_needs_them(
     assert!(t.elapsed() <= Duration::from_secs(GRACE_TIME_S + 5));
     l.assert_no_double_allocation();
 }
+
+#[test]
+fn cluster_daemon_holds_an_admission_that_does_not_start_and_replans() {
+    // A core job that cannot start when released (its begin time is 2 minutes away):
+    // after admit_timeout it is held again and its nodes go back to the pool.
+    let l = Live::start("", "admit_timeout = 4", "");
+    let out = l
+        .c
+        .command_as_test_user("sbatch")
+        .unwrap()
+        .args(["--parsable", "--elastic=1:4", "--begin=now+120", "-o", "/dev/null", "--wrap", "srun sleep 600"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let job: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    l.wait(30, "the admission to time out", || {
+        l.log_text().contains(&format!("elastic job {job} did not start within 4 s of its admission")).then_some(())
+    });
+    l.wait(15, "the job to be held again", || {
+        let out = l.c.run("scontrol", &["show", "job", "-o", &job.to_string()]).ok()?;
+        out.contains(" Priority=0 ").then_some(())
+    });
+    assert_eq!(l.active_satellites(job), 0, "no satellite for a core that never ran");
+    assert_eq!(l.state_of(job), "PENDING");
+    // Re-planned: admitted again later.
+    l.wait(30, "a second admission", || (l.log_text().matches(&format!("admit job {job} ")).count() >= 2).then_some(()));
+}
