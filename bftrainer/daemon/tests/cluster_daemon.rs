@@ -333,8 +333,19 @@ fn cluster_daemon_recovers_from_kill_9_without_orphans_or_duplicates() {
     l.spawn();
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(l.active_satellites(job), 3);
+    // The core job ends while the daemon is down: the next start cancels its satellites
+    // and counts the job ended.
+    l.kill9();
     l.c.run("scancel", &[&job.to_string()]).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(l.active_satellites(job), 3, "satellites outlive their parent while the daemon is down");
+    l.spawn();
     l.wait(30, "no orphan satellite after the parent ends", || (l.active_satellites(job) == 0).then_some(()));
+    l.wait(10, "the job counted ended in status.json", || {
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(l.dir.join("state/status.json")).ok()?).ok()?;
+        let j = v["jobs"].as_array()?.iter().find(|j| j["job_id"] == job)?.clone();
+        (j["state"] == "cancelled").then_some(())
+    });
 }
 
 #[test]

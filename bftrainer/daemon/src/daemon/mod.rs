@@ -667,6 +667,18 @@ impl<C: Cluster> Daemon<C> {
         for i in new {
             self.adopt_core(&jobs[i], now);
         }
+        // Jobs the journal knows as queued or active that slurmctld no longer has
+        // (they ended while the daemon was down and aged out): finished.
+        for (jid, &id) in self.jobs.iter().enumerate() {
+            let jid = jid as JobId;
+            if self.cores.contains_key(&id)
+                || !matches!(self.engine.job_status(jid), JobStatus::Active | JobStatus::Queued)
+            {
+                continue;
+            }
+            log::warn!("elastic job {id} is gone from slurmctld; counted finished");
+            self.pending.push(Event::JobFinished { job: jid });
+        }
 
         // Satellites. An ended one is news only if it is the newest of its parent on
         // its node and it ended while this daemon ran; older ones are history (handled
@@ -769,7 +781,9 @@ impl<C: Cluster> Daemon<C> {
     }
 
     fn adopt_core(&mut self, j: &Job, now: f64) {
-        if !j.state.is_active() {
+        // An ended job is adopted only if the journal knows it (it ended while the
+        // daemon was down): observe_core then tells an end from a preemption.
+        if !j.state.is_active() && !self.jobs.contains(&j.job_id) {
             return;
         }
         let s = match j.admin_comment.as_deref().and_then(spec::parse_tag) {
