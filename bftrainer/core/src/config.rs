@@ -159,11 +159,7 @@ impl<'a> Table<'a> {
         range: RangeInclusive<f64>,
         default: f64,
     ) -> Result<f64, ConfigError> {
-        let expected = format!(
-            "expected seconds from {} to {}",
-            range.start(),
-            range.end()
-        );
+        let expected = format!("expected seconds from {} to {}", range.start(), range.end());
         let v = match self.t.get(key) {
             None => return Ok(default),
             Some(toml::Value::Integer(n)) => *n as f64,
@@ -178,14 +174,22 @@ impl<'a> Table<'a> {
     }
 
     /// One of `allowed` (strings).
-    pub fn choice(&self, key: &str, allowed: &[&str], default: &str) -> Result<String, ConfigError> {
+    pub fn choice(
+        &self,
+        key: &str,
+        allowed: &[&str],
+        default: &str,
+    ) -> Result<String, ConfigError> {
         let v = self.string(key, default)?;
         if allowed.contains(&v.as_str()) {
             Ok(v)
         } else {
             Err(self.err(
                 key,
-                format!("'{v}' is not allowed; expected one of: {}", allowed.join(", ")),
+                format!(
+                    "'{v}' is not allowed; expected one of: {}",
+                    allowed.join(", ")
+                ),
             ))
         }
     }
@@ -219,19 +223,31 @@ mod tests {
             "/c.toml: [daemon] n: -3 is out of range; expected a whole number from 1 to 10"
         );
         assert_eq!(t.seconds("x", 0.0..=2.0, 0.0).unwrap(), 1.5);
-        assert!(t.seconds("x", 2.0..=3.0, 0.0).unwrap_err().0.contains("1.5 is out of range"));
+        assert!(t
+            .seconds("x", 2.0..=3.0, 0.0)
+            .unwrap_err()
+            .0
+            .contains("1.5 is out of range"));
         assert_eq!(t.seconds("absent", 0.0..=1.0, 0.5).unwrap(), 0.5);
         assert!(t
             .choice("mode", &["slow", "safe"], "slow")
             .unwrap_err()
             .0
             .contains("'fast' is not allowed; expected one of: slow, safe"));
-        assert!(t.check_keys(&["poll_interval"]).unwrap_err().0.contains(
-            "[daemon] mode: unknown key; allowed keys: poll_interval"
-        ));
+        assert!(t
+            .check_keys(&["poll_interval"])
+            .unwrap_err()
+            .0
+            .contains("[daemon] mode: unknown key; allowed keys: poll_interval"));
         let empty = Table::new(&d, "engine", "/c.toml");
         assert_eq!(empty.string("k", "v").unwrap(), "v");
-        assert!(parse_doc("[nope]\n", "/c.toml").unwrap_err().0.contains("unknown table"));
-        assert!(parse_doc("daemon = 1\n", "/c.toml").unwrap_err().0.contains("must be a table"));
+        assert!(parse_doc("[nope]\n", "/c.toml")
+            .unwrap_err()
+            .0
+            .contains("unknown table"));
+        assert!(parse_doc("daemon = 1\n", "/c.toml")
+            .unwrap_err()
+            .0
+            .contains("must be a table"));
     }
 }

@@ -344,7 +344,10 @@ fn events_must_come_in_time_order() {
     let mut e = engine(1, &[0], &[], vec![]);
     e.on_event(&Event::Tick, 10.0).unwrap();
     let err = e.on_event(&Event::Tick, 9.5).unwrap_err().to_string();
-    assert!(err.contains("time 9.5 is earlier than the previous event's 10"), "{err}");
+    assert!(
+        err.contains("time 9.5 is earlier than the previous event's 10"),
+        "{err}"
+    );
     let err = e.on_event(&Event::Tick, f64::NAN).unwrap_err().to_string();
     assert!(err.contains("not a finite number"), "{err}");
     // An equal time is fine.
@@ -366,92 +369,223 @@ fn a_shrink_keeps_the_core_nodes() {
         ],
     );
     let a = e.on_event(&Event::Tick, 1.0).unwrap();
-    assert_eq!(a, vec![Action::Admit { job: 0, nodes: vec![0, 1, 2, 3] }]);
+    assert_eq!(
+        a,
+        vec![Action::Admit {
+            job: 0,
+            nodes: vec![0, 1, 2, 3]
+        }]
+    );
     assert_eq!(e.job_anchors(0), [0]);
-    e.on_event(&Event::JobSubmitted { job: 1, spec: spec("b", 2, 2) }, 2.0)
-        .unwrap();
+    e.on_event(
+        &Event::JobSubmitted {
+            job: 1,
+            spec: spec("b", 2, 2),
+        },
+        2.0,
+    )
+    .unwrap();
     let a = e.on_event(&Event::Tick, 2.0).unwrap();
     assert_eq!(
         a,
         vec![
-            Action::Shrink { job: 0, nodes: vec![1, 3] },
-            Action::Admit { job: 1, nodes: vec![1, 3] },
+            Action::Shrink {
+                job: 0,
+                nodes: vec![1, 3]
+            },
+            Action::Admit {
+                job: 1,
+                nodes: vec![1, 3]
+            },
         ]
     );
     assert_eq!(e.node_state(0), NodeState::Held(0));
     assert_eq!(e.job_anchors(0), [0]);
     assert_eq!(e.job_anchors(1), [1, 3]);
     // Losing the core node clears nothing else; losing every node clears the anchors.
-    e.on_event(&Event::WorkerPreempted { job: 0, node: 0 }, 3.0).unwrap();
+    e.on_event(&Event::WorkerPreempted { job: 0, node: 0 }, 3.0)
+        .unwrap();
     assert!(e.job_anchors(0).is_empty());
-    e.on_event(&Event::WorkerPreempted { job: 0, node: 2 }, 3.0).unwrap();
+    e.on_event(&Event::WorkerPreempted { job: 0, node: 2 }, 3.0)
+        .unwrap();
     assert!(e.job_nodes(0).is_empty() && e.job_anchors(0).is_empty());
 }
 
 #[test]
 fn nodes_are_lent_only_after_the_idle_wait() {
     let mut e = Engine::new(
-        EngineConfig { lend_after_idle_s: 30.0, ..EngineConfig::default() },
+        EngineConfig {
+            lend_after_idle_s: 30.0,
+            ..EngineConfig::default()
+        },
         Exact::default(),
     );
     for n in 0..2 {
-        e.on_event(&Event::NodeAdded { node: n, name: format!("n{n}") }, 0.0).unwrap();
+        e.on_event(
+            &Event::NodeAdded {
+                node: n,
+                name: format!("n{n}"),
+            },
+            0.0,
+        )
+        .unwrap();
     }
-    e.on_event(&Event::NodeIdle { node: 0, reclaim_at: None }, 0.0).unwrap();
-    e.on_event(&Event::NodeIdle { node: 1, reclaim_at: None }, 20.0).unwrap();
-    e.on_event(&Event::JobSubmitted { job: 0, spec: spec("a", 1, 2) }, 20.0).unwrap();
+    e.on_event(
+        &Event::NodeIdle {
+            node: 0,
+            reclaim_at: None,
+        },
+        0.0,
+    )
+    .unwrap();
+    e.on_event(
+        &Event::NodeIdle {
+            node: 1,
+            reclaim_at: None,
+        },
+        20.0,
+    )
+    .unwrap();
+    e.on_event(
+        &Event::JobSubmitted {
+            job: 0,
+            spec: spec("a", 1, 2),
+        },
+        20.0,
+    )
+    .unwrap();
     assert!(e.on_event(&Event::Tick, 20.0).unwrap().is_empty());
     assert_eq!(e.wake_at(), Some(30.0));
     // Nothing observed, but node 0's wait is over at 30 s: a tick then admits on it.
     assert_eq!(
         e.on_event(&Event::Tick, 30.0).unwrap(),
-        vec![Action::Admit { job: 0, nodes: vec![0] }]
+        vec![Action::Admit {
+            job: 0,
+            nodes: vec![0]
+        }]
     );
     assert_eq!(e.wake_at(), Some(50.0));
     assert!(e.on_event(&Event::Tick, 49.0).unwrap().is_empty());
     assert_eq!(
         e.on_event(&Event::Tick, 50.0).unwrap(),
-        vec![Action::Grow { job: 0, nodes: vec![1] }]
+        vec![Action::Grow {
+            job: 0,
+            nodes: vec![1]
+        }]
     );
 }
 
 #[test]
 fn a_job_keeps_its_size_within_the_rescale_interval() {
     let mut e = Engine::new(
-        EngineConfig { min_rescale_interval_s: 60.0, ..EngineConfig::default() },
+        EngineConfig {
+            min_rescale_interval_s: 60.0,
+            ..EngineConfig::default()
+        },
         Exact::default(),
     );
     for n in 0..3 {
-        e.on_event(&Event::NodeAdded { node: n, name: format!("n{n}") }, 0.0).unwrap();
+        e.on_event(
+            &Event::NodeAdded {
+                node: n,
+                name: format!("n{n}"),
+            },
+            0.0,
+        )
+        .unwrap();
     }
-    e.on_event(&Event::NodeIdle { node: 0, reclaim_at: None }, 0.0).unwrap();
-    e.on_event(&Event::JobSubmitted { job: 0, spec: spec("a", 1, 3) }, 0.0).unwrap();
+    e.on_event(
+        &Event::NodeIdle {
+            node: 0,
+            reclaim_at: None,
+        },
+        0.0,
+    )
+    .unwrap();
+    e.on_event(
+        &Event::JobSubmitted {
+            job: 0,
+            spec: spec("a", 1, 3),
+        },
+        0.0,
+    )
+    .unwrap();
     assert_eq!(
         e.on_event(&Event::Tick, 0.0).unwrap(),
-        vec![Action::Admit { job: 0, nodes: vec![0] }]
+        vec![Action::Admit {
+            job: 0,
+            nodes: vec![0]
+        }]
     );
-    e.on_event(&Event::NodeIdle { node: 1, reclaim_at: None }, 10.0).unwrap();
-    e.on_event(&Event::NodeIdle { node: 2, reclaim_at: None }, 10.0).unwrap();
-    assert!(e.on_event(&Event::Tick, 10.0).unwrap().is_empty(), "admitted 10 s ago");
+    e.on_event(
+        &Event::NodeIdle {
+            node: 1,
+            reclaim_at: None,
+        },
+        10.0,
+    )
+    .unwrap();
+    e.on_event(
+        &Event::NodeIdle {
+            node: 2,
+            reclaim_at: None,
+        },
+        10.0,
+    )
+    .unwrap();
+    assert!(
+        e.on_event(&Event::Tick, 10.0).unwrap().is_empty(),
+        "admitted 10 s ago"
+    );
     assert_eq!(e.wake_at(), Some(60.0));
     assert_eq!(
         e.on_event(&Event::Tick, 60.0).unwrap(),
-        vec![Action::Grow { job: 0, nodes: vec![1, 2] }]
+        vec![Action::Grow {
+            job: 0,
+            nodes: vec![1, 2]
+        }]
     );
     // A loss below MIN is never frozen: a job of min 2 that lost a node is re-decided.
     let mut e = Engine::new(
-        EngineConfig { min_rescale_interval_s: 60.0, ..EngineConfig::default() },
+        EngineConfig {
+            min_rescale_interval_s: 60.0,
+            ..EngineConfig::default()
+        },
         Exact::default(),
     );
     for n in 0..2 {
-        e.on_event(&Event::NodeAdded { node: n, name: format!("n{n}") }, 0.0).unwrap();
-        e.on_event(&Event::NodeIdle { node: n, reclaim_at: None }, 0.0).unwrap();
+        e.on_event(
+            &Event::NodeAdded {
+                node: n,
+                name: format!("n{n}"),
+            },
+            0.0,
+        )
+        .unwrap();
+        e.on_event(
+            &Event::NodeIdle {
+                node: n,
+                reclaim_at: None,
+            },
+            0.0,
+        )
+        .unwrap();
     }
-    e.on_event(&Event::JobSubmitted { job: 0, spec: spec("a", 2, 2) }, 0.0).unwrap();
+    e.on_event(
+        &Event::JobSubmitted {
+            job: 0,
+            spec: spec("a", 2, 2),
+        },
+        0.0,
+    )
+    .unwrap();
     e.on_event(&Event::Tick, 0.0).unwrap();
     e.on_event(&Event::NodeClaimed { node: 1 }, 5.0).unwrap();
     assert_eq!(
         e.on_event(&Event::Tick, 5.0).unwrap(),
-        vec![Action::Requeue { job: 0, nodes: vec![0] }]
+        vec![Action::Requeue {
+            job: 0,
+            nodes: vec![0]
+        }]
     );
 }

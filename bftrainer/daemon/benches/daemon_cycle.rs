@@ -12,10 +12,10 @@ use bftrainer_slurm::{JobBase, JobState, NodeBase, NodeState, Partition};
 use rand::{Rng, SeedableRng};
 use std::path::Path;
 
-#[path = "../../../plugin/job_submit/tests/support/mod.rs"]
-mod support;
 #[path = "../tests/live/mod.rs"]
 mod live;
+#[path = "../../../plugin/job_submit/tests/support/mod.rs"]
+mod support;
 use live::arg;
 use std::time::Instant;
 
@@ -102,7 +102,10 @@ fn main() {
         jobs.push(j);
         id += 1;
     }
-    let regular_running = jobs.iter().filter(|j| j.state.base() == JobBase::Running).count();
+    let regular_running = jobs
+        .iter()
+        .filter(|j| j.state.base() == JobBase::Running)
+        .count();
     let dir = std::env::temp_dir();
     let cfg = config::parse(
         &format!(
@@ -143,7 +146,9 @@ fn main() {
             .jobs
             .iter()
             .enumerate()
-            .filter(|(_, j)| j.state.base() == JobBase::Running && j.partition.as_deref() == Some("batch"))
+            .filter(|(_, j)| {
+                j.state.base() == JobBase::Running && j.partition.as_deref() == Some("batch")
+            })
             .map(|(i, _)| i)
             .collect();
         for _ in 0..10 {
@@ -153,7 +158,13 @@ fn main() {
                 continue;
             }
             j.state = JobState::from_base(JobBase::Complete);
-            let ns: Vec<String> = j.nodes.clone().unwrap_or_default().split(',').map(str::to_string).collect();
+            let ns: Vec<String> = j
+                .nodes
+                .clone()
+                .unwrap_or_default()
+                .split(',')
+                .map(str::to_string)
+                .collect();
             for n in ns {
                 if let Some(nd) = d.cluster.node_mut(&n) {
                     nd.state = NodeState::from_base(NodeBase::Idle);
@@ -172,7 +183,10 @@ fn main() {
             if started == 10 || idle.len() <= started {
                 break;
             }
-            if j.state.base() == JobBase::Pending && j.partition.as_deref() == Some("batch") && j.priority != 0 {
+            if j.state.base() == JobBase::Pending
+                && j.partition.as_deref() == Some("batch")
+                && j.priority != 0
+            {
                 j.state = JobState::from_base(JobBase::Running);
                 j.nodes = Some(idle[idle.len() - 1 - started].clone());
                 started += 1;
@@ -199,11 +213,25 @@ fn main() {
     let s = &d.stats;
     println!("bftrainerd cycle on a generated cluster: {n_nodes} nodes, {} jobs ({regular_running} regular running at start, {elastic} elastic)", d.cluster.jobs.len());
     println!("baseline: one copy of the job snapshot  p50 {base_ms:.2} ms");
-    println!("cold first cycle (adopt {elastic} jobs, first decision): {cold:.1} ms ({:.1}x baseline)", cold / base_ms);
-    let (c50, c99, cmax) = (pct(&mut churn, 0.5), pct(&mut churn, 0.99), pct(&mut churn, 1.0));
+    println!(
+        "cold first cycle (adopt {elastic} jobs, first decision): {cold:.1} ms ({:.1}x baseline)",
+        cold / base_ms
+    );
+    let (c50, c99, cmax) = (
+        pct(&mut churn, 0.5),
+        pct(&mut churn, 0.99),
+        pct(&mut churn, 1.0),
+    );
     println!("churn ({} cycles, 10 regular ends + 10 starts each): p50 {c50:.2} ms, p99 {c99:.2} ms, max {cmax:.2} ms ({:.1}x / {:.1}x baseline)", churn.len(), c50 / base_ms, c99 / base_ms);
     let (u50, u99) = (pct(&mut unchanged, 0.5), pct(&mut unchanged, 0.99));
-    println!("unchanged snapshot ({} cycles): p50 {u50:.2} ms, p99 {u99:.2} ms ({:.1}x baseline)", unchanged.len(), u50 / base_ms);
-    println!("daemon work: {} admits, {} grows, {} shrinks, {} requeues, {} events; calls {:?}", s.admits, s.grows, s.shrinks, s.requeues, s.events, d.cluster.calls);
+    println!(
+        "unchanged snapshot ({} cycles): p50 {u50:.2} ms, p99 {u99:.2} ms ({:.1}x baseline)",
+        unchanged.len(),
+        u50 / base_ms
+    );
+    println!(
+        "daemon work: {} admits, {} grows, {} shrinks, {} requeues, {} events; calls {:?}",
+        s.admits, s.grows, s.shrinks, s.requeues, s.events, d.cluster.calls
+    );
     println!("peak RSS: {:.1} MB (after building the snapshot: {rss_before:.1} MB; the snapshot is the generator's, a real daemon holds one copy in its ClusterView)", peak_rss_mb());
 }

@@ -6,10 +6,10 @@
 //!   cargo build --release -p job_submit_bftrainer -p spank_bftrainer -p bftrainer-daemon
 //!   cargo bench -p bftrainer-daemon --bench daemon_live -- [--rounds N]
 
-#[path = "../../../plugin/job_submit/tests/support/mod.rs"]
-mod support;
 #[path = "../tests/live/mod.rs"]
 mod live;
+#[path = "../../../plugin/job_submit/tests/support/mod.rs"]
+mod support;
 
 use bftrainer_testcluster::{Cluster, Options};
 use std::process::{Child, Stdio};
@@ -21,13 +21,22 @@ fn squeue(c: &Cluster) -> Vec<(u32, String, String, String)> {
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split('|').collect();
-            (f.len() == 4).then(|| (f[0].parse().unwrap_or(0), f[1].into(), f[2].into(), f[3].into()))
+            (f.len() == 4).then(|| {
+                (
+                    f[0].parse().unwrap_or(0),
+                    f[1].into(),
+                    f[2].into(),
+                    f[3].into(),
+                )
+            })
         })
         .collect()
 }
 
 fn state(c: &Cluster, id: u32) -> String {
-    let out = c.run("scontrol", &["show", "job", "-o", &id.to_string()]).unwrap_or_default();
+    let out = c
+        .run("scontrol", &["show", "job", "-o", &id.to_string()])
+        .unwrap_or_default();
     out.split_whitespace()
         .find_map(|f| f.strip_prefix("JobState="))
         .unwrap_or("")
@@ -37,7 +46,10 @@ fn state(c: &Cluster, id: u32) -> String {
 fn wait(secs: f64, what: &str, mut f: impl FnMut() -> bool) -> f64 {
     let t = Instant::now();
     while !f() {
-        assert!(t.elapsed().as_secs_f64() < secs, "timed out waiting for {what}");
+        assert!(
+            t.elapsed().as_secs_f64() < secs,
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     t.elapsed().as_secs_f64()
@@ -97,15 +109,31 @@ fn main() {
     let out = c
         .command_as_test_user("sbatch")
         .unwrap()
-        .args(["--parsable", "--elastic=1:4", "-o", "/dev/null", "--wrap", "srun sleep 3600"])
+        .args([
+            "--parsable",
+            "--elastic=1:4",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "srun sleep 3600",
+        ])
         .output()
         .unwrap();
-    let job: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("elastic job id");
+    let job: u32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("elastic job id");
     let sat = format!("bftsat-{job}");
     let running_sats = |c: &Cluster| -> Vec<String> {
-        squeue(c).into_iter().filter(|r| r.1 == sat && r.2 == "RUNNING").map(|r| r.3).collect()
+        squeue(c)
+            .into_iter()
+            .filter(|r| r.1 == sat && r.2 == "RUNNING")
+            .map(|r| r.3)
+            .collect()
     };
-    wait(60.0, "the elastic job to grow onto all nodes", || running_sats(&c).len() == 3);
+    wait(60.0, "the elastic job to grow onto all nodes", || {
+        running_sats(&c).len() == 3
+    });
     let grown = t0.elapsed().as_secs_f64();
 
     // At rest.
@@ -122,13 +150,34 @@ fn main() {
     let mut rss_churn: f64 = 0.0;
     for _ in 0..rounds {
         let t = Instant::now();
-        let r = c.sbatch(&["-p", "batch", "-N1", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 3"]).unwrap();
-        wait(30.0, "the regular job to start", || state(&c, r) == "RUNNING");
+        let r = c
+            .sbatch(&[
+                "-p",
+                "batch",
+                "-N1",
+                "--exclusive",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "sleep 3",
+            ])
+            .unwrap();
+        wait(30.0, "the regular job to start", || {
+            state(&c, r) == "RUNNING"
+        });
         claim.push(t.elapsed().as_secs_f64());
-        let node = squeue(&c).into_iter().find(|x| x.0 == r).map(|x| x.3).unwrap_or_default();
-        wait(30.0, "the regular job to end", || state(&c, r) == "COMPLETED");
+        let node = squeue(&c)
+            .into_iter()
+            .find(|x| x.0 == r)
+            .map(|x| x.3)
+            .unwrap_or_default();
+        wait(30.0, "the regular job to end", || {
+            state(&c, r) == "COMPLETED"
+        });
         let t = Instant::now();
-        wait(60.0, "the node to be lent again", || running_sats(&c).contains(&node));
+        wait(60.0, "the node to be lent again", || {
+            running_sats(&c).contains(&node)
+        });
         regrow.push(t.elapsed().as_secs_f64());
         rss_churn = rss_churn.max(usage(pid).1);
     }
@@ -138,7 +187,12 @@ fn main() {
     println!("bftrainerd live, 4-node test cluster, GraceTime 5 s, poll 0.5 s, {rounds} rounds");
     println!("elastic job 1:4 submitted -> on all 4 nodes: {grown:.1} s");
     println!("node claimed -> regular job running (1 node, with bftrainerd): p50 {:.2} s, p99 {:.2} s, max {:.2} s", pct(&claim, 0.5), pct(&claim, 0.99), pct(&claim, 1.0));
-    println!("node idle -> satellite running on it: p50 {:.2} s, p99 {:.2} s, max {:.2} s", pct(&regrow, 0.5), pct(&regrow, 0.99), pct(&regrow, 1.0));
+    println!(
+        "node idle -> satellite running on it: p50 {:.2} s, p99 {:.2} s, max {:.2} s",
+        pct(&regrow, 0.5),
+        pct(&regrow, 0.99),
+        pct(&regrow, 1.0)
+    );
     println!("bftrainerd CPU: {rest_cpu:.2}% of a core at rest (20 s), {churn_cpu:.2}% under churn; RSS {rss_rest:.1} MB at rest, {rss_churn:.1} MB under churn");
 
     // Without the daemon: the same claim of 2 nodes held by an elastic-partition job.
@@ -146,18 +200,54 @@ fn main() {
     daemon.wait().unwrap();
     c.run("scancel", &[&job.to_string()]).unwrap();
     c.run("scancel", &["-n", &sat]).unwrap();
-    wait(30.0, "the cluster to drain", || squeue(&c).iter().all(|r| r.2 != "RUNNING"));
+    wait(30.0, "the cluster to drain", || {
+        squeue(&c).iter().all(|r| r.2 != "RUNNING")
+    });
     std::thread::sleep(Duration::from_secs(2));
     let mut without = Vec::new();
-    for (what, wrap) in [("work in the batch shell", "sleep 3600"), ("work in an srun step", "srun sleep 3600")] {
-        let e = c.sbatch(&["-p", "elastic", "-N4", "--exclusive", "-o", "/dev/null", "--wrap", wrap]).unwrap();
-        wait(30.0, "the elastic-partition job to run", || state(&c, e) == "RUNNING");
+    for (what, wrap) in [
+        ("work in the batch shell", "sleep 3600"),
+        ("work in an srun step", "srun sleep 3600"),
+    ] {
+        let e = c
+            .sbatch(&[
+                "-p",
+                "elastic",
+                "-N4",
+                "--exclusive",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                wrap,
+            ])
+            .unwrap();
+        wait(30.0, "the elastic-partition job to run", || {
+            state(&c, e) == "RUNNING"
+        });
         let t = Instant::now();
-        let r = c.sbatch(&["-p", "batch", "-N2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 1"]).unwrap();
-        wait(120.0, "the regular job to start", || matches!(state(&c, r).as_str(), "RUNNING" | "COMPLETED" | "COMPLETING"));
+        let r = c
+            .sbatch(&[
+                "-p",
+                "batch",
+                "-N2",
+                "--exclusive",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "sleep 1",
+            ])
+            .unwrap();
+        wait(120.0, "the regular job to start", || {
+            matches!(
+                state(&c, r).as_str(),
+                "RUNNING" | "COMPLETED" | "COMPLETING"
+            )
+        });
         without.push((what, t.elapsed().as_secs_f64()));
         c.run("scancel", &[&e.to_string()]).unwrap();
-        wait(60.0, "the cluster to drain", || squeue(&c).iter().all(|x| x.2 != "RUNNING"));
+        wait(60.0, "the cluster to drain", || {
+            squeue(&c).iter().all(|x| x.2 != "RUNNING")
+        });
         std::thread::sleep(Duration::from_secs(3));
     }
 

@@ -256,7 +256,11 @@ fn batch_desc(job: &BatchJob) -> Result<Desc> {
     let mut argv_ptrs = b.array("args", &argv)?;
     b.msg.argv = argv_ptrs.as_mut_ptr();
     b.msg.argc = argv.len() as u32;
-    let spank: Vec<String> = job.spank_env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let spank: Vec<String> = job
+        .spank_env
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
     let mut spank_ptrs = if spank.is_empty() {
         Vec::new()
     } else {

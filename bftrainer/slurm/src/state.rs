@@ -277,7 +277,12 @@ mod tests {
         assert!(s.is_drain() && s.is_planned() && !s.is_completing());
         assert_eq!(s.name(), "IDLE+DRAIN+PLANNED");
         assert_eq!(NodeState(0xe).base(), NodeBase::Other(0xe));
-        for b in [NodeBase::Idle, NodeBase::Allocated, NodeBase::Down, NodeBase::Mixed] {
+        for b in [
+            NodeBase::Idle,
+            NodeBase::Allocated,
+            NodeBase::Down,
+            NodeBase::Mixed,
+        ] {
             assert_eq!(NodeState::from_base(b).base(), b);
         }
     }

@@ -43,7 +43,12 @@ fn cluster_observe_nodes_partitions_errors_and_no_change() {
         assert!(!n.state.is_drain() && !n.state.is_planned());
         assert_eq!(n.cpus, 2);
         assert!(n.real_memory_mb > 0);
-        assert_eq!(n.partitions, ["batch", "elastic", "elastic-sat"], "node {}", n.name);
+        assert_eq!(
+            n.partitions,
+            ["batch", "elastic", "elastic-sat"],
+            "node {}",
+            n.name
+        );
         assert_eq!(n.gpus, 0);
         assert_eq!(n.alloc_cpus, Some(0));
         // The test cluster gives every node `Features=bft,rackK`, K = ceil(i / 2).
@@ -71,7 +76,11 @@ fn cluster_observe_nodes_partitions_errors_and_no_change() {
     assert_eq!(elastic.total_cpus, 8);
     assert!(batch.up && elastic.up);
     // Satellites one tier below core jobs: Slurm preempts them first.
-    let sat = view.partitions().iter().find(|p| p.name == "elastic-sat").unwrap();
+    let sat = view
+        .partitions()
+        .iter()
+        .find(|p| p.name == "elastic-sat")
+        .unwrap();
     assert!(sat.priority_tier < elastic.priority_tier && !sat.preempt_requeues());
 
     // No change: each load answers SLURM_NO_CHANGE_IN_DATA. The controller may still

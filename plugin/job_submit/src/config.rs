@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 // Top-level tables (the plugin reads `policy` and leaves the others to bftrainerd) and
 // the key readers are shared with bftrainerd.
-pub use bftrainer_core::config::{ConfigError, TABLES};
 use bftrainer_core::config::{parse_doc, partition_name_ok, Table};
+pub use bftrainer_core::config::{ConfigError, TABLES};
 
 /// Keys of `[policy]`, in the order docs/admin.md explains them.
 pub const POLICY_KEYS: [&str; 11] = [
@@ -206,7 +206,10 @@ pub fn parse(
             ))
         }
     };
-    let plain_jobs = match t.choice("plain_jobs", &["refuse", "scavenger"], "refuse")?.as_str() {
+    let plain_jobs = match t
+        .choice("plain_jobs", &["refuse", "scavenger"], "refuse")?
+        .as_str()
+    {
         "scavenger" => PlainJobs::Scavenger,
         _ => PlainJobs::Refuse,
     };

@@ -479,7 +479,10 @@ mod tests {
             r.priority, None,
             "satellites start as soon as Slurm can place them"
         );
-        assert!(!r.requeue, "a satellite pinned to a failed node is not requeued");
+        assert!(
+            !r.requeue,
+            "a satellite pinned to a failed node is not requeued"
+        );
         assert_eq!(r.comment, None);
         assert_eq!(r.admin_comment, "bftrainer:v1 1:1,role=satellite,parent=5");
     }
@@ -521,10 +524,16 @@ mod tests {
         let p = pol("satellite_partition = \"elastic-sat\"");
         for part in [b"elastic".as_slice(), b"batch,elastic-sat"] {
             let m = rejected(submit(&p, &plain(part)));
-            assert!(m.contains("is for elastic jobs") && m.contains("plain_jobs = \"refuse\""), "{m}");
+            assert!(
+                m.contains("is for elastic jobs") && m.contains("plain_jobs = \"refuse\""),
+                "{m}"
+            );
         }
         assert_eq!(submit(&p, &plain(b"batch")), Verdict::Untouched);
-        let root = Submission { uid: 0, ..plain(b"elastic") };
+        let root = Submission {
+            uid: 0,
+            ..plain(b"elastic")
+        };
         assert_eq!(submit(&p, &root), Verdict::Untouched);
         let p = pol("plain_jobs = \"scavenger\"");
         assert_eq!(submit(&p, &plain(b"elastic")), Verdict::Untouched);

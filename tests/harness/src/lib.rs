@@ -338,7 +338,10 @@ impl Cluster {
     /// Starts a daemon stopped by [`Cluster::stop_daemon`] and waits for its port.
     pub fn start_daemon(&self, name: &str) -> Result<(), Error> {
         let mut cmd = Command::new(script());
-        cmd.arg("start-daemon").arg(name).arg("--dir").arg(&self.dir);
+        cmd.arg("start-daemon")
+            .arg(name)
+            .arg("--dir")
+            .arg(&self.dir);
         self.daemon_cmd(cmd, "start-daemon")
     }
 

@@ -63,7 +63,11 @@ fn cluster_runs_a_job_through_sbatch_squeue_sacct() {
     let sinfo = c.run("sinfo", &["-h", "-o", "%P %a %D %T"]).unwrap();
     assert_eq!(
         sinfo.lines().collect::<Vec<_>>(),
-        ["batch* up 2 idle", "elastic up 2 idle", "elastic-sat up 2 idle"]
+        [
+            "batch* up 2 idle",
+            "elastic up 2 idle",
+            "elastic-sat up 2 idle"
+        ]
     );
 
     // The job holds its nodes until it sees its own file, so squeue must show it running.

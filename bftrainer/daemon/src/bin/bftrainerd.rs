@@ -5,7 +5,11 @@ use clap::Parser;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(name = "bftrainerd", version, about = "BFTrainer for Slurm: lends idle nodes to elastic jobs")]
+#[command(
+    name = "bftrainerd",
+    version,
+    about = "BFTrainer for Slurm: lends idle nodes to elastic jobs"
+)]
 struct Args {
     /// bftrainer.toml (default: $BFTRAINER_CONFIG, else bftrainer.toml beside slurm.conf,
     /// else /etc/slurm/bftrainer.toml; the same file the job_submit plugin reads).

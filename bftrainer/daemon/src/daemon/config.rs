@@ -162,13 +162,22 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
     };
     let join_command = r.string("join_command", "bft-run --join {parent}")?;
     if join_command.trim().is_empty() {
-        return Err(r.err("join_command", "is empty; expected a command line such as \"bft-run --join {parent}\""));
+        return Err(r.err(
+            "join_command",
+            "is empty; expected a command line such as \"bft-run --join {parent}\"",
+        ));
     }
     let partition = p.string("partition", "elastic")?;
     let satellite_partition = p.string("satellite_partition", &partition)?;
-    for (k, v) in [("partition", &partition), ("satellite_partition", &satellite_partition)] {
+    for (k, v) in [
+        ("partition", &partition),
+        ("satellite_partition", &satellite_partition),
+    ] {
         if !partition_name_ok(v) {
-            return Err(p.err(k, format!("'{v}' is not a partition name; expected letters, digits, '.', '_' or '-'")));
+            return Err(p.err(
+                k,
+                format!("'{v}' is not a partition name; expected letters, digits, '.', '_' or '-'"),
+            ));
         }
     }
     Ok(Config {
@@ -239,9 +248,9 @@ pub struct Profile {
 pub fn load_profile(dir: &Path, name: &str) -> Result<Profile, String> {
     let path = dir.join(format!("{name}.toml"));
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let doc: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| format!("{}: not valid TOML: {}", path.display(), e.message().trim()))?;
+    let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        format!("{}: not valid TOML: {}", path.display(), e.message().trim())
+    })?;
     let curve = doc
         .get("points")
         .ok_or_else(|| format!("{}: no `points`", path.display()))
@@ -304,24 +313,38 @@ mod tests {
             let e = p(text).unwrap_err();
             assert!(e.contains(want), "{text:?}: {e}");
         }
-        let e = load(Path::new("/nonexistent/bftrainer.toml")).unwrap_err().0;
-        assert!(e.starts_with("/nonexistent/bftrainer.toml: cannot read"), "{e}");
+        let e = load(Path::new("/nonexistent/bftrainer.toml"))
+            .unwrap_err()
+            .0;
+        assert!(
+            e.starts_with("/nonexistent/bftrainer.toml: cannot read"),
+            "{e}"
+        );
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("b.toml");
         std::fs::write(&f, "[daemon]\nstate_dir = \"missing\"\n").unwrap();
         let e = load(&f).unwrap_err().0;
-        assert!(e.contains("[daemon] state_dir: '") && e.contains("missing': No such file"), "{e}");
+        assert!(
+            e.contains("[daemon] state_dir: '") && e.contains("missing': No such file"),
+            "{e}"
+        );
     }
 
     #[test]
     fn profiles() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("resnet.toml"), "points = [[1, 100], [2, 190.0]]\nup = 20\n").unwrap();
+        std::fs::write(
+            dir.path().join("resnet.toml"),
+            "points = [[1, 100], [2, 190.0]]\nup = 20\n",
+        )
+        .unwrap();
         let pr = load_profile(dir.path(), "resnet").unwrap();
         assert_eq!(pr.curve.points, [(1, 100.0), (2, 190.0)]);
         assert_eq!((pr.up_s, pr.down_s), (Some(20.0), None));
         std::fs::write(dir.path().join("bad.toml"), "points = 3\n").unwrap();
-        assert!(load_profile(dir.path(), "bad").unwrap_err().contains("points: expected a list"));
+        assert!(load_profile(dir.path(), "bad")
+            .unwrap_err()
+            .contains("points: expected a list"));
         assert!(load_profile(dir.path(), "none").is_err());
     }
 }

@@ -114,7 +114,10 @@ impl GenCluster {
     /// elastic jobs and satellites start on their requested nodes.
     pub fn start_pending_elastic(&mut self, now: i64) {
         for j in &mut self.jobs {
-            let ours = j.admin_comment.as_deref().is_some_and(|c| c.starts_with("bftrainer:"));
+            let ours = j
+                .admin_comment
+                .as_deref()
+                .is_some_and(|c| c.starts_with("bftrainer:"));
             if ours && j.state.base() == JobBase::Pending && j.priority != 0 {
                 if let Some(n) = j.req_nodes.clone() {
                     j.state = JobState::from_base(JobBase::Running);
@@ -157,7 +160,11 @@ impl Cluster for GenCluster {
         self.calls.submits += 1;
         let id = self.next_id;
         self.next_id += 1;
-        let mut j = job(id, b.partition.as_deref().unwrap_or("batch"), JobBase::Pending);
+        let mut j = job(
+            id,
+            b.partition.as_deref().unwrap_or("batch"),
+            JobBase::Pending,
+        );
         j.name = b.name.clone().unwrap_or_default();
         j.admin_comment = b.admin_comment.clone();
         j.req_nodes = b.node_list.clone();
@@ -222,6 +229,9 @@ impl Cluster for GenCluster {
         names.join(",")
     }
     fn expand(&self, expr: &str) -> Vec<String> {
-        expr.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect()
+        expr.split(',')
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
     }
 }

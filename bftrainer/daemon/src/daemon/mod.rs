@@ -17,8 +17,8 @@
 //! not (node and job ids, the engine's decisions), replayed into the engine at start.
 
 pub mod cluster;
-pub mod gen;
 pub mod config;
+pub mod gen;
 pub mod journal;
 pub mod run;
 
@@ -287,15 +287,31 @@ impl<C: Cluster> Daemon<C> {
 
     /// An event with Slurm's names instead of engine ids, for logs.
     fn describe(&self, ev: &Event) -> String {
-        let node = |n: &NodeId| self.nodes.get(*n as usize).map_or("?", |r| r.name.as_str()).to_string();
-        let job = |j: &JobId| self.jobs.get(*j as usize).map_or("?".into(), u32::to_string);
+        let node = |n: &NodeId| {
+            self.nodes
+                .get(*n as usize)
+                .map_or("?", |r| r.name.as_str())
+                .to_string()
+        };
+        let job = |j: &JobId| {
+            self.jobs
+                .get(*j as usize)
+                .map_or("?".into(), u32::to_string)
+        };
         match ev {
-            Event::NodeIdle { node: n, reclaim_at } => format!("node {} idle (reclaim {reclaim_at:?})", node(n)),
+            Event::NodeIdle {
+                node: n,
+                reclaim_at,
+            } => format!("node {} idle (reclaim {reclaim_at:?})", node(n)),
             Event::NodeClaimed { node: n } => format!("node {} claimed", node(n)),
             Event::NodeLost { node: n } => format!("node {} lost", node(n)),
-            Event::WorkerJoined { job: j, node: n } => format!("job {} joined on {}", job(j), node(n)),
+            Event::WorkerJoined { job: j, node: n } => {
+                format!("job {} joined on {}", job(j), node(n))
+            }
             Event::WorkerLeft { job: j, node: n } => format!("job {} left {}", job(j), node(n)),
-            Event::WorkerPreempted { job: j, node: n } => format!("job {} preempted on {}", job(j), node(n)),
+            Event::WorkerPreempted { job: j, node: n } => {
+                format!("job {} preempted on {}", job(j), node(n))
+            }
             Event::JobStarted { job: j } => format!("job {} started", job(j)),
             Event::JobFinished { job: j } => format!("job {} finished", job(j)),
             Event::JobCancelled { job: j } => format!("job {} cancelled", job(j)),
@@ -308,7 +324,10 @@ impl<C: Cluster> Daemon<C> {
     }
 
     fn names(&self, nodes: &[NodeId]) -> String {
-        let v: Vec<String> = nodes.iter().map(|&n| self.node_name(n).to_string()).collect();
+        let v: Vec<String> = nodes
+            .iter()
+            .map(|&n| self.node_name(n).to_string())
+            .collect();
         self.cluster.compress(&v)
     }
 
@@ -409,7 +428,11 @@ impl<C: Cluster> Daemon<C> {
             log::info!(
                 "decision: {what} job {} {} {}",
                 self.jobs[a.job() as usize],
-                if what == "admit" || what == "grow" { "onto" } else { "off" },
+                if what == "admit" || what == "grow" {
+                    "onto"
+                } else {
+                    "off"
+                },
                 self.names(a.nodes())
             );
         }
@@ -429,8 +452,8 @@ impl<C: Cluster> Daemon<C> {
         let mut pending_parts: HashSet<String> = HashSet::new();
         let mut cores_seen: HashMap<u32, usize> = HashMap::new();
         let mut sats: Vec<(usize, u32)> = Vec::new(); // (index in jobs, parent)
-        // One pass over the snapshot without copying it: tagged jobs are cloned (few),
-        // of the others only the node expressions are kept.
+                                                      // One pass over the snapshot without copying it: tagged jobs are cloned (few),
+                                                      // of the others only the node expressions are kept.
         let mut jobs: Vec<Job> = Vec::new();
         let mut foreign_holding: Vec<String> = Vec::new();
         let mut foreign_planned: Vec<(String, i64)> = Vec::new();
@@ -474,7 +497,10 @@ impl<C: Cluster> Daemon<C> {
             let tag = j.admin_comment.as_deref().and_then(spec::parse_tag);
             let ours = match tag {
                 Some(Ok(s)) if s.role == Role::Core => {
-                    if j.partition.as_deref().is_some_and(|p| self.cfg.core_partition_ok(p)) {
+                    if j.partition
+                        .as_deref()
+                        .is_some_and(|p| self.cfg.core_partition_ok(p))
+                    {
                         cores_seen.insert(j.job_id, i);
                         true
                     } else {
@@ -493,7 +519,10 @@ impl<C: Cluster> Daemon<C> {
                         sats.push((i, parent));
                         true
                     } else {
-                        self.refuse(j, "a satellite tag, name, partition or owner bftrainerd did not write");
+                        self.refuse(
+                            j,
+                            "a satellite tag, name, partition or owner bftrainerd did not write",
+                        );
                         false
                     }
                 }
@@ -555,14 +584,17 @@ impl<C: Cluster> Daemon<C> {
                 continue;
             }
             let st = n.state;
-            let uncertain = st.is_not_responding()
-                || st.base() == bftrainer_slurm::NodeBase::Unknown;
+            let uncertain =
+                st.is_not_responding() || st.base() == bftrainer_slurm::NodeBase::Unknown;
             let reclaimed = self
                 .node_ids
                 .get(&n.name)
                 .and_then(|id| self.reclaimed.get(id))
                 .is_some_and(|&t| now - t < self.cfg.reclaim_hold_s);
-            let class = if uncertain && !st.is_drain() && st.base() != bftrainer_slurm::NodeBase::Down {
+            let class = if uncertain
+                && !st.is_drain()
+                && st.base() != bftrainer_slurm::NodeBase::Down
+            {
                 // slurmctld just restarted, or the node misses pings: Slurm has not
                 // decided; neither have we (no event until it does).
                 None
@@ -570,9 +602,7 @@ impl<C: Cluster> Daemon<C> {
                 Some(Class::Lost)
             } else if foreign_busy.contains(&n.name) {
                 Some(Class::Claimed)
-            } else if !our_nodes.contains(&n.name)
-                && st.base() != bftrainer_slurm::NodeBase::Idle
-            {
+            } else if !our_nodes.contains(&n.name) && st.base() != bftrainer_slurm::NodeBase::Idle {
                 // Allocated to something not in our snapshot (a job just started).
                 Some(Class::Claimed)
             } else if !our_nodes.contains(&n.name)
@@ -610,7 +640,8 @@ impl<C: Cluster> Daemon<C> {
             };
             cluster_nodes.push((n.name.clone(), class));
         }
-        self.reclaimed.retain(|_, t| now - *t < self.cfg.reclaim_hold_s);
+        self.reclaimed
+            .retain(|_, t| now - *t < self.cfg.reclaim_hold_s);
         cluster_nodes.sort_by(|a, b| a.0.cmp(&b.0));
         for (name, mut class) in cluster_nodes {
             let id = match self.node_ids.get(&name) {
@@ -635,7 +666,10 @@ impl<C: Cluster> Daemon<C> {
                 if sa.until > now {
                     class = Some(Class::Lost);
                 } else {
-                    log::info!("node {name}: back in the pool after being set aside ({})", sa.reason);
+                    log::info!(
+                        "node {name}: back in the pool after being set aside ({})",
+                        sa.reason
+                    );
                     let failures = sa.failures;
                     self.set_aside.insert(
                         id,
@@ -672,7 +706,10 @@ impl<C: Cluster> Daemon<C> {
         for (jid, &id) in self.jobs.iter().enumerate() {
             let jid = jid as JobId;
             if self.cores.contains_key(&id)
-                || !matches!(self.engine.job_status(jid), JobStatus::Active | JobStatus::Queued)
+                || !matches!(
+                    self.engine.job_status(jid),
+                    JobStatus::Active | JobStatus::Queued
+                )
             {
                 continue;
             }
@@ -687,7 +724,11 @@ impl<C: Cluster> Daemon<C> {
         let mut newest: HashMap<(u32, String), u32> = HashMap::new();
         for &(i, parent) in &sats {
             let j = &jobs[i];
-            let node = j.nodes.clone().or_else(|| j.req_nodes.clone()).unwrap_or_default();
+            let node = j
+                .nodes
+                .clone()
+                .or_else(|| j.req_nodes.clone())
+                .unwrap_or_default();
             let e = newest.entry((parent, node)).or_insert(j.job_id);
             *e = (*e).max(j.job_id);
         }
@@ -696,7 +737,11 @@ impl<C: Cluster> Daemon<C> {
             let j = &jobs[i];
             live.insert(j.job_id);
             if !j.state.is_active() {
-                let node = j.nodes.clone().or_else(|| j.req_nodes.clone()).unwrap_or_default();
+                let node = j
+                    .nodes
+                    .clone()
+                    .or_else(|| j.req_nodes.clone())
+                    .unwrap_or_default();
                 let old = newest.get(&(parent, node)).is_some_and(|&n| n > j.job_id)
                     || j.end_time.is_some_and(|e| (e as f64) < started.floor());
                 if old {
@@ -734,7 +779,10 @@ impl<C: Cluster> Daemon<C> {
                 if matches!(st, NodeState::Busy | NodeState::Lost)
                     || rec.sent_forecast != reclaim_at =>
             {
-                Some(Event::NodeIdle { node: id, reclaim_at })
+                Some(Event::NodeIdle {
+                    node: id,
+                    reclaim_at,
+                })
             }
             _ => None,
         };
@@ -802,7 +850,11 @@ impl<C: Cluster> Daemon<C> {
                     j.user_name.as_deref().unwrap_or("?"),
                     spec.min_nodes,
                     spec.max_nodes,
-                    if j.is_held() { "held, queued for admission" } else { "not held" }
+                    if j.is_held() {
+                        "held, queued for admission"
+                    } else {
+                        "not held"
+                    }
                 );
                 // Declared at once: later events of this cycle name it.
                 let ev = Event::JobSubmitted { job: jid, spec };
@@ -936,7 +988,10 @@ impl<C: Cluster> Daemon<C> {
                 self.stats.preemptions += 1;
             }
             core.preempting = false;
-            log::info!("elastic job {id} was requeued by Slurm (restart {})", j.restart_count);
+            log::info!(
+                "elastic job {id} was requeued by Slurm (restart {})",
+                j.restart_count
+            );
             self.job_lost_nodes(jid);
             return;
         }
@@ -955,9 +1010,15 @@ impl<C: Cluster> Daemon<C> {
                 return;
             }
             core.admit_at = None;
-            if !core.started && status == JobStatus::Active && !self.engine.job_nodes(jid).is_empty() {
+            if !core.started
+                && status == JobStatus::Active
+                && !self.engine.job_nodes(jid).is_empty()
+            {
                 core.started = true;
-                log::info!("elastic job {id} runs on {}", j.nodes.as_deref().unwrap_or("?"));
+                log::info!(
+                    "elastic job {id} runs on {}",
+                    j.nodes.as_deref().unwrap_or("?")
+                );
                 self.emit(Event::JobStarted { job: jid });
             }
             return;
@@ -1009,7 +1070,10 @@ impl<C: Cluster> Daemon<C> {
             if j.state.base() == JobBase::Preempted || j.preempt_time.is_some() {
                 self.reclaimed.insert(n, now);
                 if held(self) {
-                    log::info!("satellite {} of job {parent} on {node_name}: preempted by a regular job", j.job_id);
+                    log::info!(
+                        "satellite {} of job {parent} on {node_name}: preempted by a regular job",
+                        j.job_id
+                    );
                     self.stats.preemptions += 1;
                     self.emit(Event::WorkerPreempted { job: jid, node: n });
                 }
@@ -1018,7 +1082,10 @@ impl<C: Cluster> Daemon<C> {
             if j.state.base() == JobBase::NodeFail {
                 // Slurm took the node down; it decides when it returns (no set-aside).
                 if held(self) {
-                    log::info!("satellite {} of job {parent} on {node_name}: the node failed", j.job_id);
+                    log::info!(
+                        "satellite {} of job {parent} on {node_name}: the node failed",
+                        j.job_id
+                    );
                     self.emit(Event::WorkerLeft { job: jid, node: n });
                 }
                 return;
@@ -1099,7 +1166,11 @@ impl<C: Cluster> Daemon<C> {
             memo.signalled_at = Some(now);
             self.call(|c| c.cancel(j.job_id), "cancel", j.job_id);
             if let (Some(jid), Some(n)) = (jid, node) {
-                self.node_failed(n, format!("satellite {} of job {parent} did not start", j.job_id), now);
+                self.node_failed(
+                    n,
+                    format!("satellite {} of job {parent} did not start", j.job_id),
+                    now,
+                );
                 if self.engine.node_state(n) == NodeState::Held(jid) {
                     self.emit(Event::WorkerLeft { job: jid, node: n });
                 }
@@ -1162,7 +1233,8 @@ impl<C: Cluster> Daemon<C> {
             .iter()
             .map(|p| (p.name.as_str(), f64::from(p.grace_time_s)))
             .collect();
-        let grace: HashMap<String, f64> = grace.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        let grace: HashMap<String, f64> =
+            grace.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
         // Active satellites per parent, by node name.
         let mut sats: HashMap<u32, Vec<&Job>> = HashMap::new();
         for j in &jobs {
@@ -1181,8 +1253,16 @@ impl<C: Cluster> Daemon<C> {
             };
             let active = !ended && self.engine.job_status(jid) == JobStatus::Active
                 || !ended && self.engine.job_status(jid) == JobStatus::Queued;
-            let want: Vec<NodeId> = if active { self.engine.job_nodes(jid).to_vec() } else { Vec::new() };
-            let anchors: Vec<NodeId> = if active { self.engine.job_anchors(jid).to_vec() } else { Vec::new() };
+            let want: Vec<NodeId> = if active {
+                self.engine.job_nodes(jid).to_vec()
+            } else {
+                Vec::new()
+            };
+            let anchors: Vec<NodeId> = if active {
+                self.engine.job_anchors(jid).to_vec()
+            } else {
+                Vec::new()
+            };
             let core_job = by_id.get(&id).copied();
             let mut core_running = false;
             if let (true, Some(j)) = (active, core_job) {
@@ -1194,7 +1274,11 @@ impl<C: Cluster> Daemon<C> {
             let mine = sats.remove(&id).unwrap_or_default();
             let mut have: HashMap<String, u32> = HashMap::new();
             for s in &mine {
-                let node = s.nodes.clone().or_else(|| s.req_nodes.clone()).unwrap_or_default();
+                let node = s
+                    .nodes
+                    .clone()
+                    .or_else(|| s.req_nodes.clone())
+                    .unwrap_or_default();
                 let n = self.node_ids.get(&node).copied();
                 let wanted = n.is_some_and(|n| want.contains(&n) && !anchors.contains(&n));
                 let memo_ending = self.sats.get(&s.job_id).is_some_and(|m| m.ending);
@@ -1203,7 +1287,11 @@ impl<C: Cluster> Daemon<C> {
                     continue;
                 }
                 if wanted && have.contains_key(&node) && !memo_ending {
-                    log::warn!("satellite {} duplicates {} on {node}; cancelling it", s.job_id, have[&node]);
+                    log::warn!(
+                        "satellite {} duplicates {} on {node}; cancelling it",
+                        s.job_id,
+                        have[&node]
+                    );
                 }
                 calls += self.end_satellite(s, id, &node, &grace, now);
             }
@@ -1229,9 +1317,16 @@ impl<C: Cluster> Daemon<C> {
         // Satellites of parents the daemon does not manage (ended, gone, refused).
         for (parent, list) in sats {
             for s in list {
-                let node = s.nodes.clone().or_else(|| s.req_nodes.clone()).unwrap_or_default();
+                let node = s
+                    .nodes
+                    .clone()
+                    .or_else(|| s.req_nodes.clone())
+                    .unwrap_or_default();
                 if self.sats.get(&s.job_id).is_some_and(|m| !m.ending) {
-                    log::info!("satellite {} on {node}: its parent job {parent} is gone", s.job_id);
+                    log::info!(
+                        "satellite {} on {node}: its parent job {parent} is gone",
+                        s.job_id
+                    );
                 }
                 calls += self.end_satellite(s, parent, &node, &grace, now);
             }
@@ -1254,7 +1349,8 @@ impl<C: Cluster> Daemon<C> {
         if j.state.base() == JobBase::Pending {
             // Re-planned while its admission is in flight: take it back before Slurm
             // starts it on nodes the engine has since given elsewhere.
-            let stale = core.admit_at.is_some() && core.pinned.as_deref() != Some(anchor_names.as_str());
+            let stale =
+                core.admit_at.is_some() && core.pinned.as_deref() != Some(anchor_names.as_str());
             if want.is_empty() || core.admit_at.is_none() && !j.is_held() || stale {
                 let c = self.cores.get_mut(&id).unwrap();
                 if stale {
@@ -1267,7 +1363,11 @@ impl<C: Cluster> Daemon<C> {
                     c.pinned = None;
                     log::info!(
                         "hold elastic job {id} ({})",
-                        if stale { "its admission was re-planned" } else { "pending, not admitted" }
+                        if stale {
+                            "its admission was re-planned"
+                        } else {
+                            "pending, not admitted"
+                        }
                     );
                     self.call(|c| c.hold(id), "hold", id);
                     return 1;
@@ -1284,7 +1384,10 @@ impl<C: Cluster> Daemon<C> {
                     "admit job {id} (user {}) on {names}{}",
                     j.user_name.as_deref().unwrap_or("?"),
                     if want.len() > anchors.len() {
-                        format!(", {} more node(s) by satellites once it runs", want.len() - anchors.len())
+                        format!(
+                            ", {} more node(s) by satellites once it runs",
+                            want.len() - anchors.len()
+                        )
                     } else {
                         String::new()
                     }
@@ -1325,7 +1428,12 @@ impl<C: Cluster> Daemon<C> {
         // Running but the engine gave it no nodes: requeue it held. While Slurm
         // preempts it, wait out the partition's grace time first.
         if let Some(pt) = j.preempt_time {
-            let g = j.partition.as_deref().and_then(|p| grace.get(p)).copied().unwrap_or(0.0);
+            let g = j
+                .partition
+                .as_deref()
+                .and_then(|p| grace.get(p))
+                .copied()
+                .unwrap_or(0.0);
             if (now as i64) < pt + g as i64 {
                 return 0;
             }
@@ -1351,9 +1459,15 @@ impl<C: Cluster> Daemon<C> {
         if anchors.is_empty() {
             return true;
         }
-        let mut actual = j.nodes.as_deref().map(|e| self.cluster.expand(e)).unwrap_or_default();
-        let mut expected: Vec<String> =
-            anchors.iter().map(|&n| self.nodes[n as usize].name.clone()).collect();
+        let mut actual = j
+            .nodes
+            .as_deref()
+            .map(|e| self.cluster.expand(e))
+            .unwrap_or_default();
+        let mut expected: Vec<String> = anchors
+            .iter()
+            .map(|&n| self.nodes[n as usize].name.clone())
+            .collect();
         actual.sort();
         expected.sort();
         actual == expected
@@ -1384,7 +1498,12 @@ impl<C: Cluster> Daemon<C> {
             // Slurm preempts it: cancel at the end of the grace time, not at its
             // next periodic pass (up to 30 s later).
             memo.ending = true;
-            let g = s.partition.as_deref().and_then(|p| grace.get(p)).copied().unwrap_or(0.0);
+            let g = s
+                .partition
+                .as_deref()
+                .and_then(|p| grace.get(p))
+                .copied()
+                .unwrap_or(0.0);
             if now >= (pt as f64) + g && memo.signalled_at.map_or(true, |t| now - t >= 2.0) {
                 memo.signalled_at = Some(now);
                 log::info!("cancel satellite {id} of job {parent} on {node}: its preemption grace time is over");
@@ -1399,7 +1518,11 @@ impl<C: Cluster> Daemon<C> {
                 memo.ending = true;
                 self.stats.shrinks += 1;
                 log::info!("shrink job {parent} off {node}: SIGTERM to satellite {id}, cancelled after {shrink_grace} s");
-                self.call(|c| c.signal(id, libc::SIGTERM, SignalTarget::StepsOnly), "signal", id);
+                self.call(
+                    |c| c.signal(id, libc::SIGTERM, SignalTarget::StepsOnly),
+                    "signal",
+                    id,
+                );
                 1
             }
             Some(t) if now - t >= shrink_grace => {
@@ -1417,7 +1540,10 @@ impl<C: Cluster> Daemon<C> {
             let c = &self.cores[&parent];
             (c.uid, c.gid)
         };
-        let join = self.cfg.join_command.replace("{parent}", &parent.to_string());
+        let join = self
+            .cfg
+            .join_command
+            .replace("{parent}", &parent.to_string());
         // The work runs in a step, so a preemption's SIGTERM (Slurm signals steps, not
         // the batch shell) reaches it and this shell follows it out at once. A step
         // ended by SIGTERM (shrink, preemption) is a clean end of a satellite.
@@ -1444,7 +1570,11 @@ impl<C: Cluster> Daemon<C> {
                 (spec::env::PARENT_JOB_ID.into(), parent.to_string()),
                 (spec::env::ROLE.into(), "satellite".into()),
             ],
-            work_dir: core_job.work_dir.clone().map(Into::into).or_else(|| Some("/tmp".into())),
+            work_dir: core_job
+                .work_dir
+                .clone()
+                .map(Into::into)
+                .or_else(|| Some("/tmp".into())),
             output: Some(self.cfg.satellite_output.clone()),
             run_as: Some((uid, gid)),
             requeue: Some(false),

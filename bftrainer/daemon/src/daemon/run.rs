@@ -112,4 +112,3 @@ fn write_status(d: &Daemon<SlurmCluster>, now: f64, path: &Path) {
         log::debug!("could not write {}", path.display());
     }
 }
-

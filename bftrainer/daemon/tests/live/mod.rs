@@ -29,7 +29,10 @@ pub struct Setup {
 /// `policy_extra` and `daemon_extra` are lines added to `[policy]` and `[daemon]`;
 /// satellites fail on `bad_node` (empty: none).
 pub fn setup(prefix: &str, policy_extra: &str, daemon_extra: &str, bad_node: &str) -> Setup {
-    let tmp = tempfile::Builder::new().prefix(prefix).tempdir_in("/tmp").unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .unwrap();
     let dir = tmp.path().to_path_buf();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let plugins = super::support::stage_plugins(&dir.join("plugins"));
