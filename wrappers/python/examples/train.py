@@ -1,0 +1,88 @@
+"""A complete elastic training script: a small MLP on synthetic data (fixed seed).
+
+    bft-run -- python train.py --epochs 3
+
+Every worker runs this file. bft-run grows and shrinks the world between steps;
+``bftrainer.run`` rebuilds the process group, newcomers receive the state, and the
+sampler makes sure every sample is used exactly once per epoch.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+import bftrainer
+
+p = argparse.ArgumentParser()
+p.add_argument("--samples", type=int, default=4096, help="dataset size")
+p.add_argument("--batch", type=int, default=32, help="per-rank batch size")
+p.add_argument("--epochs", type=int, default=3)
+p.add_argument("--lr", type=float, default=0.05)
+p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step (slow the job down for demos)")
+p.add_argument("--log-dir", default=None, help="write each rank's samples per step here (for checking)")
+p.add_argument("--checkpoint-dir", default=None, help="checkpoint here every --checkpoint-every commits")
+p.add_argument("--checkpoint-every", type=int, default=0)
+args = p.parse_args()
+
+# The data: y = a nonlinear function of x, the same on every worker (fixed seed).
+g = torch.Generator().manual_seed(1234)
+X = torch.randn(args.samples, 16, generator=g)
+W_true = torch.randn(16, 1, generator=g)
+Y = torch.tanh(X @ W_true) + 0.05 * torch.randn(args.samples, 1, generator=g)
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+sampler = bftrainer.ElasticSampler(args.samples, batch_size=args.batch, seed=42)
+state = bftrainer.State(
+    model=model,
+    optimizer=opt,
+    sampler=sampler,
+    checkpoint_dir=args.checkpoint_dir,
+    checkpoint_every=args.checkpoint_every,
+    last_loss=float("nan"),
+)
+
+log = None
+if args.log_dir:
+    os.makedirs(args.log_dir, exist_ok=True)
+    log = open(os.path.join(args.log_dir, f"{bftrainer.worker_id()}.{os.getpid()}.log"), "a", buffering=1)
+
+
+@bftrainer.run
+def train(state):
+    while state.sampler.epoch < args.epochs:
+        epoch_loss, epoch_n = 0.0, 0
+        for idx in state.sampler:
+            if log:
+                # Written before the step: the checker keeps, for each step, the
+                # samples of the last generation that ran it (the committed one).
+                log.write(f"S {bftrainer.generation()} {state.step + 1} {state.sampler.epoch} "
+                          f"{bftrainer.rank()} {' '.join(map(str, idx))}\n")
+            opt.zero_grad()
+            if idx:
+                loss = torch.nn.functional.mse_loss(model(X[idx]), Y[idx])
+                loss.backward()
+                epoch_loss += loss.item() * len(idx)
+                epoch_n += len(idx)
+            bftrainer.allreduce_gradients(model, len(idx))
+            opt.step()
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+            state.commit()
+        if epoch_n:
+            state.last_loss = epoch_loss / epoch_n
+        if bftrainer.rank() == 0:
+            print(f"epoch {state.sampler.epoch} done at step {state.step}, world {bftrainer.world_size()}, "
+                  f"rank-0 loss {state.last_loss:.4f}", flush=True)
+    # The loss of the final model on the whole data set, the same on every rank.
+    with torch.no_grad():
+        final = torch.nn.functional.mse_loss(model(X), Y).item()
+    if bftrainer.rank() == 0:
+        print(f"final loss {final:.5f} after {state.step} steps, {state.samples} samples", flush=True)
+
+
+train(state)

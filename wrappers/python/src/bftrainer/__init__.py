@@ -1,0 +1,51 @@
+"""bftrainer: the worker library of elastic jobs run by ``bft-run``.
+
+    import bftrainer
+
+    state = bftrainer.State(model=model, optimizer=opt,
+                            sampler=bftrainer.ElasticSampler(len(data), batch_size=32))
+
+    @bftrainer.run
+    def train(state):
+        while state.sampler.epoch < EPOCHS:
+            for idx in state.sampler:
+                ... forward/backward on data[idx] ...
+                bftrainer.allreduce_gradients(model, len(idx))
+                opt.step()
+                state.commit()
+
+    train(state)
+
+See docs/user.md for the complete example and what happens on grow, shrink and
+preemption.
+"""
+
+from ._agent import AgentError, JobEnded
+from .elastic import (
+    PeerFailure,
+    allreduce_gradients,
+    generation,
+    rank,
+    run,
+    worker_id,
+    world_size,
+)
+from .sampler import ElasticSampler
+from .state import State, TorchState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentError",
+    "ElasticSampler",
+    "JobEnded",
+    "PeerFailure",
+    "State",
+    "TorchState",
+    "allreduce_gradients",
+    "generation",
+    "rank",
+    "run",
+    "worker_id",
+    "world_size",
+]

@@ -1,0 +1,75 @@
+"""Check per-sample logs of examples/train.py (``--log-dir``): in the committed lineage
+every sample is used exactly once per epoch.
+
+Each rank writes ``S <gen> <step> <epoch> <rank> <ids...>`` before running a step. A step
+that was rolled back is run again in a later generation, so for each step number the
+run of the highest generation is the one the final model went through.
+
+    python check_samples.py LOG_DIR NUM_SAMPLES EPOCHS
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+from typing import Dict, List, Tuple
+
+
+def check(log_dir: str, num_samples: int, epochs: int) -> Dict[str, int]:
+    runs: Dict[int, Dict[int, Dict[int, Tuple[int, List[int]]]]] = collections.defaultdict(dict)
+    for name in sorted(os.listdir(log_dir)):
+        with open(os.path.join(log_dir, name)) as f:
+            for n, line in enumerate(f, 1):
+                parts = line.split()
+                if not parts or parts[0] != "S":
+                    continue
+                if len(parts) < 5:
+                    raise AssertionError(f"{name}:{n}: truncated line {line!r}")
+                gen, step, epoch, rank = (int(x) for x in parts[1:5])
+                ids = [int(x) for x in parts[5:]]
+                by_rank = runs[step].setdefault(gen, {})
+                if rank in by_rank:
+                    raise AssertionError(f"step {step} generation {gen}: rank {rank} logged twice")
+                by_rank[rank] = (epoch, ids)
+    if not runs:
+        raise AssertionError(f"no sample logs in {log_dir}")
+    last = max(runs)
+    missing = [s for s in range(1, last + 1) if s not in runs]
+    if missing:
+        raise AssertionError(f"steps never run: {missing[:10]}")
+    seen: Dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    rollbacks = 0
+    for step in range(1, last + 1):
+        gens = runs[step]
+        rollbacks += len(gens) - 1
+        by_rank = gens[max(gens)]
+        ranks = sorted(by_rank)
+        if ranks != list(range(len(ranks))):
+            raise AssertionError(f"step {step} generation {max(gens)}: ranks {ranks} logged, not 0..{len(ranks) - 1}")
+        epochs_here = {e for e, _ in by_rank.values()}
+        if len(epochs_here) != 1:
+            raise AssertionError(f"step {step}: ranks disagree on the epoch: {sorted(epochs_here)}")
+        (epoch,) = epochs_here
+        for _, ids in by_rank.values():
+            seen[epoch].update(ids)
+    if sorted(seen) != list(range(epochs)):
+        raise AssertionError(f"epochs in the log: {sorted(seen)}, expected 0..{epochs - 1}")
+    total = 0
+    for epoch, c in sorted(seen.items()):
+        twice = [i for i, k in c.items() if k > 1]
+        skipped = [i for i in range(num_samples) if c[i] == 0]
+        if twice or skipped or len(c) != num_samples:
+            raise AssertionError(
+                f"epoch {epoch}: {len(skipped)} samples skipped (e.g. {skipped[:5]}), "
+                f"{len(twice)} used more than once (e.g. {twice[:5]})"
+            )
+        total += sum(c.values())
+    return {"steps": last, "samples": total, "rerun_steps": rollbacks}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    r = check(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    print(f"ok: {r['steps']} steps, {r['samples']} samples, each sample once per epoch; {r['rerun_steps']} step runs rolled back")

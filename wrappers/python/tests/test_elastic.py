@@ -1,0 +1,79 @@
+"""Real torch workers (gloo, CPU) against a fake agent that the test drives: grow,
+graceful shrink, newcomers, a worker killed with -9, and exact sampling throughout."""
+
+import os
+import signal
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from check_samples import check  # noqa: E402
+from fake_agent import FakeAgent  # noqa: E402
+
+N, EPOCHS = 2048, 6
+ARGS = ["--samples", str(N), "--batch", "16", "--epochs", str(EPOCHS), "--step-sleep", "0.02"]
+
+
+@pytest.fixture
+def agent(tmp_path):
+    a = FakeAgent()
+    yield a
+    a.close()
+
+
+def start(agent, tmp_path, w):
+    return agent.spawn(w, ARGS + ["--log-dir", str(tmp_path / "samples")], str(tmp_path / w))
+
+
+def finish(agent, tmp_path, workers, timeout=120):
+    for w in workers:
+        rc = agent.procs[w].wait(timeout=timeout)
+        err = open(tmp_path / f"{w}.err").read()
+        assert rc == 0, f"{w} exited {rc}: {err[-2000:]}"
+    out = "".join(open(tmp_path / f"{w}.out").read() for w in workers)
+    final = [line for line in out.splitlines() if line.startswith("final loss")]
+    assert final, out
+    loss = float(final[-1].split()[2])
+    assert loss < 0.1, out
+    return check(str(tmp_path / "samples"), N, EPOCHS)
+
+
+def test_grow_graceful_shrink_and_newcomer_keep_every_sample_once(agent, tmp_path):
+    start(agent, tmp_path, "a.0")
+    agent.wait_ready(["a.0"])
+    agent.announce(["a.0"])
+    agent.wait_for(lambda: agent.progress_samples() > 0, what="progress")
+    start(agent, tmp_path, "b.0")
+    start(agent, tmp_path, "c.0")
+    agent.wait_ready(["b.0", "c.0"])
+    before = agent.progress_samples()
+    agent.announce(["a.0", "b.0", "c.0"])
+    agent.wait_for(lambda: agent.progress_samples() > before + 500, what="progress at 3")
+    start(agent, tmp_path, "d.0")  # warms up while the others train
+    # b.0 leaves at a step boundary: it exits 0 and nobody rolls back.
+    g = agent.announce(["a.0", "c.0"])
+    assert agent.procs["b.0"].wait(timeout=30) == 0
+    agent.wait_ready(["d.0"])
+    agent.announce(["a.0", "c.0", "d.0"])
+    r = finish(agent, tmp_path, ["a.0", "c.0", "d.0"])
+    assert agent.count("broken") == 0
+    assert r["rerun_steps"] == 0 and r["samples"] == N * EPOCHS
+    assert agent.count("done", gen=g + 1) == 3
+
+
+def test_worker_killed_costs_a_rollback_not_the_job(agent, tmp_path):
+    for w in ("a.0", "b.0", "c.0"):
+        start(agent, tmp_path, w)
+    agent.wait_ready(["a.0", "b.0", "c.0"])
+    g = agent.announce(["a.0", "b.0", "c.0"])
+    agent.wait_for(lambda: agent.progress_samples() > 1500, what="progress")
+    os.kill(agent.procs["c.0"].pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    agent.wait_for(lambda: agent.count("broken", gen=g) == 2, timeout=30, what="broken reports")
+    detect = time.monotonic() - t0
+    agent.announce(["a.0", "b.0"])
+    r = finish(agent, tmp_path, ["a.0", "b.0"])
+    assert detect < 5, f"survivors noticed the loss after {detect:.1f} s"
+    assert r["samples"] == N * EPOCHS
