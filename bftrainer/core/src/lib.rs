@@ -8,6 +8,7 @@ pub mod easy;
 pub mod engine;
 pub mod error;
 pub mod sacct;
+pub mod runtime;
 pub mod sim;
 pub mod spec;
 pub mod timefmt;

@@ -27,6 +27,7 @@ use bftrainer_core::engine::{
     ElasticSpec, Engine, Event, Exact, JobId, JobStatus, NodeId, NodeState, Record,
     EVENT_FORMAT_VERSION,
 };
+use bftrainer_core::runtime::RunComment;
 use bftrainer_core::spec::{self, Role};
 use bftrainer_slurm::{BatchJob, Job, JobBase, JobUpdate, SignalTarget};
 use cluster::Cluster;
@@ -84,6 +85,8 @@ struct Core {
     asked_at: f64,
     preemptions: u32,
     ended: bool,
+    /// The runtime's last published rate (samples/s) and size, from the job's Comment.
+    rate: Option<(f64, u32)>,
 }
 
 /// What the daemon remembers of one satellite job.
@@ -315,6 +318,11 @@ impl<C: Cluster> Daemon<C> {
             Event::JobStarted { job: j } => format!("job {} started", job(j)),
             Event::JobFinished { job: j } => format!("job {} finished", job(j)),
             Event::JobCancelled { job: j } => format!("job {} cancelled", job(j)),
+            Event::Progress {
+                job: j,
+                samples_per_s,
+                ..
+            } => format!("job {} measures {samples_per_s:.1} samples/s", job(j)),
             other => format!("{other:?}"),
         }
     }
@@ -890,6 +898,7 @@ impl<C: Cluster> Daemon<C> {
                 preempting: false,
                 restarts: j.restart_count,
                 asked_at: f64::NEG_INFINITY,
+                rate: None,
                 preemptions: 0,
                 ended: false,
             },
@@ -1021,6 +1030,7 @@ impl<C: Cluster> Daemon<C> {
                 );
                 self.emit(Event::JobStarted { job: jid });
             }
+            self.observe_progress(id, j);
             return;
         }
         // Pending.
@@ -1038,6 +1048,32 @@ impl<C: Cluster> Daemon<C> {
                     self.emit(Event::WorkerLeft { job: jid, node: n });
                 }
             }
+        }
+    }
+
+    /// The runtime publishes its measured rate in the core job's Comment
+    /// ([`RunComment`]): a change of more than 1% (or of size) is a `Progress` event.
+    fn observe_progress(&mut self, id: u32, j: &Job) {
+        let Some(rc) = j.comment.as_deref().and_then(RunComment::parse) else {
+            return;
+        };
+        let Some(core) = self.cores.get_mut(&id) else {
+            return;
+        };
+        if !core.started || rc.rate <= 0.0 {
+            return;
+        }
+        let changed = core.rate.map_or(true, |(r, n)| {
+            n != rc.nodes || (rc.rate - r).abs() > 0.01 * r.max(f64::MIN_POSITIVE)
+        });
+        if changed {
+            core.rate = Some((rc.rate, rc.nodes));
+            let jid = core.jid;
+            self.emit(Event::Progress {
+                job: jid,
+                samples_per_s: rc.rate,
+                remaining: None,
+            });
         }
     }
 
@@ -1628,6 +1664,7 @@ impl<C: Cluster> Daemon<C> {
                     "nodes": self.names(self.engine.job_nodes(c.jid)),
                     "core_nodes": self.names(self.engine.job_anchors(c.jid)),
                     "preemptions": c.preemptions,
+                    "rate": self.engine.measured_rate(c.jid),
                 })
             })
             .collect();
