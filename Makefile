@@ -24,8 +24,11 @@ demo: deps
 	$(CARGO) build --release -p bftrainer-daemon -p job_submit_bftrainer -p spank_bftrainer
 	./scripts/demo
 
+# The runtime's tests need torch: scripts/python-env makes (or reuses) a virtualenv.
 test: build
-	$(CARGO) nextest run --workspace --no-fail-fast $(NEXTEST_ARGS)
+	venv=$$(scripts/python-env) && \
+	  PYTHONPATH=$(CURDIR)/wrappers/python/src $$venv/bin/python -m pytest -q wrappers/python && \
+	  BFT_VENV=$$venv $(CARGO) nextest run --workspace --no-fail-fast $(NEXTEST_ARGS)
 
 # A cluster in ./.cluster to work against by hand: eval "$$(make -s cluster-up)".
 cluster-up: deps-system

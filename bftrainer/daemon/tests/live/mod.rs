@@ -5,8 +5,12 @@
 
 #![allow(dead_code)]
 
+use bftrainer_testcluster::{wait_until, Cluster, Options};
+use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 /// A satellite's join command for tests and benchmarks (bft-run is another issue):
 /// logs where it runs and stays up until signalled; `BAD_NODE` makes it fail at once
@@ -29,6 +33,19 @@ pub struct Setup {
 /// `policy_extra` and `daemon_extra` are lines added to `[policy]` and `[daemon]`;
 /// satellites fail on `bad_node` (empty: none).
 pub fn setup(prefix: &str, policy_extra: &str, daemon_extra: &str, bad_node: &str) -> Setup {
+    setup_join(prefix, policy_extra, daemon_extra, &|join: &std::path::Path| {
+        format!("env BAD_NODE={bad_node} {} {{parent}}", join.display())
+    })
+}
+
+/// As [`setup`], with the satellites' join command made from the path of the test
+/// join script (a real runtime ignores it).
+pub fn setup_join(
+    prefix: &str,
+    policy_extra: &str,
+    daemon_extra: &str,
+    join_command: &dyn Fn(&std::path::Path) -> String,
+) -> Setup {
     let tmp = tempfile::Builder::new()
         .prefix(prefix)
         .tempdir_in("/tmp")
@@ -50,10 +67,10 @@ pub fn setup(prefix: &str, policy_extra: &str, daemon_extra: &str, bad_node: &st
              [daemon]\nstate_dir = \"{}\"\npoll_interval = 0.5\nshrink_grace = 3\n\
              grow_timeout = 20\nnode_backoff = 120\n{daemon_extra}\n\
              [engine]\nt_fwd = 600\n\
-             [runtime]\njoin_command = \"env BAD_NODE={bad_node} {} {{parent}}\"\n\
+             [runtime]\njoin_command = \"{}\"\n\
              satellite_output = \"/dev/null\"\n",
             state.display(),
-            join.display()
+            join_command(&join)
         ),
     )
     .unwrap();
@@ -75,3 +92,233 @@ pub fn arg(name: &str, default: usize) -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+pub const GRACE_TIME_S: u64 = 5;
+
+pub struct Live {
+    pub c: Cluster,
+    pub dir: PathBuf,
+    pub conf: PathBuf,
+    pub log: PathBuf,
+    pub daemon: Option<Child>,
+    pub _tmp: tempfile::TempDir,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        if std::thread::panicking() || std::env::var_os("BFTD_TEST_SHOW_LOG").is_some() {
+            eprintln!(
+                "--- bftrainerd log ---\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub id: u32,
+    pub name: String,
+    pub state: String,
+    pub nodes: String,
+    pub partition: String,
+}
+
+impl Live {
+    pub fn start(policy_extra: &str, daemon_extra: &str, bad_node: &str) -> Live {
+        let mut l = Live::start_without_daemon(policy_extra, daemon_extra, bad_node);
+        l.spawn();
+        l
+    }
+
+    pub fn start_without_daemon(policy_extra: &str, daemon_extra: &str, bad_node: &str) -> Live {
+        Live::from_setup(setup("bftd", policy_extra, daemon_extra, bad_node))
+    }
+
+    pub fn from_setup(s: Setup) -> Live {
+        let Setup {
+            tmp,
+            dir,
+            plugins,
+            conf,
+            ..
+        } = s;
+        let c = Cluster::start(Options {
+            nodes: 4,
+            plugins: Some(plugins),
+            bftrainer_conf: Some(conf.clone()),
+            ..Default::default()
+        })
+        .expect("cluster with the plugins");
+        let log = dir.join("bftrainerd.log");
+        Live {
+            c,
+            dir,
+            conf,
+            log,
+            daemon: None,
+            _tmp: tmp,
+        }
+    }
+
+    pub fn daemon_cmd(&self) -> Command {
+        let mut cmd = self.c.command(env!("CARGO_BIN_EXE_bftrainerd"));
+        cmd.arg("--config").arg(&self.conf).env(
+            "RUST_LOG",
+            std::env::var("BFTD_TEST_LOG").unwrap_or_else(|_| "info".into()),
+        );
+        cmd
+    }
+
+    pub fn spawn(&mut self) {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let err = out.try_clone().unwrap();
+        let child = self
+            .daemon_cmd()
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("start bftrainerd");
+        self.daemon = Some(child);
+    }
+
+    pub fn kill9(&mut self) {
+        let mut d = self.daemon.take().expect("daemon running");
+        d.kill().unwrap();
+        d.wait().unwrap();
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn squeue(&self) -> Vec<Row> {
+        let out = self
+            .c
+            .run("squeue", &["-h", "-a", "-o", "%i|%j|%T|%N|%P"])
+            .unwrap_or_default();
+        out.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split('|').collect();
+                (f.len() == 5).then(|| Row {
+                    id: f[0].trim().parse().unwrap_or(0),
+                    name: f[1].to_string(),
+                    state: f[2].to_string(),
+                    nodes: f[3].to_string(),
+                    partition: f[4].to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// Running satellites of `parent`: node -> job id.
+    pub fn satellites(&self, parent: u32) -> BTreeMap<String, u32> {
+        self.squeue()
+            .into_iter()
+            .filter(|r| r.name == format!("bftsat-{parent}") && r.state == "RUNNING")
+            .map(|r| (r.nodes, r.id))
+            .collect()
+    }
+
+    pub fn active_satellites(&self, parent: u32) -> usize {
+        self.squeue()
+            .into_iter()
+            .filter(|r| {
+                r.name == format!("bftsat-{parent}")
+                    && ["RUNNING", "PENDING", "CONFIGURING"].contains(&r.state.as_str())
+            })
+            .count()
+    }
+
+    pub fn state_of(&self, id: u32) -> String {
+        // slurmctld's view first (works while slurmdbd is away), then accounting.
+        let out = self
+            .c
+            .run("scontrol", &["show", "job", "-o", &id.to_string()])
+            .unwrap_or_default();
+        if let Some(st) = out
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("JobState="))
+        {
+            return st.to_string();
+        }
+        self.c.job_state(id).unwrap_or_default()
+    }
+
+    pub fn wait<T>(&self, secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+        wait_until(what, Duration::from_secs(secs), || Ok(f()))
+            .unwrap_or_else(|e| panic!("{e}\nsqueue: {:#?}", self.squeue()))
+    }
+
+    /// Running nodes of elastic job `job`: its core's plus its running satellites'.
+    pub fn elastic_size(&self, job: u32) -> usize {
+        self.squeue()
+            .into_iter()
+            .filter(|r| r.state == "RUNNING" && (r.id == job || r.name == format!("bftsat-{job}")))
+            .map(|r| bftrainer_slurm::hostlist_expand(&r.nodes).unwrap().len())
+            .sum()
+    }
+
+    /// An elastic job of bftuser that runs its work in a step.
+    pub fn submit_elastic(&self, spec: &str) -> u32 {
+        let out = self
+            .c
+            .command_as_test_user("sbatch")
+            .unwrap()
+            .args([
+                "--parsable",
+                &format!("--elastic={spec}"),
+                "-J",
+                "train",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "srun sleep 600",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "sbatch --elastic: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
+    /// Every node of the cluster carries at most one running job (elastic jobs own
+    /// whole nodes; no node in two elastic jobs).
+    pub fn assert_no_double_allocation(&self) {
+        let mut seen: BTreeMap<String, u32> = BTreeMap::new();
+        for r in self.squeue().into_iter().filter(|r| r.state == "RUNNING") {
+            for n in bftrainer_slurm::hostlist_expand(&r.nodes).unwrap() {
+                if let Some(other) = seen.insert(n.clone(), r.id) {
+                    panic!(
+                        "node {n} holds jobs {other} and {}: {:#?}",
+                        r.id,
+                        self.squeue()
+                    );
+                }
+            }
+        }
+    }
+
+    pub fn grown_to_all(&self, job: u32) -> BTreeMap<String, u32> {
+        self.wait(
+            60,
+            &format!("job {job} to run on 1 node plus 3 satellites"),
+            || {
+                let sats = self.satellites(job);
+                (self.state_of(job) == "RUNNING" && sats.len() == 3).then_some(sats)
+            },
+        )
+    }
+}
+
