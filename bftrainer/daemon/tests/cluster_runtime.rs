@@ -1,0 +1,244 @@
+//! The elastic runtime end to end on a real Slurm cluster with bftrainerd: an elastic
+//! job submitted with `sbatch --elastic=1:4` running `bft-run -- python train.py` (real
+//! torch, gloo on CPU) starts on 1 node, grows to 4 as nodes are idle, loses 2 to a
+//! regular job (preemption with GraceTime), grows back, survives a worker killed with
+//! -9, and finishes: the loss ends low and every sample was used exactly once per
+//! epoch. Forged joins (another uid, a replayed or misdirected credential) are refused.
+//!
+//! Needs the virtualenv of scripts/python-env (`make test` makes it; BFT_VENV names it).
+
+mod live;
+#[path = "../../../plugin/job_submit/tests/support/mod.rs"]
+mod support;
+
+use bftrainer_core::runtime::RunComment;
+use live::{Live, GRACE_TIME_S};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const SAMPLES: usize = 4096;
+const EPOCHS: usize = 10;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// target/<profile>/bft-run, built with the workspace (`make test` builds it first).
+fn bft_run() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().unwrap().parent().unwrap().join("bft-run");
+    assert!(p.exists(), "{} is missing: build the workspace first (make test does)", p.display());
+    p
+}
+
+fn venv() -> PathBuf {
+    let v = PathBuf::from(std::env::var("BFT_VENV").unwrap_or_else(|_| "/opt/bftrainer-venv".into()));
+    let ok = Command::new(v.join("bin/python"))
+        .args(["-c", "import torch"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "no Python with torch at {}: run scripts/python-env (make test does) or set BFT_VENV",
+        v.display()
+    );
+    v
+}
+
+fn comment(l: &Live, job: u32) -> Option<RunComment> {
+    let out = l.c.run("scontrol", &["show", "job", "-o", &job.to_string()]).ok()?;
+    let c = out.split(" Comment=").nth(1)?;
+    // The Comment runs to the next " Key=" field.
+    let end = c.find(" StdErr=").or_else(|| c.find(" StdIn=")).unwrap_or(c.len());
+    RunComment::parse(&c[..end])
+}
+
+fn job_out(work: &Path) -> String {
+    std::fs::read_to_string(work.join("job.out")).unwrap_or_default()
+}
+
+/// Worker processes (train.py) of satellites, not of the core job `core`.
+fn satellite_workers(core: u32) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmd).contains("examples/train.py") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let Some(ppid) = stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)) else {
+            continue;
+        };
+        let env = std::fs::read(format!("/proc/{ppid}/environ")).unwrap_or_default();
+        let job = env
+            .split(|b| *b == 0)
+            .find_map(|kv| kv.strip_prefix(b"SLURM_JOB_ID="))
+            .map(|v| String::from_utf8_lossy(v).to_string());
+        if job.is_some_and(|j| j != core.to_string()) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// One agent-side handshake by hand: read the challenge, send `hello` with `cred`,
+/// return the coordinator's answer line.
+fn handshake(addr: &str, cred: impl FnOnce(&str) -> String) -> serde_json::Value {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let ch: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(ch["t"], "challenge", "{line}");
+    let hello = serde_json::json!({
+        "t": "hello", "proto": ch["proto"], "cred": cred(ch["nonce"].as_str().unwrap()),
+        "host": "127.0.0.1", "slurm_job": null, "nproc": 1,
+    });
+    (&s).write_all(format!("{hello}\n").as_bytes()).unwrap();
+    line.clear();
+    r.read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("answer {line:?}: {e}"))
+}
+
+fn munge_as(user: Option<&str>, payload: &str) -> String {
+    let mut cmd = match user {
+        Some(u) => {
+            let mut c = Command::new("runuser");
+            c.args(["-u", u, "--", "munge", "-s", payload]);
+            c
+        }
+        None => {
+            let mut c = Command::new("munge");
+            c.args(["-s", payload]);
+            c
+        }
+    };
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "munge: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
+    let venv = venv();
+    let bft = bft_run();
+    let setup = live::setup_join("bftrt", "", "", &|_| format!("{} --join {{parent}}", bft.display()));
+    let mut l = Live::from_setup(setup);
+    l.spawn();
+    let user = bftrainer_testcluster::TEST_USER.to_string();
+    let work = l.dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let status = Command::new("chown").arg(&user).arg(&work).status().unwrap();
+    assert!(status.success());
+    let script = work.join("train.sbatch");
+    let repo = repo();
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n#SBATCH -J train\n#SBATCH -o {work}/job.out\n\
+             export PYTHONPATH={repo}/wrappers/python/src\n\
+             exec {bft} -- {venv}/bin/python {repo}/wrappers/python/examples/train.py \
+             --samples {SAMPLES} --batch 16 --epochs {EPOCHS} --step-sleep 0.05 --log-dir {work}/samples\n",
+            work = work.display(),
+            repo = repo.display(),
+            bft = bft.display(),
+            venv = venv.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = l
+        .c
+        .command_as_test_user("sbatch")
+        .unwrap()
+        .args(["--parsable", "--elastic=1:4"])
+        .arg(&script)
+        .current_dir(&work)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "sbatch: {}", String::from_utf8_lossy(&out.stderr));
+    let job: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+
+    // 1. Starts on 1 node, grows to 4: the runtime publishes 4 nodes in generation.
+    let c = l.wait(120, "the runtime to train on 4 nodes", || {
+        comment(&l, job).filter(|c| c.nodes == 4)
+    });
+    eprintln!("grown: {c}");
+
+    // 2. Forged joins are refused while the job runs.
+    let bad = Command::new(&bft)
+        .args(["--agent", "--coord", &c.coord])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("uid"), "root's agent joined bftuser's job: {err}");
+    let mut stolen = String::new();
+    let a = handshake(&c.coord, |nonce| {
+        // A credential of the right user made for another connection's nonce.
+        stolen = munge_as(Some(&user), &format!("bftrainer-run:v1 job={job} nonce={nonce}x"));
+        stolen.clone()
+    });
+    assert_eq!(a["t"], "error", "{a}");
+    let b = handshake(&c.coord, |_| stolen.clone());
+    assert_eq!(b["t"], "error", "a replayed credential was accepted: {b}");
+    assert!(b.to_string().contains("replay"), "{b}");
+
+    // 3. A regular job takes 2 nodes: Slurm preempts 2 satellites with GraceTime; the
+    //    workers there leave at a step boundary; the regular job starts in time.
+    let t0 = Instant::now();
+    let reg = l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 10"]).unwrap();
+    l.wait(GRACE_TIME_S + 5, "the regular job to start", || {
+        (l.state_of(reg) == "RUNNING").then_some(())
+    });
+    let waited = t0.elapsed().as_secs_f64();
+    eprintln!("regular job running {waited:.1} s after submission");
+    assert!(waited <= (GRACE_TIME_S + 5) as f64);
+    l.wait(60, "the runtime to train on 2 nodes", || {
+        comment(&l, job).filter(|c| c.nodes == 2)
+    });
+
+    // 4. It ends; the daemon grows the job back to 4.
+    l.wait(120, "the runtime to train on 4 nodes again", || {
+        comment(&l, job).filter(|c| c.nodes == 4 && l.state_of(reg) != "RUNNING")
+    });
+
+    // 5. A satellite's worker killed with -9: a rollback, not the job.
+    let victims = satellite_workers(job);
+    assert!(!victims.is_empty(), "no satellite worker found");
+    let rc = Command::new("kill").args(["-9", &victims[0].to_string()]).status().unwrap();
+    assert!(rc.success());
+
+    // 6. It finishes: loss low, every sample exactly once per epoch.
+    l.wait(400, "the elastic job to complete", || {
+        let s = l.state_of(job);
+        (!["RUNNING", "PENDING", "CONFIGURING", "COMPLETING"].contains(&s.as_str())).then_some(())
+    });
+    let text = job_out(&work);
+    assert_eq!(l.state_of(job), "COMPLETED", "job output:\n{text}");
+    assert!(text.contains("rolling back"), "no rollback after kill -9:\n{text}");
+    let loss: f64 = text
+        .lines()
+        .find_map(|l| l.split("final loss ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no final loss in the output:\n{text}"));
+    assert!(loss < 0.1, "final loss {loss}:\n{text}");
+    let check = Command::new(venv.join("bin/python"))
+        .arg(repo.join("wrappers/python/tests/check_samples.py"))
+        .arg(work.join("samples"))
+        .args([SAMPLES.to_string(), EPOCHS.to_string()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stdout).to_string() + &String::from_utf8_lossy(&check.stderr);
+    assert!(check.status.success(), "sample check failed: {said}");
+    assert!(said.contains(&format!("{} samples", SAMPLES * EPOCHS)), "{said}");
+    eprintln!("{said}");
+}
