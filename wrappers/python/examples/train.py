@@ -21,10 +21,12 @@ p.add_argument("--samples", type=int, default=4096, help="dataset size")
 p.add_argument("--batch", type=int, default=32, help="per-rank batch size")
 p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--lr", type=float, default=0.05)
+p.add_argument("--hidden", type=int, default=64, help="width of the hidden layer")
 p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step (slow the job down for demos)")
 p.add_argument("--log-dir", default=None, help="write each rank's samples per step here (for checking)")
 p.add_argument("--checkpoint-dir", default=None, help="checkpoint here every --checkpoint-every commits")
 p.add_argument("--checkpoint-every", type=int, default=0)
+p.add_argument("--timeline", default=None, help="rank 0 appends 'time step world generation' per step here")
 args = p.parse_args()
 
 # The data: y = a nonlinear function of x, the same on every worker (fixed seed).
@@ -34,7 +36,7 @@ W_true = torch.randn(16, 1, generator=g)
 Y = torch.tanh(X @ W_true) + 0.05 * torch.randn(args.samples, 1, generator=g)
 
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1))
 opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 sampler = bftrainer.ElasticSampler(args.samples, batch_size=args.batch, seed=42)
 state = bftrainer.State(
@@ -50,6 +52,8 @@ log = None
 if args.log_dir:
     os.makedirs(args.log_dir, exist_ok=True)
     log = open(os.path.join(args.log_dir, f"{bftrainer.worker_id()}.{os.getpid()}.log"), "a", buffering=1)
+
+timeline = open(args.timeline, "a", buffering=1) if args.timeline else None
 
 
 @bftrainer.run
@@ -73,6 +77,8 @@ def train(state):
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             state.commit()
+            if timeline and bftrainer.rank() == 0:
+                timeline.write(f"{time.time():.6f} {state.step} {bftrainer.world_size()} {bftrainer.generation()}\n")
         if epoch_n:
             state.last_loss = epoch_loss / epoch_n
         if bftrainer.rank() == 0:
