@@ -329,8 +329,8 @@ owned_msg!(
 );
 
 impl Slurm {
-    /// The cluster's name (ClusterName) as slurmctld reports it (`slurm_load_ctl_conf`).
-    pub fn cluster_name(&self) -> Result<String> {
+    /// `f` of slurmctld's configuration (`slurm_load_ctl_conf`).
+    fn ctl_conf<T>(&self, f: impl FnOnce(&slurm_sys::slurm_conf_t) -> T) -> Result<T> {
         let mut msg = ConfMsg(std::ptr::null_mut());
         clear_errno();
         // SAFETY: msg.0 receives a message owned by the guard.
@@ -338,9 +338,24 @@ impl Slurm {
         if rc != slurm_sys::SLURM_SUCCESS as i32 {
             return Err(last_error("slurm_load_ctl_conf", rc));
         }
-        // SAFETY: valid until the guard drops; the field is NULL or a C string.
-        unsafe { msg.0.as_ref().and_then(|c| opt_string(c.cluster_name)) }
+        // SAFETY: valid until the guard drops.
+        unsafe { msg.0.as_ref() }
+            .map(f)
             .ok_or_else(|| crate::Error::from_code("slurm_load_ctl_conf", slurm_sys::SLURM_ERROR))
+    }
+
+    /// The cluster's name (ClusterName) as slurmctld reports it (`slurm_load_ctl_conf`).
+    pub fn cluster_name(&self) -> Result<String> {
+        // SAFETY: the field is NULL or a C string owned by the message.
+        self.ctl_conf(|c| unsafe { opt_string(c.cluster_name) })?
+            .ok_or_else(|| crate::Error::from_code("slurm_load_ctl_conf", slurm_sys::SLURM_ERROR))
+    }
+
+    /// AuthInfo as slurmctld reports it (`socket=/path,cred_expire=15`), if set: where
+    /// the cluster's munged listens.
+    pub fn auth_info(&self) -> Result<Option<String>> {
+        // SAFETY: the field is NULL or a C string owned by the message.
+        self.ctl_conf(|c| unsafe { opt_string(c.authinfo) })
     }
 
     /// All nodes (`slurm_load_node`, SHOW_ALL | SHOW_MIXED). With `since` set to a

@@ -1,4 +1,457 @@
+//! bft-run: the launcher of elastic jobs.
+//!
+//! - `bft-run [OPTIONS] -- CMD...` in the core job's batch script: the job's
+//!   coordinator here, one agent per node of the core allocation in a job step;
+//! - `bft-run --join PARENT` in a satellite (bftrainerd runs it): an agent that finds
+//!   the parent's coordinator in the parent's Comment and joins it;
+//! - `bft-run --local N -- CMD...`: coordinator and N agents on this machine, no Slurm.
+//!
+//! docs/design.md ("Elastic runtime") has the protocol, docs/user.md the user's view.
+
+mod agent;
+mod coord;
+mod membership;
+mod munge;
+mod proto;
+
+use bftrainer_core::runtime::RunComment;
+use clap::Parser;
+use coord::{CoordConfig, Coordinator};
+use munge::Munge;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, ToSocketAddrs, UdpSocket};
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "bft-run",
+    version,
+    about = "Run an elastic training job on the nodes bftrainerd lends it",
+    after_help = "Inside an elastic job:  bft-run -- python train.py\n\
+                  In a satellite:          bft-run --join PARENT_JOB_ID   (bftrainerd runs it)\n\
+                  On this machine:         bft-run --local 2 -- python train.py"
+)]
+struct Cli {
+    /// Join the coordinator of this elastic job (in a satellite job).
+    #[arg(long, value_name = "PARENT_JOB_ID", conflicts_with_all = ["local", "agent"])]
+    join: Option<u32>,
+    /// Run the coordinator and N agents on this machine, without Slurm.
+    #[arg(long, value_name = "N")]
+    local: Option<usize>,
+    /// Workers per node (default: one per GPU, else 1).
+    #[arg(long, value_name = "N")]
+    nproc_per_node: Option<usize>,
+    /// Workers that must be ready before the first generation (default: the core
+    /// allocation's workers).
+    #[arg(long, value_name = "N")]
+    min_workers: Option<usize>,
+    /// Restarts of workers killed by a signal, per agent.
+    #[arg(long, default_value_t = 3)]
+    max_restarts: u32,
+    /// Seconds after a failed collective before silent members are dropped.
+    #[arg(long, default_value_t = 5.0)]
+    broken_timeout: f64,
+    /// Seconds a leaving node's workers get to finish their step.
+    #[arg(long, default_value_t = 30.0)]
+    leave_timeout: f64,
+    /// The address agents reach the coordinator at (default: this host's).
+    #[arg(long, value_name = "HOST")]
+    coord_host: Option<String>,
+    /// Write the coordinator's HOST:PORT here once it listens.
+    #[arg(long, value_name = "PATH")]
+    coord_file: Option<String>,
+    /// (internal) Run an agent that joins the coordinator at --coord.
+    #[arg(long, hide = true, requires = "coord")]
+    agent: bool,
+    #[arg(long, hide = true, value_name = "HOST:PORT")]
+    coord: Option<String>,
+    #[arg(long, hide = true)]
+    node_name: Option<String>,
+    /// The training command and its arguments.
+    #[arg(last = true, value_name = "CMD")]
+    cmd: Vec<String>,
+}
+
 fn main() {
-    eprintln!("bft-run: not built yet");
-    std::process::exit(1);
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let code = rt.block_on(run(cli));
+    rt.shutdown_timeout(Duration::from_millis(200));
+    std::process::exit(code);
+}
+
+fn fail(code: i32, msg: impl std::fmt::Display) -> i32 {
+    eprintln!("bft-run: {msg}");
+    code
+}
+
+async fn run(cli: Cli) -> i32 {
+    if cli.agent {
+        let munge = Munge::from_auth_info(std::env::var("BFT_MUNGE_SOCKET").ok(), None);
+        return agent::run(agent_options(
+            &cli,
+            cli.coord.clone().unwrap_or_default(),
+            munge,
+        ))
+        .await;
+    }
+    if let Some(parent) = cli.join {
+        return join(&cli, parent).await;
+    }
+    if cli.cmd.is_empty() {
+        return fail(
+            2,
+            "no command: give the training command after --, e.g. bft-run -- python train.py",
+        );
+    }
+    coordinate(&cli).await
+}
+
+fn node_name(cli: &Cli) -> String {
+    cli.node_name
+        .clone()
+        .or_else(|| std::env::var("SLURMD_NODENAME").ok())
+        .unwrap_or_else(hostname)
+}
+
+fn agent_options(cli: &Cli, coord: String, munge: Munge) -> agent::AgentOptions {
+    agent::AgentOptions {
+        coord,
+        node_name: node_name(cli),
+        munge,
+        slurm_job: std::env::var("SLURM_JOB_ID").ok(),
+        local_nproc: cli.nproc_per_node.unwrap_or_else(gpu_count).max(1),
+        max_restarts: cli.max_restarts,
+        leave_timeout: Duration::from_secs_f64(cli.leave_timeout.max(0.0)),
+    }
+}
+
+/// GPUs on this node (NVML); none when NVML or its library is missing.
+fn gpu_count() -> usize {
+    std::env::var("CUDA_VISIBLE_DEVICES")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .map(|v| v.split(',').count())
+        .unwrap_or(0)
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// This host's address for other nodes: the hostname's first non-loopback address,
+/// else the address of the default route, else loopback.
+fn own_address() -> String {
+    let resolved = (hostname().as_str(), 0)
+        .to_socket_addrs()
+        .ok()
+        .into_iter()
+        .flatten()
+        .map(|a| a.ip())
+        .find(|ip| ip.is_ipv4() && !ip.is_loopback());
+    let routed = || {
+        let s = UdpSocket::bind("0.0.0.0:0").ok()?;
+        s.connect("192.0.2.1:9").ok()?;
+        s.local_addr()
+            .ok()
+            .map(|a| a.ip())
+            .filter(|ip| !ip.is_unspecified())
+    };
+    resolved
+        .or_else(routed)
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]))
+        .to_string()
+}
+
+/// The environment workers get: ours without Slurm's and bft-run's own variables.
+fn worker_env() -> BTreeMap<String, String> {
+    std::env::vars()
+        .filter(|(k, _)| (!k.starts_with("SLURM_") || k == "SLURM_CONF") && !k.starts_with("BFT_"))
+        .collect()
+}
+
+async fn join(cli: &Cli, parent: u32) -> i32 {
+    let slurm = match bftrainer_slurm::Slurm::init() {
+        Ok(s) => s,
+        Err(e) => return fail(2, format!("cannot use Slurm to find job {parent}: {e}")),
+    };
+    let munge = Munge::from_auth_info(
+        std::env::var("BFT_MUNGE_SOCKET").ok(),
+        slurm.auth_info().ok().flatten().as_deref(),
+    );
+    let start = Instant::now();
+    let coord = loop {
+        let why = match slurm.load_job(parent) {
+            Ok(j) => match j.comment.as_deref().and_then(RunComment::parse) {
+                Some(c) => break c.coord,
+                None if !j.state.is_active() => {
+                    return fail(
+                        2,
+                        format!("elastic job {parent} is not running ({})", j.state.name()),
+                    )
+                }
+                None => format!("job {parent} has not published its coordinator yet"),
+            },
+            Err(e) => format!("elastic job {parent} not found: {e}"),
+        };
+        if start.elapsed() > Duration::from_secs(60) {
+            return fail(2, format!("{why} (gave up after 60 s)"));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    agent::run(agent_options(cli, coord, munge)).await
+}
+
+async fn coordinate(cli: &Cli) -> i32 {
+    let local = cli.local;
+    let job = match (local, std::env::var("SLURM_JOB_ID")) {
+        (Some(_), _) => "local".to_string(),
+        (None, Ok(j)) => j,
+        (None, Err(_)) => {
+            return fail(
+                2,
+                "not inside a Slurm job (SLURM_JOB_ID is not set); run it from an sbatch script, or try it on this machine with --local N",
+            )
+        }
+    };
+    let slurm = if local.is_none() {
+        match bftrainer_slurm::Slurm::init() {
+            Ok(s) => Some(s),
+            Err(e) => return fail(2, format!("cannot use Slurm: {e}")),
+        }
+    } else {
+        None
+    };
+    let munge = Munge::from_auth_info(
+        std::env::var("BFT_MUNGE_SOCKET").ok(),
+        slurm
+            .as_ref()
+            .and_then(|s| s.auth_info().ok().flatten())
+            .as_deref(),
+    );
+    let bind = if local.is_some() {
+        "127.0.0.1:0"
+    } else {
+        "0.0.0.0:0"
+    };
+    let listener = match tokio::net::TcpListener::bind(bind).await {
+        Ok(l) => l,
+        Err(e) => return fail(1, format!("cannot listen for agents: {e}")),
+    };
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+    let host = cli.coord_host.clone().unwrap_or_else(|| {
+        if local.is_some() {
+            "127.0.0.1".into()
+        } else {
+            own_address()
+        }
+    });
+    let advertised = format!("{host}:{port}");
+    if let Some(f) = &cli.coord_file {
+        if let Err(e) = std::fs::write(f, format!("{advertised}\n")) {
+            return fail(1, format!("cannot write {f}: {e}"));
+        }
+    }
+    let nodes = match local {
+        Some(n) => n,
+        None => std::env::var("SLURM_JOB_NUM_NODES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1),
+    };
+    let per_node = cli.nproc_per_node.unwrap_or_else(gpu_count).max(1);
+    let cfg = CoordConfig {
+        job: job.clone(),
+        argv: cli.cmd.clone(),
+        cwd: std::env::current_dir()
+            .map(|d| d.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "/".into()),
+        env: worker_env(),
+        nproc: cli.nproc_per_node.unwrap_or(0),
+        min_workers: cli.min_workers.unwrap_or(nodes * per_node),
+        broken_timeout: cli.broken_timeout,
+        munge: munge.clone(),
+        // SAFETY: getuid cannot fail.
+        uid: unsafe { libc::getuid() },
+        advertised: advertised.clone(),
+        ready_timeout: Duration::from_secs(600),
+    };
+    let comment_tx = slurm.map(|s| comment_writer(s, job.parse().unwrap_or(0)));
+    let c = Coordinator::new(cfg, comment_tx);
+    eprintln!(
+        "bft-run: coordinator of job {job} listening on {advertised}; starting agents on {nodes} node(s)"
+    );
+    tokio::spawn(c.clone().serve(listener));
+
+    // The agents: a job step over the core allocation, or local processes.
+    let exe = std::env::current_exe()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "bft-run".into());
+    let mut agent_args = vec!["--agent".to_string(), "--coord".into(), advertised.clone()];
+    if let Some(n) = cli.nproc_per_node {
+        agent_args.extend(["--nproc-per-node".into(), n.to_string()]);
+    }
+    agent_args.extend([
+        "--max-restarts".into(),
+        cli.max_restarts.to_string(),
+        "--leave-timeout".into(),
+        cli.leave_timeout.to_string(),
+    ]);
+    let mut children = Vec::new();
+    let spawn = |mut cmd: tokio::process::Command| {
+        if let Some(s) = &munge.socket {
+            cmd.env("BFT_MUNGE_SOCKET", s);
+        }
+        cmd.stdin(std::process::Stdio::null()).spawn()
+    };
+    match local {
+        Some(n) => {
+            for i in 0..n {
+                let mut cmd = tokio::process::Command::new(&exe);
+                cmd.args(&agent_args)
+                    .args(["--node-name", &format!("local-{i}")]);
+                match spawn(cmd) {
+                    Ok(ch) => children.push(ch),
+                    Err(e) => return fail(1, format!("cannot start agent {i}: {e}")),
+                }
+            }
+        }
+        None => {
+            let mut cmd = tokio::process::Command::new("srun");
+            cmd.args([
+                "--ntasks-per-node=1".to_string(),
+                format!("--nodes={nodes}"),
+                "--kill-on-bad-exit=0".into(),
+            ]);
+            if let Ok(c) = std::env::var("SLURM_CPUS_ON_NODE") {
+                cmd.arg(format!("--cpus-per-task={c}"));
+            }
+            cmd.arg(&exe).args(&agent_args);
+            match spawn(cmd) {
+                Ok(ch) => children.push(ch),
+                Err(e) => return fail(1, format!("cannot run srun to start the agents: {e}")),
+            }
+        }
+    }
+
+    let mut ended = c.ended();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut running = children.len();
+    let mut waits = Vec::new();
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<std::process::ExitStatus>();
+    for mut ch in children {
+        let tx = done_tx.clone();
+        let (kill_tx, mut kill_rx) = tokio::sync::oneshot::channel::<()>();
+        waits.push(kill_tx);
+        tokio::spawn(async move {
+            let st = tokio::select! {
+                st = ch.wait() => st,
+                _ = &mut kill_rx => { let _ = ch.start_kill(); ch.wait().await }
+            };
+            if let Ok(st) = st {
+                let _ = tx.send(st);
+            }
+        });
+    }
+    drop(done_tx);
+    let mut ended_at: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                c.tick();
+                if let Some(t) = ended_at {
+                    if t.elapsed() > Duration::from_secs(10) {
+                        for k in waits.drain(..) {
+                            let _ = k.send(());
+                        }
+                    }
+                }
+            }
+            r = ended.changed() => {
+                if r.is_err() { break; }
+                if ended.borrow().is_some() { ended_at.get_or_insert_with(Instant::now); }
+            }
+            st = done_rx.recv() => {
+                let Some(st) = st else { break };
+                running -= 1;
+                if running == 0 {
+                    if ended.borrow().is_none() {
+                        // Give a last message a moment to arrive.
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        if ended.borrow().is_none() {
+                            c.end(1, format!("the agents of the core allocation ended ({st}) before the training did"));
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    let (code, reason) = ended.borrow().clone().unwrap_or((1, "unknown".into()));
+    if code != 0 {
+        eprintln!("bft-run: job failed: {reason}");
+    }
+    code
+}
+
+/// A thread that writes the job's Comment: at once when the generation or size
+/// changes, at most every 5 s for a rate change over 5%.
+fn comment_writer(slurm: bftrainer_slurm::Slurm, job: u32) -> coord::CommentTx {
+    let (tx, rx) = std::sync::mpsc::channel::<RunComment>();
+    std::thread::spawn(move || {
+        let mut written: Option<(RunComment, Instant)> = None;
+        let mut pending: Option<RunComment> = None;
+        let mut warned = false;
+        loop {
+            match rx.recv_timeout(Duration::from_secs(1)) {
+                Ok(c) => pending = Some(c),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+            let Some(c) = pending.clone() else { continue };
+            let due = match &written {
+                None => true,
+                Some((w, at)) => {
+                    w.gen != c.gen
+                        || w.nodes != c.nodes
+                        || w.coord != c.coord
+                        || (at.elapsed() >= Duration::from_secs(5)
+                            && (c.rate - w.rate).abs() > 0.05 * w.rate.max(1e-9))
+                }
+            };
+            if !due {
+                continue;
+            }
+            let update = bftrainer_slurm::JobUpdate {
+                comment: Some(c.to_string()),
+                ..Default::default()
+            };
+            match slurm.update_job(job, &update) {
+                Ok(()) => {
+                    written = Some((c, Instant::now()));
+                    pending = None;
+                }
+                Err(e) => {
+                    if !warned {
+                        eprintln!(
+                            "bft-run: cannot publish the coordinator in job {job}'s Comment: {e}"
+                        );
+                        warned = true;
+                    }
+                    written = Some((c, Instant::now()));
+                }
+            }
+        }
+    });
+    tx
 }

@@ -1,0 +1,144 @@
+//! MUNGE credentials through the `munge` and `unmunge` clients (every Slurm node has
+//! them): an agent proves its uid; the coordinator checks uid, payload and freshness
+//! (munged refuses a credential decoded twice, and one past its TTL).
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// Where munged listens: `BFT_MUNGE_SOCKET`, else the `socket=` of Slurm's AuthInfo,
+/// else munge's default.
+#[derive(Debug, Clone, Default)]
+pub struct Munge {
+    pub socket: Option<String>,
+}
+
+/// What a credential said.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    pub uid: u32,
+    pub payload: String,
+}
+
+impl Munge {
+    pub fn from_auth_info(env: Option<String>, auth_info: Option<&str>) -> Munge {
+        let socket = env.filter(|s| !s.is_empty()).or_else(|| {
+            auth_info?
+                .split(',')
+                .find_map(|kv| kv.trim().strip_prefix("socket="))
+                .map(str::to_string)
+        });
+        Munge { socket }
+    }
+
+    fn cmd(&self, prog: &str) -> Command {
+        let mut c = Command::new(prog);
+        if let Some(s) = &self.socket {
+            c.arg("-S").arg(s);
+        }
+        c
+    }
+
+    /// A credential of this process's uid carrying `payload`.
+    pub fn encode(&self, payload: &str) -> Result<String, String> {
+        let out = self
+            .cmd("munge")
+            .args(["-s", payload])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run munge: {e} (is the munge package installed?)"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "munged is not running or refused the credential: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// Decodes `cred`; an error says why it is not acceptable.
+    pub fn decode(&self, cred: &str) -> Result<Decoded, String> {
+        let mut child = self
+            .cmd("unmunge")
+            .arg("-N")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run unmunge: {e}"))?;
+        if let Some(mut i) = child.stdin.take() {
+            let _ = i.write_all(cred.as_bytes());
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| format!("unmunge failed: {e}"))?;
+        parse_unmunge(&String::from_utf8_lossy(&out.stdout)).map_err(|why| {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if err.trim().is_empty() {
+                why
+            } else {
+                format!("{why} ({})", err.trim())
+            }
+        })
+    }
+}
+
+/// `unmunge -N` output: `KEY: value` lines, a blank line, the payload.
+pub fn parse_unmunge(out: &str) -> Result<Decoded, String> {
+    let (meta, payload) = out.split_once("\n\n").unwrap_or((out, ""));
+    let field = |k: &str| {
+        meta.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.trim_start_matches(':').trim().parse::<u32>().ok())
+    };
+    match field("STATUS") {
+        Some(0) => {}
+        Some(15) => return Err("expired credential".into()),
+        Some(16) => return Err("credential from the future (clock skew)".into()),
+        Some(17) => return Err("replayed credential".into()),
+        Some(s) => return Err(format!("invalid credential (munge status {s})")),
+        None => return Err("invalid credential".into()),
+    }
+    let uid = field("UID").ok_or("unmunge printed no UID")?;
+    Ok(Decoded {
+        uid,
+        payload: payload.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_from_env_then_auth_info() {
+        assert_eq!(
+            Munge::from_auth_info(None, Some("cred_expire=15,socket=/x/m.sock")).socket,
+            Some("/x/m.sock".into())
+        );
+        assert_eq!(
+            Munge::from_auth_info(Some("/e".into()), Some("socket=/x")).socket,
+            Some("/e".into())
+        );
+        assert_eq!(
+            Munge::from_auth_info(None, Some("cred_expire=15")).socket,
+            None
+        );
+        assert_eq!(Munge::from_auth_info(None, None).socket, None);
+    }
+
+    #[test]
+    fn unmunge_output_statuses() {
+        let ok = "STATUS:          0\nENCODE_HOST:     127.0.0.1\nUID:             1002\nGID:             1002\nLENGTH:          5\n\nhello";
+        assert_eq!(
+            parse_unmunge(ok),
+            Ok(Decoded {
+                uid: 1002,
+                payload: "hello".into()
+            })
+        );
+        let replay = ok.replace("STATUS:          0", "STATUS:          17");
+        assert_eq!(parse_unmunge(&replay), Err("replayed credential".into()));
+        assert!(parse_unmunge("").unwrap_err().contains("invalid"));
+        assert!(parse_unmunge("STATUS: 0\n\nx").unwrap_err().contains("UID"));
+    }
+}
