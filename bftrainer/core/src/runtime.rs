@@ -51,7 +51,12 @@ impl RunComment {
                 "coord" => c.coord = v.to_string(),
                 "gen" => c.gen = v.parse().ok()?,
                 "nodes" => c.nodes = v.parse().ok()?,
-                "rate" => c.rate = v.parse().ok().filter(|r: &f64| r.is_finite() && *r >= 0.0)?,
+                "rate" => {
+                    c.rate = v
+                        .parse()
+                        .ok()
+                        .filter(|r: &f64| r.is_finite() && *r >= 0.0)?
+                }
                 _ => {}
             }
         }
@@ -72,9 +77,15 @@ mod tests {
             rate: 1234.56,
         };
         let s = c.to_string();
-        assert_eq!(s, "bftrainer-run:v1 coord=10.0.0.7:41234 gen=12 nodes=3 rate=1234.6");
+        assert_eq!(
+            s,
+            "bftrainer-run:v1 coord=10.0.0.7:41234 gen=12 nodes=3 rate=1234.6"
+        );
         let back = RunComment::parse(&s).unwrap();
-        assert_eq!((back.coord.as_str(), back.gen, back.nodes), ("10.0.0.7:41234", 12, 3));
+        assert_eq!(
+            (back.coord.as_str(), back.gen, back.nodes),
+            ("10.0.0.7:41234", 12, 3)
+        );
         assert!((back.rate - 1234.6).abs() < 1e-9);
         assert_eq!(
             RunComment::parse("bftrainer-run:v1 coord=h:1 future=x").map(|c| c.gen),

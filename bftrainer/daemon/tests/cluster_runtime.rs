@@ -24,19 +24,27 @@ const SAMPLES: usize = 4096;
 const EPOCHS: usize = 10;
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 /// target/<profile>/bft-run, built with the workspace (`make test` builds it first).
 fn bft_run() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let p = exe.parent().unwrap().parent().unwrap().join("bft-run");
-    assert!(p.exists(), "{} is missing: build the workspace first (make test does)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: build the workspace first (make test does)",
+        p.display()
+    );
     p
 }
 
 fn venv() -> PathBuf {
-    let v = PathBuf::from(std::env::var("BFT_VENV").unwrap_or_else(|_| "/opt/bftrainer-venv".into()));
+    let v =
+        PathBuf::from(std::env::var("BFT_VENV").unwrap_or_else(|_| "/opt/bftrainer-venv".into()));
     let ok = Command::new(v.join("bin/python"))
         .args(["-c", "import torch"])
         .status()
@@ -50,10 +58,15 @@ fn venv() -> PathBuf {
 }
 
 fn comment(l: &Live, job: u32) -> Option<RunComment> {
-    let out = l.c.run("scontrol", &["show", "job", "-o", &job.to_string()]).ok()?;
+    let out =
+        l.c.run("scontrol", &["show", "job", "-o", &job.to_string()])
+            .ok()?;
     let c = out.split(" Comment=").nth(1)?;
     // The Comment runs to the next " Key=" field.
-    let end = c.find(" StdErr=").or_else(|| c.find(" StdIn=")).unwrap_or(c.len());
+    let end = c
+        .find(" StdErr=")
+        .or_else(|| c.find(" StdIn="))
+        .unwrap_or(c.len());
     RunComment::parse(&c[..end])
 }
 
@@ -73,7 +86,11 @@ fn satellite_workers(core: u32) -> Vec<u32> {
             continue;
         }
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let Some(ppid) = stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)) else {
+        let Some(ppid) = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1))
+        else {
             continue;
         };
         let env = std::fs::read(format!("/proc/{ppid}/environ")).unwrap_or_default();
@@ -122,7 +139,11 @@ fn munge_as(user: Option<&str>, payload: &str) -> String {
         }
     };
     let out = cmd.output().unwrap();
-    assert!(out.status.success(), "munge: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "munge: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
@@ -130,13 +151,19 @@ fn munge_as(user: Option<&str>, payload: &str) -> String {
 fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     let venv = venv();
     let bft = bft_run();
-    let setup = live::setup_join("bftrt", "", "", &|_| format!("{} --join {{parent}}", bft.display()));
+    let setup = live::setup_join("bftrt", "", "", &|_| {
+        format!("{} --join {{parent}}", bft.display())
+    });
     let mut l = Live::from_setup(setup);
     l.spawn();
     let user = bftrainer_testcluster::TEST_USER.to_string();
     let work = l.dir.join("work");
     std::fs::create_dir_all(&work).unwrap();
-    let status = Command::new("chown").arg(&user).arg(&work).status().unwrap();
+    let status = Command::new("chown")
+        .arg(&user)
+        .arg(&work)
+        .status()
+        .unwrap();
     assert!(status.success());
     let script = work.join("train.sbatch");
     let repo = repo();
@@ -155,16 +182,19 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     )
     .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let out = l
-        .c
-        .command_as_test_user("sbatch")
-        .unwrap()
-        .args(["--parsable", "--elastic=1:4"])
-        .arg(&script)
-        .current_dir(&work)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "sbatch: {}", String::from_utf8_lossy(&out.stderr));
+    let out =
+        l.c.command_as_test_user("sbatch")
+            .unwrap()
+            .args(["--parsable", "--elastic=1:4"])
+            .arg(&script)
+            .current_dir(&work)
+            .output()
+            .unwrap();
+    assert!(
+        out.status.success(),
+        "sbatch: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let job: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
 
     // 1. Starts on 1 node, grows to 4: the runtime publishes 4 nodes in generation.
@@ -179,11 +209,17 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(!bad.status.success() && err.contains("uid"), "root's agent joined bftuser's job: {err}");
+    assert!(
+        !bad.status.success() && err.contains("uid"),
+        "root's agent joined bftuser's job: {err}"
+    );
     let mut stolen = String::new();
     let a = handshake(&c.coord, |nonce| {
         // A credential of the right user made for another connection's nonce.
-        stolen = munge_as(Some(&user), &format!("bftrainer-run:v1 job={job} nonce={nonce}x"));
+        stolen = munge_as(
+            Some(&user),
+            &format!("bftrainer-run:v1 job={job} nonce={nonce}x"),
+        );
         stolen.clone()
     });
     assert_eq!(a["t"], "error", "{a}");
@@ -194,7 +230,9 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     // 3. A regular job takes 2 nodes: Slurm preempts 2 satellites with GraceTime; the
     //    workers there leave at a step boundary; the regular job starts in time.
     let t0 = Instant::now();
-    let reg = l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 10"]).unwrap();
+    let reg =
+        l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 10"])
+            .unwrap();
     l.wait(GRACE_TIME_S + 5, "the regular job to start", || {
         (l.state_of(reg) == "RUNNING").then_some(())
     });
@@ -213,7 +251,10 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     // 5. A satellite's worker killed with -9: a rollback, not the job.
     let victims = satellite_workers(job);
     assert!(!victims.is_empty(), "no satellite worker found");
-    let rc = Command::new("kill").args(["-9", &victims[0].to_string()]).status().unwrap();
+    let rc = Command::new("kill")
+        .args(["-9", &victims[0].to_string()])
+        .status()
+        .unwrap();
     assert!(rc.success());
 
     // 6. It finishes: loss low, every sample exactly once per epoch.
@@ -223,7 +264,10 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     });
     let text = job_out(&work);
     assert_eq!(l.state_of(job), "COMPLETED", "job output:\n{text}");
-    assert!(text.contains("rolling back"), "no rollback after kill -9:\n{text}");
+    assert!(
+        text.contains("rolling back"),
+        "no rollback after kill -9:\n{text}"
+    );
     let loss: f64 = text
         .lines()
         .find_map(|l| l.split("final loss ").nth(1))
@@ -237,8 +281,12 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
         .args([SAMPLES.to_string(), EPOCHS.to_string()])
         .output()
         .unwrap();
-    let said = String::from_utf8_lossy(&check.stdout).to_string() + &String::from_utf8_lossy(&check.stderr);
+    let said = String::from_utf8_lossy(&check.stdout).to_string()
+        + &String::from_utf8_lossy(&check.stderr);
     assert!(check.status.success(), "sample check failed: {said}");
-    assert!(said.contains(&format!("{} samples", SAMPLES * EPOCHS)), "{said}");
+    assert!(
+        said.contains(&format!("{} samples", SAMPLES * EPOCHS)),
+        "{said}"
+    );
     eprintln!("{said}");
 }

@@ -33,9 +33,12 @@ pub struct Setup {
 /// `policy_extra` and `daemon_extra` are lines added to `[policy]` and `[daemon]`;
 /// satellites fail on `bad_node` (empty: none).
 pub fn setup(prefix: &str, policy_extra: &str, daemon_extra: &str, bad_node: &str) -> Setup {
-    setup_join(prefix, policy_extra, daemon_extra, &|join: &std::path::Path| {
-        format!("env BAD_NODE={bad_node} {} {{parent}}", join.display())
-    })
+    setup_join(
+        prefix,
+        policy_extra,
+        daemon_extra,
+        &|join: &std::path::Path| format!("env BAD_NODE={bad_node} {} {{parent}}", join.display()),
+    )
 }
 
 /// As [`setup`], with the satellites' join command made from the path of the test
@@ -321,4 +324,3 @@ impl Live {
         )
     }
 }
-
