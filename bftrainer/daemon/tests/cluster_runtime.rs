@@ -125,19 +125,11 @@ fn handshake(addr: &str, cred: impl FnOnce(&str) -> String) -> serde_json::Value
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("answer {line:?}: {e}"))
 }
 
-fn munge_as(user: Option<&str>, payload: &str) -> String {
-    let mut cmd = match user {
-        Some(u) => {
-            let mut c = Command::new("runuser");
-            c.args(["-u", u, "--", "munge", "-s", payload]);
-            c
-        }
-        None => {
-            let mut c = Command::new("munge");
-            c.args(["-s", payload]);
-            c
-        }
-    };
+fn munge_as(user: &str, socket: &Path, payload: &str) -> String {
+    let mut cmd = Command::new("runuser");
+    cmd.args(["-u", user, "--", "munge", "-S"])
+        .arg(socket)
+        .args(["-s", payload]);
     let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
@@ -145,6 +137,17 @@ fn munge_as(user: Option<&str>, payload: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Prints the job's output if the test fails (the directory goes with the test).
+struct ShowOutput(PathBuf);
+
+impl Drop for ShowOutput {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- job output ---\n{}", job_out(&self.0));
+        }
+    }
 }
 
 #[test]
@@ -165,6 +168,7 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
         .status()
         .unwrap();
     assert!(status.success());
+    let _show = ShowOutput(work.clone());
     let script = work.join("train.sbatch");
     let repo = repo();
     std::fs::write(
@@ -204,7 +208,10 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     eprintln!("grown: {c}");
 
     // 2. Forged joins are refused while the job runs.
+    // Root on a node of the cluster, with the cluster's munged.
+    let munge_socket = l.c.work_dir().parent().unwrap().join("munge/munge.socket");
     let bad = Command::new(&bft)
+        .env("BFT_MUNGE_SOCKET", &munge_socket)
         .args(["--agent", "--coord", &c.coord])
         .output()
         .unwrap();
@@ -217,7 +224,8 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     let a = handshake(&c.coord, |nonce| {
         // A credential of the right user made for another connection's nonce.
         stolen = munge_as(
-            Some(&user),
+            &user,
+            &munge_socket,
             &format!("bftrainer-run:v1 job={job} nonce={nonce}x"),
         );
         stolen.clone()

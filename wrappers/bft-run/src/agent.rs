@@ -321,11 +321,10 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                         .write_all(proto::line(&json!({"t": "leaving"})).as_bytes())
                         .await;
                     // Members leave at the next step boundary (the coordinator's next
-                    // generation excludes them); the others hold no state.
+                    // generation excludes them; SIGTERM tells the library so); the
+                    // others hold no state.
                     for w in workers.values() {
-                        if !w.member {
-                            kill(w.pid, libc::SIGKILL);
-                        }
+                        kill(w.pid, if w.member { libc::SIGTERM } else { libc::SIGKILL });
                     }
                     deadline = Some(tokio::time::Instant::now() + o.leave_timeout);
                 }

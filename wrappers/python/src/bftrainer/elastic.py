@@ -98,15 +98,81 @@ class _Runtime:
             return "nccl"
         return "gloo"
 
+    def _rendezvous(self, g: _agent.Generation) -> bool:
+        """Agree with the other members whether generation ``g`` forms: every member
+        arrives (a counter in rank 0's store), then one compare-and-set decides "go";
+        a member that sees a newer generation first decides "abandon" instead, and all
+        follow the one decision. Without this, members that picked different
+        generations (a newer one announced meanwhile) would wait for each other until
+        the process-group timeout."""
+        agent = self.agent
+        assert agent is not None
+        prefix = f"g{g.gen}/"
+        try:
+            store = self._store(g.store)
+            store.add(prefix + "arrived", 1)
+            said_broken = False
+            start = time.monotonic()
+            while True:
+                if store.check([prefix + "decision"]):
+                    return bool(store.get(prefix + "decision") == b"go")
+                if store.add(prefix + "arrived", 0) >= len(g.members):
+                    return bool(store.compare_set(prefix + "decision", "", "go") == b"go")
+                if agent.latest > g.gen:
+                    return bool(store.compare_set(prefix + "decision", "", "abandon") == b"go")
+                agent.check()
+                waited = time.monotonic() - start
+                if waited > 2.0 and not said_broken:
+                    # A member does not come: let the coordinator re-form without it.
+                    agent.send({"t": "broken", "worker": self.worker, "gen": g.gen})
+                    said_broken = True
+                if waited > self.pg_timeout:
+                    raise _agent.AgentError(f"generation {g.gen} did not form within {self.pg_timeout:.0f} s")
+                time.sleep(0.005)
+        except RuntimeError as e:
+            if isinstance(e, _agent.AgentError):
+                raise
+            # Rank 0's store is gone (it died): wait for the next generation.
+            self._stores.pop(g.store, None)
+            agent.wait(lambda: agent.latest > g.gen, self.pg_timeout, f"a generation after {g.gen}")
+            return False
+
     def enter(self, g: _agent.Generation, state: State) -> None:
-        """Build the process group of generation ``g`` (this worker is a member) and
-        make every member's state the same."""
-        import torch
+        """Enter generation ``g`` (this worker is a member), or the newest one after it
+        if ``g`` does not form: build the process group and make every member's state
+        the same."""
+        agent = self.agent
+        assert agent is not None
         import torch.distributed as dist
 
         t0 = time.monotonic()
         if dist.is_initialized():
             dist.destroy_process_group()
+        while not self._rendezvous(g):
+            g = agent.newer_than(g.gen)
+            if self.worker not in g.members:
+                if self.sigterm:
+                    self.leave()
+                agent.send({"t": "ready", "worker": self.worker, "store": self.store_addr})
+                g = self._member_generation(g.gen)
+        self._init(g)
+        self._sync(state)
+        state.on_reset()
+        self.last_switch_s = time.monotonic() - t0
+
+    def _member_generation(self, after: int) -> _agent.Generation:
+        agent = self.agent
+        assert agent is not None
+        while True:
+            g = agent.newer_than(after)
+            if self.worker in g.members:
+                return g
+            after = g.gen
+
+    def _init(self, g: _agent.Generation) -> None:
+        import torch
+        import torch.distributed as dist
+
         rank = g.rank_of(self.worker)
         assert rank is not None
         backend = self._pick_backend()
@@ -116,16 +182,13 @@ class _Runtime:
             self.device = torch.device("cuda", torch.cuda.current_device())
         dist.init_process_group(
             backend,
-            store=dist.PrefixStore(f"g{g.gen}", self._store(g.store)),
+            store=dist.PrefixStore(f"g{g.gen}/pg", self._store(g.store)),
             rank=rank,
             world_size=len(g.members),
             timeout=datetime.timedelta(seconds=self.pg_timeout),
         )
         self.gen, self.rank, self.world = g.gen, rank, len(g.members)
         self._flag = None
-        self._sync(state)
-        state.on_reset()
-        self.last_switch_s = time.monotonic() - t0
 
     def _sync(self, state: State) -> None:
         import torch.distributed as dist
@@ -149,13 +212,11 @@ class _Runtime:
         it. A worker dropped from the membership announces itself again."""
         agent = self.agent
         assert agent is not None
-        while True:
-            g = agent.newer_than(after)
-            if self.worker in g.members:
-                self.enter(g, state)
-                return
+        g = agent.newer_than(after)
+        if self.worker not in g.members:
             agent.send({"t": "ready", "worker": self.worker, "store": self.store_addr})
-            after = g.gen
+            g = self._member_generation(g.gen)
+        self.enter(g, state)
 
     def after_commit(self, state: State) -> None:
         agent = self.agent
