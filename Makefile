@@ -21,7 +21,7 @@ build: deps
 
 # The replay of the committed sample, then the live cluster with the plugins loaded.
 demo: deps
-	$(CARGO) build --release -p bftrainer-daemon -p job_submit_bftrainer -p spank_bftrainer
+	$(CARGO) build --release -p bftrainer-daemon -p bft-run -p job_submit_bftrainer -p spank_bftrainer
 	./scripts/demo
 
 # The runtime's tests need torch: scripts/python-env makes (or reuses) a virtualenv.

@@ -1,0 +1,255 @@
+"""The elastic runtime's benchmark (docs/benchmarks.md): the same training job, on this
+machine, in one run:
+
+- steady-state throughput of bft-run native against plain torch.distributed under
+  torchrun with the same model, batches and flat all-reduce (the baseline);
+- bft-run's training pause per scale-out, per graceful scale-in (SIGTERM) and per node
+  killed with -9;
+- torchrun's pause when it restarts every worker (what it does on any membership
+  change) after a worker is killed with -9, resuming from its last checkpoint.
+
+    python wrappers/python/bench/elastic_bench.py [--bft-run target/release/bft-run]
+
+Pauses are measured on rank 0's timeline (one line per step): the gap across the
+change minus the median step time before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+TRAIN = os.path.join(HERE, "..", "examples", "train.py")
+PLAIN = os.path.join(HERE, "plain_train.py")
+MODEL = ["--hidden", "4096", "--batch", "256", "--samples", "65536"]
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class Munged:
+    def __init__(self, d: str) -> None:
+        self.sock = os.path.join(d, "munge.sock")
+        key = os.path.join(d, "munge.key")
+        with open(key, "wb") as f:
+            f.write(os.urandom(1024))
+        os.chmod(key, 0o400)
+        self.p = subprocess.Popen(
+            ["munged", "--foreground", "--force", f"--socket={self.sock}", f"--key-file={key}",
+             f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log", f"--seed-file={d}/munged.seed"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        t = time.monotonic()
+        while not os.path.exists(self.sock):
+            if time.monotonic() - t > 10:
+                sys.exit("munged did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.p.kill()
+        self.p.wait()
+
+
+def timeline(path: str) -> List[Tuple[float, int, int, int]]:
+    out = []
+    if os.path.exists(path):
+        for line in open(path):
+            f = line.split()
+            if len(f) == 4:
+                out.append((float(f[0]), int(f[1]), int(f[2]), int(f[3])))
+    return out
+
+
+def wait_for(path: str, pred, timeout: float, what: str) -> None:
+    t = time.monotonic()
+    while not pred(timeline(path)):
+        if time.monotonic() - t > timeout:
+            sys.exit(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def steps_at(world: int, after: float):
+    return lambda tl: sum(1 for e in tl if e[2] == world and e[0] > after)
+
+
+def median_step(tl, world: Optional[int] = None, skip: int = 20) -> float:
+    # Within one world and one generation, after the first steps (warm-up).
+    d = [b[0] - a[0] for a, b in zip(tl, tl[1:]) if a[3] == b[3] and a[1] + 1 == b[1] and (world is None or a[2] == world)]
+    return statistics.median(d[skip:] if len(d) > 2 * skip else d)
+
+
+def pauses(tl) -> List[Tuple[int, int, float]]:
+    """(world before, world after, pause in s) at every change of world."""
+    out = []
+    for i in range(1, len(tl)):
+        a, b = tl[i - 1], tl[i]
+        if a[2] != b[2]:
+            before = [e for e in tl[:i] if e[2] == a[2]]
+            step = median_step(before[-200:], a[2], skip=5)
+            out.append((a[2], b[2], b[0] - a[0] - step))
+    return out
+
+
+def env_with_lib() -> dict:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.path.join(REPO, "wrappers", "python", "src") + os.pathsep + e.get("PYTHONPATH", "")
+    e["OMP_NUM_THREADS"] = "1"
+    return e
+
+
+def run_plain(py: str, d: str, epochs: int) -> float:
+    tl = os.path.join(d, "plain.tl")
+    subprocess.run([os.path.join(os.path.dirname(py), "torchrun"), "--standalone", "--nproc-per-node", "2",
+                    PLAIN, *MODEL, "--epochs", str(epochs), "--timeline", tl],
+                   env=env_with_lib(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return median_step(timeline(tl))
+
+
+def run_native(bft: str, py: str, d: str, epochs: int, munge: str) -> float:
+    tl = os.path.join(d, "native.tl")
+    if os.path.exists(tl):
+        os.remove(tl)
+    e = env_with_lib()
+    e["BFT_MUNGE_SOCKET"] = munge
+    subprocess.run([bft, "--local", "2", "--", py, TRAIN, *MODEL, "--epochs", str(epochs), "--timeline", tl],
+                   env=e, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return median_step(timeline(tl))
+
+
+def native_events(bft: str, py: str, d: str, munge: str, rounds: int):
+    tl = os.path.join(d, "events.tl")
+    coord_file = os.path.join(d, "coord")
+    e = env_with_lib()
+    e["BFT_MUNGE_SOCKET"] = munge
+    errlog = open(os.path.join(d, "events.log"), "w")
+    main = subprocess.Popen([bft, "--local", "2", "--coord-file", coord_file, "--", py, TRAIN, *MODEL,
+                             "--epochs", "1000", "--timeline", tl],
+                            env=e, stdout=subprocess.DEVNULL, stderr=errlog)
+    while not (os.path.exists(coord_file) and open(coord_file).read().endswith("\n")):
+        time.sleep(0.05)
+    coord = open(coord_file).read().strip()
+    wait_for(tl, lambda t: len(t) > 100, 120, "training to start")
+    marks = []
+
+    def extra(name: str) -> subprocess.Popen:
+        return subprocess.Popen([bft, "--agent", "--coord", coord, "--node-name", name], env=e,
+                                stdout=subprocess.DEVNULL, stderr=errlog, start_new_session=True)
+
+    try:
+        for r in range(rounds):
+            t0 = time.time()
+            a = extra(f"extra-{r}a")
+            wait_for(tl, lambda t: steps_at(3, t0)(t) > 150, 120, "scale-out")
+            marks.append("out")
+            t0 = time.time()
+            a.send_signal(signal.SIGTERM)
+            wait_for(tl, lambda t: steps_at(2, t0)(t) > 150, 120, "graceful scale-in")
+            marks.append("in")
+            assert a.wait(30) == 0
+            t0 = time.time()
+            b = extra(f"extra-{r}b")
+            wait_for(tl, lambda t: steps_at(3, t0)(t) > 150, 120, "scale-out")
+            marks.append("out")
+            t0 = time.time()
+            os.killpg(b.pid, signal.SIGKILL)
+            b.wait()
+            wait_for(tl, lambda t: steps_at(2, t0)(t) > 150, 120, "recovery after kill -9")
+            marks.append("kill")
+    finally:
+        main.send_signal(signal.SIGKILL)
+        main.wait()
+        subprocess.run(["pkill", "-KILL", "-f", tl], check=False)
+    got = pauses(timeline(tl))
+    if len(got) != len(marks):
+        sys.exit(f"expected {len(marks)} changes of world, saw {len(got)}: {got}")
+    return list(zip(marks, [p for _, _, p in got]))
+
+
+def torchrun_restarts(py: str, d: str, rounds: int) -> List[float]:
+    tl = os.path.join(d, "torchrun.tl")
+    ck = os.path.join(d, "torchrun.ckpt")
+    p = subprocess.Popen([os.path.join(os.path.dirname(py), "torchrun"), "--standalone", "--nproc-per-node", "2",
+                          "--max-restarts", str(rounds + 1), PLAIN, *MODEL, "--epochs", "1000",
+                          "--timeline", tl, "--checkpoint", ck, "--checkpoint-every", "20"],
+                         env=env_with_lib(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    out = []
+    try:
+        wait_for(tl, lambda t: len(t) > 100, 120, "torchrun training")
+        for _ in range(rounds):
+            n = len(timeline(tl))
+            victim = None
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    try:
+                        cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+                        envb = open(f"/proc/{pid}/environ", "rb").read()
+                    except OSError:
+                        continue
+                    if PLAIN.encode() in cmd and b"LOCAL_RANK=1\0" in envb:
+                        victim = int(pid)
+            assert victim, "no torchrun worker found"
+            t_kill = time.time()
+            os.kill(victim, signal.SIGKILL)
+            wait_for(tl, lambda t: len(t) > n + 150, 180, "torchrun restart")
+            seg = timeline(tl)[n - 1:]
+            # The first step after the kill: restarted workers resume from the checkpoint.
+            after = [e for e in seg if e[0] > t_kill]
+            restart = next(i for i in range(1, len(after)) if after[i][1] <= after[i - 1][1])
+            step = median_step(timeline(tl)[:n], skip=5)
+            last_before = max(e[0] for e in seg if e[0] <= t_kill)
+            redo = after[restart - 1][1] - after[restart][1] + 1
+            out.append((after[restart][0] - last_before - step, redo))
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bft-run", default=os.path.join(REPO, "target", "release", "bft-run"))
+    ap.add_argument("--python", default=os.path.join(os.environ.get("BFT_VENV", "/opt/bftrainer-venv"), "bin", "python"))
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    if not os.path.exists(args.bft_run):
+        sys.exit(f"{args.bft_run} is missing: cargo build --release -p bft-run")
+    with tempfile.TemporaryDirectory(prefix="bft-bench-") as d:
+        m = Munged(d)
+        try:
+            log("model: MLP 16-4096-1, per-rank batch 256, 2 workers, gloo on CPU")
+            plain, native = [], []
+            for _ in range(3):
+                plain.append(run_plain(args.python, d, 4))
+                native.append(run_native(args.bft_run, args.python, d, 4, m.sock))
+            p, n = statistics.median(plain), statistics.median(native)
+            log(f"steady state: plain torch.distributed {p * 1000:.2f} ms/step, bft-run {n * 1000:.2f} ms/step "
+                f"(runs {', '.join(f'{x * 1000:.2f}' for x in plain)} / {', '.join(f'{x * 1000:.2f}' for x in native)}); "
+                f"bft-run throughput = {p / n:.3f} x plain")
+            ev = native_events(args.bft_run, args.python, d, m.sock, args.rounds)
+            for kind in ("out", "in", "kill"):
+                xs = [x for k, x in ev if k == kind]
+                name = {"out": "scale-out (2->3)", "in": "graceful scale-in (3->2)", "kill": "node killed -9 (3->2)"}[kind]
+                log(f"bft-run {name}: pause median {statistics.median(xs):.3f} s, max {max(xs):.3f} s over {len(xs)} "
+                    f"({', '.join(f'{x:.3f}' for x in xs)}); = {statistics.median(xs) / n:.0f} steps")
+            tr = torchrun_restarts(args.python, d, args.rounds)
+            xs = [x for x, _ in tr]
+            log(f"torchrun restart of all workers (-9 on one, --max-restarts): pause median {statistics.median(xs):.3f} s, "
+                f"max {max(xs):.3f} s over {len(xs)} ({', '.join(f'{x:.3f}' for x in xs)}); "
+                f"steps redone from the checkpoint: {', '.join(str(r) for _, r in tr)}; "
+                f"= {statistics.median(xs) / p:.0f} steps")
+        finally:
+            m.stop()
+
+
+if __name__ == "__main__":
+    main()
