@@ -88,13 +88,18 @@ def median_step(tl, world: Optional[int] = None, skip: int = 20) -> float:
 
 
 def pauses(tl) -> List[Tuple[int, int, float]]:
-    """(world before, world after, pause in s) at every change of world."""
+    """(world before, world after, pause in s) at every change of world: the gap across
+    it minus the median step time of the 50 steps before it."""
     out = []
     for i in range(1, len(tl)):
         a, b = tl[i - 1], tl[i]
         if a[2] != b[2]:
-            before = [e for e in tl[:i] if e[2] == a[2]]
-            step = median_step(before[-200:], a[2], skip=5)
+            d = []
+            j = i - 1
+            while j > 0 and len(d) < 50 and tl[j - 1][3] == tl[j][3] and tl[j - 1][1] + 1 == tl[j][1]:
+                d.append(tl[j][0] - tl[j - 1][0])
+                j -= 1
+            step = statistics.median(d) if d else 0.0
             out.append((a[2], b[2], b[0] - a[0] - step))
     return out
 
@@ -220,17 +225,23 @@ def main() -> None:
     ap.add_argument("--bft-run", default=os.path.join(REPO, "target", "release", "bft-run"))
     ap.add_argument("--python", default=os.path.join(os.environ.get("BFT_VENV", "/opt/bftrainer-venv"), "bin", "python"))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--skip-steady", action="store_true", help="only the membership changes")
+    ap.add_argument("--keep", default=None, help="keep the timelines and logs in this directory")
     args = ap.parse_args()
     if not os.path.exists(args.bft_run):
         sys.exit(f"{args.bft_run} is missing: cargo build --release -p bft-run")
-    with tempfile.TemporaryDirectory(prefix="bft-bench-") as d:
+    with tempfile.TemporaryDirectory(prefix="bft-bench-") as tmp:
+        d = args.keep or tmp
+        os.makedirs(d, exist_ok=True)
         m = Munged(d)
         try:
             log("model: MLP 16-4096-1, per-rank batch 256, 2 workers, gloo on CPU")
             plain, native = [], []
-            for _ in range(3):
+            for _ in range(0 if args.skip_steady else 3):
                 plain.append(run_plain(args.python, d, 4))
                 native.append(run_native(args.bft_run, args.python, d, 4, m.sock))
+            if args.skip_steady:
+                plain, native = [run_plain(args.python, d, 1)], [run_native(args.bft_run, args.python, d, 1, m.sock)]
             p, n = statistics.median(plain), statistics.median(native)
             log(f"steady state: plain torch.distributed {p * 1000:.2f} ms/step, bft-run {n * 1000:.2f} ms/step "
                 f"(runs {', '.join(f'{x * 1000:.2f}' for x in plain)} / {', '.join(f'{x * 1000:.2f}' for x in native)}); "
