@@ -206,6 +206,18 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
         comment(&l, job).filter(|c| c.nodes == 4)
     });
     eprintln!("grown: {c}");
+    // bftrainerd reads the measured rate from the Comment: a Progress event.
+    let rate = l.wait(60, "bftrainerd to record the job's measured rate", || {
+        let st = std::fs::read_to_string(l.dir.join("state/status.json")).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&st).ok()?;
+        v["jobs"]
+            .as_array()?
+            .iter()
+            .find(|j| j["job_id"] == job)
+            .and_then(|j| j["rate"].as_f64())
+            .filter(|r| *r > 0.0)
+    });
+    eprintln!("bftrainerd sees {rate:.1} samples/s");
 
     // 2. Forged joins are refused while the job runs.
     // Root on a node of the cluster, with the cluster's munged.

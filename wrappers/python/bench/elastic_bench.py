@@ -112,10 +112,21 @@ def env_with_lib() -> dict:
 
 
 def run_plain(py: str, d: str, epochs: int) -> float:
+    """Two plain torch.distributed processes started directly (env:// rendezvous), as
+    bft-run's agents start theirs: no launcher process beside them."""
     tl = os.path.join(d, "plain.tl")
-    subprocess.run([os.path.join(os.path.dirname(py), "torchrun"), "--standalone", "--nproc-per-node", "2",
-                    PLAIN, *MODEL, "--epochs", str(epochs), "--timeline", tl],
-                   env=env_with_lib(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if os.path.exists(tl):
+        os.remove(tl)
+    port = 29500 + os.getpid() % 1000
+    procs = []
+    for r in range(2):
+        e = env_with_lib()
+        e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r))
+        procs.append(subprocess.Popen([py, PLAIN, *MODEL, "--epochs", str(epochs), "--timeline", tl], env=e,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    for p in procs:
+        if p.wait() != 0:
+            sys.exit("the plain baseline failed")
     return median_step(timeline(tl))
 
 
@@ -207,13 +218,13 @@ def torchrun_restarts(py: str, d: str, rounds: int) -> List[float]:
             os.kill(victim, signal.SIGKILL)
             wait_for(tl, lambda t: len(t) > n + 150, 180, "torchrun restart")
             seg = timeline(tl)[n - 1:]
-            # The first step after the kill: restarted workers resume from the checkpoint.
-            after = [e for e in seg if e[0] > t_kill]
-            restart = next(i for i in range(1, len(after)) if after[i][1] <= after[i - 1][1])
+            # Restarted workers resume from the checkpoint: the first step number that
+            # does not go up is the first step after the restart.
+            before = [e for e in seg if e[0] <= t_kill]
+            seq = before[-1:] + [e for e in seg if e[0] > t_kill]
+            i = next(i for i in range(1, len(seq)) if seq[i][1] <= seq[i - 1][1])
             step = median_step(timeline(tl)[:n], skip=5)
-            last_before = max(e[0] for e in seg if e[0] <= t_kill)
-            redo = after[restart - 1][1] - after[restart][1] + 1
-            out.append((after[restart][0] - last_before - step, redo))
+            out.append((seq[i][0] - seq[i - 1][0] - step, seq[i - 1][1] - seq[i][1] + 1))
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()

@@ -245,6 +245,16 @@ class _Runtime:
             self._last_progress = time.monotonic()
             agent.send({"t": "progress", "worker": self.worker, "gen": self.gen, "samples": state.samples})
 
+    def teardown(self) -> None:
+        """Destroy the process group and everything that still refers to it."""
+        import gc
+
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        gc.collect()
+
     def leave(self) -> None:
         """Not in the new generation: the step is committed, so leave without a rollback."""
         import torch.distributed as dist
@@ -359,28 +369,34 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
             state.load_checkpoint()
             rt.start_store()
             agent.send({"t": "ready", "worker": rt.worker, "store": rt.store_addr})
-            rt.join(state, 0)
+            join_after: Optional[int] = 0
             while True:
+                failure = ""
                 try:
+                    if join_after is not None:
+                        rt.join(state, join_after)
+                        join_after = None
                     result = func(state, *args, **kwargs)
                     agent.send({"t": "done", "worker": rt.worker, "gen": rt.gen})
                     return result
                 except Exception as e:
                     if not _is_peer_failure(e):
                         raise
-                    print(
-                        f"bftrainer: worker {rt.worker}: a peer failed in generation {rt.gen} "
-                        f"({str(e).splitlines()[0][:160]}); rolling back to step {state.committed_step}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    state.restore()
-                    import torch.distributed as dist
-
-                    if dist.is_initialized():
-                        dist.destroy_process_group()
-                    agent.send({"t": "broken", "worker": rt.worker, "gen": rt.gen})
-                    rt.join(state, rt.gen)
+                    failure = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+                # Out of the except block, so that the exception's traceback (which
+                # holds the failed collective and with it the process group's sockets)
+                # is freed: tearing the group down must close those sockets, or a peer
+                # blocked on this worker waits for the process-group timeout.
+                print(
+                    f"bftrainer: worker {rt.worker}: a peer failed in generation {rt.gen} "
+                    f"({failure}); rolling back to step {state.committed_step}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                state.restore()
+                rt.teardown()
+                agent.send({"t": "broken", "worker": rt.worker, "gen": rt.gen})
+                join_after = rt.gen
         except _agent.JobEnded as e:
             raise SystemExit(0 if e.code == 0 else 1) from None
 
