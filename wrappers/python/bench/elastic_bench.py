@@ -1,8 +1,9 @@
 """The elastic runtime's benchmark (docs/benchmarks.md): the same training job, on this
 machine, in one run:
 
-- steady-state throughput of bft-run native against plain torch.distributed under
-  torchrun with the same model, batches and flat all-reduce (the baseline);
+- steady-state throughput of bft-run native against plain torch.distributed (two
+  processes started directly) with the same model, batches and flat all-reduce (the
+  baseline);
 - bft-run's training pause per scale-out, per graceful scale-in (SIGTERM) and per node
   killed with -9;
 - torchrun's pause when it restarts every worker (what it does on any membership
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -117,16 +119,18 @@ def run_plain(py: str, d: str, epochs: int) -> float:
     tl = os.path.join(d, "plain.tl")
     if os.path.exists(tl):
         os.remove(tl)
-    port = 29500 + os.getpid() % 1000
+    with socket.socket() as so:  # a free port for the rendezvous, fresh each run
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
     procs = []
     for r in range(2):
         e = env_with_lib()
         e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r))
         procs.append(subprocess.Popen([py, PLAIN, *MODEL, "--epochs", str(epochs), "--timeline", tl], env=e,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    for p in procs:
+    for r, p in enumerate(procs):
         if p.wait() != 0:
-            sys.exit("the plain baseline failed")
+            sys.exit(f"the plain baseline failed (rank {r} exited {p.returncode}; port {port})")
     return median_step(timeline(tl))
 
 
@@ -228,6 +232,8 @@ def torchrun_restarts(py: str, d: str, rounds: int) -> List[float]:
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
+        # torchrun starts its workers in sessions of their own.
+        subprocess.run(["pkill", "-KILL", "-f", tl], check=False)
     return out
 
 

@@ -23,8 +23,15 @@ p.add_argument("--checkpoint", default=None, help="checkpoint file (resume from 
 p.add_argument("--checkpoint-every", type=int, default=50)
 args = p.parse_args()
 
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
+import datetime
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+# A store key prefix per torchrun restart: keys of the previous round's ranks would
+# otherwise send the restarted ranks to dead addresses (seen with torch 2.15).
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=rank == 0
+                      and "TORCHELASTIC_RESTART_COUNT" not in os.environ, timeout=datetime.timedelta(seconds=60))
+prefix = f"round{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=world)
 g = torch.Generator().manual_seed(1234)
 X = torch.randn(args.samples, 16, generator=g)
 W_true = torch.randn(16, 1, generator=g)
