@@ -736,26 +736,17 @@ fn cluster_daemon_holds_an_admission_that_does_not_start_and_replans() {
     // A core job that cannot start when released (its begin time is 2 minutes away):
     // after admit_timeout it is held again and its nodes go back to the pool.
     let l = Live::start("", "admit_timeout = 4", "");
-    let out =
-        l.c.command_as_test_user("sbatch")
-            .unwrap()
-            .args([
-                "--parsable",
-                "--elastic=1:4",
-                "--begin=now+120",
-                "-o",
-                "/dev/null",
-                "--wrap",
-                "srun sleep 600",
-            ])
-            .output()
-            .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let job = l.sbatch_as_user(
+        &[
+            "--elastic=1:4",
+            "--begin=now+120",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "srun sleep 600",
+        ],
+        None,
     );
-    let job: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     l.wait(30, "the admission to time out", || {
         l.log_text()
             .contains(&format!(

@@ -186,20 +186,7 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     )
     .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let out =
-        l.c.command_as_test_user("sbatch")
-            .unwrap()
-            .args(["--parsable", "--elastic=1:4"])
-            .arg(&script)
-            .current_dir(&work)
-            .output()
-            .unwrap();
-    assert!(
-        out.status.success(),
-        "sbatch: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let job: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let job = l.sbatch_as_user(&["--elastic=1:4", script.to_str().unwrap()], Some(&work));
 
     // 1. Starts on 1 node, grows to 4: the runtime publishes 4 nodes in generation.
     let c = l.wait(120, "the runtime to train on 4 nodes", || {

@@ -272,25 +272,33 @@ impl Live {
 
     /// An elastic job of bftuser that runs its work in a step.
     pub fn submit_elastic(&self, spec: &str) -> u32 {
-        let out = self
-            .c
-            .command_as_test_user("sbatch")
-            .unwrap()
-            .args([
-                "--parsable",
-                &format!("--elastic={spec}"),
+        let elastic = format!("--elastic={spec}");
+        self.sbatch_as_user(
+            &[
+                &elastic,
                 "-J",
                 "train",
                 "-o",
                 "/dev/null",
                 "--wrap",
                 "srun sleep 600",
-            ])
-            .output()
-            .unwrap();
+            ],
+            None,
+        )
+    }
+
+    /// `sbatch --parsable ARGS` as the test user (bftuser), in `dir` if given: the
+    /// job id; a refusal fails the test with sbatch's message.
+    pub fn sbatch_as_user(&self, args: &[&str], dir: Option<&std::path::Path>) -> u32 {
+        let mut cmd = self.c.command_as_test_user("sbatch").unwrap();
+        cmd.arg("--parsable").args(args);
+        if let Some(d) = dir {
+            cmd.current_dir(d);
+        }
+        let out = cmd.output().unwrap();
         assert!(
             out.status.success(),
-            "sbatch --elastic: {}",
+            "sbatch {args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
