@@ -255,7 +255,14 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
         comment(&l, job).filter(|c| c.nodes == 4 && l.state_of(reg) != "RUNNING")
     });
 
-    // 5. A satellite's worker killed with -9: a rollback, not the job.
+    // 5. A satellite's worker killed with -9 while the world is steady (a kill in the
+    //    middle of a switch has no step to roll back): a rollback, not the job.
+    l.wait(60, "a generation that stays for 3 s", || {
+        let a = comment(&l, job)?;
+        std::thread::sleep(Duration::from_secs(3));
+        let b = comment(&l, job)?;
+        (a.gen == b.gen && b.nodes == 4).then_some(())
+    });
     let victims = satellite_workers(job);
     assert!(!victims.is_empty(), "no satellite worker found");
     let rc = Command::new("kill")

@@ -19,22 +19,37 @@ use tokio::sync::mpsc;
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
     pub coord: String,
+    /// The elastic job whose coordinator this is, when known (for messages).
+    pub coord_job: Option<String>,
     pub node_name: String,
     pub munge: Munge,
     pub slurm_job: Option<String>,
     /// Workers on this node when the coordinator leaves it to the agent.
     pub local_nproc: usize,
+    /// The node's GPUs (CUDA_VISIBLE_DEVICES values); worker slot i gets gpus[i % n].
+    pub gpus: Vec<String>,
     pub max_restarts: u32,
     pub leave_timeout: Duration,
 }
 
 const TAIL_LINES: usize = 20;
 
+/// Variables that describe this node, not the job: the coordinator does not pass its
+/// own to the workers; each agent gives its workers the node's (CUDA_VISIBLE_DEVICES
+/// narrowed to the worker's GPU).
+pub const NODE_LOCAL_VARS: &[&str] = &[
+    "CUDA_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "ROCR_VISIBLE_DEVICES",
+];
+
 enum Ev {
     Coord(Result<Option<Value>, String>),
     Worker(String, Value),
     WorkerConn(String, mpsc::UnboundedSender<String>),
     Exited(String, i32, String),
+    /// A worker's connection failed (a malformed line): it hears nothing more.
+    WorkerGone(String, String),
     Term,
 }
 
@@ -42,6 +57,12 @@ struct Worker {
     pid: i32,
     /// In a generation the agent forwarded (it holds state; leaves at a boundary).
     member: bool,
+    /// Its place on the node, 0..nproc: BFT_LOCAL_RANK and its GPU. A worker
+    /// restarted after a signal takes the slot of the one it replaces.
+    slot: usize,
+    /// It sent `done`: its training function returned; the script may still be
+    /// saving or printing its results, so the end of the job does not signal it.
+    done: bool,
 }
 
 /// Runs the agent; returns the process exit code.
@@ -49,16 +70,20 @@ pub async fn run(o: AgentOptions) -> i32 {
     match agent(o).await {
         Ok(code) => code,
         Err((code, msg)) => {
-            eprintln!("bft-run: {msg}");
+            say!("bft-run: {msg}");
             code
         }
     }
 }
 
 async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
-    let sock = TcpStream::connect(&o.coord)
-        .await
-        .map_err(|e| (2, format!("coordinator unreachable at {}: {e}", o.coord)))?;
+    let sock = TcpStream::connect(&o.coord).await.map_err(|e| {
+        let whose = match &o.coord_job {
+            Some(j) => format!("coordinator of job {j}"),
+            None => "coordinator".into(),
+        };
+        (2, format!("{whose} unreachable at {}: {e}", o.coord))
+    })?;
     let host = sock
         .local_addr()
         .map(|a| a.ip().to_string())
@@ -158,7 +183,7 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
             }
         });
     }
-    let live: Arc<Mutex<HashMap<String, ()>>> = Arc::new(Mutex::new(HashMap::new()));
+    let live: Live = Arc::new(Mutex::new(HashMap::new()));
     // Worker connections.
     {
         let tx = ev_tx.clone();
@@ -186,6 +211,11 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         argv,
         cwd,
         env,
+        node_env: NODE_LOCAL_VARS
+            .iter()
+            .filter_map(|k| Some((k.to_string(), std::env::var(k).ok()?)))
+            .collect(),
+        gpus: o.gpus.clone(),
         sock: sock_path.to_string_lossy().into_owned(),
         host: host.clone(),
         node: o.node_name.clone(),
@@ -194,19 +224,31 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
     let mut workers: HashMap<String, Worker> = HashMap::new();
     let mut conns: HashMap<String, mpsc::UnboundedSender<String>> = HashMap::new();
     let mut next_local = 0usize;
-    for _ in 0..nproc {
+    for slot in 0..nproc {
         let id = format!("{agent_id}.{next_local}");
-        let pid = spawn_worker(&spawn_cfg, &id, next_local, &ev_tx).map_err(|e| (1, e))?;
-        live.lock().unwrap().insert(id.clone(), ());
-        workers.insert(id, Worker { pid, member: false });
+        let pid = spawn_worker(&spawn_cfg, &id, slot, &ev_tx).map_err(|e| (1, e))?;
+        live.lock().unwrap().insert(id.clone(), false);
+        workers.insert(
+            id,
+            Worker {
+                pid,
+                member: false,
+                slot,
+                done: false,
+            },
+        );
         next_local += 1;
     }
     let mut restarts = 0u32;
     let mut last_gen: Option<String> = None;
+    let mut end_line: Option<String> = None;
     let mut ending = false;
     let mut leaving = false;
     let mut deadline: Option<tokio::time::Instant> = None;
+    // After `end`: until then, workers that sent `done` are left to exit on their own.
+    let mut done_deadline: Option<tokio::time::Instant> = None;
     let mut coord_open = true;
+    let mut lost = false;
 
     loop {
         if (ending || leaving || !coord_open) && workers.is_empty() {
@@ -216,17 +258,25 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
             Some(d) => match tokio::time::timeout_at(d, ev_rx.recv()).await {
                 Ok(e) => e,
                 Err(_) => {
+                    let now = tokio::time::Instant::now();
+                    let spare_done = done_deadline.is_some_and(|d| now < d);
                     for (id, w) in &workers {
-                        eprintln!("bft-run: worker {id} did not leave in time; killing it");
+                        if spare_done && w.done {
+                            continue;
+                        }
+                        say!("bft-run: worker {id} did not stop in time; killing it");
                         kill(w.pid, libc::SIGKILL);
                     }
-                    deadline = None;
+                    deadline = done_deadline.filter(|_| spare_done);
                     continue;
                 }
             },
             None => ev_rx.recv().await,
         };
         let Some(ev) = ev else { break };
+        if let (true, Ev::Coord(Ok(Some(m)))) = (proto::verbose(), &ev) {
+            say!("bft-run: coordinator -> agent {agent_id}: {m}");
+        }
         match ev {
             Ev::Coord(Ok(Some(m))) => match proto::t(&m) {
                 "gen" => {
@@ -247,42 +297,78 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                     for c in conns.values() {
                         let _ = c.send(line.clone());
                     }
-                    // Workers exit on their own at `end`; the stragglers are killed.
-                    deadline.get_or_insert(tokio::time::Instant::now() + Duration::from_secs(5));
+                    end_line = Some(line);
+                    // The library stops at `end`; those still warming up never read it:
+                    // SIGTERM, and SIGKILL after 5 s. Workers that finished (`done`) are
+                    // left --leave-timeout to exit on their own (a final save).
+                    for w in workers.values().filter(|w| !w.done) {
+                        kill(w.pid, libc::SIGTERM);
+                    }
+                    let now = tokio::time::Instant::now();
+                    done_deadline = Some(now + o.leave_timeout);
+                    deadline.get_or_insert(now + Duration::from_secs(5));
                 }
-                "error" => eprintln!(
+                "kill" => {
+                    // A member the coordinator dropped as hung (silent after a failure):
+                    // it dies by a signal, so it is restarted like any such worker.
+                    let w = m.get("worker").and_then(Value::as_str).unwrap_or("");
+                    if let Some(w) = workers.get(w) {
+                        say!(
+                            "bft-run: the coordinator dropped worker {} as hung; killing it",
+                            m["worker"].as_str().unwrap_or("")
+                        );
+                        kill(w.pid, libc::SIGKILL);
+                    }
+                }
+                "error" => say!(
                     "bft-run: the coordinator says: {}",
                     m.get("msg").and_then(Value::as_str).unwrap_or("?")
                 ),
                 _ => {}
             },
-            Ev::Coord(Ok(None)) | Ev::Coord(Err(_)) => {
+            Ev::Coord(r) => {
                 coord_open = false;
                 if !ending {
-                    if !workers.is_empty() {
-                        eprintln!(
-                            "bft-run: lost the coordinator at {}; stopping the workers",
-                            o.coord
-                        );
-                    }
+                    // The job's coordinator is gone (the core job ended or its node
+                    // died): nobody can form a world any more.
+                    lost = true;
+                    ending = true;
+                    let why = match r {
+                        Err(e) => format!(" ({e})"),
+                        _ => String::new(),
+                    };
+                    say!(
+                        "bft-run: lost the coordinator at {}{why}; stopping {} worker(s)",
+                        o.coord,
+                        workers.len()
+                    );
                     for w in workers.values() {
                         kill(w.pid, libc::SIGKILL);
                     }
-                    if !workers.is_empty() {
-                        ending = true;
-                        deadline = Some(tokio::time::Instant::now() + Duration::from_secs(5));
-                        // Exit 1 once they are reaped.
-                        restarts = u32::MAX;
-                    }
+                    deadline = Some(tokio::time::Instant::now() + Duration::from_secs(5));
                 }
             }
             Ev::WorkerConn(id, tx) => {
-                if let Some(g) = &last_gen {
-                    let _ = tx.send(g.clone());
+                // A latecomer learns what the others were told.
+                for l in [&last_gen, &end_line].into_iter().flatten() {
+                    let _ = tx.send(l.clone());
                 }
                 conns.insert(id, tx);
             }
+            Ev::WorkerGone(id, e) => {
+                if let Some(tx) = conns.remove(&id) {
+                    let _ = tx.send(proto::error(&e));
+                }
+            }
             Ev::Worker(id, m) => {
+                if proto::verbose() {
+                    say!("bft-run: worker {id} -> coordinator: {m}");
+                }
+                if proto::t(&m) == "done" {
+                    if let Some(w) = workers.get_mut(&id) {
+                        w.done = true;
+                    }
+                }
                 if matches!(proto::t(&m), "ready" | "progress" | "broken" | "done") {
                     let mut m = m;
                     m["worker"] = Value::String(id);
@@ -292,26 +378,40 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
             Ev::Exited(id, code, tail) => {
                 conns.remove(&id);
                 live.lock().unwrap().remove(&id);
-                workers.remove(&id);
+                let slot = workers.remove(&id).map_or(0, |w| w.slot);
                 let msg = json!({"t": "exit", "worker": id, "code": code, "stderr_tail": tail});
                 let _ = wr.write_all(proto::line(&msg).as_bytes()).await;
                 let killed = code < 0;
-                if killed && !ending && !leaving && coord_open && restarts < o.max_restarts {
+                if killed && !ending && !leaving && restarts < o.max_restarts {
                     restarts += 1;
                     let nid = format!("{agent_id}.{next_local}");
-                    eprintln!(
+                    say!(
                         "bft-run: worker {id} was killed by signal {}; starting {nid} in its place ({restarts} of {} restarts)",
                         -code,
                         o.max_restarts
                     );
-                    match spawn_worker(&spawn_cfg, &nid, next_local, &ev_tx) {
+                    match spawn_worker(&spawn_cfg, &nid, slot, &ev_tx) {
                         Ok(pid) => {
-                            live.lock().unwrap().insert(nid.clone(), ());
-                            workers.insert(nid, Worker { pid, member: false });
+                            live.lock().unwrap().insert(nid.clone(), false);
+                            workers.insert(
+                                nid,
+                                Worker {
+                                    pid,
+                                    member: false,
+                                    slot,
+                                    done: false,
+                                },
+                            );
                         }
-                        Err(e) => eprintln!("bft-run: {e}"),
+                        Err(e) => say!("bft-run: cannot restart worker {id}: {e}"),
                     }
                     next_local += 1;
+                } else if killed && !ending && !leaving {
+                    say!(
+                        "bft-run: worker {id} was killed by signal {}; not restarted ({} restarts used)",
+                        -code,
+                        o.max_restarts
+                    );
                 }
             }
             Ev::Term => {
@@ -324,7 +424,14 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                     // generation excludes them; SIGTERM tells the library so); the
                     // others hold no state.
                     for w in workers.values() {
-                        kill(w.pid, if w.member { libc::SIGTERM } else { libc::SIGKILL });
+                        kill(
+                            w.pid,
+                            if w.member {
+                                libc::SIGTERM
+                            } else {
+                                libc::SIGKILL
+                            },
+                        );
                     }
                     deadline = Some(tokio::time::Instant::now() + o.leave_timeout);
                 }
@@ -332,13 +439,23 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(if restarts == u32::MAX { 1 } else { 0 })
+    if lost {
+        return Err((1, format!("lost the coordinator at {}", o.coord)));
+    }
+    Ok(0)
 }
+
+/// The workers this agent started and has not seen exit; true once one connected (an
+/// id is accepted on one connection only).
+type Live = Arc<Mutex<HashMap<String, bool>>>;
 
 struct SpawnCfg {
     argv: Vec<String>,
     cwd: String,
     env: BTreeMap<String, String>,
+    /// This node's values of [`NODE_LOCAL_VARS`].
+    node_env: Vec<(String, String)>,
+    gpus: Vec<String>,
     sock: String,
     host: String,
     node: String,
@@ -348,7 +465,7 @@ struct SpawnCfg {
 fn spawn_worker(
     c: &SpawnCfg,
     id: &str,
-    local: usize,
+    slot: usize,
     ev: &mpsc::UnboundedSender<Ev>,
 ) -> Result<i32, String> {
     let mut cmd = tokio::process::Command::new(&c.argv[0]);
@@ -358,12 +475,16 @@ fn spawn_worker(
         .envs(&c.env)
         .env("BFT_AGENT_SOCK", &c.sock)
         .env("BFT_WORKER_ID", id)
-        .env("BFT_LOCAL_RANK", local.to_string())
+        .envs(c.node_env.iter().map(|(k, v)| (k, v)))
+        .env("BFT_LOCAL_RANK", slot.to_string())
         .env("BFT_NODE_ADDR", &c.host)
         .env("BFT_NODE_NAME", &c.node)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    if !c.gpus.is_empty() {
+        cmd.env("CUDA_VISIBLE_DEVICES", &c.gpus[slot % c.gpus.len()]);
+    }
     if !c.env.contains_key("OMP_NUM_THREADS") {
         let cpus = std::env::var("SLURM_CPUS_ON_NODE")
             .ok()
@@ -392,7 +513,7 @@ fn spawn_worker(
         tokio::spawn(async move {
             let mut lines = BufReader::new(o).lines();
             while let Ok(Some(l)) = lines.next_line().await {
-                println!("[{id}] {l}");
+                proto::write_out(format!("[{id}] {l}"));
             }
         })
     });
@@ -402,7 +523,7 @@ fn spawn_worker(
         tokio::spawn(async move {
             let mut lines = BufReader::new(e).lines();
             while let Ok(Some(l)) = lines.next_line().await {
-                eprintln!("[{id}] {l}");
+                say!("[{id}] {l}");
                 let mut t = tail.lock().unwrap();
                 if t.len() == TAIL_LINES {
                     t.pop_front();
@@ -434,30 +555,26 @@ fn spawn_worker(
     Ok(pid)
 }
 
-async fn worker_conn(
-    c: UnixStream,
-    ev: mpsc::UnboundedSender<Ev>,
-    live: Arc<Mutex<HashMap<String, ()>>>,
-) {
+async fn worker_conn(c: UnixStream, ev: mpsc::UnboundedSender<Ev>, live: Live) {
     let (rd, mut wr) = c.into_split();
     let mut rd = BufReader::new(rd);
     let id = match proto::read_msg(&mut rd).await {
-        Ok(Some(m)) if proto::t(&m) == "hello" => match m.get("worker").and_then(Value::as_str) {
-            Some(w) if live.lock().unwrap().contains_key(w) => w.to_string(),
-            other => {
-                let _ = wr
-                    .write_all(
-                        proto::error(&format!("worker {other:?} was not started by this agent"))
-                            .as_bytes(),
-                    )
-                    .await;
-                return;
+        Ok(Some(m)) if proto::t(&m) == "hello" => {
+            let w = m.get("worker").and_then(Value::as_str).unwrap_or("");
+            match claim(&live, w) {
+                Ok(()) => w.to_string(),
+                Err(e) => {
+                    let _ = wr.write_all(proto::error(&e).as_bytes()).await;
+                    return;
+                }
             }
-        },
-        Ok(Some(_)) => {
-            let _ = wr
-                .write_all(proto::error("expected hello first").as_bytes())
-                .await;
+        }
+        Ok(Some(m)) => {
+            let e = format!(
+                "expected {{\"t\":\"hello\",\"worker\":ID}} first, got a {:?} message",
+                proto::t(&m)
+            );
+            let _ = wr.write_all(proto::error(&e).as_bytes()).await;
             return;
         }
         Ok(None) => return,
@@ -486,9 +603,33 @@ async fn worker_conn(
             }
             Ok(None) => return,
             Err(e) => {
-                eprintln!("bft-run: worker {id}: {e}");
+                // A worker killed mid-line resets the connection: only news with -v
+                // (its exit is reported anyway); a malformed line is always reported.
+                if proto::verbose() || !e.starts_with("read failed") {
+                    say!("bft-run: worker {id}: {e}");
+                }
+                let _ = ev.send(Ev::WorkerGone(id, e));
                 return;
             }
+        }
+    }
+}
+
+/// A worker's first message names it: an id this agent started, not yet connected.
+fn claim(live: &Live, w: &str) -> Result<(), String> {
+    let mut live = live.lock().unwrap();
+    match live.get_mut(w) {
+        Some(connected) if !*connected => {
+            *connected = true;
+            Ok(())
+        }
+        Some(_) => Err(format!("worker {w:?} is already connected to this agent")),
+        None => {
+            let mut ids: Vec<&String> = live.keys().collect();
+            ids.sort();
+            Err(format!(
+                "worker {w:?} was not started by this agent (its workers: {ids:?}); BFT_WORKER_ID names the worker"
+            ))
         }
     }
 }

@@ -2,7 +2,7 @@
 //! generations, publishes the measured rate, and decides when the job is over.
 
 use crate::membership::{Gen, Membership, Outcome};
-use crate::munge::Munge;
+use crate::munge::{Decoded, Munge};
 use crate::proto::{self, PROTO};
 use bftrainer_core::runtime::RunComment;
 use serde_json::{json, Value};
@@ -38,18 +38,50 @@ struct AgentRec {
     workers: BTreeSet<String>,
 }
 
-struct Progress {
+/// The job's rate in samples/s: from rank 0's cumulative `progress` reports within one
+/// generation (an average since its first report there, once 2 s apart); 0 until then.
+#[derive(Debug, Default)]
+struct RateMeter {
     gen: u64,
-    first: Option<(Instant, u64)>,
+    first: Option<(f64, u64)>,
     rate: f64,
+}
+
+impl RateMeter {
+    /// A new generation: a new size, nothing measured at it yet.
+    fn reset(&mut self, gen: u64) {
+        *self = RateMeter {
+            gen,
+            ..Default::default()
+        };
+    }
+
+    /// A report at time `now` (seconds); the new rate when there is one to publish.
+    fn report(&mut self, gen: u64, samples: u64, now: f64) -> Option<f64> {
+        if gen != self.gen {
+            return None; // late, from a generation already replaced
+        }
+        let Some((t0, s0)) = self.first else {
+            self.first = Some((now, samples));
+            return None;
+        };
+        let dt = now - t0;
+        if dt < 2.0 || samples < s0 {
+            return None;
+        }
+        self.rate = (samples - s0) as f64 / dt;
+        Some(self.rate)
+    }
 }
 
 struct Shared {
     m: Membership,
     agents: HashMap<u64, AgentRec>,
     next_agent: u64,
-    progress: Progress,
+    progress: RateMeter,
     nodes: u32,
+    /// The members of the last generation announced (for the log's +joined -left).
+    last_members: Vec<String>,
     start: Instant,
 }
 
@@ -67,30 +99,86 @@ fn ts() -> String {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    format!("{}.{:03}", now.as_secs(), now.subsec_millis())
+    utc(now.as_secs(), now.subsec_millis())
+}
+
+/// `2026-11-24T04:57:56.123Z` (UTC, for logs; days to a civil date as in
+/// Howard Hinnant's `civil_from_days`).
+fn utc(secs: u64, millis: u32) -> String {
+    let days = (secs / 86_400) as i64;
+    let tod = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        tod / 3600,
+        tod / 60 % 60,
+        tod % 60
+    )
+}
+
+/// The log line of a new generation: sizes, then who joined and who left since the
+/// previous one (the same members again: a re-formation after a failure).
+fn describe_gen(g: &Gen, nodes: u32, prev: &[String]) -> String {
+    let joined: Vec<String> = g
+        .members
+        .iter()
+        .filter(|m| !prev.contains(m))
+        .map(|m| format!("+{m}"))
+        .collect();
+    let left: Vec<String> = prev
+        .iter()
+        .filter(|m| !g.members.contains(m))
+        .map(|m| format!("-{m}"))
+        .collect();
+    let change = match (joined.is_empty(), left.is_empty()) {
+        (true, true) => "same members, re-formed after a failure".to_string(),
+        (false, true) => joined.join(" "),
+        (true, false) => left.join(" "),
+        (false, false) => format!("{}, {}", joined.join(" "), left.join(" ")),
+    };
+    format!(
+        "generation {}: {} workers on {} nodes ({change})",
+        g.gen,
+        g.members.len(),
+        nodes
+    )
+}
+
+/// The agent a worker id `A.L` belongs to.
+fn agent_of(worker: &str) -> Option<u64> {
+    worker.split('.').next()?.parse().ok()
 }
 
 impl Coordinator {
     pub fn new(cfg: CoordConfig, comment: Option<CommentTx>) -> Arc<Coordinator> {
         let (end_tx, _) = watch::channel(None);
         let m = Membership::new(cfg.min_workers, cfg.broken_timeout);
-        Arc::new(Coordinator {
+        let c = Arc::new(Coordinator {
             shared: Mutex::new(Shared {
                 m,
                 agents: HashMap::new(),
                 next_agent: 1,
-                progress: Progress {
-                    gen: 0,
-                    first: None,
-                    rate: 0.0,
-                },
+                progress: RateMeter::default(),
                 nodes: 0,
+                last_members: Vec::new(),
                 start: Instant::now(),
             }),
             cfg,
             end_tx,
             comment: comment.map(Mutex::new),
-        })
+        });
+        // At once: satellites find the coordinator's address there (gen=0 until the
+        // first generation forms).
+        c.publish(&c.shared.lock().unwrap());
+        c
     }
 
     pub fn ended(&self) -> watch::Receiver<Option<(i32, String)>> {
@@ -132,7 +220,7 @@ impl Coordinator {
             Outcome::Announce(g) => self.announce(s, g),
             Outcome::End { code, reason } => {
                 if code == 0 {
-                    eprintln!("bft-run: {} {reason}", ts());
+                    say!("bft-run: {} {reason}", ts());
                 }
                 self.finish(s, code, reason);
             }
@@ -140,17 +228,18 @@ impl Coordinator {
     }
 
     fn announce(&self, s: &mut Shared, g: Gen) {
-        let owner = |w: &str| w.split('.').next().unwrap_or("").to_string();
-        let nodes: BTreeSet<String> = g.members.iter().map(|w| owner(w)).collect();
+        let nodes: BTreeSet<Option<u64>> = g.members.iter().map(|w| agent_of(w)).collect();
         s.nodes = nodes.len() as u32;
-        eprintln!(
-            "bft-run: {} generation {}: {} workers on {} nodes [{}]",
+        say!(
+            "bft-run: {} {}",
             ts(),
-            g.gen,
-            g.members.len(),
-            s.nodes,
-            g.members.join(" ")
+            describe_gen(&g, s.nodes, &s.last_members)
         );
+        s.last_members = g.members.clone();
+        // The rate measured at the old size is not this size's: 0 (not measured yet)
+        // until the new generation's progress reports give one; bftrainerd would
+        // otherwise record it against the new node count.
+        s.progress.reset(g.gen);
         let line = proto::line(&json!({
             "t": "gen", "gen": g.gen, "members": g.members, "store": g.store,
         }));
@@ -161,20 +250,9 @@ impl Coordinator {
     }
 
     fn progress(&self, s: &mut Shared, gen: u64, samples: u64) {
-        let now = Instant::now();
-        if s.progress.gen != gen {
-            s.progress.gen = gen;
-            s.progress.first = None;
-        }
-        match s.progress.first {
-            None => s.progress.first = Some((now, samples)),
-            Some((t0, s0)) => {
-                let dt = now.duration_since(t0).as_secs_f64();
-                if dt >= 2.0 && samples >= s0 {
-                    s.progress.rate = (samples - s0) as f64 / dt;
-                    self.publish(s);
-                }
-            }
+        let now = s.start.elapsed().as_secs_f64();
+        if s.progress.report(gen, samples, now).is_some() {
+            self.publish(s);
         }
     }
 
@@ -185,14 +263,21 @@ impl Coordinator {
         let now = s.start.elapsed().as_secs_f64();
         let (silent, out) = s.m.tick(now);
         if !silent.is_empty() {
-            eprintln!(
-                "bft-run: {} dropping {} (silent {} s after a failure)",
+            say!(
+                "bft-run: {} dropping {} (silent {} s after a failure); their agents kill them",
                 ts(),
                 silent.join(" "),
                 self.cfg.broken_timeout
             );
         }
         self.apply(&mut s, out);
+        // A silent member is presumably hung in a collective: its agent kills it (and
+        // restarts it, as after any death by a signal).
+        for w in &silent {
+            if let Some(a) = agent_of(w).and_then(|id| s.agents.get(&id)) {
+                let _ = a.tx.send(proto::line(&json!({"t": "kill", "worker": w})));
+            }
+        }
         if s.m.gen() == 0 && s.start.elapsed() > self.cfg.ready_timeout {
             let why = format!(
                 "no worker became ready within {} s of the start",
@@ -210,7 +295,7 @@ impl Coordinator {
                     tokio::spawn(async move { me.connection(sock).await });
                 }
                 Err(e) => {
-                    eprintln!("bft-run: accept failed: {e}");
+                    say!("bft-run: accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
@@ -259,7 +344,7 @@ impl Coordinator {
             );
             id
         };
-        eprintln!(
+        say!(
             "bft-run: {} agent {id} joined from {host} ({nproc} workers)",
             ts()
         );
@@ -286,13 +371,13 @@ impl Coordinator {
                 Ok(None) => break,
                 Err(e) => {
                     let _ = tx.send(proto::error(&e));
-                    eprintln!("bft-run: agent {id} ({host}): {e}; dropping it");
+                    say!("bft-run: agent {id} ({host}): {e}; dropping it");
                     break;
                 }
             };
             if let Err(e) = self.agent_msg(id, &host, &msg) {
                 let _ = tx.send(proto::error(&e));
-                eprintln!("bft-run: agent {id} ({host}): {e}; dropping it");
+                say!("bft-run: agent {id} ({host}): {e}; dropping it");
                 break;
             }
         }
@@ -301,7 +386,7 @@ impl Coordinator {
             if let Some(a) = s.agents.remove(&id) {
                 let gone: Vec<String> = a.workers.into_iter().collect();
                 if self.end_tx.borrow().is_none() {
-                    eprintln!("bft-run: {} agent {id} ({host}) is gone", ts());
+                    say!("bft-run: {} agent {id} ({host}) is gone", ts());
                 }
                 let out = s.m.drop_workers(&gone);
                 self.apply(&mut s, out);
@@ -329,19 +414,14 @@ impl Coordinator {
         let d = tokio::task::spawn_blocking(move || munge.decode(&cred))
             .await
             .map_err(|e| format!("credential check failed: {e}"))??;
-        if d.uid != self.cfg.uid {
-            return Err(format!(
-                "refused: a credential of uid {}, this job belongs to uid {}",
-                d.uid, self.cfg.uid
-            ));
-        }
-        if d.payload != proto::cred_payload(&self.cfg.job, nonce) {
-            return Err("refused: the credential was made for another job or connection".into());
-        }
+        check_cred(&d, self.cfg.uid, &self.cfg.job, nonce)?;
         Ok((host, nproc))
     }
 
     fn agent_msg(&self, id: u64, host: &str, msg: &Value) -> Result<(), String> {
+        if proto::verbose() {
+            say!("bft-run: {} agent {id} ({host}): {msg}", ts());
+        }
         let mut s = self.shared.lock().unwrap();
         let worker = || -> Result<String, String> {
             let w = proto::str_field(msg, "worker")?;
@@ -386,13 +466,13 @@ impl Coordinator {
                 let out = s.m.exited(&w, code, &format!("on {host}"));
                 if let Outcome::End { code, reason } = &out {
                     let tail = msg.get("stderr_tail").and_then(Value::as_str).unwrap_or("");
-                    eprintln!(
+                    say!(
                         "bft-run: {reason}; last lines of its stderr:\n{}",
                         if tail.is_empty() { "(none)" } else { tail }
                     );
                     let _ = code;
-                } else if code < 0 {
-                    eprintln!(
+                } else if code < 0 && self.end_tx.borrow().is_none() {
+                    say!(
                         "bft-run: {} worker {w} on {host} was killed by signal {}",
                         ts(),
                         -code
@@ -406,7 +486,7 @@ impl Coordinator {
                     .get(&id)
                     .map(|a| a.workers.iter().cloned().collect())
                     .unwrap_or_default();
-                eprintln!("bft-run: {} agent {id} ({host}) leaves", ts());
+                say!("bft-run: {} agent {id} ({host}) leaves", ts());
                 s.m.drop_workers(&gone)
             }
             other => return Err(format!("unknown message type {other:?}")),
@@ -416,8 +496,105 @@ impl Coordinator {
     }
 }
 
+/// A decoded credential is acceptable when it is the job owner's and was made for
+/// this job and this connection's nonce.
+fn check_cred(d: &Decoded, uid: u32, job: &str, nonce: &str) -> Result<(), String> {
+    if d.uid != uid {
+        return Err(format!(
+            "refused: a credential of uid {}, this job belongs to uid {uid}",
+            d.uid
+        ));
+    }
+    if d.payload != proto::cred_payload(job, nonce) {
+        return Err(
+            "refused: the credential was made for another job or connection (its payload is not this connection's challenge)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 async fn refuse(wr: &mut tokio::net::tcp::OwnedWriteHalf, peer: &str, why: &str) {
-    eprintln!("bft-run: {} refused a connection from {peer}: {why}", ts());
+    say!("bft-run: {} refused a connection from {peer}: {why}", ts());
     let _ = wr.write_all(proto::error(why).as_bytes()).await;
     let _ = wr.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_is_measured_within_the_current_generation() {
+        let mut r = RateMeter::default();
+        r.reset(3);
+        assert_eq!(r.report(3, 1000, 10.0), None);
+        assert_eq!(r.report(3, 1100, 11.0), None, "under 2 s");
+        assert_eq!(
+            r.report(2, 9999, 12.5),
+            None,
+            "a late report of generation 2"
+        );
+        assert_eq!(r.report(3, 1500, 14.0), Some(125.0));
+        r.reset(4);
+        assert_eq!(r.rate, 0.0, "a new size is not measured yet");
+        assert_eq!(r.report(4, 1600, 15.0), None);
+        assert_eq!(r.report(4, 1500, 18.0), None, "counts never go back");
+    }
+
+    #[test]
+    fn timestamps_are_utc_dates() {
+        assert_eq!(utc(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc(951_782_400, 5), "2000-02-29T00:00:00.005Z");
+        assert_eq!(utc(1_795_496_276, 123), "2026-11-24T04:57:56.123Z");
+    }
+
+    #[test]
+    fn generation_lines_name_who_joined_and_left() {
+        let g = |gen, m: &[&str]| Gen {
+            gen,
+            members: m.iter().map(|s| s.to_string()).collect(),
+            store: "h:1".into(),
+        };
+        let prev: Vec<String> = vec!["1.0".into(), "2.0".into()];
+        assert_eq!(
+            describe_gen(&g(1, &["1.0", "2.0"]), 2, &[]),
+            "generation 1: 2 workers on 2 nodes (+1.0 +2.0)"
+        );
+        assert_eq!(
+            describe_gen(&g(2, &["2.0", "3.0", "3.1"]), 2, &prev),
+            "generation 2: 3 workers on 2 nodes (+3.0 +3.1, -1.0)"
+        );
+        assert_eq!(
+            describe_gen(&g(3, &["1.0"]), 1, &prev),
+            "generation 3: 1 workers on 1 nodes (-2.0)"
+        );
+        assert!(describe_gen(&g(4, &["1.0", "2.0"]), 2, &prev).contains("re-formed"));
+        assert_eq!(agent_of("12.3"), Some(12));
+        assert_eq!(agent_of("x"), None);
+    }
+
+    #[test]
+    fn credentials_must_be_the_owners_and_for_this_connection() {
+        let d = |uid, payload: &str| Decoded {
+            uid,
+            payload: payload.into(),
+        };
+        let good = proto::cred_payload("42", "ab12");
+        assert_eq!(check_cred(&d(1000, &good), 1000, "42", "ab12"), Ok(()));
+        let e = check_cred(&d(0, &good), 1000, "42", "ab12").unwrap_err();
+        assert!(
+            e.contains("credential of uid 0, this job belongs to uid 1000"),
+            "{e}"
+        );
+        for other in [
+            proto::cred_payload("42", "ffff"),
+            proto::cred_payload("43", "ab12"),
+            format!("{good} "),
+            String::new(),
+        ] {
+            let e = check_cred(&d(1000, &other), 1000, "42", "ab12").unwrap_err();
+            assert!(e.contains("another job or connection"), "{other:?}: {e}");
+        }
+    }
 }

@@ -8,6 +8,11 @@
 //!
 //! docs/design.md ("Elastic runtime") has the protocol, docs/user.md the user's view.
 
+/// `eprintln!` as one write (see [`proto::write_err`]).
+macro_rules! say {
+    ($($arg:tt)*) => { $crate::proto::write_err(format!($($arg)*)) };
+}
+
 mod agent;
 mod coord;
 mod membership;
@@ -15,6 +20,7 @@ mod munge;
 mod proto;
 
 use bftrainer_core::runtime::RunComment;
+use bftrainer_slurm::JobBase;
 use clap::Parser;
 use coord::{CoordConfig, Coordinator};
 use munge::Munge;
@@ -38,7 +44,7 @@ struct Cli {
     /// Run the coordinator and N agents on this machine, without Slurm.
     #[arg(long, value_name = "N")]
     local: Option<usize>,
-    /// Workers per node (default: one per GPU, else 1).
+    /// Workers per node (default: one per GPU of the node, else 1).
     #[arg(long, value_name = "N")]
     nproc_per_node: Option<usize>,
     /// Workers that must be ready before the first generation (default: the core
@@ -51,12 +57,16 @@ struct Cli {
     /// Seconds after a failed collective before silent members are dropped.
     #[arg(long, default_value_t = 5.0)]
     broken_timeout: f64,
-    /// Seconds a leaving node's workers get to finish their step.
+    /// Seconds a leaving node's workers get to finish their step, and finished workers
+    /// to exit (a final save) once the job is over; then they are killed.
     #[arg(long, default_value_t = 30.0)]
     leave_timeout: f64,
     /// The address agents reach the coordinator at (default: this host's).
     #[arg(long, value_name = "HOST")]
     coord_host: Option<String>,
+    /// Trace every protocol message on stderr (coordinator and agents).
+    #[arg(short, long)]
+    verbose: bool,
     /// Write the coordinator's HOST:PORT here once it listens.
     #[arg(long, value_name = "PATH")]
     coord_file: Option<String>,
@@ -74,6 +84,7 @@ struct Cli {
 
 fn main() {
     let cli = Cli::parse();
+    proto::set_verbose(cli.verbose);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -84,16 +95,18 @@ fn main() {
 }
 
 fn fail(code: i32, msg: impl std::fmt::Display) -> i32 {
-    eprintln!("bft-run: {msg}");
+    say!("bft-run: {msg}");
     code
 }
 
 async fn run(cli: Cli) -> i32 {
     if cli.agent {
         let munge = Munge::from_auth_info(std::env::var("BFT_MUNGE_SOCKET").ok(), None);
+        let job = std::env::var("SLURM_JOB_ID").ok();
         return agent::run(agent_options(
             &cli,
             cli.coord.clone().unwrap_or_default(),
+            job,
             munge,
         ))
         .await;
@@ -117,25 +130,48 @@ fn node_name(cli: &Cli) -> String {
         .unwrap_or_else(hostname)
 }
 
-fn agent_options(cli: &Cli, coord: String, munge: Munge) -> agent::AgentOptions {
+/// `coord_job`: the elastic job whose coordinator the agent joins, for messages.
+fn agent_options(
+    cli: &Cli,
+    coord: String,
+    coord_job: Option<String>,
+    munge: Munge,
+) -> agent::AgentOptions {
+    let gpus = node_gpus();
     agent::AgentOptions {
         coord,
+        coord_job,
         node_name: node_name(cli),
         munge,
         slurm_job: std::env::var("SLURM_JOB_ID").ok(),
-        local_nproc: cli.nproc_per_node.unwrap_or_else(gpu_count).max(1),
+        local_nproc: cli.nproc_per_node.unwrap_or(gpus.len()).max(1),
+        gpus,
         max_restarts: cli.max_restarts,
         leave_timeout: Duration::from_secs_f64(cli.leave_timeout.max(0.0)),
     }
 }
 
-/// GPUs on this node (NVML); none when NVML or its library is missing.
-fn gpu_count() -> usize {
-    std::env::var("CUDA_VISIBLE_DEVICES")
-        .ok()
-        .filter(|v| !v.is_empty())
-        .map(|v| v.split(',').count())
-        .unwrap_or(0)
+/// The GPUs this node's workers may use. Slurm's binding first: in a step with GPUs
+/// Slurm sets CUDA_VISIBLE_DEVICES to the allocated ones (NVML would count the whole
+/// node's); set but empty means none. Else every device NVML finds; none when the
+/// NVML library is missing or fails.
+fn node_gpus() -> Vec<String> {
+    if let Ok(v) = std::env::var("CUDA_VISIBLE_DEVICES") {
+        return parse_visible_devices(&v);
+    }
+    match nvml_wrapper::Nvml::init().and_then(|n| n.device_count()) {
+        Ok(n) => (0..n).map(|i| i.to_string()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// CUDA_VISIBLE_DEVICES as a list ("NoDevFiles", which Slurm may set, means none).
+fn parse_visible_devices(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty() && *d != "NoDevFiles")
+        .map(String::from)
+        .collect()
 }
 
 fn hostname() -> String {
@@ -173,11 +209,16 @@ fn own_address() -> String {
         .to_string()
 }
 
-/// The environment workers get: ours without Slurm's and bft-run's own variables.
-fn worker_env() -> BTreeMap<String, String> {
-    std::env::vars()
-        .filter(|(k, _)| (!k.starts_with("SLURM_") || k == "SLURM_CONF") && !k.starts_with("BFT_"))
-        .collect()
+/// The environment workers get: ours without Slurm's and bft-run's own variables and
+/// without the node's device binding (each agent sets its own node's).
+fn worker_env(vars: impl Iterator<Item = (String, String)>) -> BTreeMap<String, String> {
+    vars.filter(|(k, _)| {
+        (!k.starts_with("SLURM_") || k == "SLURM_CONF")
+            && !k.starts_with("SLURMD_")
+            && !k.starts_with("BFT_")
+            && !agent::NODE_LOCAL_VARS.contains(&k.as_str())
+    })
+    .collect()
 }
 
 async fn join(cli: &Cli, parent: u32) -> i32 {
@@ -192,24 +233,35 @@ async fn join(cli: &Cli, parent: u32) -> i32 {
     let start = Instant::now();
     let coord = loop {
         let why = match slurm.load_job(parent) {
-            Ok(j) => match j.comment.as_deref().and_then(RunComment::parse) {
-                Some(c) => break c.coord,
-                None if !j.state.is_active() => {
+            Ok(j) => match (j.state.base(), j.comment.as_deref().and_then(RunComment::parse)) {
+                (JobBase::Running, Some(c)) => break c.coord,
+                (JobBase::Running, None) => format!(
+                    "elastic job {parent} has not published its coordinator (coord= in its Comment) yet"
+                ),
+                (JobBase::Pending | JobBase::Suspended, _) => {
+                    format!("elastic job {parent} is {}", j.state.name())
+                }
+                _ => {
                     return fail(
                         2,
-                        format!("elastic job {parent} is not running ({})", j.state.name()),
+                        format!(
+                            "elastic job {parent} is not running ({}); a satellite joins a running job",
+                            j.state.name()
+                        ),
                     )
                 }
-                None => format!("job {parent} has not published its coordinator yet"),
             },
-            Err(e) => format!("elastic job {parent} not found: {e}"),
+            Err(e) if e.is_invalid_job_id() => {
+                return fail(2, format!("elastic job {parent} not found: {e}"))
+            }
+            Err(e) => format!("cannot look up elastic job {parent}: {e}"),
         };
         if start.elapsed() > Duration::from_secs(60) {
             return fail(2, format!("{why} (gave up after 60 s)"));
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
-    agent::run(agent_options(cli, coord, munge)).await
+    agent::run(agent_options(cli, coord, Some(parent.to_string()), munge)).await
 }
 
 async fn coordinate(cli: &Cli) -> i32 {
@@ -269,14 +321,17 @@ async fn coordinate(cli: &Cli) -> i32 {
             .and_then(|v| v.parse().ok())
             .unwrap_or(1),
     };
-    let per_node = cli.nproc_per_node.unwrap_or_else(gpu_count).max(1);
+    let per_node = cli
+        .nproc_per_node
+        .unwrap_or_else(|| node_gpus().len())
+        .max(1);
     let cfg = CoordConfig {
         job: job.clone(),
         argv: cli.cmd.clone(),
         cwd: std::env::current_dir()
             .map(|d| d.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "/".into()),
-        env: worker_env(),
+        env: worker_env(std::env::vars()),
         nproc: cli.nproc_per_node.unwrap_or(0),
         min_workers: cli.min_workers.unwrap_or(nodes * per_node),
         broken_timeout: cli.broken_timeout,
@@ -288,7 +343,7 @@ async fn coordinate(cli: &Cli) -> i32 {
     };
     let comment_tx = slurm.map(|s| comment_writer(s, job.parse().unwrap_or(0)));
     let c = Coordinator::new(cfg, comment_tx);
-    eprintln!(
+    say!(
         "bft-run: coordinator of job {job} listening on {advertised}; starting agents on {nodes} node(s)"
     );
     tokio::spawn(c.clone().serve(listener));
@@ -300,6 +355,9 @@ async fn coordinate(cli: &Cli) -> i32 {
     let mut agent_args = vec!["--agent".to_string(), "--coord".into(), advertised.clone()];
     if let Some(n) = cli.nproc_per_node {
         agent_args.extend(["--nproc-per-node".into(), n.to_string()]);
+    }
+    if cli.verbose {
+        agent_args.push("-v".into());
     }
     agent_args.extend([
         "--max-restarts".into(),
@@ -365,12 +423,18 @@ async fn coordinate(cli: &Cli) -> i32 {
     }
     drop(done_tx);
     let mut ended_at: Option<Instant> = None;
+    let leave_timeout = Duration::from_secs_f64(cli.leave_timeout.max(0.0));
     loop {
         tokio::select! {
             _ = tick.tick() => {
                 c.tick();
                 if let Some(t) = ended_at {
-                    if t.elapsed() > Duration::from_secs(10) {
+                    // The agents' step: 10 s after a failure; after a success, the time
+                    // its finished workers get to exit (a final save), and 10 s more.
+                    let finished = ended.borrow().as_ref().is_some_and(|(code, _)| *code == 0);
+                    let grace = Duration::from_secs(10)
+                        + if finished { leave_timeout } else { Duration::ZERO };
+                    if t.elapsed() > grace {
                         for k in waits.drain(..) {
                             let _ = k.send(());
                         }
@@ -399,7 +463,7 @@ async fn coordinate(cli: &Cli) -> i32 {
     }
     let (code, reason) = ended.borrow().clone().unwrap_or((1, "unknown".into()));
     if code != 0 {
-        eprintln!("bft-run: job failed: {reason}");
+        say!("bft-run: job failed: {reason}");
     }
     code
 }
@@ -443,9 +507,7 @@ fn comment_writer(slurm: bftrainer_slurm::Slurm, job: u32) -> coord::CommentTx {
                 }
                 Err(e) => {
                     if !warned {
-                        eprintln!(
-                            "bft-run: cannot publish the coordinator in job {job}'s Comment: {e}"
-                        );
+                        say!("bft-run: cannot publish the coordinator in job {job}'s Comment: {e}");
                         warned = true;
                     }
                     written = Some((c, Instant::now()));
@@ -454,4 +516,53 @@ fn comment_writer(slurm: bftrainer_slurm::Slurm, job: u32) -> coord::CommentTx {
         }
     });
     tx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_get_the_users_environment_without_slurms_ours_or_the_nodes() {
+        let vars = [
+            "PATH=/usr/bin",
+            "PYTHONPATH=/src",
+            "SLURM_JOB_ID=7",
+            "SLURM_CONF=/etc/slurm.conf",
+            "SLURMD_NODENAME=n1",
+            "BFT_MUNGE_SOCKET=/m",
+            "CUDA_VISIBLE_DEVICES=0,1",
+            "ROCR_VISIBLE_DEVICES=0",
+        ]
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap();
+            (k.to_string(), v.to_string())
+        });
+        let env = worker_env(vars.into_iter());
+        let keys: Vec<&str> = env.keys().map(String::as_str).collect();
+        assert_eq!(keys, vec!["PATH", "PYTHONPATH", "SLURM_CONF"]);
+    }
+
+    #[test]
+    fn visible_devices_lists() {
+        assert_eq!(parse_visible_devices("0,1, 3"), vec!["0", "1", "3"]);
+        assert_eq!(parse_visible_devices("GPU-a1b2"), vec!["GPU-a1b2"]);
+        assert!(parse_visible_devices("").is_empty());
+        assert!(parse_visible_devices("NoDevFiles").is_empty());
+    }
+
+    #[test]
+    fn the_command_line() {
+        let cli = Cli::try_parse_from(["bft-run", "--local", "2", "--", "python3", "-u", "x.py"])
+            .unwrap();
+        assert_eq!(cli.local, Some(2));
+        assert_eq!(cli.cmd, vec!["python3", "-u", "x.py"]);
+        assert_eq!((cli.max_restarts, cli.broken_timeout), (3, 5.0));
+        let e = Cli::try_parse_from(["bft-run", "--join", "5", "--local", "1"]).unwrap_err();
+        assert!(e.to_string().contains("cannot be used with"), "{e}");
+        assert!(
+            Cli::try_parse_from(["bft-run", "--agent"]).is_err(),
+            "--agent needs --coord"
+        );
+    }
 }

@@ -330,6 +330,55 @@ mod tests {
     }
 
     #[test]
+    fn members_exiting_zero_finish_the_job_and_pending_workers_drop_silently() {
+        let mut m = Membership::new(2, 5.0);
+        m.ready("a.0", "a:1");
+        // A pending worker that goes away before any generation: no generation.
+        assert_eq!(m.drop_workers(&["a.0".into()]), Outcome::Nothing);
+        assert_eq!(m.gen(), 0);
+        m.ready("a.1", "a:2");
+        let g = ann(m.ready("b.0", "b:1"));
+        assert_eq!(
+            (g.gen, names(&g), g.store.as_str()),
+            (1, vec!["a.1", "b.0"], "a:2")
+        );
+        m.ready("c.0", "c:1");
+        // Exit 0 without `done` (the script ended outside the wrapper) counts as done.
+        assert_eq!(m.exited("a.1", 0, "on a"), Outcome::Nothing);
+        assert_eq!(m.exited("b.0", 0, "on b"), Outcome::Nothing);
+        assert!(matches!(
+            m.exited("c.0", 0, "on c"),
+            Outcome::End { code: 0, .. }
+        ));
+        // Nothing after the end.
+        assert_eq!(m.ready("d.0", "d:1"), Outcome::Nothing);
+        assert_eq!(m.exited("d.0", 4, "on d"), Outcome::Nothing);
+    }
+
+    #[test]
+    fn generation_numbers_only_grow() {
+        let mut m = Membership::new(1, 1.0);
+        let mut last = 0;
+        let mut check = |o: Outcome| {
+            if let Outcome::Announce(g) = o {
+                assert!(g.gen > last, "{} after {last}", g.gen);
+                assert!(!g.members.is_empty());
+                last = g.gen;
+            }
+        };
+        check(m.ready("a.0", "a:1"));
+        check(m.ready("b.0", "b:1"));
+        check(m.broken("a.0", 2, 1.0));
+        check(m.tick(3.0).1);
+        check(m.exited("a.0", -9, "on a"));
+        check(m.ready("a.1", "a:2"));
+        check(m.drop_workers(&["b.0".into(), "a.1".into()]));
+        check(m.ready("b.1", "b:2"));
+        // 1 [a] 2 [a b] 3 [a] (b silent) - (nobody left) 4 [a.1] - (nobody) 5 [b.1]
+        assert_eq!(m.gen(), 5);
+    }
+
+    #[test]
     fn everyone_lost_then_a_restarted_worker_forms_a_new_world() {
         let mut m = Membership::new(1, 5.0);
         m.ready("a.0", "a:1");

@@ -8,6 +8,35 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 pub const PROTO: u64 = 1;
 pub const MAX_LINE: usize = 1 << 20;
 
+/// Writes `line` and a newline to stderr in one write. The coordinator and the agents
+/// share the job's output file, and `eprintln!` writes a formatted line in pieces that
+/// interleave with other processes' (a pipe keeps writes up to 4 KiB whole).
+pub fn write_err(line: String) {
+    use std::io::Write;
+    let mut line = line;
+    line.push('\n');
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// As [`write_err`], to stdout (workers' output lines).
+pub fn write_out(line: String) {
+    use std::io::Write;
+    let mut line = line;
+    line.push('\n');
+    let _ = std::io::stdout().lock().write_all(line.as_bytes());
+}
+
+static VERBOSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `-v`: trace every message and connection problem on stderr.
+pub fn set_verbose(on: bool) {
+    VERBOSE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn verbose() -> bool {
+    VERBOSE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The payload an agent's MUNGE credential carries: binds it to one job and one
 /// connection (the coordinator's nonce).
 pub fn cred_payload(job: &str, nonce: &str) -> String {

@@ -1,7 +1,9 @@
-//! bft-run without Slurm (`--local`), against a private munged: clear errors, a
-//! worker's exit code and stderr tail, and the coordinator refusing forged agents
-//! (another uid, a credential made for another connection, a replayed one, another
-//! protocol version, garbage).
+//! bft-run without Slurm (`--local`), against a private munged, with a stand-in worker
+//! (tests/worker.py, plain python3): a job that forms, grows, loses a leaver, restarts
+//! a killed worker, drops a hung one and finishes; clear errors; a worker's exit code
+//! and stderr tail; and the coordinator refusing forged agents (another uid, a
+//! credential made for another connection, a replayed one, another protocol version,
+//! garbage).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -17,6 +19,21 @@ const BFT: &str = env!("CARGO_BIN_EXE_bft-run");
 struct Munged {
     dir: tempfile::TempDir,
     child: Child,
+}
+
+/// A private munged, or None (the test is skipped, saying why) where munged cannot run.
+fn munged() -> Option<Munged> {
+    let found = Command::new("munged")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        eprintln!("SKIPPED: munged (the munge package) is not installed");
+        return None;
+    }
+    Some(Munged::start())
 }
 
 impl Munged {
@@ -127,6 +144,7 @@ fn outside_slurm_and_without_a_command_it_says_what_to_do() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).contains("no command"), "{}", text(&o));
     let o = Command::new(BFT)
+        .env_remove("SLURM_JOB_ID")
         .args(["--agent", "--coord", "127.0.0.1:1"])
         .output()
         .unwrap();
@@ -140,7 +158,7 @@ fn outside_slurm_and_without_a_command_it_says_what_to_do() {
 
 #[test]
 fn a_failing_worker_fails_the_job_with_its_code_and_stderr_tail() {
-    let m = Munged::start();
+    let Some(m) = munged() else { return };
     let t = Instant::now();
     let o = m
         .bft()
@@ -186,14 +204,16 @@ fn sleeping_coordinator(m: &Munged, dir: &Path) -> Coord {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let mut c = Coord {
+        child,
+        addr: String::new(),
+    };
     let t = Instant::now();
     loop {
         if let Ok(s) = std::fs::read_to_string(&f) {
             if s.ends_with('\n') {
-                return Coord {
-                    child,
-                    addr: s.trim().to_string(),
-                };
+                c.addr = s.trim().to_string();
+                return c;
             }
         }
         assert!(
@@ -249,19 +269,29 @@ fn payload(nonce: &str) -> String {
 
 #[test]
 fn forged_agents_are_refused_and_the_coordinator_keeps_serving() {
-    let m = Munged::start();
+    let Some(m) = munged() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let c = sleeping_coordinator(&m, tmp.path());
 
-    // Another user's credential, made for this very connection.
-    let mut a = connect(&c.addr);
-    let cred = m.cred(Some("bftuser"), &payload(&a.nonce));
-    let r = a.hello(&cred, a.proto);
-    assert_eq!(r["t"], "error", "{r}");
-    assert!(
-        r["msg"].as_str().unwrap().contains("credential of uid"),
-        "{r}"
-    );
+    // Another user's credential, made for this very connection (root can make one).
+    let other_user = Command::new("runuser")
+        .args(["-u", "bftuser", "--", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if other_user {
+        let mut a = connect(&c.addr);
+        let cred = m.cred(Some("bftuser"), &payload(&a.nonce));
+        let r = a.hello(&cred, a.proto);
+        assert_eq!(r["t"], "error", "{r}");
+        assert!(
+            r["msg"].as_str().unwrap().contains("credential of uid"),
+            "{r}"
+        );
+    } else {
+        eprintln!(
+            "SKIPPED the other-uid case: cannot run munge as bftuser (needs root and that user)"
+        );
+    }
 
     // Our own credential, made for another connection's nonce, then replayed on that one.
     let mut a = connect(&c.addr);
@@ -331,4 +361,323 @@ fn an_agent_of_another_version_says_so() {
         "{}",
         text(&o)
     );
+}
+
+/// A child process killed if the test fails before it was waited for.
+struct Guard(Option<Child>);
+
+impl Guard {
+    fn get(&mut self) -> &mut Child {
+        self.0.as_mut().unwrap()
+    }
+
+    fn take(mut self) -> Child {
+        self.0.take().unwrap()
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+const WORKER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/worker.py");
+
+/// What each stand-in worker logged, by worker id.
+fn worker_logs(dir: &Path) -> std::collections::BTreeMap<String, String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read_to_string(e.path()).unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// bft-run with the stand-in worker; `env`: its TEST_* settings.
+fn run_local(m: &Munged, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut c = m.bft();
+    c.args(args)
+        .args(["--", "python3", WORKER])
+        .env("TEST_DIR", dir)
+        .envs(env.iter().copied());
+    c
+}
+
+fn check_quick(t: Instant) {
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn two_local_agents_form_a_generation_and_finish() {
+    let Some(m) = munged() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let t = Instant::now();
+    let o = run_local(
+        &m,
+        tmp.path(),
+        &["--local", "2"],
+        &[
+            ("TEST_FINISH_AT", "1"),
+            ("TEST_FINISH_SIZE", "2"),
+            ("TEST_PROBE", "1"),
+            ("TEST_AFTER_DONE", "1.5"),
+        ],
+    )
+    .output()
+    .unwrap();
+    let all = text(&o);
+    let logs = worker_logs(tmp.path());
+    assert_eq!(o.status.code(), Some(0), "{all}\n{logs:?}");
+    assert!(
+        all.contains("generation 1: 2 workers on 2 nodes (+"),
+        "{all}"
+    );
+    assert!(all.contains("training finished in generation 1"), "{all}");
+    assert_eq!(logs.len(), 2, "{logs:?}");
+    for (id, log) in &logs {
+        assert!(log.contains("gen 1 "), "{id}: {log}");
+        assert!(log.contains("done"), "{id}: {log}");
+        assert!(
+            log.contains("saved") && !log.contains("sigterm"),
+            "a finished worker was stopped before it exited on its own: {id}: {log}"
+        );
+        assert!(log.contains("start local_rank=0"), "{id}: {log}");
+        // The agent refuses ids it did not start, and a second connection of one.
+        assert!(log.contains("not started by this agent"), "{id}: {log}");
+        assert!(log.contains("already connected"), "{id}: {log}");
+    }
+    // Rank 0's store is the one announced.
+    let g1 = logs
+        .values()
+        .next()
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("gen 1 "))
+        .unwrap()
+        .to_string();
+    assert!(logs.values().all(|l| l.contains(&g1)), "{logs:?}");
+    check_quick(t);
+}
+
+#[test]
+fn a_worker_killed_by_a_signal_is_restarted_in_its_slot_and_rejoins() {
+    let Some(m) = munged() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let t = Instant::now();
+    let o = run_local(
+        &m,
+        tmp.path(),
+        &["--local", "2"],
+        &[
+            ("TEST_FINISH_AT", "3"),
+            ("TEST_FINISH_SIZE", "2"),
+            ("TEST_SUICIDE", "1.0"),
+        ],
+    )
+    .output()
+    .unwrap();
+    let all = text(&o);
+    let logs = worker_logs(tmp.path());
+    assert_eq!(o.status.code(), Some(0), "{all}\n{logs:?}");
+    assert!(
+        all.contains("worker 1.0 was killed by signal 9; starting 1.1"),
+        "{all}"
+    );
+    assert!(
+        all.contains("generation 2: 1 workers on 1 nodes (-1.0)"),
+        "{all}"
+    );
+    assert!(
+        all.contains("generation 3: 2 workers on 2 nodes (+1.1)"),
+        "{all}"
+    );
+    let l = &logs["1.1"];
+    assert!(
+        l.contains("start local_rank=0"),
+        "the replacement keeps slot 0: {l}"
+    );
+    assert!(
+        l.contains("gen 3 2.0 1.1"),
+        "survivor first, newcomer appended: {l}"
+    );
+    assert!(l.contains("done"), "{l}");
+    check_quick(t);
+}
+
+#[test]
+fn a_hand_started_agent_grows_the_job_and_leaves_on_sigterm() {
+    let Some(m) = munged() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let coord_file = tmp.path().join("coord");
+    let t = Instant::now();
+    let core = Guard(Some(
+        run_local(
+            &m,
+            &logs,
+            &[
+                "--local",
+                "1",
+                "--min-workers",
+                "1",
+                "--coord-file",
+                coord_file.to_str().unwrap(),
+            ],
+            &[("TEST_FINISH_AT", "3"), ("TEST_FINISH_SIZE", "1")],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    ));
+    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
+        let t = Instant::now();
+        while !f() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "waited 20 s for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_for("the coordinator's address", &|| {
+        std::fs::read_to_string(&coord_file).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let addr = std::fs::read_to_string(&coord_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    wait_for("generation 1", &|| {
+        worker_logs(&logs)
+            .get("1.0")
+            .is_some_and(|l| l.contains("gen 1 1.0"))
+    });
+    // Started by hand, like a satellite's agent: its workers get the welcome's command
+    // and environment (TEST_DIR and TEST_* came from the core's bft-run).
+    let mut extra = Guard(Some(
+        m.bft()
+            .args(["--agent", "--coord", &addr, "--node-name", "extra"])
+            .env_remove("TEST_DIR")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    wait_for("generation 2 with the extra agent's worker", &|| {
+        worker_logs(&logs)
+            .get("2.0")
+            .is_some_and(|l| l.contains("gen 2 1.0 2.0"))
+    });
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(extra.get().id() as i32, libc::SIGTERM) };
+    let left = extra.take().wait_with_output().unwrap();
+    assert_eq!(
+        left.status.code(),
+        Some(0),
+        "the leaving agent: {}",
+        text(&left)
+    );
+    let out = core.take().wait_with_output().unwrap();
+    let all = text(&out);
+    let wl = worker_logs(&logs);
+    assert_eq!(out.status.code(), Some(0), "{all}\n{wl:?}");
+    assert!(
+        all.contains("generation 2: 2 workers on 2 nodes (+2.0)"),
+        "{all}"
+    );
+    assert!(all.contains("agent 2 (127.0.0.1) leaves"), "{all}");
+    assert!(
+        all.contains("generation 3: 1 workers on 1 nodes (-2.0)"),
+        "{all}"
+    );
+    assert!(
+        wl["2.0"].contains("sigterm") || wl["2.0"].contains("left"),
+        "{wl:?}"
+    );
+    assert!(wl["1.0"].contains("done"), "{wl:?}");
+    check_quick(t);
+}
+
+#[test]
+fn a_member_silent_after_a_failure_is_dropped_killed_and_restarted() {
+    let Some(m) = munged() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let t = Instant::now();
+    let o = run_local(
+        &m,
+        tmp.path(),
+        &["--local", "2", "--broken-timeout", "1"],
+        &[
+            ("TEST_FINISH_AT", "3"),
+            ("TEST_FINISH_SIZE", "2"),
+            ("TEST_BROKEN", "1.0"),
+            ("TEST_SILENT", "2.0"),
+        ],
+    )
+    .output()
+    .unwrap();
+    let all = text(&o);
+    let logs = worker_logs(tmp.path());
+    assert_eq!(o.status.code(), Some(0), "{all}\n{logs:?}");
+    assert!(
+        all.contains("dropping 2.0 (silent 1 s after a failure)"),
+        "{all}"
+    );
+    assert!(
+        all.contains("generation 2: 1 workers on 1 nodes (-2.0)"),
+        "{all}"
+    );
+    assert!(
+        all.contains("worker 2.0 was killed by signal 9; starting 2.1"),
+        "{all}"
+    );
+    assert!(
+        all.contains("generation 3: 2 workers on 2 nodes (+2.1)"),
+        "{all}"
+    );
+    assert!(logs["2.0"].contains("hanging"), "{logs:?}");
+    assert!(logs["2.1"].contains("done"), "{logs:?}");
+    check_quick(t);
+}
+
+#[test]
+fn each_worker_gets_one_of_the_nodes_visible_gpus() {
+    let Some(m) = munged() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    // As Slurm binds a step to GPUs 3 and 5: two workers per node by default, and
+    // min-workers follows (1 node x 2).
+    let o = run_local(
+        &m,
+        tmp.path(),
+        &["--local", "1"],
+        &[("TEST_FINISH_AT", "1"), ("TEST_FINISH_SIZE", "2")],
+    )
+    .env("CUDA_VISIBLE_DEVICES", "3,5")
+    .output()
+    .unwrap();
+    let all = text(&o);
+    let logs = worker_logs(tmp.path());
+    assert_eq!(o.status.code(), Some(0), "{all}\n{logs:?}");
+    assert!(
+        logs["1.0"].contains("start local_rank=0 cuda=3"),
+        "{logs:?}"
+    );
+    assert!(
+        logs["1.1"].contains("start local_rank=1 cuda=5"),
+        "{logs:?}"
+    );
+    assert!(all.contains("generation 1: 2 workers on 1 nodes"), "{all}");
 }
