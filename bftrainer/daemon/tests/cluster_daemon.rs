@@ -488,7 +488,7 @@ fn cluster_daemon_splits_nodes_between_two_jobs_as_solve_does() {
             .as_array()
             .unwrap()
             .iter()
-            .find(|j| j["id"] == id.to_string())
+            .find(|j| j["id"] == id.to_string().as_str())
             .unwrap()["nodes"]
             .as_array()
             .unwrap()

@@ -938,7 +938,9 @@ impl<C: Cluster> Daemon<C> {
         let Some(j) = job else {
             log::warn!("elastic job {id} is gone from slurmctld; counted finished");
             self.emit(Event::JobFinished { job: jid });
-            self.cores.get_mut(&id).map(|c| c.ended = true);
+            if let Some(c) = self.cores.get_mut(&id) {
+                c.ended = true;
+            }
             return;
         };
         let base = j.state.base();
@@ -1287,8 +1289,11 @@ impl<C: Cluster> Daemon<C> {
                 let c = &self.cores[&id];
                 (c.jid, c.ended)
             };
-            let active = !ended && self.engine.job_status(jid) == JobStatus::Active
-                || !ended && self.engine.job_status(jid) == JobStatus::Queued;
+            let active = !ended
+                && matches!(
+                    self.engine.job_status(jid),
+                    JobStatus::Active | JobStatus::Queued
+                );
             let want: Vec<NodeId> = if active {
                 self.engine.job_nodes(jid).to_vec()
             } else {
