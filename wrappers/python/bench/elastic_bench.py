@@ -7,9 +7,12 @@ machine, in one run:
 - bft-run's training pause per scale-out, per graceful scale-in (SIGTERM) and per node
   killed with -9;
 - torchrun's pause when it restarts every worker (what it does on any membership
-  change) after a worker is killed with -9, resuming from its last checkpoint.
+  change) after a worker is killed with -9, resuming from its last checkpoint;
+- with --torchft DIR, torchft used plainly (wrappers/python/bench/torchft_train.py):
+  steady state and the same changes.
 
     python wrappers/python/bench/elastic_bench.py [--bft-run target/release/bft-run]
+        [--torchft DIR]   # pip install --target DIR torchft (and its opentelemetry deps)
 
 Pauses are measured on rank 0's timeline (one line per step): the gap across the
 change minus the median step time before it.
@@ -194,6 +197,83 @@ def native_events(bft: str, py: str, d: str, munge: str, rounds: int):
     return list(zip(marks, [p for _, _, p in got]))
 
 
+def free_port() -> int:
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def torchft_events(py: str, d: str, ftlib: str, rounds: int):
+    """torchft used plainly: one replica group per process, its Lighthouse; the same
+    changes as for bft-run (a replica joins; one leaves on SIGTERM, which torchft treats
+    like any exit; one is killed with -9)."""
+    port = free_port()
+    e = env_with_lib()
+    e["PYTHONPATH"] = ftlib + os.pathsep + e["PYTHONPATH"]
+    e["TORCHFT_LIGHTHOUSE"] = f"http://127.0.0.1:{port}"
+    errlog = open(os.path.join(d, "torchft.log"), "w")
+    lh = subprocess.Popen([py, os.path.join(ftlib, "bin", "torchft_lighthouse"), "--min_replicas", "1",
+                           "--quorum_tick_ms", "100", "--join_timeout_ms", "100", "--bind", f"127.0.0.1:{port}"],
+                          env=e, stdout=errlog, stderr=errlog)
+    tl = os.path.join(d, "torchft.tl")
+    procs = []
+
+    def replica(i: int) -> subprocess.Popen:
+        p = subprocess.Popen([py, os.path.join(HERE, "torchft_train.py"), "--replica", str(i), *MODEL,
+                              *(["--timeline", tl] if i == 0 else [])],
+                             env=e, stdout=errlog, stderr=errlog, start_new_session=True)
+        procs.append(p)
+        return p
+
+    marks = []
+    try:
+        replica(0)
+        replica(1)
+        wait_for(tl, lambda t: steps_at(2, 0)(t) > 150, 180, "torchft training on 2 replicas")
+        steady = median_step([x for x in timeline(tl) if x[2] == 2])
+        n = 2
+        for _ in range(rounds):
+            t0 = time.time()
+            a = replica(n)
+            n += 1
+            wait_for(tl, lambda t: steps_at(3, t0)(t) > 150, 180, "torchft scale-out")
+            marks.append("out")
+            t0 = time.time()
+            a.send_signal(signal.SIGTERM)
+            wait_for(tl, lambda t: steps_at(2, t0)(t) > 150, 180, "torchft scale-in")
+            marks.append("in")
+            t0 = time.time()
+            b = replica(n)
+            n += 1
+            wait_for(tl, lambda t: steps_at(3, t0)(t) > 150, 180, "torchft scale-out")
+            marks.append("out")
+            t0 = time.time()
+            os.killpg(b.pid, signal.SIGKILL)
+            wait_for(tl, lambda t: steps_at(2, t0)(t) > 150, 180, "torchft recovery after kill -9")
+            marks.append("kill")
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        lh.kill()
+        lh.wait()
+    got = pauses(timeline(tl))
+    if len(got) != len(marks):
+        sys.exit(f"torchft: expected {len(marks)} changes of world, saw {len(got)}: {got}")
+    return steady, list(zip(marks, [x for _, _, x in got]))
+
+
+def report(name: str, ev, step: float) -> None:
+    for kind in ("out", "in", "kill"):
+        xs = [x for k, x in ev if k == kind]
+        what = {"out": "scale-out (2->3)", "in": "scale-in on SIGTERM (3->2)", "kill": "node killed -9 (3->2)"}[kind]
+        log(f"{name} {what}: pause median {statistics.median(xs):.3f} s, max {max(xs):.3f} s over {len(xs)} "
+            f"({', '.join(f'{x:.3f}' for x in xs)}); = {statistics.median(xs) / step:.0f} steps")
+
+
 def torchrun_restarts(py: str, d: str, rounds: int) -> List[float]:
     tl = os.path.join(d, "torchrun.tl")
     ck = os.path.join(d, "torchrun.ckpt")
@@ -243,6 +323,7 @@ def main() -> None:
     ap.add_argument("--python", default=os.path.join(os.environ.get("BFT_VENV", "/opt/bftrainer-venv"), "bin", "python"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-steady", action="store_true", help="only the membership changes")
+    ap.add_argument("--torchft", default=None, help="a directory with torchft installed (pip install --target DIR torchft): measure it too")
     ap.add_argument("--keep", default=None, help="keep the timelines and logs in this directory")
     args = ap.parse_args()
     if not os.path.exists(args.bft_run):
@@ -264,11 +345,11 @@ def main() -> None:
                 f"(runs {', '.join(f'{x * 1000:.2f}' for x in plain)} / {', '.join(f'{x * 1000:.2f}' for x in native)}); "
                 f"bft-run throughput = {p / n:.3f} x plain")
             ev = native_events(args.bft_run, args.python, d, m.sock, args.rounds)
-            for kind in ("out", "in", "kill"):
-                xs = [x for k, x in ev if k == kind]
-                name = {"out": "scale-out (2->3)", "in": "graceful scale-in (3->2)", "kill": "node killed -9 (3->2)"}[kind]
-                log(f"bft-run {name}: pause median {statistics.median(xs):.3f} s, max {max(xs):.3f} s over {len(xs)} "
-                    f"({', '.join(f'{x:.3f}' for x in xs)}); = {statistics.median(xs) / n:.0f} steps")
+            report("bft-run", ev, n)
+            if args.torchft:
+                ft_step, ft = torchft_events(args.python, d, args.torchft, args.rounds)
+                log(f"torchft steady state, 2 replica groups: {ft_step * 1000:.2f} ms/step = {p / ft_step:.3f} x plain")
+                report("torchft", ft, ft_step)
             tr = torchrun_restarts(args.python, d, args.rounds)
             xs = [x for x, _ in tr]
             log(f"torchrun restart of all workers (-9 on one, --max-restarts): pause median {statistics.median(xs):.3f} s, "

@@ -143,6 +143,14 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
     }
     let names = Objective::ALL.map(Objective::name);
     let objective = e.choice("objective", &names, "bftrainer")?;
+    if objective == "remaining-work" {
+        // The live runtime reports rates, not the work a job has left: the allocator
+        // would refuse every decision.
+        return Err(e.err(
+            "objective",
+            "'remaining-work' needs each job's remaining work, which live jobs do not report; use it with `bftrainer replay`, or pick bftrainer, efficiency, fairness or reclaim-aware",
+        ));
+    }
     let objective = Objective::ALL
         .into_iter()
         .find(|o| o.name() == objective)
@@ -304,6 +312,7 @@ mod tests {
             ("[daemon]\npoll_interval = 0", "[daemon] poll_interval: 0 is out of range; expected seconds from 0.05 to 60"),
             ("[engine]\nmax_jobs = 0", "[engine] max_jobs: 0 is out of range; expected a whole number from 1 to 100000"),
             ("[engine]\nobjective = \"best\"", "[engine] objective: 'best' is not allowed; expected one of: bftrainer, efficiency, fairness, remaining-work, reclaim-aware"),
+            ("[engine]\nobjective = \"remaining-work\"", "'remaining-work' needs each job's remaining work"),
             ("[engine]\ndefault_curve = [[2, 1.0]]", "[engine] default_curve: expected a list of [nodes, value] pairs"),
             ("[runtime]\njoin_command = \" \"", "[runtime] join_command: is empty"),
             ("[demon]\n", "unknown table or key 'demon' at top level"),

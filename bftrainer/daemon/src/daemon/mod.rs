@@ -146,6 +146,10 @@ pub struct Daemon<C: Cluster> {
     /// Nodes taken from elastic jobs by preemption, and when: not lent again for
     /// `reclaim_hold_s` unless a regular job shows up there first.
     reclaimed: HashMap<NodeId, f64>,
+    /// Nodes whose hold after a regular job left has run during this idle period: not
+    /// held again until a job runs there (else a long queue of regular jobs that do not
+    /// fit would keep the node from ever being lent).
+    held_after_job: HashSet<NodeId>,
     /// The first cycle's time.
     started_at: Option<f64>,
     pub stats: Stats,
@@ -215,6 +219,7 @@ impl<C: Cluster> Daemon<C> {
             outage_since: None,
             expand_cache: HashMap::new(),
             reclaimed: HashMap::new(),
+            held_after_job: HashSet::new(),
             started_at: None,
             stats: Stats::default(),
             pending: Vec::new(),
@@ -599,6 +604,15 @@ impl<C: Cluster> Daemon<C> {
                 .get(&n.name)
                 .and_then(|id| self.reclaimed.get(id))
                 .is_some_and(|&t| now - t < self.cfg.reclaim_hold_s);
+            let node_id = self.node_ids.get(&n.name).copied();
+            let busy = foreign_busy.contains(&n.name)
+                || (!our_nodes.contains(&n.name) && st.base() != bftrainer_slurm::NodeBase::Idle)
+                || our_nodes.contains(&n.name);
+            if busy {
+                if let Some(id) = node_id {
+                    self.held_after_job.remove(&id);
+                }
+            }
             let class = if uncertain
                 && !st.is_drain()
                 && st.base() != bftrainer_slurm::NodeBase::Down
@@ -620,11 +634,13 @@ impl<C: Cluster> Daemon<C> {
                     .get(&n.name)
                     .is_some_and(|&id| self.nodes[id as usize].class == Class::Claimed)
                 && !reclaimed
+                && !node_id.is_some_and(|id| self.held_after_job.contains(&id))
             {
                 // A regular job just left while regular jobs wait in its partitions:
                 // Slurm's scheduler is about to fill it; lend it only if it stays idle.
-                if let Some(&id) = self.node_ids.get(&n.name) {
+                if let Some(id) = node_id {
                     self.reclaimed.insert(id, now);
+                    self.held_after_job.insert(id);
                 }
                 Some(Class::Claimed)
             } else if reclaimed && !our_nodes.contains(&n.name) {
@@ -825,7 +841,15 @@ impl<C: Cluster> Daemon<C> {
         if let Some(v) = s.down {
             down = f64::from(v);
         }
-        let objective = curve.unwrap_or_else(|| Curve::new(vec![(1, 1.0), (max, f64::from(max))]));
+        // Linear speed-up by default; a job that can only ever use one node has a
+        // one-point curve (the allocator refuses repeated node counts).
+        let objective = curve.unwrap_or_else(|| {
+            Curve::new(if max > 1 {
+                vec![(1, 1.0), (max, f64::from(max))]
+            } else {
+                vec![(1, 1.0)]
+            })
+        });
         ElasticSpec {
             name: j.job_id.to_string(),
             min_nodes: s.min,
