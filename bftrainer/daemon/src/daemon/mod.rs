@@ -1157,12 +1157,16 @@ impl<C: Cluster> Daemon<C> {
                 _ => 0.0,
             };
             // A failure of the node: the satellite failed, or ended at once. Cancelled
-            // (by its owner or an admin) is not the node's fault.
-            let failed = match j.state.base() {
-                JobBase::Cancelled => false,
-                JobBase::Complete => ran < self.cfg.satellite_min_runtime_s,
-                _ => true,
-            };
+            // (by its owner or an admin) is not the node's fault, nor is an end while its
+            // parent is over or no longer running (the runtime's agents stop then).
+            let parent_running = self.cores.get(&parent).is_some_and(|c| !c.ended)
+                && self.engine.job_status(jid) == JobStatus::Active;
+            let failed = parent_running
+                && match j.state.base() {
+                    JobBase::Cancelled => false,
+                    JobBase::Complete => ran < self.cfg.satellite_min_runtime_s,
+                    _ => true,
+                };
             if failed {
                 self.node_failed(
                     n,
