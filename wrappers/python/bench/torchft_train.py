@@ -9,6 +9,8 @@ import os
 
 import torch
 import torch.distributed as dist
+from _job import flat_allreduce, job
+from torch.distributed import ReduceOp
 from torchft import Manager, ProcessGroupGloo
 
 p = argparse.ArgumentParser()
@@ -21,13 +23,7 @@ p.add_argument("--timeline", default=None)
 p.add_argument("--replica", type=int, required=True)
 args = p.parse_args()
 
-g = torch.Generator().manual_seed(1234)
-X = torch.randn(args.samples, 16, generator=g)
-W_true = torch.randn(16, 1, generator=g)
-Y = torch.tanh(X @ W_true) + 0.05 * torch.randn(args.samples, 1, generator=g)
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1))
-opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+X, Y, model, opt = job(args.samples, args.hidden, args.lr)
 params = list(model.parameters())
 
 # The replica group's own store (torchrun would provide it).
@@ -56,13 +52,8 @@ while manager.current_step() < steps:
     idx = torch.randint(0, args.samples, (args.batch,), generator=rng)
     opt.zero_grad()
     torch.nn.functional.mse_loss(model(X[idx]), Y[idx]).backward()
-    flat = torch.cat([q.grad.reshape(-1) for q in params])
-    manager.allreduce(flat).wait()
-    off = 0
-    for q in params:
-        n = q.numel()
-        q.grad.copy_(flat[off : off + n].view_as(q))
-        off += n
+    # torchft's allreduce averages over the participants (equal batches here).
+    flat_allreduce(params, 1, lambda t: manager.allreduce(t, reduce_op=ReduceOp.SUM).wait())
     if manager.should_commit():
         opt.step()
     if timeline:

@@ -31,7 +31,7 @@ from .elastic import (
     world_size,
 )
 from .sampler import ElasticSampler
-from .state import State, TorchState
+from .state import State
 
 __version__ = "0.1.0"
 
@@ -41,7 +41,6 @@ __all__ = [
     "JobEnded",
     "PeerFailure",
     "State",
-    "TorchState",
     "allreduce_gradients",
     "generation",
     "rank",

@@ -64,8 +64,6 @@ class _Runtime:
         self.backend = os.environ.get("BFT_BACKEND", "")
         self.sigterm = False
         self.device: Any = None
-        # Timings of the last membership changes, for benchmarks and logs.
-        self.last_switch_s = 0.0
 
     # -- process group -------------------------------------------------------------
 
@@ -145,7 +143,6 @@ class _Runtime:
         assert agent is not None
         import torch.distributed as dist
 
-        t0 = time.monotonic()
         if dist.is_initialized():
             dist.destroy_process_group()
         while not self._rendezvous(g):
@@ -158,7 +155,6 @@ class _Runtime:
         self._init(g)
         self._sync(state)
         state.on_reset()
-        self.last_switch_s = time.monotonic() - t0
 
     def _member_generation(self, after: int) -> _agent.Generation:
         agent = self.agent

@@ -158,10 +158,6 @@ class State:
         return True
 
 
-# A separate name keeps the older spelling of the API working.
-TorchState = State
-
-
 def _snapshot(d: Dict[str, Any]) -> Dict[str, Any]:
     """A deep copy that does not share tensor storage with the live model."""
     try:
