@@ -225,11 +225,17 @@ fn cluster_observe_refresh_cost_with_a_long_queue() {
 
 /// Times the unchanged path against full loads and prints it (not asserted); rounds
 /// alternate so both see the same machine load. A round in which the controller did
-/// change something (the scheduler touches jobs now and then) is not counted.
+/// change something (the scheduler touches pending jobs on each of its passes, more
+/// often seen on a loaded machine) is not counted: rounds go on until 100 quiet ones
+/// are counted or 20 s have passed. The figure is information, so a busy controller
+/// that leaves too few quiet rounds is reported, not failed (CI once saw 30 of 100).
 fn measure_refresh(s: &Slurm, view: &mut ClusterView, what: &str) {
-    let rounds = 100;
-    let (mut unchanged, mut full, mut counted) = (Duration::ZERO, Duration::ZERO, 0u32);
-    for _ in 0..rounds {
+    let want = 100u32;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut unchanged, mut full, mut counted, mut rounds) =
+        (Duration::ZERO, Duration::ZERO, 0u32, 0u32);
+    while counted < want && Instant::now() < deadline {
+        rounds += 1;
         let (nodes, parts, jobs) = view.snapshots();
         let (nt, pt, jt) = (nodes.last_update, parts.last_update, jobs.last_update);
         let t = Instant::now();
@@ -250,16 +256,19 @@ fn measure_refresh(s: &Slurm, view: &mut ClusterView, what: &str) {
             view.refresh(s).unwrap();
         }
     }
-    assert!(
-        counted >= rounds / 2,
-        "the cluster kept changing: {counted} quiet rounds"
-    );
-    eprintln!(
-        "MEASURED refresh, 4 nodes, {what}: unchanged {:?}/round, full {:?}/round, \
-         ratio full/unchanged {:.2} ({counted} rounds)",
-        unchanged / counted,
-        full / counted,
-        full.as_secs_f64() / unchanged.as_secs_f64()
-    );
+    if counted < 10 {
+        eprintln!(
+            "MEASURED refresh, 4 nodes, {what}: not measured, only {counted} of {rounds} \
+             rounds were quiet within 20 s (the controller kept changing)"
+        );
+    } else {
+        eprintln!(
+            "MEASURED refresh, 4 nodes, {what}: unchanged {:?}/round, full {:?}/round, \
+             ratio full/unchanged {:.2} ({counted} quiet of {rounds} rounds)",
+            unchanged / counted,
+            full / counted,
+            full.as_secs_f64() / unchanged.as_secs_f64()
+        );
+    }
     view.refresh(s).unwrap();
 }
