@@ -589,3 +589,116 @@ fn a_job_keeps_its_size_within_the_rescale_interval() {
         }]
     );
 }
+
+/// `bftrainer pause|drain|resume` as the engine sees them: paused admits and grows
+/// nothing and keeps what jobs hold; drained shrinks every job to its core nodes;
+/// reopened, the allocator decides again. With the exact allocator and linear curves
+/// the optimum is every idle node.
+#[test]
+fn lending_pause_drain_resume() {
+    use bftrainer_core::engine::Lending;
+    let ex = Exact {
+        opts: bftrainer_core::alloc::Options::new(bftrainer_core::alloc::Objective::Bftrainer),
+    };
+    let mut e = Engine::new(EngineConfig::default(), ex);
+    for n in 0..6 {
+        e.on_event(
+            &Event::NodeAdded {
+                node: n,
+                name: format!("n{n}"),
+            },
+            0.0,
+        )
+        .unwrap();
+    }
+    let idle = |e: &mut Engine<Exact>, n: u32, t: f64| {
+        e.on_event(
+            &Event::NodeIdle {
+                node: n,
+                reclaim_at: None,
+            },
+            t,
+        )
+        .unwrap();
+    };
+    for n in 0..3 {
+        idle(&mut e, n, 0.0);
+    }
+    e.on_event(
+        &Event::JobSubmitted {
+            job: 0,
+            spec: spec("a", 2, 6),
+        },
+        0.0,
+    )
+    .unwrap();
+    let a = e.on_event(&Event::Tick, 0.0).unwrap();
+    assert_eq!(a, vec![Action::Admit { job: 0, nodes: vec![0, 1, 2] }]);
+    assert_eq!(e.job_anchors(0), &[0, 1]);
+
+    // Paused: a new idle node and a new job get nothing.
+    e.on_event(&Event::Lending { mode: Lending::Paused }, 1.0).unwrap();
+    assert_eq!(e.lending(), Lending::Paused);
+    idle(&mut e, 3, 1.0);
+    e.on_event(
+        &Event::JobSubmitted {
+            job: 1,
+            // Faster per node than a: the optimum admits it when lending reopens.
+            spec: ElasticSpec {
+                objective: Curve {
+                    points: vec![(1, 10.0), (2, 20.0)],
+                },
+                ..spec("b", 1, 2)
+            },
+        },
+        1.0,
+    )
+    .unwrap();
+    assert!(e.on_event(&Event::Tick, 1.0).unwrap().is_empty());
+    assert_eq!(e.job_nodes(0), &[0, 1, 2]);
+    assert!(e.job_nodes(1).is_empty());
+    // A regular job still takes a lent node back while paused.
+    e.on_event(&Event::NodeClaimed { node: 2 }, 2.0).unwrap();
+    assert!(e.on_event(&Event::Tick, 2.0).unwrap().is_empty());
+    assert_eq!(e.job_nodes(0), &[0, 1]);
+    idle(&mut e, 2, 2.5);
+    idle(&mut e, 4, 2.5);
+
+    // Drained: job a first grows back to 4 nodes when reopened, then is cut to its core.
+    e.on_event(&Event::Lending { mode: Lending::Open }, 3.0).unwrap();
+    let a = e.on_event(&Event::Tick, 3.0).unwrap();
+    let held: usize = (0..2).map(|j| e.job_nodes(j).len()).sum();
+    assert_eq!(held, 5, "reopened, every idle node is used: {a:?}");
+    assert_eq!(e.job_nodes(1).len(), 2, "b admitted on reopening: {a:?}");
+    let before_b = e.job_nodes(1).to_vec();
+    e.on_event(&Event::Lending { mode: Lending::Drained }, 4.0).unwrap();
+    let a = e.on_event(&Event::Tick, 4.0).unwrap();
+    assert!(
+        a.iter().all(|x| matches!(x, Action::Shrink { .. })),
+        "drain only shrinks: {a:?}"
+    );
+    assert_eq!(e.job_nodes(0), &[0, 1], "job a keeps its core");
+    assert_eq!(e.job_nodes(1).len(), 1, "job b keeps its one core node");
+    assert!(before_b.contains(&e.job_nodes(1)[0]));
+    // Still drained: idle nodes are not lent.
+    idle(&mut e, 5, 5.0);
+    assert!(e.on_event(&Event::Tick, 5.0).unwrap().is_empty());
+    // Resume: everything idle is lent again.
+    e.on_event(&Event::Lending { mode: Lending::Open }, 6.0).unwrap();
+    let a = e.on_event(&Event::Tick, 6.0).unwrap();
+    assert!(a.iter().all(|x| matches!(x, Action::Grow { .. })), "{a:?}");
+    let held: usize = (0..2).map(|j| e.job_nodes(j).len()).sum();
+    assert_eq!(held, 6);
+    // The mode round-trips through the journal format.
+    let r = bftrainer_core::engine::Record {
+        v: bftrainer_core::engine::EVENT_FORMAT_VERSION,
+        t: 7.0,
+        event: Event::Lending { mode: Lending::Drained },
+    };
+    let line = serde_json::to_string(&r).unwrap();
+    assert_eq!(
+        line,
+        r#"{"v":1,"t":7.0,"event":{"type":"lending","mode":"drained"}}"#
+    );
+    assert_eq!(bftrainer_core::engine::Record::from_json_line(&line).unwrap(), r);
+}

@@ -351,6 +351,12 @@ impl Slurm {
             .ok_or_else(|| crate::Error::from_code("slurm_load_ctl_conf", slurm_sys::SLURM_ERROR))
     }
 
+    /// SlurmUser's uid as slurmctld reports it: the one non-root user Slurm treats as
+    /// an administrator.
+    pub fn slurm_user_id(&self) -> Result<u32> {
+        self.ctl_conf(|c| c.slurm_user_id)
+    }
+
     /// AuthInfo as slurmctld reports it (`socket=/path,cred_expire=15`), if set: where
     /// the cluster's munged listens.
     pub fn auth_info(&self) -> Result<Option<String>> {

@@ -95,6 +95,34 @@ pub enum Event {
     /// The observations up to `now` are complete: re-plan if anything changed. The
     /// daemon sends one per poll, the simulator one per distinct timestamp.
     Tick,
+    /// An operator changed whether nodes are lent (`bftrainer pause|drain|resume`).
+    /// Journaled like any observation, so a restart or a replay keeps the mode. Added
+    /// to format 1 without a version bump: journals without it read as before.
+    Lending { mode: Lending },
+}
+
+/// Whether the engine lends nodes to elastic jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lending {
+    /// Normal operation: admit, grow, shrink as the allocator decides.
+    #[default]
+    Open,
+    /// No admissions and no growth; running jobs keep what they hold (regular jobs
+    /// still take nodes back). No decisions are made until lending reopens.
+    Paused,
+    /// As paused, and every job is shrunk to its core nodes at the next decision.
+    Drained,
+}
+
+impl Lending {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lending::Open => "open",
+            Lending::Paused => "paused",
+            Lending::Drained => "drained",
+        }
+    }
 }
 
 /// What the engine asks the environment (Slurm, or the simulator's model) to do.

@@ -3,7 +3,7 @@
 
 mod event;
 
-pub use event::{Action, ElasticSpec, Event, Record, EVENT_FORMAT_VERSION};
+pub use event::{Action, ElasticSpec, Event, Lending, Record, EVENT_FORMAT_VERSION};
 
 use crate::alloc::{Instance, JobInput, Options, Solution};
 use crate::error::{Error, Result};
@@ -171,6 +171,8 @@ pub struct Engine<A> {
     deciding: Vec<JobId>,
     /// The earliest time a waiting node or job becomes usable: re-decide then.
     wake_at: Option<f64>,
+    /// Whether nodes are lent (`Event::Lending`).
+    lending: Lending,
     pub stats: EngineStats,
 }
 
@@ -199,6 +201,7 @@ impl<A: Allocator> Engine<A> {
             view: Vec::new(),
             deciding: Vec::new(),
             wake_at: None,
+            lending: Lending::Open,
             stats: EngineStats::default(),
         }
     }
@@ -500,8 +503,19 @@ impl<A: Allocator> Engine<A> {
                 }
             }
             Event::Tick => return self.decide(now),
+            Event::Lending { mode } => {
+                if *mode != self.lending {
+                    self.lending = *mode;
+                    self.dirty = true;
+                }
+            }
         }
         Ok(Vec::new())
+    }
+
+    /// Whether nodes are lent, as the last `Event::Lending` set it (open by default).
+    pub fn lending(&self) -> Lending {
+        self.lending
     }
 
     fn admit_from_queue(&mut self) {
@@ -524,6 +538,12 @@ impl<A: Allocator> Engine<A> {
         if !self.dirty || self.active.is_empty() {
             return Ok(Vec::new());
         }
+        // Paused: nothing is decided (losses still apply as they come); the pending
+        // change is decided when lending reopens.
+        if self.lending == Lending::Paused {
+            return Ok(Vec::new());
+        }
+        let drained = self.lending == Lending::Drained;
         self.dirty = false;
         let mut wake: Option<f64> = None;
         let soonest = |w: &mut Option<f64>, t: f64| *w = Some(w.map_or(t, |x| x.min(t)));
@@ -535,7 +555,8 @@ impl<A: Allocator> Engine<A> {
             let job = &mut self.jobs[j as usize];
             let n = job.nodes.len() as u32;
             let until = job.last_rescale.map(|t| t + interval);
-            let frozen = interval > 0.0
+            let frozen = !drained
+                && interval > 0.0
                 && n > 0
                 && (job.spec.min_nodes..=job.spec.max_nodes).contains(&n)
                 && until.is_some_and(|u| u > now);
@@ -615,6 +636,10 @@ impl<A: Allocator> Engine<A> {
             );
         }
         self.stats.decisions += 1;
+        if drained {
+            let sol = self.core_only();
+            return self.apply(sol, now);
+        }
         let sol = self
             .alloc
             .allocate(&self.inst)
@@ -624,6 +649,49 @@ impl<A: Allocator> Engine<A> {
             return Ok(Vec::new());
         };
         self.apply(sol, now)
+    }
+
+    /// The drained allocation: every deciding job keeps its core nodes (anchors), topped
+    /// up with others it holds when losses left fewer than `min_nodes` anchors; a job
+    /// that holds fewer than `min_nodes` is requeued, one that holds none stays at none.
+    fn core_only(&self) -> Solution {
+        let jobs = self
+            .deciding
+            .iter()
+            .map(|&j| {
+                let job = &self.jobs[j as usize];
+                let min = job.spec.min_nodes as usize;
+                if job.nodes.len() < min {
+                    return Vec::new();
+                }
+                let mut keep: Vec<NodeId> = job
+                    .anchors
+                    .iter()
+                    .copied()
+                    .filter(|n| job.nodes.contains(n))
+                    .collect();
+                for &n in &job.nodes {
+                    if keep.len() >= min {
+                        break;
+                    }
+                    if !keep.contains(&n) {
+                        keep.push(n);
+                    }
+                }
+                let mut set: Vec<u32> = keep
+                    .iter()
+                    .map(|&n| self.nodes[n as usize].vpos)
+                    .collect();
+                set.sort_unstable();
+                set
+            })
+            .collect();
+        Solution {
+            objective_value: 0.0,
+            jobs,
+            batch_sizes: vec![None; self.deciding.len()],
+            fairness_level: None,
+        }
     }
 
     /// A shrinking job gives up its core (anchor) nodes last: where the allocator took
