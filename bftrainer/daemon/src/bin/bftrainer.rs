@@ -1,6 +1,7 @@
-//! The `bftrainer` command: offline tools and (later) the daemon's client.
+//! The `bftrainer` command: offline tools, accounting, and the daemon's client.
 
 use bftrainer_daemon::cmd;
+use bftrainer_daemon::daemon::control::Op;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -22,6 +23,19 @@ enum Command {
     BenchAlloc(cmd::bench_alloc::Args),
     /// Replay a node-event trace or job log through the engine; print a harvest report.
     Replay(Box<cmd::replay::Args>),
+    /// bftrainerd's state: uptime, latencies, idle / lent / reserved nodes, jobs, errors.
+    Status(cmd::ctl::StatusArgs),
+    /// Elastic jobs: bounds, nodes (core and satellites), rate, grows, shrinks,
+    /// preemptions, node-hours; `--history` for their size over time.
+    Jobs(cmd::ctl::JobsArgs),
+    /// Nodes of the elastic partitions: state, holder, reclaim forecast.
+    Nodes(cmd::ctl::NodesArgs),
+    /// Stop lending (admin): no admissions, no growth; running jobs keep their nodes.
+    Pause(cmd::ctl::AdminArgs),
+    /// Stop lending and shrink every elastic job to its core nodes (admin).
+    Drain(cmd::ctl::AdminArgs),
+    /// Lend idle nodes again after pause or drain (admin).
+    Resume(cmd::ctl::AdminArgs),
 }
 
 fn main() {
@@ -31,6 +45,12 @@ fn main() {
         Command::Solve(a) => cmd::solve::run(a),
         Command::BenchAlloc(a) => cmd::bench_alloc::run(a),
         Command::Replay(a) => cmd::replay::run(a),
+        Command::Status(a) => cmd::ctl::status(a),
+        Command::Jobs(a) => cmd::ctl::jobs(a),
+        Command::Nodes(a) => cmd::ctl::nodes(a),
+        Command::Pause(a) => cmd::ctl::admin(a, Op::Pause),
+        Command::Drain(a) => cmd::ctl::admin(a, Op::Drain),
+        Command::Resume(a) => cmd::ctl::admin(a, Op::Resume),
     };
     if let Err(e) = res {
         eprintln!("bftrainer: error: {e:#}");

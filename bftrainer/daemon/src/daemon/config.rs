@@ -9,9 +9,10 @@ use bftrainer_core::engine::EngineConfig;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub const DAEMON_KEYS: [&str; 10] = [
+pub const DAEMON_KEYS: [&str; 11] = [
     "poll_interval",
     "state_dir",
+    "socket",
     "shrink_grace",
     "admit_timeout",
     "grow_timeout",
@@ -32,6 +33,7 @@ pub const ENGINE_KEYS: [&str; 8] = [
     "default_curve",
 ];
 pub const RUNTIME_KEYS: [&str; 2] = ["join_command", "satellite_output"];
+pub const METRICS_KEYS: [&str; 1] = ["listen"];
 
 /// Everything bftrainerd reads from bftrainer.toml.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +41,10 @@ pub struct Config {
     pub path: PathBuf,
     pub poll_interval: Duration,
     pub state_dir: PathBuf,
+    /// The control socket (`bftrainer status` and friends).
+    pub socket: PathBuf,
+    /// Where the Prometheus endpoint listens; None: off.
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// From SIGTERM to a satellite being shrunk until it is cancelled.
     pub shrink_grace_s: f64,
     /// How long a released core job may take to start before it is held again.
@@ -135,7 +141,17 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
     let r = Table::new(&doc, "runtime", &file);
     r.check_keys(&RUNTIME_KEYS)?;
     let p = Table::new(&doc, "policy", &file);
-
+    let m = Table::new(&doc, "metrics", &file);
+    m.check_keys(&METRICS_KEYS)?;
+    let metrics_listen = match m.opt_string("listen")? {
+        None => None,
+        Some(a) => Some(a.parse::<std::net::SocketAddr>().map_err(|_| {
+            m.err(
+                "listen",
+                format!("'{a}' is not an address and port; expected e.g. \"127.0.0.1:9464\" or \"[::]:9464\""),
+            )
+        })?),
+    };
     let poll = d.seconds("poll_interval", 0.05..=60.0, 1.0)?;
     let state_dir = base.join(d.string("state_dir", "/var/lib/bftrainer")?);
     if state_dir.as_os_str().is_empty() {
@@ -191,6 +207,11 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
     Ok(Config {
         path: path.to_path_buf(),
         poll_interval: Duration::from_secs_f64(poll),
+        socket: match d.opt_string("socket")? {
+            Some(s) => base.join(s),
+            None => super::control::default_socket(&state_dir),
+        },
+        metrics_listen,
         state_dir,
         shrink_grace_s: d.seconds("shrink_grace", 0.0..=3600.0, 10.0)?,
         admit_timeout_s: d.seconds("admit_timeout", 1.0..=3600.0, 30.0)?,
@@ -302,6 +323,11 @@ mod tests {
         assert_eq!(c.state_dir, PathBuf::from("/etc/slurm/state"));
         assert_eq!(c.default_curve.unwrap().points, [(1, 10.0), (4, 30.5)]);
         assert_eq!(c.objective, Objective::Fairness);
+        assert_eq!(c.socket, PathBuf::from("/etc/slurm/state/bftrainerd.sock"));
+        assert_eq!(c.metrics_listen, None);
+        let c = p("[daemon]\nsocket = \"/run/bft.sock\"\n[metrics]\nlisten = \"127.0.0.1:9464\"\n").unwrap();
+        assert_eq!(c.socket, PathBuf::from("/run/bft.sock"));
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
     }
 
     #[test]
@@ -316,6 +342,8 @@ mod tests {
             ("[engine]\ndefault_curve = [[2, 1.0]]", "[engine] default_curve: expected a list of [nodes, value] pairs"),
             ("[runtime]\njoin_command = \" \"", "[runtime] join_command: is empty"),
             ("[demon]\n", "unknown table or key 'demon' at top level"),
+            ("[metrics]\nlisten = \"9464\"", "[metrics] listen: '9464' is not an address and port; expected e.g. \"127.0.0.1:9464\""),
+            ("[metrics]\nport = 1", "[metrics] port: unknown key; allowed keys: listen"),
             ("[policy]\nsatellite_partition = \"a b\"", "[policy] satellite_partition: 'a b' is not a partition name"),
         ];
         for (text, want) in cases {

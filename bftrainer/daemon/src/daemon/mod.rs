@@ -18,13 +18,17 @@
 
 pub mod cluster;
 pub mod config;
+pub mod control;
+pub mod metrics;
 pub mod gen;
+pub mod book;
 pub mod journal;
 pub mod run;
+pub mod view;
 
 use bftrainer_core::alloc::Curve;
 use bftrainer_core::engine::{
-    ElasticSpec, Engine, Event, Exact, JobId, JobStatus, NodeId, NodeState, Record,
+    ElasticSpec, Engine, Event, Exact, JobId, JobStatus, Lending, NodeId, NodeState, Record,
     EVENT_FORMAT_VERSION,
 };
 use bftrainer_core::runtime::RunComment;
@@ -54,10 +58,34 @@ struct NodeRec {
     /// The forecast last sent with `NodeIdle`.
     sent_forecast: Option<f64>,
     class: Class,
+    /// Why the node has its class, as last observed (for `bftrainer nodes`).
+    why: Why,
+}
+
+/// Why a node is or is not open to elastic jobs, as the last observation decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Why {
+    /// Idle or held by an elastic job: open to elastic jobs.
+    Open,
+    /// A regular job holds it.
+    RegularJob,
+    /// Idle, but the backfill plan gives it to a regular job within `release_before`.
+    Planned,
+    /// Idle after a regular job left while regular jobs wait in its partitions.
+    QueueWaits,
+    /// Taken from an elastic job by preemption moments ago (`reclaim_hold`).
+    Reclaimed,
+    /// Down, drained, in a reservation or maintenance.
+    Unavailable,
+    /// Set aside by bftrainerd after failed satellites.
+    SetAside,
+    /// slurmctld has not decided (restart, missed pings).
+    NotResponding,
 }
 
 /// A node whose satellites keep failing: set aside until `until`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct SetAside {
     pub failures: u32,
     pub until: f64,
@@ -87,11 +115,14 @@ struct Core {
     ended: bool,
     /// The runtime's last published rate (samples/s) and size, from the job's Comment.
     rate: Option<(f64, u32)>,
+    user: Option<String>,
 }
 
 /// What the daemon remembers of one satellite job.
 #[derive(Debug, Default)]
 struct SatMemo {
+    parent: u32,
+    node: String,
     joined: bool,
     signalled_at: Option<f64>,
     /// The daemon ended it (shrink, orphan, timeout): its end is not a failure.
@@ -101,7 +132,7 @@ struct SatMemo {
 }
 
 /// Counters since start.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct Stats {
     pub cycles: u64,
     pub admits: u64,
@@ -123,6 +154,9 @@ pub struct CycleReport {
     pub events: usize,
     pub actions: usize,
     pub calls: usize,
+    /// Seconds spent reading Slurm, and observing + deciding.
+    pub poll_s: f64,
+    pub decide_s: f64,
 }
 
 pub struct Daemon<C: Cluster> {
@@ -154,6 +188,15 @@ pub struct Daemon<C: Cluster> {
     started_at: Option<f64>,
     pub stats: Stats,
     pending: Vec<Event>,
+    /// Per-job history for `bftrainer jobs`.
+    book: book::Book,
+    /// The last error logged, for `bftrainer status`.
+    last_error: Option<view::LastError>,
+    /// The current cycle's time (for `last_error`).
+    clock: f64,
+    /// Recent cycle timings: the Slurm refresh, and observe + decide.
+    pub poll_times: view::Window,
+    pub decide_times: view::Window,
 }
 
 fn record(t: f64, event: Event) -> Record {
@@ -223,10 +266,14 @@ impl<C: Cluster> Daemon<C> {
             started_at: None,
             stats: Stats::default(),
             pending: Vec::new(),
+            book: book::Book::default(),
+            last_error: None,
+            clock: 0.0,
+            poll_times: view::Window::default(),
+            decide_times: view::Window::default(),
         };
         for (i, r) in records.iter().enumerate() {
-            d.engine
-                .on_event(&r.event, r.t)
+            d.feed(&r.event, r.t)
                 .map_err(|e| anyhow::anyhow!("journal record {}: {e}", i + 1))?;
             d.last_t = r.t;
             d.learn(&r.event)?;
@@ -242,6 +289,14 @@ impl<C: Cluster> Daemon<C> {
         Ok(d)
     }
 
+    /// Feeds one event to the engine and books what it did (`book`).
+    fn feed(&mut self, ev: &Event, t: f64) -> bftrainer_core::Result<Vec<bftrainer_core::engine::Action>> {
+        let taken = book::Book::taken_from(&self.engine, ev);
+        let actions = self.engine.on_event(ev, t)?;
+        self.book.event(&self.engine, ev, taken, &actions, t);
+        Ok(actions)
+    }
+
     /// Keeps the daemon's maps in step with an event the engine accepted.
     fn learn(&mut self, ev: &Event) -> anyhow::Result<()> {
         match ev {
@@ -251,6 +306,7 @@ impl<C: Cluster> Daemon<C> {
                     name: name.clone(),
                     sent_forecast: None,
                     class: Class::Claimed,
+                    why: Why::RegularJob,
                 });
             }
             Event::NodeIdle { node, reclaim_at } => {
@@ -332,15 +388,41 @@ impl<C: Cluster> Daemon<C> {
         }
     }
 
+    /// Logs an error and keeps it for `bftrainer status`.
+    pub fn error(&mut self, message: String) {
+        log::error!("{message}");
+        self.last_error = Some(view::LastError {
+            time: self.clock,
+            message,
+        });
+    }
+
+    /// Opens, pauses or drains lending (`bftrainer resume|pause|drain`): journaled, so
+    /// it holds across restarts; the next cycle acts on it.
+    pub fn set_lending(&mut self, mode: Lending, now: f64) -> anyhow::Result<()> {
+        let now = now.max(self.last_t);
+        let ev = Event::Lending { mode };
+        self.feed(&ev, now)
+            .map_err(|e| anyhow::anyhow!("engine: {e}"))?;
+        self.last_t = now;
+        if let Some(j) = self.journal.as_mut() {
+            j.push(&record(now, ev));
+            j.flush()?;
+        }
+        log::info!("lending {} (asked through the control socket)", mode.as_str());
+        Ok(())
+    }
+
     fn node_name(&self, n: NodeId) -> &str {
         &self.nodes[n as usize].name
     }
 
     fn names(&self, nodes: &[NodeId]) -> String {
-        let v: Vec<String> = nodes
+        let mut v: Vec<String> = nodes
             .iter()
             .map(|&n| self.node_name(n).to_string())
             .collect();
+        v.sort_unstable();
         self.cluster.compress(&v)
     }
 
@@ -363,17 +445,22 @@ impl<C: Cluster> Daemon<C> {
     /// One poll: observe, decide, reconcile. `now` is Unix time in seconds.
     pub fn cycle(&mut self, now: f64) -> anyhow::Result<CycleReport> {
         let now = now.max(self.last_t);
+        self.clock = now;
         let mut rep = CycleReport::default();
         self.stats.cycles += 1;
         // plan_refresh 0: never force a full job load (node-table changes still do).
         let full = self.cfg.plan_refresh_s > 0.0 && now - self.last_full >= self.cfg.plan_refresh_s;
-        match self.cluster.refresh(full) {
+        let t0 = std::time::Instant::now();
+        let refreshed = self.cluster.refresh(full);
+        rep.poll_s = t0.elapsed().as_secs_f64();
+        self.poll_times.push(rep.poll_s);
+        match refreshed {
             Err(e) => {
                 if self.outage_since.is_none() {
-                    log::error!(
+                    self.error(format!(
                         "slurmctld does not answer ({e}); retrying every {:?}, logged once per outage",
                         self.cfg.poll_interval
-                    );
+                    ));
                     self.outage_since = Some(now);
                 }
                 self.stats.slurm_errors += 1;
@@ -390,9 +477,12 @@ impl<C: Cluster> Daemon<C> {
             }
         }
         rep.slurm_ok = true;
+        let t0 = std::time::Instant::now();
         self.observe(now);
         rep.events = self.pending.len();
         let actions = self.decide(now)?;
+        rep.decide_s = t0.elapsed().as_secs_f64();
+        self.decide_times.push(rep.decide_s);
         rep.actions = actions;
         rep.calls = self.reconcile(now);
         self.last_t = now;
@@ -405,7 +495,7 @@ impl<C: Cluster> Daemon<C> {
         let events = std::mem::take(&mut self.pending);
         let mut accepted = 0usize;
         for ev in events {
-            match self.engine.on_event(&ev, now) {
+            match self.feed(&ev, now) {
                 Ok(_) => {
                     log::debug!("event {}", self.describe(&ev));
                     accepted += 1;
@@ -420,8 +510,7 @@ impl<C: Cluster> Daemon<C> {
         self.stats.events += accepted as u64;
         let decisions = self.engine.stats.decisions;
         let actions = self
-            .engine
-            .on_event(&Event::Tick, now)
+            .feed(&Event::Tick, now)
             .map_err(|e| anyhow::anyhow!("engine: {e}"))?;
         if accepted > 0 || self.engine.stats.decisions != decisions {
             if let Some(j) = self.journal.as_mut() {
@@ -591,7 +680,7 @@ impl<C: Cluster> Daemon<C> {
             .map(|&n| self.nodes[n as usize].name.clone())
             .collect();
         // Nodes.
-        let mut cluster_nodes: Vec<(String, Option<Class>)> = Vec::new();
+        let mut cluster_nodes: Vec<(String, Option<Class>, Why)> = Vec::new();
         for n in self.cluster.nodes() {
             if !n.partitions.iter().any(|p| parts.contains(p)) {
                 continue;
@@ -613,20 +702,20 @@ impl<C: Cluster> Daemon<C> {
                     self.held_after_job.remove(&id);
                 }
             }
-            let class = if uncertain
+            let (class, why) = if uncertain
                 && !st.is_drain()
                 && st.base() != bftrainer_slurm::NodeBase::Down
             {
                 // slurmctld just restarted, or the node misses pings: Slurm has not
                 // decided; neither have we (no event until it does).
-                None
+                (None, Why::NotResponding)
             } else if st.is_unavailable() || st.is_drain() || st.is_reserved() {
-                Some(Class::Lost)
+                (Some(Class::Lost), Why::Unavailable)
             } else if foreign_busy.contains(&n.name) {
-                Some(Class::Claimed)
+                (Some(Class::Claimed), Why::RegularJob)
             } else if !our_nodes.contains(&n.name) && st.base() != bftrainer_slurm::NodeBase::Idle {
                 // Allocated to something not in our snapshot (a job just started).
-                Some(Class::Claimed)
+                (Some(Class::Claimed), Why::RegularJob)
             } else if !our_nodes.contains(&n.name)
                 && n.partitions.iter().any(|p| pending_parts.contains(p))
                 && self
@@ -642,32 +731,32 @@ impl<C: Cluster> Daemon<C> {
                     self.reclaimed.insert(id, now);
                     self.held_after_job.insert(id);
                 }
-                Some(Class::Claimed)
+                (Some(Class::Claimed), Why::QueueWaits)
             } else if reclaimed && !our_nodes.contains(&n.name) {
                 // Taken from an elastic job by preemption moments ago: the regular job
                 // that preempted it is about to start there; do not lend it back.
-                Some(Class::Claimed)
+                (Some(Class::Claimed), Why::Reclaimed)
             } else {
                 let mut r = forecast.get(&n.name).copied();
                 if r.is_none() && st.is_planned() {
                     r = Some(now);
                 }
-                Some(match r {
+                match r {
                     Some(t)
                         if t <= now + self.cfg.release_before_s
                             && !core_nodes.contains(&n.name) =>
                     {
-                        Class::Claimed
+                        (Some(Class::Claimed), Why::Planned)
                     }
-                    _ => Class::Available { reclaim_at: r },
-                })
+                    _ => (Some(Class::Available { reclaim_at: r }), Why::Open),
+                }
             };
-            cluster_nodes.push((n.name.clone(), class));
+            cluster_nodes.push((n.name.clone(), class, why));
         }
         self.reclaimed
             .retain(|_, t| now - *t < self.cfg.reclaim_hold_s);
         cluster_nodes.sort_by(|a, b| a.0.cmp(&b.0));
-        for (name, mut class) in cluster_nodes {
+        for (name, mut class, mut why) in cluster_nodes {
             let id = match self.node_ids.get(&name) {
                 Some(&id) => id,
                 None => {
@@ -677,7 +766,7 @@ impl<C: Cluster> Daemon<C> {
                         node: id,
                         name: name.clone(),
                     };
-                    if self.engine.on_event(&ev, now).is_ok() {
+                    if self.feed(&ev, now).is_ok() {
                         self.learn(&ev).ok();
                         if let Some(j) = self.journal.as_mut() {
                             j.push(&record(now, ev));
@@ -689,6 +778,7 @@ impl<C: Cluster> Daemon<C> {
             if let Some(sa) = self.set_aside.get(&id) {
                 if sa.until > now {
                     class = Some(Class::Lost);
+                    why = Why::SetAside;
                 } else {
                     log::info!(
                         "node {name}: back in the pool after being set aside ({})",
@@ -705,6 +795,7 @@ impl<C: Cluster> Daemon<C> {
                     );
                 }
             }
+            self.nodes[id as usize].why = why;
             if let Some(class) = class {
                 self.observe_node(id, class);
             }
@@ -890,7 +981,7 @@ impl<C: Cluster> Daemon<C> {
                 );
                 // Declared at once: later events of this cycle name it.
                 let ev = Event::JobSubmitted { job: jid, spec };
-                match self.engine.on_event(&ev, now) {
+                match self.feed(&ev, now) {
                     Ok(_) => {
                         self.learn(&ev).ok();
                         if let Some(jr) = self.journal.as_mut() {
@@ -925,6 +1016,7 @@ impl<C: Cluster> Daemon<C> {
                 rate: None,
                 preemptions: 0,
                 ended: false,
+                user: j.user_name.clone(),
             },
         );
         if is_running(j) && self.engine.job_nodes(jid).is_empty() {
@@ -997,7 +1089,7 @@ impl<C: Cluster> Daemon<C> {
                     Ok(()) => self.stats.requeues += 1,
                     Err(e) => {
                         self.stats.slurm_errors += 1;
-                        log::error!("requeue of preempted elastic job {id} failed: {e}");
+                        self.error(format!("requeue of preempted elastic job {id} failed: {e}"));
                     }
                 }
                 return;
@@ -1112,6 +1204,8 @@ impl<C: Cluster> Daemon<C> {
         let node = self.node_ids.get(&node_name).copied();
         let jid = self.cores.get(&parent).map(|c| c.jid);
         let memo = self.sats.entry(j.job_id).or_default();
+        memo.parent = parent;
+        memo.node.clone_from(&node_name);
         let held = |d: &Self| match (jid, node) {
             (Some(jid), Some(n)) => d.engine.node_state(n) == NodeState::Held(jid),
             _ => false,
@@ -1158,10 +1252,14 @@ impl<C: Cluster> Daemon<C> {
             };
             // A failure of the node: the satellite failed, or ended at once. Cancelled
             // (by its owner or an admin) is not the node's fault, nor is an end while its
-            // parent is over or no longer running (the runtime's agents stop then).
+            // parent is over or no longer running (the runtime's agents stop then), nor
+            // the end of one whose node the allocation no longer gives its parent (a
+            // shrink that a restart interrupted: the memo of it is gone, the journal's
+            // allocation is not).
             let parent_running = self.cores.get(&parent).is_some_and(|c| !c.ended)
                 && self.engine.job_status(jid) == JobStatus::Active;
             let failed = parent_running
+                && held(self)
                 && match j.state.base() {
                     JobBase::Cancelled => false,
                     JobBase::Complete => ran < self.cfg.satellite_min_runtime_s,
@@ -1274,7 +1372,7 @@ impl<C: Cluster> Daemon<C> {
             Ok(()) => true,
             Err(e) => {
                 self.stats.slurm_errors += 1;
-                log::error!("{what} of job {job} failed: {e}; retrying next cycle");
+                self.error(format!("{what} of job {job} failed: {e}; retrying next cycle"));
                 false
             }
         }
@@ -1659,7 +1757,9 @@ impl<C: Cluster> Daemon<C> {
             }
             Err(e) => {
                 self.stats.slurm_errors += 1;
-                log::error!("grow job {parent} onto {node}: submitting the satellite failed: {e}");
+                self.error(format!(
+                    "grow job {parent} onto {node}: submitting the satellite failed: {e}"
+                ));
                 self.node_failed(n, format!("satellite submission failed: {e}"), _now);
             }
         }
@@ -1667,47 +1767,140 @@ impl<C: Cluster> Daemon<C> {
 
     // ------------------------------------------------------------------ status
 
-    /// A snapshot of what the daemon holds, for `state_dir/status.json`.
-    pub fn status(&self, now: f64) -> serde_json::Value {
-        let nodes: Vec<serde_json::Value> = self
+    /// What the daemon holds and has done, for the control socket, the metrics and
+    /// `state_dir/status.json` (`view::Snapshot`).
+    pub fn snapshot(&self, now: f64) -> view::Snapshot {
+        let mut counts = view::NodeCounts::default();
+        let nodes: Vec<view::NodeView> = self
             .nodes
             .iter()
             .enumerate()
             .map(|(i, n)| {
-                let holder = match self.engine.node_state(i as NodeId) {
+                let id = i as NodeId;
+                let holder = match self.engine.node_state(id) {
                     NodeState::Held(j) => Some(self.jobs[j as usize]),
                     _ => None,
                 };
-                let aside = self.set_aside.get(&(i as NodeId)).filter(|s| s.until > now);
-                serde_json::json!({
-                    "name": n.name,
-                    "class": n.class,
-                    "holder": holder,
-                    "set_aside": aside,
-                })
+                let aside = self.set_aside.get(&id).filter(|s| s.until > now);
+                let state = if holder.is_some() {
+                    counts.lent += 1;
+                    "lent"
+                } else {
+                    match (n.class, n.why) {
+                        (Class::Available { .. }, _) => {
+                            counts.idle += 1;
+                            "idle"
+                        }
+                        (Class::Claimed, Why::RegularJob) => {
+                            counts.busy += 1;
+                            "busy"
+                        }
+                        (Class::Claimed, _) => {
+                            counts.reserved += 1;
+                            "reserved"
+                        }
+                        (Class::Lost, _) => {
+                            counts.unavailable += 1;
+                            "unavailable"
+                        }
+                    }
+                };
+                counts.total += 1;
+                view::NodeView {
+                    name: n.name.clone(),
+                    state: state.to_string(),
+                    why: n.why,
+                    holder,
+                    reclaim_at: match n.class {
+                        Class::Available { reclaim_at } => reclaim_at,
+                        _ => None,
+                    },
+                    set_aside: aside.cloned(),
+                }
             })
             .collect();
-        let jobs: Vec<serde_json::Value> = self
+        let mut by_state = view::JobCounts::default();
+        let jobs: Vec<view::JobView> = self
             .cores
             .iter()
-            .map(|(id, c)| {
-                serde_json::json!({
-                    "job_id": id,
-                    "state": format!("{:?}", self.engine.job_status(c.jid)).to_lowercase(),
-                    "nodes": self.names(self.engine.job_nodes(c.jid)),
-                    "core_nodes": self.names(self.engine.job_anchors(c.jid)),
-                    "preemptions": c.preemptions,
-                    "rate": self.engine.measured_rate(c.jid),
-                })
+            .map(|(&id, c)| {
+                let held = self.engine.job_nodes(c.jid);
+                let state = match self.engine.job_status(c.jid) {
+                    JobStatus::Queued => {
+                        by_state.pending += 1;
+                        "pending"
+                    }
+                    JobStatus::Active if held.is_empty() => {
+                        by_state.waiting += 1;
+                        "waiting"
+                    }
+                    JobStatus::Active => {
+                        by_state.running += 1;
+                        "running"
+                    }
+                    JobStatus::Finished => {
+                        by_state.finished += 1;
+                        "finished"
+                    }
+                    JobStatus::Cancelled => {
+                        by_state.cancelled += 1;
+                        "cancelled"
+                    }
+                };
+                let spec = self.engine.job_spec(c.jid);
+                let b = self.book.jobs.get(c.jid as usize);
+                let mut satellites: Vec<view::SatelliteView> = self
+                    .sats
+                    .iter()
+                    .filter(|(_, m)| m.parent == id && !m.done && !m.ending)
+                    .map(|(&sid, m)| view::SatelliteView {
+                        job_id: sid,
+                        node: m.node.clone(),
+                    })
+                    .collect();
+                satellites.sort_by_key(|s| s.job_id);
+                view::JobView {
+                    job_id: id,
+                    user: c.user.clone(),
+                    uid: c.uid,
+                    min_nodes: spec.min_nodes,
+                    max_nodes: spec.max_nodes,
+                    state: state.to_string(),
+                    nodes: self.names(held),
+                    size: held.len() as u32,
+                    core_nodes: self.names(self.engine.job_anchors(c.jid)),
+                    satellites,
+                    rate: self.engine.measured_rate(c.jid),
+                    admits: b.map_or(0, |b| b.admits),
+                    grows: b.map_or(0, |b| b.grows),
+                    shrinks: b.map_or(0, |b| b.shrinks),
+                    requeues: b.map_or(0, |b| b.requeues),
+                    preemptions: b.map_or(0, |b| b.preemptions),
+                    largest: b.map_or(0, |b| b.largest),
+                    node_hours: b.map_or(0.0, |b| b.node_seconds_at(now) / 3600.0),
+                    submitted_at: b.map_or(now, |b| b.submitted_at),
+                    ended_at: b.and_then(|b| b.ended_at),
+                    history: b.map(|b| b.history.iter().copied().collect()),
+                    history_dropped: b.map_or(0, |b| b.history_dropped),
+                }
             })
             .collect();
-        serde_json::json!({
-            "version": env!("CARGO_PKG_VERSION"),
-            "time": now,
-            "slurm_reachable": self.outage_since.is_none(),
-            "stats": self.stats,
-            "nodes": nodes,
-            "jobs": jobs,
-        })
+        view::Snapshot {
+            schema: view::SCHEMA.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            time: now,
+            started_at: self.started_at.unwrap_or(now),
+            lending: self.engine.lending().as_str().to_string(),
+            slurm_reachable: self.outage_since.is_none(),
+            last_error: self.last_error.clone(),
+            poll: self.poll_times.latency(),
+            decision: self.decide_times.latency(),
+            counts,
+            jobs_by_state: by_state,
+            node_seconds_harvested: self.book.harvested_node_seconds(now),
+            stats: self.stats.clone(),
+            nodes,
+            jobs,
+        }
     }
 }

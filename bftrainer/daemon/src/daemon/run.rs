@@ -1,15 +1,21 @@
-//! Running bftrainerd as a service: lock, journal, the tokio poll loop, signals.
-//! SIGTERM/SIGINT stop it cleanly (satellites stay: the next start adopts them);
-//! SIGHUP re-reads the config (a bad one is logged and the old one kept).
+//! Running bftrainerd as a service: lock, journal, the tokio poll loop, the control
+//! socket and metrics endpoint, signals. SIGTERM/SIGINT stop it cleanly (satellites
+//! stay: the next start adopts them); SIGHUP re-reads the config (a bad one is logged
+//! and the old one kept).
 
 use super::cluster::SlurmCluster;
 use super::config;
+use super::control::{self, AdminCmd, Shared};
 use super::journal::{Journal, Lock};
+use super::metrics::Metrics;
+use super::view::Snapshot;
 use super::Daemon;
 use anyhow::Context;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{mpsc, watch};
 
 pub const STATUS_FILE: &str = "status.json";
 
@@ -25,6 +31,15 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     let cfg = config::load(config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let lock = Lock::acquire(&cfg.state_dir)?;
     let slurm = bftrainer_slurm::Slurm::init().context("libslurm")?;
+    // Root and SlurmUser may use the admin verbs.
+    let mut admins = vec![0u32];
+    match slurm.slurm_user_id() {
+        Ok(u) if u != 0 => admins.push(u),
+        Ok(_) => {}
+        Err(e) => log::warn!(
+            "SlurmUser unknown ({e}): only root may pause, drain or resume until the next start"
+        ),
+    }
     let (journal, records) = Journal::open(&cfg.state_dir)?;
     log::info!(
         "bftrainerd {} starting: config {}, state in {}, partitions {}, poll every {:?}",
@@ -36,11 +51,21 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     );
     let daemon = Daemon::new(cfg, SlurmCluster::new(slurm), Some(journal), &records)?;
     drop(records);
+    if daemon.engine().lending() != bftrainer_core::engine::Lending::Open {
+        log::warn!(
+            "lending is {} (from the journal): run `bftrainer resume` to lend nodes again",
+            daemon.engine().lending().as_str()
+        );
+    }
+    let socket = daemon.cfg.socket.clone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("tokio runtime")?;
-    let r = rt.block_on(main_loop(daemon, config_path.to_path_buf()));
+    let r = rt.block_on(main_loop(daemon, config_path.to_path_buf(), admins));
+    // Tasks still holding connections go with the runtime; then the socket file.
+    drop(rt);
+    let _ = std::fs::remove_file(&socket);
     drop(lock);
     r
 }
@@ -48,6 +73,7 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
 async fn main_loop(
     mut daemon: Daemon<SlurmCluster>,
     config_path: std::path::PathBuf,
+    admins: Vec<u32>,
 ) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -55,6 +81,28 @@ async fn main_loop(
     let mut interval = tokio::time::interval(daemon.cfg.poll_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let status_path = daemon.cfg.state_dir.join(STATUS_FILE);
+
+    let (snap_tx, snap_rx) = watch::channel(Arc::new(daemon.snapshot(unix_now())));
+    let (admin_tx, mut admin_rx) = mpsc::channel::<AdminCmd>(16);
+    let listener = control::bind(&daemon.cfg.socket)?;
+    log::info!("control socket {}", daemon.cfg.socket.display());
+    tokio::spawn(control::serve(
+        listener,
+        Shared {
+            snapshot: snap_rx.clone(),
+            admin: admin_tx,
+            admins,
+        },
+    ));
+    let metrics = Arc::new(Metrics::new(snap_rx));
+    if let Some(addr) = daemon.cfg.metrics_listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("[metrics] listen = \"{addr}\": cannot listen there"))?;
+        log::info!("metrics on http://{addr}/metrics");
+        tokio::spawn(super::metrics::serve(l, metrics.clone()));
+    }
+
     loop {
         tokio::select! {
             _ = term.recv() => { log::info!("SIGTERM: stopping; satellites and jobs stay, the next start adopts them"); break; }
@@ -63,36 +111,73 @@ async fn main_loop(
                 match config::load(&config_path) {
                     Ok(cfg) => {
                         let poll = cfg.poll_interval;
+                        for (what, changed) in [
+                            ("[daemon] socket", cfg.socket != daemon.cfg.socket),
+                            ("[metrics] listen", cfg.metrics_listen != daemon.cfg.metrics_listen),
+                        ] {
+                            if changed {
+                                log::warn!("reload: {what} changed; it takes effect at the next start");
+                            }
+                        }
+                        let (socket, listen) = (daemon.cfg.socket.clone(), daemon.cfg.metrics_listen);
                         daemon.reconfigure(cfg);
+                        daemon.cfg.socket = socket;
+                        daemon.cfg.metrics_listen = listen;
                         if poll != interval.period() {
                             interval = tokio::time::interval(poll);
                             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                         }
                     }
-                    Err(e) => log::error!("SIGHUP: {e}; keeping the previous config"),
+                    Err(e) => daemon.error(format!("SIGHUP: {e}; keeping the previous config")),
                 }
+            }
+            Some(cmd) = admin_rx.recv() => {
+                let now = unix_now();
+                let before = daemon.engine().lending();
+                let r = daemon.set_lending(cmd.mode, now);
+                let answer = match &r {
+                    Ok(()) => Ok(lending_message(before, cmd.mode)),
+                    Err(e) => Err(format!("could not change lending: {e}")),
+                };
+                log::info!("uid {} asked to {}: {}", cmd.by_uid, cmd.mode.as_str(), answer.as_deref().unwrap_or_else(|e| e));
+                let _ = snap_tx.send(Arc::new(daemon.snapshot(now)));
+                let _ = cmd.reply.send(answer);
+                // A journal that cannot be written is fatal, as in a cycle.
+                r?;
             }
             _ = interval.tick() => {
                 // Slurm calls block: run the cycle off the async thread.
                 let status_path = status_path.clone();
-                let (d, r) = tokio::task::spawn_blocking(move || {
+                let (d, r, snap) = tokio::task::spawn_blocking(move || {
                     let t0 = std::time::Instant::now();
                     let now = unix_now();
                     let r = daemon.cycle(now);
+                    let mut snap = None;
                     if let Ok(rep) = &r {
+                        let s = daemon.snapshot(now);
                         if rep.slurm_ok {
-                            write_status(&daemon, now, &status_path);
+                            write_status(&s, &status_path);
                         }
+                        snap = Some(s);
                         let took = t0.elapsed();
                         if took > Duration::from_secs(1) {
                             log::warn!("a cycle took {took:?}");
                         }
                     }
-                    (daemon, r)
+                    (daemon, r, snap)
                 })
                 .await
                 .context("cycle task")?;
                 daemon = d;
+                if let Ok(rep) = &r {
+                    metrics.poll_seconds.observe(rep.poll_s);
+                    if rep.slurm_ok {
+                        metrics.decision_seconds.observe(rep.decide_s);
+                    }
+                }
+                if let Some(s) = snap {
+                    let _ = snap_tx.send(Arc::new(s));
+                }
                 // An engine or journal failure is fatal: acting on a state the journal
                 // does not hold would break recovery.
                 r?;
@@ -102,9 +187,19 @@ async fn main_loop(
     Ok(())
 }
 
-fn write_status(d: &Daemon<SlurmCluster>, now: f64, path: &Path) {
+fn lending_message(before: bftrainer_core::engine::Lending, now: bftrainer_core::engine::Lending) -> String {
+    use bftrainer_core::engine::Lending::*;
+    match (before, now) {
+        (a, b) if a == b => format!("lending was already {}", b.as_str()),
+        (_, Paused) => "lending paused: no admissions and no growth; running elastic jobs keep their nodes".into(),
+        (_, Drained) => "lending drained: every elastic job is shrunk to its core nodes at the next cycle; no admissions and no growth".into(),
+        (_, Open) => "lending resumed: idle nodes are lent again from the next cycle".into(),
+    }
+}
+
+fn write_status(s: &Snapshot, path: &Path) {
     let tmp = path.with_extension("json.tmp");
-    let text = serde_json::to_vec_pretty(&d.status(now)).unwrap_or_default();
+    let text = serde_json::to_vec_pretty(s).unwrap_or_default();
     if std::fs::write(&tmp, text)
         .and_then(|_| std::fs::rename(&tmp, path))
         .is_err()

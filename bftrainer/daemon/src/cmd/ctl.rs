@@ -1,0 +1,338 @@
+//! `bftrainer status|jobs|nodes|pause|drain|resume`: the daemon's client over its
+//! control socket. Tables in the style of squeue/scontrol for people, `--json` (the
+//! daemon's schema, docs/admin.md) for programs.
+
+use crate::daemon::book::SizeChange;
+use crate::daemon::control::{self, Op};
+use crate::daemon::view::{JobView, NodeView, Snapshot};
+use anyhow::{anyhow, Context};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where the daemon is; shared by every client subcommand.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Conn {
+    /// bftrainerd's control socket [default: `[daemon] socket` of the config, else
+    /// STATE_DIR/bftrainerd.sock]; also $BFTRAINER_SOCKET.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// The config that names the socket; also $BFTRAINER_CONFIG.
+    #[arg(long, value_name = "FILE", default_value = "/etc/slurm/bftrainer.toml")]
+    pub config: PathBuf,
+    /// Print the daemon's answer as JSON (schema bftrainer.status/1).
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds to wait for the daemon.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub timeout: u64,
+}
+
+impl Conn {
+    fn socket(&self) -> anyhow::Result<PathBuf> {
+        if let Some(s) = &self.socket {
+            return Ok(s.clone());
+        }
+        if let Some(s) = std::env::var_os("BFTRAINER_SOCKET") {
+            return Ok(s.into());
+        }
+        let path = std::env::var_os("BFTRAINER_CONFIG")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| self.config.clone());
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "cannot read {} to find bftrainerd's socket; pass --socket PATH",
+                path.display()
+            )
+        })?;
+        let cfg = crate::daemon::config::parse(&text, &path).map_err(|e| anyhow!("{e}"))?;
+        Ok(cfg.socket)
+    }
+
+    fn call(&self, op: Op) -> anyhow::Result<serde_json::Value> {
+        let socket = self.socket()?;
+        control::call(&socket, op, Duration::from_secs(self.timeout.max(1))).map_err(|e| anyhow!(e))
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct JobsArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+    /// Only this user's jobs (name or uid).
+    #[arg(short = 'u', long)]
+    pub user: Option<String>,
+    /// Print each job's size over time (one line per change).
+    #[arg(long)]
+    pub history: bool,
+    /// Only these jobs.
+    pub job_ids: Vec<u32>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct NodesArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AdminArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+pub fn status(a: &StatusArgs) -> anyhow::Result<()> {
+    let v = a.conn.call(Op::Status)?;
+    if a.conn.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let s: Snapshot = serde_json::from_value(v).context("the daemon's status")?;
+    print!("{}", status_text(&s));
+    Ok(())
+}
+
+pub fn jobs(a: &JobsArgs) -> anyhow::Result<()> {
+    let v = a.conn.call(Op::Jobs {
+        user: a.user.clone(),
+        job_ids: a.job_ids.clone(),
+        history: a.history,
+    })?;
+    if a.conn.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let jobs: Vec<JobView> = serde_json::from_value(v).context("the daemon's job list")?;
+    for id in &a.job_ids {
+        if !jobs.iter().any(|j| j.job_id == *id) {
+            eprintln!("bftrainer: job {id}: not an elastic job bftrainerd knows, or not yours");
+        }
+    }
+    print!("{}", jobs_text(&jobs, a.history));
+    if !a.job_ids.is_empty() && jobs.is_empty() {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+pub fn nodes(a: &NodesArgs) -> anyhow::Result<()> {
+    let v = a.conn.call(Op::Nodes)?;
+    if a.conn.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let nodes: Vec<NodeView> = serde_json::from_value(v).context("the daemon's node list")?;
+    print!("{}", nodes_text(&nodes, crate::daemon::run::unix_now()));
+    Ok(())
+}
+
+pub fn admin(a: &AdminArgs, op: Op) -> anyhow::Result<()> {
+    let v = a.conn.call(op)?;
+    if a.conn.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("{}", v["message"].as_str().unwrap_or("done"));
+    }
+    Ok(())
+}
+
+/// Seconds as Slurm prints durations: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`.
+pub fn duration(s: f64) -> String {
+    let s = s.max(0.0) as u64;
+    let (d, h, m, sec) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    if d > 0 {
+        format!("{d}-{h:02}:{m:02}:{sec:02}")
+    } else if h > 0 {
+        format!("{h}:{m:02}:{sec:02}")
+    } else {
+        format!("{m}:{sec:02}")
+    }
+}
+
+fn time(t: f64) -> String {
+    bftrainer_core::timefmt::format_time(t as i64)
+}
+
+/// `bftrainer status`, in scontrol's `Key=Value` style.
+pub fn status_text(s: &Snapshot) -> String {
+    let mut o = String::new();
+    let c = &s.counts;
+    let j = &s.jobs_by_state;
+    let st = &s.stats;
+    let _ = writeln!(
+        o,
+        "bftrainerd {} Uptime={} Lending={} Slurm={}",
+        s.version,
+        duration(s.time - s.started_at),
+        s.lending.to_uppercase(),
+        if s.slurm_reachable { "UP" } else { "NOT_RESPONDING" }
+    );
+    let _ = writeln!(
+        o,
+        "   Nodes={} Idle={} Lent={} Reserved={} Busy={} Unavailable={}",
+        c.total, c.idle, c.lent, c.reserved, c.busy, c.unavailable
+    );
+    let _ = writeln!(
+        o,
+        "   ElasticJobs Pending={} Running={} Waiting={} Finished={} Cancelled={}",
+        j.pending, j.running, j.waiting, j.finished, j.cancelled
+    );
+    let _ = writeln!(
+        o,
+        "   Poll last={:.2}ms p50={:.2}ms p99={:.2}ms  Decision last={:.2}ms p50={:.2}ms p99={:.2}ms ({} cycles)",
+        s.poll.last_ms,
+        s.poll.p50_ms,
+        s.poll.p99_ms,
+        s.decision.last_ms,
+        s.decision.p50_ms,
+        s.decision.p99_ms,
+        s.poll.samples
+    );
+    let _ = writeln!(
+        o,
+        "   Admits={} Grows={} Shrinks={} Requeues={} Preemptions={} SlurmErrors={} Harvested={:.2}node-h",
+        st.admits,
+        st.grows,
+        st.shrinks,
+        st.requeues,
+        st.preemptions,
+        st.slurm_errors,
+        s.node_seconds_harvested / 3600.0
+    );
+    match &s.last_error {
+        Some(e) => {
+            let _ = writeln!(o, "   LastError={} {}", time(e.time), e.message);
+        }
+        None => {
+            let _ = writeln!(o, "   LastError=(none)");
+        }
+    }
+    o
+}
+
+/// Left-aligned columns, squeue style: widths from the content, one space apart.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let mut o = String::new();
+    let line = |o: &mut String, cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (i, c) in cells.enumerate() {
+            let _ = write!(l, "{c:<width$} ", width = w[i]);
+        }
+        let _ = writeln!(o, "{}", l.trim_end());
+    };
+    line(&mut o, &mut header.iter().copied());
+    for r in rows {
+        line(&mut o, &mut r.iter().map(String::as_str));
+    }
+    o
+}
+
+/// `bftrainer jobs`: one row per elastic job; with `history`, its size changes below.
+pub fn jobs_text(jobs: &[JobView], history: bool) -> String {
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            vec![
+                j.job_id.to_string(),
+                j.user.clone().unwrap_or_else(|| j.uid.to_string()),
+                j.state.to_uppercase(),
+                format!("{}:{}", j.min_nodes, j.max_nodes),
+                j.size.to_string(),
+                j.rate.map_or("-".into(), |r| format!("{r:.1}")),
+                j.grows.to_string(),
+                j.shrinks.to_string(),
+                j.preemptions.to_string(),
+                format!("{:.2}", j.node_hours),
+                if j.nodes.is_empty() {
+                    "(none)".into()
+                } else {
+                    j.nodes.clone()
+                },
+                if j.satellites.is_empty() {
+                    "-".into()
+                } else {
+                    j.satellites
+                        .iter()
+                        .map(|s| format!("{}@{}", s.job_id, s.node))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                },
+            ]
+        })
+        .collect();
+    let mut o = table(
+        &[
+            "JOBID", "USER", "STATE", "MIN:MAX", "NODES", "RATE/S", "GROWS", "SHRINKS",
+            "PREEMPT", "NODE-H", "NODELIST", "SATELLITES",
+        ],
+        &rows,
+    );
+    if history {
+        for j in jobs {
+            let h: &[SizeChange] = j.history.as_deref().unwrap_or(&[]);
+            let _ = writeln!(
+                o,
+                "\nJob {} size history ({} changes{}):",
+                j.job_id,
+                h.len(),
+                if j.history_dropped > 0 {
+                    format!(", {} older ones dropped", j.history_dropped)
+                } else {
+                    String::new()
+                }
+            );
+            let rows: Vec<Vec<String>> = h
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let until = h.get(i + 1).map(|n| n.t).or(j.ended_at);
+                    vec![
+                        time(c.t),
+                        c.nodes.to_string(),
+                        until.map_or("(now)".into(), |u| duration(u - c.t)),
+                    ]
+                })
+                .collect();
+            o.push_str(&table(&["TIME", "NODES", "FOR"], &rows));
+        }
+    }
+    o
+}
+
+/// `bftrainer nodes`: one row per node of the elastic partitions.
+pub fn nodes_text(nodes: &[NodeView], now: f64) -> String {
+    let rows: Vec<Vec<String>> = nodes
+        .iter()
+        .map(|n| {
+            let why = serde_json::to_value(n.why)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            vec![
+                n.name.clone(),
+                n.state.to_uppercase(),
+                n.holder.map_or("-".into(), |h| h.to_string()),
+                n.reclaim_at.map_or("-".into(), |t| {
+                    format!("{} (in {})", time(t), duration(t - now))
+                }),
+                match &n.set_aside {
+                    Some(s) => format!("set aside until {}: {}", time(s.until), s.reason),
+                    None => why,
+                },
+            ]
+        })
+        .collect();
+    table(&["NODE", "STATE", "HOLDER", "RECLAIM", "REASON"], &rows)
+}

@@ -1,0 +1,158 @@
+//! What bftrainerd remembers per elastic job for `bftrainer jobs`: its size over time,
+//! grows, shrinks, requeues, nodes lost to preemption and node-seconds used. Fed by the
+//! same engine events and actions live and at start (journal replay), so a restarted
+//! daemon shows the same history.
+
+use bftrainer_core::engine::{Action, Engine, Event, Exact, JobId, JobStatus, NodeState};
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+
+/// Size changes kept per job; older ones are dropped (the counters keep counting).
+pub const HISTORY_CAP: usize = 1024;
+
+/// One job's record.
+#[derive(Debug, Clone, Default)]
+pub struct JobBook {
+    pub submitted_at: f64,
+    pub admits: u32,
+    pub grows: u32,
+    pub shrinks: u32,
+    pub requeues: u32,
+    /// Nodes lost to regular jobs (each satellite preempted, each core node claimed).
+    pub preemptions: u32,
+    /// Nodes held, as of `since`.
+    pub size: u32,
+    pub since: f64,
+    pub largest: u32,
+    /// Node-seconds up to `since`.
+    pub node_seconds: f64,
+    pub history: VecDeque<SizeChange>,
+    /// Size changes dropped from the front of `history` (over `HISTORY_CAP`).
+    pub history_dropped: u64,
+    pub ended_at: Option<f64>,
+}
+
+/// The job held `nodes` nodes from `t` (Unix seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SizeChange {
+    pub t: f64,
+    pub nodes: u32,
+}
+
+impl JobBook {
+    /// Node-seconds used up to `now`.
+    pub fn node_seconds_at(&self, now: f64) -> f64 {
+        self.node_seconds + f64::from(self.size) * (now - self.since).max(0.0)
+    }
+}
+
+/// The books of all jobs, indexed by engine job id, and the harvest total.
+#[derive(Debug, Default)]
+pub struct Book {
+    pub jobs: Vec<JobBook>,
+    /// Jobs whose size may still change (active or holding nodes).
+    open: Vec<JobId>,
+    /// Node-seconds of closed size intervals, all jobs.
+    closed_node_seconds: f64,
+}
+
+impl Book {
+    /// The elastic job a regular job takes a node from with `ev`, asked before the
+    /// engine sees `ev` (it forgets who held the node once it has the event).
+    pub fn taken_from(engine: &Engine<Exact>, ev: &Event) -> Option<JobId> {
+        let held_by = |n| match engine.node_state(n) {
+            NodeState::Held(j) => Some(j),
+            _ => None,
+        };
+        match ev {
+            Event::WorkerPreempted { job, node } => held_by(*node).filter(|j| j == job),
+            Event::NodeClaimed { node } => held_by(*node),
+            _ => None,
+        }
+    }
+
+    /// Books an event the engine accepted at `t`, with the actions it returned and the
+    /// job `taken_from` named.
+    pub fn event(
+        &mut self,
+        engine: &Engine<Exact>,
+        ev: &Event,
+        taken: Option<JobId>,
+        actions: &[Action],
+        t: f64,
+    ) {
+        if let Event::JobSubmitted { job, .. } = ev {
+            if *job as usize == self.jobs.len() {
+                self.jobs.push(JobBook {
+                    submitted_at: t,
+                    since: t,
+                    ..Default::default()
+                });
+                self.open.push(*job);
+            }
+        }
+        if let Some(j) = taken.and_then(|j| self.jobs.get_mut(j as usize)) {
+            j.preemptions += 1;
+        }
+        for a in actions {
+            let Some(b) = self.jobs.get_mut(a.job() as usize) else {
+                continue;
+            };
+            match a {
+                Action::Admit { .. } => b.admits += 1,
+                Action::Grow { .. } => b.grows += 1,
+                Action::Shrink { .. } => b.shrinks += 1,
+                Action::Requeue { .. } => b.requeues += 1,
+            }
+        }
+        // Sizes settle at the end of each observation round, which ends with a Tick.
+        if matches!(ev, Event::Tick) {
+            self.sizes(engine, t);
+        }
+    }
+
+    /// Records every open job's size as the engine has it at `t`.
+    fn sizes(&mut self, engine: &Engine<Exact>, t: f64) {
+        let jobs = &mut self.jobs;
+        let closed = &mut self.closed_node_seconds;
+        self.open.retain(|&j| {
+            let Some(b) = jobs.get_mut(j as usize) else {
+                return false;
+            };
+            let n = engine.job_nodes(j).len() as u32;
+            if n != b.size || b.history.is_empty() {
+                let used = f64::from(b.size) * (t - b.since).max(0.0);
+                b.node_seconds += used;
+                *closed += used;
+                b.size = n;
+                b.since = t;
+                b.largest = b.largest.max(n);
+                if b.history.len() >= HISTORY_CAP {
+                    b.history.pop_front();
+                    b.history_dropped += 1;
+                }
+                b.history.push_back(SizeChange { t, nodes: n });
+            }
+            let ended = matches!(
+                engine.job_status(j),
+                JobStatus::Finished | JobStatus::Cancelled
+            );
+            if ended && n == 0 {
+                b.ended_at.get_or_insert(t);
+                return false;
+            }
+            true
+        });
+    }
+
+    /// Node-seconds all elastic jobs used up to `now`.
+    pub fn harvested_node_seconds(&self, now: f64) -> f64 {
+        self.closed_node_seconds
+            + self
+                .open
+                .iter()
+                .filter_map(|&j| self.jobs.get(j as usize))
+                .map(|b| f64::from(b.size) * (now - b.since).max(0.0))
+                .sum::<f64>()
+    }
+}

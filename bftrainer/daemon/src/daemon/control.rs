@@ -1,0 +1,394 @@
+//! bftrainerd's control socket: one JSON request per connection, one JSON answer, over
+//! a Unix socket whose peer credentials (SO_PEERCRED) decide what the caller sees.
+//! Root and SlurmUser see everything and may pause, drain and resume lending; any other
+//! user sees only their own jobs. Answers come from the last published snapshot, so a
+//! slow cycle or an unreachable slurmctld never blocks `bftrainer status`.
+//!
+//! Robustness: a request is at most `MAX_REQUEST` bytes and must arrive within
+//! `IO_TIMEOUT`; at most `MAX_CLIENTS` connections are served at once (the next get a
+//! "busy" answer); garbage gets an error answer. None of it stops the daemon.
+
+use super::view::{JobView, NodeView, Snapshot};
+use bftrainer_core::engine::Lending;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+
+/// Version of the request/answer format. A request of another version is refused with
+/// a message naming both.
+pub const PROTOCOL: u32 = 1;
+/// Largest request accepted, bytes (a request is a few dozen).
+pub const MAX_REQUEST: usize = 64 * 1024;
+/// Time a client has to send its request, and to take its answer.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once.
+pub const MAX_CLIENTS: usize = 256;
+/// Default socket name inside `[daemon] state_dir`.
+pub const SOCKET_NAME: &str = "bftrainerd.sock";
+
+/// What a client asks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Op {
+    /// The daemon's state: version, uptime, latencies, node and job counts, errors.
+    Status,
+    /// Elastic jobs, optionally of one user (name or uid) or with these ids.
+    Jobs {
+        #[serde(default)]
+        user: Option<String>,
+        #[serde(default)]
+        job_ids: Vec<u32>,
+        /// Include each job's size history.
+        #[serde(default)]
+        history: bool,
+    },
+    /// Nodes of the elastic partitions.
+    Nodes,
+    /// Stop lending: no admissions, no growth (admin).
+    Pause,
+    /// Stop lending and shrink every elastic job to its core nodes (admin).
+    Drain,
+    /// Lend again (admin).
+    Resume,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    pub v: u32,
+    #[serde(flatten)]
+    pub op: Op,
+}
+
+/// The answer: `ok` with `data`, or an `error` message.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Response {
+    pub v: u32,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Response {
+    fn ok(data: serde_json::Value) -> Response {
+        Response {
+            v: PROTOCOL,
+            ok: true,
+            data: Some(data),
+            error: None,
+        }
+    }
+    fn err(msg: impl Into<String>) -> Response {
+        Response {
+            v: PROTOCOL,
+            ok: false,
+            data: None,
+            error: Some(msg.into()),
+        }
+    }
+}
+
+/// An admin verb for the main loop, which applies it between cycles and answers.
+#[derive(Debug)]
+pub struct AdminCmd {
+    pub mode: Lending,
+    pub by_uid: u32,
+    pub reply: oneshot::Sender<Result<String, String>>,
+}
+
+/// What the server needs from the daemon.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    pub snapshot: watch::Receiver<Arc<Snapshot>>,
+    pub admin: mpsc::Sender<AdminCmd>,
+    /// Uids allowed everything: root and SlurmUser.
+    pub admins: Vec<u32>,
+}
+
+/// The socket path: `[daemon] socket`, else `state_dir/bftrainerd.sock`.
+pub fn default_socket(state_dir: &Path) -> PathBuf {
+    state_dir.join(SOCKET_NAME)
+}
+
+/// Binds the socket at `path`, replacing a stale file (the daemon's lock guarantees no
+/// other bftrainerd serves it), world-connectable: access is decided per request.
+pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_socket() {
+            anyhow::bail!(
+                "control socket {}: a file that is not a socket is in the way; remove it or set [daemon] socket",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)?;
+    }
+    let l = UnixListener::bind(path)
+        .map_err(|e| anyhow::anyhow!("control socket {}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    Ok(l)
+}
+
+/// Serves until the listener fails for good.
+pub async fn serve(listener: UnixListener, shared: Shared) {
+    let slots = Arc::new(Semaphore::new(MAX_CLIENTS));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of file descriptors and the like: back off, keep serving.
+                log::warn!("control socket: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        match slots.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    handle(stream, &shared).await;
+                    drop(permit);
+                });
+            }
+            Err(_) => {
+                tokio::spawn(async move {
+                    let r = Response::err(format!(
+                        "busy: {MAX_CLIENTS} requests in progress; try again"
+                    ));
+                    write(stream, &r).await;
+                });
+            }
+        }
+    }
+}
+
+async fn write(mut stream: UnixStream, r: &Response) {
+    let mut text = serde_json::to_vec(r).unwrap_or_default();
+    text.push(b'\n');
+    // A client that does not read its answer is dropped after IO_TIMEOUT.
+    let _ = tokio::time::timeout(IO_TIMEOUT, async {
+        stream.write_all(&text).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+async fn handle(stream: UnixStream, shared: &Shared) {
+    let uid = match stream.peer_cred() {
+        Ok(c) => c.uid(),
+        Err(e) => {
+            log::debug!("control socket: no peer credentials: {e}");
+            return;
+        }
+    };
+    let mut reader = BufReader::new(stream);
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(IO_TIMEOUT, async {
+        (&mut reader)
+            .take(MAX_REQUEST as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .await
+    })
+    .await;
+    let stream = reader.into_inner();
+    let answer = match read {
+        Err(_) => Response::err(format!(
+            "no complete request within {} s; send one JSON line",
+            IO_TIMEOUT.as_secs()
+        )),
+        Ok(Err(e)) => {
+            log::debug!("control socket: read failed: {e}");
+            return;
+        }
+        Ok(Ok(_)) if buf.len() > MAX_REQUEST => Response::err(format!(
+            "request too large: over {MAX_REQUEST} bytes (a request is one short JSON line)"
+        )),
+        Ok(Ok(0)) => return,
+        Ok(Ok(_)) => answer(&buf, uid, shared).await,
+    };
+    write(stream, &answer).await;
+}
+
+/// Parses one request and answers it as `uid` may be answered.
+pub async fn answer(line: &[u8], uid: u32, shared: &Shared) -> Response {
+    let req: Request = match parse(line) {
+        Ok(r) => r,
+        Err(e) => return Response::err(e),
+    };
+    let admin = shared.admins.contains(&uid);
+    let snap = shared.snapshot.borrow().clone();
+    let who = (!admin).then_some(uid);
+    match req.op {
+        Op::Status => Response::ok(json(&status_view(&snap))),
+        Op::Jobs {
+            user,
+            job_ids,
+            history,
+        } => {
+            let jobs = jobs_view(&snap, who, user.as_deref(), &job_ids, history);
+            Response::ok(json(&jobs))
+        }
+        Op::Nodes => Response::ok(json(&nodes_view(&snap, who))),
+        Op::Pause | Op::Drain | Op::Resume if !admin => Response::err(format!(
+            "permission denied: pause, drain and resume are for root and SlurmUser; you are uid {uid}"
+        )),
+        op @ (Op::Pause | Op::Drain | Op::Resume) => {
+            let mode = match op {
+                Op::Pause => Lending::Paused,
+                Op::Drain => Lending::Drained,
+                _ => Lending::Open,
+            };
+            let (tx, rx) = oneshot::channel();
+            let cmd = AdminCmd {
+                mode,
+                by_uid: uid,
+                reply: tx,
+            };
+            if shared.admin.send(cmd).await.is_err() {
+                return Response::err("bftrainerd is stopping");
+            }
+            match rx.await {
+                Ok(Ok(msg)) => Response::ok(serde_json::json!({ "lending": mode.as_str(), "message": msg })),
+                Ok(Err(e)) => Response::err(e),
+                Err(_) => Response::err("bftrainerd is stopping"),
+            }
+        }
+    }
+}
+
+fn json<T: Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+}
+
+fn parse(line: &[u8]) -> Result<Request, String> {
+    let text = std::str::from_utf8(line)
+        .map_err(|_| "bad request: not UTF-8 text; send one JSON line".to_string())?;
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("bad request: empty; send one JSON line such as {\"v\":1,\"op\":\"status\"}".into());
+    }
+    // The version first, so an old or new client hears about versions, not fields.
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        format!("bad request: not JSON ({e}); send one line such as {{\"v\":1,\"op\":\"status\"}}")
+    })?;
+    match v.get("v").and_then(serde_json::Value::as_u64) {
+        Some(n) if n == u64::from(PROTOCOL) => {}
+        Some(n) => {
+            return Err(format!(
+                "protocol version {n} is not spoken here: bftrainerd {} speaks version {PROTOCOL}; use the bftrainer command of the same release",
+                env!("CARGO_PKG_VERSION")
+            ))
+        }
+        None => return Err("bad request: no protocol version \"v\"; expected \"v\": 1".into()),
+    }
+    serde_json::from_value(v).map_err(|e| {
+        format!("bad request: {e}; expected op one of status, jobs, nodes, pause, drain, resume")
+    })
+}
+
+/// `status`: the snapshot without its node and job lists.
+pub fn status_view(s: &Snapshot) -> Snapshot {
+    s.clone_summary()
+}
+
+/// `jobs`: the jobs `who` may see (None: all), filtered by user and ids.
+pub fn jobs_view(
+    s: &Snapshot,
+    who: Option<u32>,
+    user: Option<&str>,
+    ids: &[u32],
+    history: bool,
+) -> Vec<JobView> {
+    s.jobs
+        .iter()
+        .filter(|j| who.map_or(true, |u| j.uid == u))
+        .filter(|j| {
+            user.map_or(true, |u| {
+                j.user.as_deref() == Some(u) || u.parse::<u32>().is_ok_and(|n| n == j.uid)
+            })
+        })
+        .filter(|j| ids.is_empty() || ids.contains(&j.job_id))
+        .map(|j| {
+            let mut j = j.clone();
+            if !history {
+                j.history = None;
+            }
+            j
+        })
+        .collect()
+}
+
+/// `nodes`: every node; the holder is shown only for jobs `who` may see.
+pub fn nodes_view(s: &Snapshot, who: Option<u32>) -> Vec<NodeView> {
+    let Some(uid) = who else {
+        return s.nodes.clone();
+    };
+    let mine: std::collections::HashSet<u32> = s
+        .jobs
+        .iter()
+        .filter(|j| j.uid == uid)
+        .map(|j| j.job_id)
+        .collect();
+    s.nodes
+        .iter()
+        .map(|n| {
+            let mut n = n.clone();
+            if n.holder.is_some_and(|h| !mine.contains(&h)) {
+                n.holder = None;
+            }
+            n
+        })
+        .collect()
+}
+
+/// A client's call: sends `op`, returns the answer's data or its error message.
+pub fn call(socket: &Path, op: Op, timeout: Duration) -> Result<serde_json::Value, String> {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => format!(
+            "bftrainerd is not running: nothing listens on {} ({e}); start it (systemctl start bftrainerd) or name its socket with --socket",
+            socket.display()
+        ),
+        std::io::ErrorKind::PermissionDenied => format!(
+            "cannot reach {}: {e}; the socket and its directory must be reachable by all users (see docs/admin.md)",
+            socket.display()
+        ),
+        _ => format!("cannot connect to {}: {e}", socket.display()),
+    })?;
+    s.set_read_timeout(Some(timeout)).ok();
+    s.set_write_timeout(Some(timeout)).ok();
+    let mut line = serde_json::to_vec(&Request { v: PROTOCOL, op }).map_err(|e| e.to_string())?;
+    line.push(b'\n');
+    s.write_all(&line)
+        .map_err(|e| format!("sending the request to {}: {e}", socket.display()))?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).map_err(|e| {
+        format!(
+            "no answer from bftrainerd within {} s on {}: {e}",
+            timeout.as_secs(),
+            socket.display()
+        )
+    })?;
+    let r: Response = serde_json::from_slice(&out).map_err(|e| {
+        format!(
+            "bftrainerd's answer is not understood ({e}); is {} a bftrainerd socket of this release?",
+            socket.display()
+        )
+    })?;
+    if r.v != PROTOCOL {
+        return Err(format!(
+            "bftrainerd answers with protocol {} and this command speaks {PROTOCOL}: use the bftrainer command of the daemon's release",
+            r.v
+        ));
+    }
+    if r.ok {
+        Ok(r.data.unwrap_or(serde_json::Value::Null))
+    } else {
+        Err(r.error.unwrap_or_else(|| "bftrainerd refused the request".into()))
+    }
+}

@@ -1,0 +1,314 @@
+//! Operating bftrainerd live (four-node cluster, both plugins): `bftrainer status`,
+//! `jobs`, `nodes` as root and as another user (who sees only their own jobs and may
+//! not pause); `pause`, `drain` and `resume` acting on a real elastic job and holding
+//! across a restart; the control socket and the metrics endpoint against garbage,
+//! oversized, truncated, idle and vanishing clients.
+
+mod live;
+#[path = "../../../plugin/job_submit/tests/support/mod.rs"]
+mod support;
+
+use live::Live;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bftrainer(l: &Live, args: &[&str]) -> Command {
+    let mut c = l.c.command(env!("CARGO_BIN_EXE_bftrainer"));
+    c.args(args).arg("--config").arg(&l.conf);
+    c
+}
+
+fn run(mut c: Command) -> Output {
+    c.stdin(Stdio::null()).output().expect("run bftrainer")
+}
+
+fn ok(l: &Live, args: &[&str]) -> String {
+    let o = run(bftrainer(l, args));
+    assert!(
+        o.status.success(),
+        "bftrainer {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn json(l: &Live, args: &[&str]) -> serde_json::Value {
+    let mut a = args.to_vec();
+    a.push("--json");
+    serde_json::from_str(&ok(l, &a)).expect("--json output is JSON")
+}
+
+/// `bftrainer ARGS` as the test user (bftuser).
+fn as_user(l: &Live, args: &[&str]) -> Output {
+    let mut c = l.c.command_as_test_user(env!("CARGO_BIN_EXE_bftrainer")).unwrap();
+    c.args(args).arg("--config").arg(&l.conf);
+    run(c)
+}
+
+fn socket(l: &Live) -> std::path::PathBuf {
+    l.dir.join("state/bftrainerd.sock")
+}
+
+fn wait_socket(l: &Live) {
+    l.wait(30, "the control socket", || {
+        UnixStream::connect(socket(l)).ok().map(|_| ())
+    });
+}
+
+#[test]
+fn cluster_control_status_jobs_nodes_and_lending_verbs() {
+    let mut l = Live::start("", "", "");
+    wait_socket(&l);
+    let job = l.submit_elastic("1:4");
+    l.grown_to_all(job);
+    // A job of another user (root): waits, as every node is lent.
+    let other = l
+        .c
+        .sbatch(&["--elastic=1:2", "-J", "roots", "-o", "/dev/null", "--wrap", "srun sleep 600"])
+        .unwrap();
+    let st = l.wait(20, "status to show 4 lent nodes and two jobs", || {
+        let v = json(&l, &["status"]);
+        let n = v["jobs_by_state"]["running"].as_u64()? + v["jobs_by_state"]["waiting"].as_u64()? + v["jobs_by_state"]["pending"].as_u64()?;
+        (v["counts"]["lent"] == 4 && n == 2).then_some(v)
+    });
+    assert_eq!(st["schema"], "bftrainer.status/1");
+    assert_eq!(st["lending"], "open");
+    assert_eq!(st["slurm_reachable"], true);
+    assert!(st["poll"]["samples"].as_u64().unwrap() > 0);
+    assert!(st["jobs"].as_array().unwrap().is_empty(), "status carries no job list");
+    let text = ok(&l, &["status"]);
+    eprintln!("$ bftrainer status\n{text}");
+    assert!(text.contains("Lending=OPEN") && text.contains("Lent=4"), "{text}");
+
+    // Root sees both jobs; the elastic one on 4 nodes with 3 satellites and 3 grows.
+    let text = ok(&l, &["jobs"]);
+    eprintln!("$ bftrainer jobs\n{text}");
+    let jobs = json(&l, &["jobs"]);
+    let ids: Vec<u64> = jobs.as_array().unwrap().iter().map(|j| j["job_id"].as_u64().unwrap()).collect();
+    assert!(ids.contains(&u64::from(job)) && ids.contains(&u64::from(other)), "{ids:?}");
+    let mine = jobs.as_array().unwrap().iter().find(|j| j["job_id"] == job).unwrap();
+    assert_eq!(mine["size"], 4);
+    assert_eq!(mine["satellites"].as_array().unwrap().len(), 3);
+    assert_eq!(mine["user"], "bftuser");
+    assert_eq!(mine["admits"], 1, "{mine}");
+    assert!(mine.get("history").is_none(), "history only when asked");
+    let h = json(&l, &["jobs", "--history", &job.to_string()]);
+    let hist = h[0]["history"].as_array().unwrap();
+    assert_eq!(hist.last().unwrap()["nodes"], 4, "{hist:?}");
+    assert!(hist[0]["t"].as_f64().unwrap() > 1e9, "{hist:?}");
+
+    // bftuser sees only its own job, gets nothing about root's, may not pause.
+    let o = as_user(&l, &["jobs", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ids: Vec<u64> = v.as_array().unwrap().iter().map(|j| j["job_id"].as_u64().unwrap()).collect();
+    assert_eq!(ids, vec![u64::from(job)]);
+    let o = as_user(&l, &["jobs", &other.to_string()]);
+    assert!(!o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!out.contains(&other.to_string()), "{out}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not yours"));
+    let o = as_user(&l, &["jobs", "-u", "root", "--json"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "[]");
+    let o = as_user(&l, &["nodes", "--json"]);
+    let nodes: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(nodes.as_array().unwrap().len(), 4);
+    for n in nodes.as_array().unwrap() {
+        assert!(n["holder"].is_null() || n["holder"] == job, "{n}");
+    }
+    for verb in ["pause", "drain", "resume"] {
+        let o = as_user(&l, &[verb]);
+        assert!(!o.status.success(), "{verb} as bftuser succeeded");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains("permission denied") && e.contains("root and SlurmUser"), "{e}");
+    }
+    let text = ok(&l, &["nodes"]);
+    eprintln!("$ bftrainer nodes\n{text}");
+    assert_eq!(text.matches("LENT").count(), 4, "{text}");
+    let st = json(&l, &["status"]);
+    assert_eq!(st["lending"], "open", "a refused verb changed nothing");
+
+    // Pause: a node a regular job took and gave back is not lent again.
+    let msg = ok(&l, &["pause"]);
+    assert!(msg.contains("lending paused"), "{msg}");
+    let regular = l.c.sbatch(&["-p", "batch", "-N1", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 3"]).unwrap();
+    l.wait(30, "the regular job to run and end", || {
+        matches!(l.state_of(regular).as_str(), "COMPLETED").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(l.elastic_size(job), 3, "paused: the freed node stays idle");
+    let st = json(&l, &["status"]);
+    assert_eq!(st["lending"], "paused");
+    assert_eq!(st["counts"]["lent"], 3);
+
+    // Drain: shrunk to the core; holds across a restart of the daemon.
+    let msg = ok(&l, &["drain"]);
+    assert!(msg.contains("lending drained"), "{msg}");
+    l.wait(30, "the job to shrink to its core", || {
+        (l.elastic_size(job) == 1 && l.active_satellites(job) == 0).then_some(())
+    });
+    assert_eq!(l.state_of(job), "RUNNING");
+    let mut d = l.daemon.take().unwrap();
+    unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
+    d.wait().unwrap();
+    assert!(!socket(&l).exists(), "the socket is removed at a clean stop");
+    let o = run(bftrainer(&l, &["status"]));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("bftrainerd is not running"), "{e}");
+    l.spawn();
+    wait_socket(&l);
+    let st = l.wait(10, "status after the restart", || {
+        let v = json(&l, &["status"]);
+        (v["poll"]["samples"].as_u64()? > 0).then_some(v)
+    });
+    assert_eq!(st["lending"], "drained", "the mode is journaled");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(l.elastic_size(job), 1, "still drained after the restart");
+    let h = json(&l, &["jobs", "--history", &job.to_string()]);
+    let sizes: Vec<u64> = h[0]["history"].as_array().unwrap().iter().map(|c| c["nodes"].as_u64().unwrap()).collect();
+    assert_eq!(sizes.last(), Some(&1), "history rebuilt from the journal: {sizes:?}");
+    assert!(sizes.contains(&4) && sizes.contains(&3), "{sizes:?}");
+    assert!(h[0]["shrinks"].as_u64().unwrap() >= 1 && h[0]["preemptions"].as_u64().unwrap() >= 1, "{}", h[0]);
+
+    // Resume: grows back onto every idle node (the other job may take some).
+    let msg = ok(&l, &["resume"]);
+    assert!(msg.contains("lending resumed"), "{msg}");
+    l.wait(60, "every node lent again", || {
+        let v = json(&l, &["status"]);
+        (v["counts"]["lent"] == 4).then_some(())
+    });
+    let text = ok(&l, &["jobs", "--history", &job.to_string()]);
+    eprintln!("$ bftrainer jobs --history {job}\n{text}");
+    l.assert_no_double_allocation();
+}
+
+/// Sends raw bytes, returns what came back (the connection closed by the daemon).
+fn raw(path: &std::path::Path, bytes: &[u8], shutdown: bool) -> String {
+    let mut s = UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(bytes);
+    if shutdown {
+        let _ = s.shutdown(std::net::Shutdown::Write);
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// One status round trip over the socket, timed.
+fn status_rtt(path: &std::path::Path) -> Duration {
+    let t = Instant::now();
+    let out = raw(path, b"{\"v\":1,\"op\":\"status\"}\n", false);
+    let d = t.elapsed();
+    assert!(out.contains("\"ok\":true"), "{out}");
+    d
+}
+
+#[test]
+fn cluster_control_socket_and_metrics_survive_bad_clients() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let metrics_conf = format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n");
+    let s = live::setup("bftctl", "", "", "");
+    let conf = std::fs::read_to_string(&s.conf).unwrap() + &metrics_conf;
+    std::fs::write(&s.conf, conf).unwrap();
+    let mut l = Live::from_setup(s);
+    l.spawn();
+    wait_socket(&l);
+    let path = socket(&l);
+    let pid = l.daemon.as_ref().unwrap().id();
+    let job = l.submit_elastic("1:4");
+    l.grown_to_all(job);
+    status_rtt(&path);
+    let rss0 = rss_kb(pid);
+
+    // Garbage, truncated, wrong version, unknown op, empty.
+    let cases: [(&[u8], &str); 6] = [
+        (b"\x00\xff\xfegarbage\n", "not UTF-8"),
+        (b"{\"v\":1,\"op\":\"sta", "not JSON"),
+        (b"{\"v\":2,\"op\":\"status\"}\n", "protocol version 2 is not spoken here"),
+        (b"{\"v\":1,\"op\":\"shutdown\"}\n", "expected op one of status, jobs, nodes, pause, drain, resume"),
+        (b"{\"op\":\"status\"}\n", "no protocol version"),
+        (b"\n", "empty"),
+    ];
+    for (bytes, want) in cases {
+        let out = raw(&path, bytes, true);
+        assert!(out.contains("\"ok\":false") && out.contains(want), "{bytes:?}: {out}");
+    }
+    // 10 MB in one request.
+    let big = vec![b'x'; 10 << 20];
+    let out = raw(&path, &big, true);
+    assert!(out.contains("request too large"), "{out}");
+    // 200 clients connect at once and say nothing: the next request is still served.
+    let idle: Vec<UnixStream> = (0..200).map(|_| UnixStream::connect(&path).unwrap()).collect();
+    let t = status_rtt(&path);
+    eprintln!("MEASURED status round trip with 200 silent clients connected: {:.1} ms", t.as_secs_f64() * 1e3);
+    assert!(t < Duration::from_millis(100), "served in {t:?} with 200 idle clients");
+    // Clients that vanish mid-answer, many times over.
+    for _ in 0..300 {
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.write_all(b"{\"v\":1,\"op\":\"nodes\"}\n").unwrap();
+        drop(s);
+    }
+    // The silent ones are dropped after the daemon's 5-s read timeout, with an answer.
+    let mut first = idle.into_iter().next().unwrap();
+    first.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut out = String::new();
+    let _ = first.read_to_string(&mut out);
+    assert!(out.contains("no complete request within 5 s"), "{out}");
+    // Many bad requests later, memory is flat and answers are quick.
+    for _ in 0..500 {
+        raw(&path, b"{\"v\":1,\"op\":\"sta", true);
+        raw(&path, &big[..100_000], true);
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let t = status_rtt(&path);
+    assert!(t < Duration::from_millis(100), "{t:?}");
+    let rss1 = rss_kb(pid);
+    eprintln!("MEASURED daemon RSS before the bad clients {rss0} kB, after {rss1} kB");
+    assert!(rss1 < rss0 + 8 * 1024, "RSS grew from {rss0} kB to {rss1} kB");
+    assert_eq!(l.elastic_size(job), 4, "harvesting went on");
+
+    // Metrics: exposition by prometheus-client, the daemon's numbers.
+    let get = |req: &str| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    };
+    let m = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(m.starts_with("HTTP/1.1 200 OK"), "{m}");
+    for want in [
+        "bftrainer_nodes{state=\"lent\"} 4",
+        "bftrainer_elastic_jobs{state=\"running\"} 1",
+        "bftrainer_lending{mode=\"open\"} 1",
+        "bftrainer_slurm_up 1",
+        "# TYPE bftrainer_grows counter",
+        "bftrainer_admits_total 1",
+        "bftrainer_poll_seconds_bucket{le=",
+        "bftrainer_decision_seconds_count ",
+        "bftrainer_harvested_node_seconds_total ",
+        "# EOF",
+    ] {
+        assert!(m.contains(want), "metrics lack {want:?}:\n{m}");
+    }
+    assert!(get("GET /nope HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+    assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+    let huge = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "y".repeat(20_000));
+    assert!(get(&huge).starts_with("HTTP/1.1 431"));
+    assert!(l.daemon.as_mut().unwrap().try_wait().unwrap().is_none(), "the daemon is up");
+}
