@@ -3,11 +3,15 @@
 //! unchanged), the baseline of one copy of the job snapshot measured in the same run,
 //! and the process's peak RSS.
 //!
-//!   cargo bench -p bftrainer-daemon --bench daemon_cycle -- [--nodes N] [--jobs N] [--cycles N]
+//! Then what operating it costs in that state: building the snapshot the control socket
+//! and metrics read, a Prometheus scrape, and the JSON of `status`, `jobs` and `nodes`.
+//!
+//!   cargo bench -p bftrainer-daemon --bench daemon_cycle -- [--nodes N] [--jobs N] [--cycles N] [--elastic N]
 
 use bftrainer_daemon::daemon::config;
 use bftrainer_daemon::daemon::gen::{job, node, GenCluster};
-use bftrainer_daemon::daemon::Daemon;
+use bftrainer_daemon::daemon::metrics::Metrics;
+use bftrainer_daemon::daemon::{control, Daemon};
 use bftrainer_slurm::{JobBase, JobState, NodeBase, NodeState, Partition};
 use rand::{Rng, SeedableRng};
 use std::path::Path;
@@ -55,7 +59,7 @@ fn main() {
     let n_nodes = arg("--nodes", 10_000);
     let n_jobs = arg("--jobs", 20_000);
     let cycles = arg("--cycles", 200);
-    let elastic = 100usize;
+    let elastic = arg("--elastic", 100);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let names: Vec<String> = (1..=n_nodes).map(|i| format!("g{i:05}")).collect();
     let parts = ["batch", "elastic", "elastic-sat"];
@@ -233,5 +237,42 @@ fn main() {
         "daemon work: {} admits, {} grows, {} shrinks, {} requeues, {} events; calls {:?}",
         s.admits, s.grows, s.shrinks, s.requeues, s.events, d.cluster.calls
     );
+    // Operating it: the snapshot is built once per cycle; a scrape or a request reads it.
+    let time_ms = |f: &mut dyn FnMut() -> usize| {
+        let mut v = Vec::new();
+        let mut size = 0;
+        for _ in 0..30 {
+            let t = Instant::now();
+            size = f();
+            v.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        (pct(&mut v.clone(), 0.5), pct(&mut v, 0.99), size)
+    };
+    let snap = std::sync::Arc::new(d.snapshot(now));
+    let running = snap.jobs.iter().filter(|j| j.size > 0).count();
+    let (_tx, rx) = tokio::sync::watch::channel(snap.clone());
+    let metrics = Metrics::new(rx);
+    println!(
+        "operating it: {} nodes ({} lent), {} elastic jobs in the daemon's state ({running} holding nodes)",
+        snap.nodes.len(),
+        snap.counts.lent,
+        snap.jobs.len()
+    );
+    let cases: Vec<(&str, Box<dyn FnMut() -> usize + '_>)> = vec![
+        ("snapshot build (once per cycle)", Box::new(|| std::hint::black_box(d.snapshot(now)).jobs.len())),
+        ("metrics scrape (encode)", Box::new(|| metrics.encode().len())),
+        ("status answer (JSON)", Box::new(|| serde_json::to_vec(&control::status_view(&snap)).unwrap().len())),
+        ("jobs answer, all jobs (JSON)", Box::new(|| serde_json::to_vec(&control::jobs_view(&snap, None, None, &[], false)).unwrap().len())),
+        ("nodes answer, all nodes (JSON)", Box::new(|| serde_json::to_vec(&control::nodes_view(&snap, None)).unwrap().len())),
+    ];
+    for (what, mut f) in cases {
+        let (p50, p99, size) = time_ms(&mut *f);
+        println!(
+            "  {what}: p50 {p50:.3} ms, p99 {p99:.3} ms ({:.2}x / {:.2}x baseline), {size} {}",
+            p50 / base_ms,
+            p99 / base_ms,
+            if what.starts_with("snapshot") { "jobs" } else { "bytes" }
+        );
+    }
     println!("peak RSS: {:.1} MB (after building the snapshot: {rss_before:.1} MB; the snapshot is the generator's, a real daemon holds one copy in its ClusterView)", peak_rss_mb());
 }

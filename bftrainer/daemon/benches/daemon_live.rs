@@ -13,6 +13,7 @@ mod support;
 
 use bftrainer_testcluster::{Cluster, Options};
 use std::process::{Child, Stdio};
+use bftrainer_daemon::daemon::control;
 use std::time::{Duration, Instant};
 
 fn squeue(c: &Cluster) -> Vec<(u32, String, String, String)> {
@@ -81,10 +82,56 @@ fn pct(v: &[f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// Calls `status` on the control socket and scrapes the metrics every 100 ms in a
+/// thread, recording each round trip, until stopped.
+struct Probe {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(Vec<f64>, Vec<f64>)>,
+}
+
+impl Probe {
+    fn start(socket: std::path::PathBuf, port: u16) -> Probe {
+        use std::io::{Read, Write};
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut status, mut scrape) = (Vec::new(), Vec::new());
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                control::call(&socket, control::Op::Status, Duration::from_secs(5)).expect("status");
+                status.push(t.elapsed().as_secs_f64());
+                let t = Instant::now();
+                let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+                c.write_all(b"GET /metrics HTTP/1.1\r\nHost: b\r\n\r\n").unwrap();
+                let mut out = String::new();
+                c.read_to_string(&mut out).unwrap();
+                assert!(out.contains("bftrainer_nodes"));
+                scrape.push(t.elapsed().as_secs_f64());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (status, scrape)
+        });
+        Probe { stop, thread }
+    }
+
+    fn stop(self) -> (Vec<f64>, Vec<f64>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
 fn main() {
     let rounds = live::arg("--rounds", 10);
     let setup = live::setup("bftbench", "", "", "");
     let (dir, plugins, conf) = (setup.dir.clone(), setup.plugins.clone(), setup.conf.clone());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let text = std::fs::read_to_string(&conf).unwrap();
+    std::fs::write(&conf, format!("{text}[metrics]\nlisten = \"127.0.0.1:{port}\"\n")).unwrap();
+    let socket = setup.state.join("bftrainerd.sock");
     let c = Cluster::start(Options {
         nodes: 4,
         plugins: Some(plugins),
@@ -136,9 +183,11 @@ fn main() {
     });
     let grown = t0.elapsed().as_secs_f64();
 
-    // At rest.
+    // At rest (status and scrapes probed every 100 ms, as under churn).
     let (cpu0, _) = usage(pid);
+    let probe = Probe::start(socket.clone(), port);
     std::thread::sleep(Duration::from_secs(20));
+    let (rest_status, rest_scrape) = probe.stop();
     let (cpu1, rss_rest) = usage(pid);
     let rest_cpu = (cpu1 - cpu0) / 20.0 * 100.0;
 
@@ -148,6 +197,7 @@ fn main() {
     let (cpu2, _) = usage(pid);
     let t_churn = Instant::now();
     let mut rss_churn: f64 = 0.0;
+    let probe = Probe::start(socket.clone(), port);
     for _ in 0..rounds {
         let t = Instant::now();
         let r = c
@@ -181,6 +231,20 @@ fn main() {
         regrow.push(t.elapsed().as_secs_f64());
         rss_churn = rss_churn.max(usage(pid).1);
     }
+    let (churn_status, churn_scrape) = probe.stop();
+    // The command itself (a process start, config read, one round trip).
+    let mut cli = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let o = c
+            .command(env!("CARGO_BIN_EXE_bftrainer"))
+            .args(["status", "--socket"])
+            .arg(&socket)
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        cli.push(t.elapsed().as_secs_f64());
+    }
     let (cpu3, _) = usage(pid);
     let churn_cpu = (cpu3 - cpu2) / t_churn.elapsed().as_secs_f64() * 100.0;
 
@@ -193,7 +257,28 @@ fn main() {
         pct(&regrow, 0.99),
         pct(&regrow, 1.0)
     );
-    println!("bftrainerd CPU: {rest_cpu:.2}% of a core at rest (20 s), {churn_cpu:.2}% under churn; RSS {rss_rest:.1} MB at rest, {rss_churn:.1} MB under churn");
+    println!("bftrainerd CPU: {rest_cpu:.2}% of a core at rest (20 s), {churn_cpu:.2}% under churn; RSS {rss_rest:.1} MB at rest, {rss_churn:.1} MB under churn (control socket and metrics probed every 100 ms)");
+    for (what, rest, churn) in [
+        ("status round trip over the socket", &rest_status, &churn_status),
+        ("metrics scrape (HTTP GET /metrics)", &rest_scrape, &churn_scrape),
+    ] {
+        println!(
+            "{what}: at rest p50 {:.2} ms, p99 {:.2} ms ({} calls, baseline); under churn p50 {:.2} ms, p99 {:.2} ms ({} calls) = {:.2}x / {:.2}x rest",
+            pct(rest, 0.5) * 1e3,
+            pct(rest, 0.99) * 1e3,
+            rest.len(),
+            pct(churn, 0.5) * 1e3,
+            pct(churn, 0.99) * 1e3,
+            churn.len(),
+            pct(churn, 0.5) / pct(rest, 0.5),
+            pct(churn, 0.99) / pct(rest, 0.99)
+        );
+    }
+    println!(
+        "`bftrainer status` command (process start + round trip), 20 runs: p50 {:.1} ms, max {:.1} ms",
+        pct(&cli, 0.5) * 1e3,
+        pct(&cli, 1.0) * 1e3
+    );
 
     // Without the daemon: the same claim of 2 nodes held by an elastic-partition job.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };

@@ -1820,6 +1820,15 @@ impl<C: Cluster> Daemon<C> {
             })
             .collect();
         let mut by_state = view::JobCounts::default();
+        let mut sats_of: HashMap<u32, Vec<view::SatelliteView>> = HashMap::new();
+        for (&sid, m) in &self.sats {
+            if !m.done && !m.ending {
+                sats_of.entry(m.parent).or_default().push(view::SatelliteView {
+                    job_id: sid,
+                    node: m.node.clone(),
+                });
+            }
+        }
         let jobs: Vec<view::JobView> = self
             .cores
             .iter()
@@ -1849,15 +1858,7 @@ impl<C: Cluster> Daemon<C> {
                 };
                 let spec = self.engine.job_spec(c.jid);
                 let b = self.book.jobs.get(c.jid as usize);
-                let mut satellites: Vec<view::SatelliteView> = self
-                    .sats
-                    .iter()
-                    .filter(|(_, m)| m.parent == id && !m.done && !m.ending)
-                    .map(|(&sid, m)| view::SatelliteView {
-                        job_id: sid,
-                        node: m.node.clone(),
-                    })
-                    .collect();
+                let mut satellites = sats_of.remove(&id).unwrap_or_default();
                 satellites.sort_by_key(|s| s.job_id);
                 view::JobView {
                     job_id: id,
