@@ -2,6 +2,7 @@
 //! replay simulator. No I/O, no clock, no Slurm: time is passed in, so the daemon and
 //! the simulator drive exactly the same code.
 
+pub mod acct;
 pub mod alloc;
 pub mod config;
 pub mod easy;

@@ -23,6 +23,9 @@ enum Command {
     BenchAlloc(cmd::bench_alloc::Args),
     /// Replay a node-event trace or job log through the engine; print a harvest report.
     Replay(Box<cmd::replay::Args>),
+    /// Elastic usage from slurmdbd: node- and CPU-hours per elastic job (core and
+    /// satellites), per user and account.
+    Acct(cmd::acct::Args),
     /// bftrainerd's state: uptime, latencies, idle / lent / reserved nodes, jobs, errors.
     Status(cmd::ctl::StatusArgs),
     /// Elastic jobs: bounds, nodes (core and satellites), rate, grows, shrinks,
@@ -45,6 +48,7 @@ fn main() {
         Command::Solve(a) => cmd::solve::run(a),
         Command::BenchAlloc(a) => cmd::bench_alloc::run(a),
         Command::Replay(a) => cmd::replay::run(a),
+        Command::Acct(a) => cmd::acct::run(a),
         Command::Status(a) => cmd::ctl::status(a),
         Command::Jobs(a) => cmd::ctl::jobs(a),
         Command::Nodes(a) => cmd::ctl::nodes(a),
