@@ -232,3 +232,78 @@ async fn reply(stream: &mut TcpStream, status: &str, ctype: &str, body: &str) ->
     stream.write_all(body.as_bytes()).await?;
     stream.shutdown().await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> String {
+        let mut s = Snapshot {
+            lending: "paused".into(),
+            slurm_reachable: true,
+            node_seconds_harvested: 7200.5,
+            ..Default::default()
+        };
+        s.counts.lent = 3;
+        s.counts.idle = 1;
+        s.jobs_by_state.running = 2;
+        s.stats.grows = 5;
+        let (_tx, rx) = watch::channel(Arc::new(s));
+        let m = Metrics::new(rx);
+        m.poll_seconds.observe(0.002);
+        m.decision_seconds.observe(0.0005);
+        m.encode()
+    }
+
+    #[test]
+    fn exposition_carries_the_snapshot() {
+        let text = sample();
+        for want in [
+            "# TYPE bftrainer_nodes gauge",
+            "bftrainer_nodes{state=\"lent\"} 3",
+            "bftrainer_nodes{state=\"idle\"} 1",
+            "bftrainer_elastic_jobs{state=\"running\"} 2",
+            "bftrainer_lending{mode=\"paused\"} 1",
+            "bftrainer_lending{mode=\"open\"} 0",
+            "bftrainer_grows_total 5",
+            "bftrainer_harvested_node_seconds_total 7200.5",
+            "# TYPE bftrainer_poll_seconds histogram",
+            "bftrainer_poll_seconds_count 1",
+            "bftrainer_decision_seconds_bucket{le=\"0.0008\"} 1",
+            "# EOF",
+        ] {
+            assert!(text.contains(want), "{want:?} missing from:\n{text}");
+        }
+    }
+
+    /// conf/grafana-bftrainer.json asks only for series the daemon exports.
+    #[test]
+    fn the_sample_dashboard_uses_exported_metrics() {
+        let text = sample();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conf/grafana-bftrainer.json");
+        let dash: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut used = 0;
+        for p in dash["panels"].as_array().unwrap() {
+            for t in p["targets"].as_array().unwrap() {
+                let expr = t["expr"].as_str().unwrap();
+                let mut rest = expr;
+                while let Some(i) = rest.find("bftrainer_") {
+                    let name: String = rest[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    assert!(
+                        text.lines().any(|l| l.starts_with(&format!("{name} "))
+                            || l.starts_with(&format!("{name}{{"))),
+                        "panel {:?} uses {name}, which bftrainerd does not export",
+                        p["title"]
+                    );
+                    used += 1;
+                    rest = &rest[i + name.len()..];
+                }
+            }
+        }
+        assert!(used >= 10, "{used}");
+    }
+}

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 /// one, or changing a meaning, bumps it.
 pub const SCHEMA: &str = "bftrainer.status/1";
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Snapshot {
     pub schema: String,
     pub version: String,
