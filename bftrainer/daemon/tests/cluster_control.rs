@@ -61,8 +61,20 @@ fn wait_socket(l: &Live) {
 fn cluster_control_status_jobs_nodes_and_lending_verbs() {
     let mut l = Live::start("", "", "");
     wait_socket(&l);
-    let job = l.submit_elastic("1:4");
+    // bftuser charges this job to a second account: satellites must follow the core.
+    l.c.run("sacctmgr", &["-i", "add", "account", "proj"]).unwrap();
+    l.c.run("sacctmgr", &["-i", "add", "user", "bftuser", "account=proj"]).unwrap();
+    let job = l.sbatch_as_user(
+        &["--elastic=1:4", "-A", "proj", "-J", "train", "-o", "/dev/null", "--wrap", "srun sleep 600"],
+        None,
+    );
     l.grown_to_all(job);
+    let accounts = l.c.run("squeue", &["-h", "-a", "-o", "%j %a"]).unwrap();
+    assert_eq!(
+        accounts.lines().filter(|r| *r == format!("bftsat-{job} proj")).count(),
+        3,
+        "satellites are charged to the core's account: {accounts}"
+    );
     // A job of another user (root): waits, as every node is lent.
     let other = l
         .c

@@ -153,6 +153,8 @@ pub struct Job {
     /// From Slurm if it sent one, else resolved locally from the uid.
     pub user_name: Option<String>,
     pub group_id: u32,
+    /// The account the job is charged to.
+    pub account: Option<String>,
     pub state: JobState,
     /// Why pending / why it ended ("Priority", "Resources", "JobHeldAdmin", ...).
     pub reason: Option<String>,
@@ -560,6 +562,7 @@ fn convert_job(j: &slurm_sys::slurm_job_info_t, names: &mut NameCache) -> Job {
             user_id: j.user_id,
             user_name: opt_string(j.user_name).or_else(|| names.get(j.user_id)),
             group_id: j.group_id,
+            account: opt_string(j.account),
             state: JobState(j.job_state),
             reason: (u32::from(j.state_reason) != slurm_sys::WAIT_NO_REASON)
                 .then(|| reason_name(u32::from(j.state_reason))),

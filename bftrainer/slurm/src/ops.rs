@@ -22,6 +22,8 @@ pub struct BatchJob {
     pub args: Vec<String>,
     pub name: Option<String>,
     pub partition: Option<String>,
+    /// Account to charge (default: the user's default account).
+    pub account: Option<String>,
     /// Minimum / maximum node count.
     pub min_nodes: Option<u32>,
     pub max_nodes: Option<u32>,
@@ -191,6 +193,7 @@ fn batch_desc(job: &BatchJob) -> Result<Desc> {
     b.msg.script = b.s("script", &job.script)?;
     b.msg.name = b.opt("name", &job.name)?;
     b.msg.partition = b.opt("partition", &job.partition)?;
+    b.msg.account = b.opt("account", &job.account)?;
     b.msg.req_nodes = b.opt("node_list", &job.node_list)?;
     b.msg.exc_nodes = b.opt("exclude", &job.exclude)?;
     b.msg.comment = b.opt("comment", &job.comment)?;

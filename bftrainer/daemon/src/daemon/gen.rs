@@ -67,6 +67,7 @@ pub fn job(id: u32, partition: &str, base: JobBase) -> Job {
         user_id: 1000 + id % 50,
         user_name: None,
         group_id: 1000,
+        account: None,
         state: JobState::from_base(base),
         reason: None,
         reason_detail: None,

@@ -1726,6 +1726,8 @@ impl<C: Cluster> Daemon<C> {
             script,
             name: Some(satellite_name(parent)),
             partition: Some(self.cfg.satellite_partition.clone()),
+            // Charged like the core job (sacct, sreport, QOS limits, fairshare).
+            account: core_job.account.clone(),
             min_nodes: Some(1),
             max_nodes: Some(1),
             node_list: Some(node.to_string()),
