@@ -633,11 +633,23 @@ fn lending_pause_drain_resume() {
     )
     .unwrap();
     let a = e.on_event(&Event::Tick, 0.0).unwrap();
-    assert_eq!(a, vec![Action::Admit { job: 0, nodes: vec![0, 1, 2] }]);
+    assert_eq!(
+        a,
+        vec![Action::Admit {
+            job: 0,
+            nodes: vec![0, 1, 2]
+        }]
+    );
     assert_eq!(e.job_anchors(0), &[0, 1]);
 
     // Paused: a new idle node and a new job get nothing.
-    e.on_event(&Event::Lending { mode: Lending::Paused }, 1.0).unwrap();
+    e.on_event(
+        &Event::Lending {
+            mode: Lending::Paused,
+        },
+        1.0,
+    )
+    .unwrap();
     assert_eq!(e.lending(), Lending::Paused);
     idle(&mut e, 3, 1.0);
     e.on_event(
@@ -665,13 +677,25 @@ fn lending_pause_drain_resume() {
     idle(&mut e, 4, 2.5);
 
     // Drained: job a first grows back to 4 nodes when reopened, then is cut to its core.
-    e.on_event(&Event::Lending { mode: Lending::Open }, 3.0).unwrap();
+    e.on_event(
+        &Event::Lending {
+            mode: Lending::Open,
+        },
+        3.0,
+    )
+    .unwrap();
     let a = e.on_event(&Event::Tick, 3.0).unwrap();
     let held: usize = (0..2).map(|j| e.job_nodes(j).len()).sum();
     assert_eq!(held, 5, "reopened, every idle node is used: {a:?}");
     assert_eq!(e.job_nodes(1).len(), 2, "b admitted on reopening: {a:?}");
     let before_b = e.job_nodes(1).to_vec();
-    e.on_event(&Event::Lending { mode: Lending::Drained }, 4.0).unwrap();
+    e.on_event(
+        &Event::Lending {
+            mode: Lending::Drained,
+        },
+        4.0,
+    )
+    .unwrap();
     let a = e.on_event(&Event::Tick, 4.0).unwrap();
     assert!(
         a.iter().all(|x| matches!(x, Action::Shrink { .. })),
@@ -684,7 +708,13 @@ fn lending_pause_drain_resume() {
     idle(&mut e, 5, 5.0);
     assert!(e.on_event(&Event::Tick, 5.0).unwrap().is_empty());
     // Resume: everything idle is lent again.
-    e.on_event(&Event::Lending { mode: Lending::Open }, 6.0).unwrap();
+    e.on_event(
+        &Event::Lending {
+            mode: Lending::Open,
+        },
+        6.0,
+    )
+    .unwrap();
     let a = e.on_event(&Event::Tick, 6.0).unwrap();
     assert!(a.iter().all(|x| matches!(x, Action::Grow { .. })), "{a:?}");
     let held: usize = (0..2).map(|j| e.job_nodes(j).len()).sum();
@@ -693,12 +723,17 @@ fn lending_pause_drain_resume() {
     let r = bftrainer_core::engine::Record {
         v: bftrainer_core::engine::EVENT_FORMAT_VERSION,
         t: 7.0,
-        event: Event::Lending { mode: Lending::Drained },
+        event: Event::Lending {
+            mode: Lending::Drained,
+        },
     };
     let line = serde_json::to_string(&r).unwrap();
     assert_eq!(
         line,
         r#"{"v":1,"t":7.0,"event":{"type":"lending","mode":"drained"}}"#
     );
-    assert_eq!(bftrainer_core::engine::Record::from_json_line(&line).unwrap(), r);
+    assert_eq!(
+        bftrainer_core::engine::Record::from_json_line(&line).unwrap(),
+        r
+    );
 }

@@ -258,12 +258,40 @@ fn main() {
         snap.counts.lent,
         snap.jobs.len()
     );
-    let cases: Vec<(&str, Box<dyn FnMut() -> usize + '_>)> = vec![
-        ("snapshot build (once per cycle)", Box::new(|| std::hint::black_box(d.snapshot(now)).jobs.len())),
-        ("metrics scrape (encode)", Box::new(|| metrics.encode().len())),
-        ("status answer (JSON)", Box::new(|| serde_json::to_vec(&control::status_view(&snap)).unwrap().len())),
-        ("jobs answer, all jobs (JSON)", Box::new(|| serde_json::to_vec(&control::jobs_view(&snap, None, None, &[], false)).unwrap().len())),
-        ("nodes answer, all nodes (JSON)", Box::new(|| serde_json::to_vec(&control::nodes_view(&snap, None)).unwrap().len())),
+    type Case<'a> = (&'static str, Box<dyn FnMut() -> usize + 'a>);
+    let cases: Vec<Case> = vec![
+        (
+            "snapshot build (once per cycle)",
+            Box::new(|| std::hint::black_box(d.snapshot(now)).jobs.len()),
+        ),
+        (
+            "metrics scrape (encode)",
+            Box::new(|| metrics.encode().len()),
+        ),
+        (
+            "status answer (JSON)",
+            Box::new(|| {
+                serde_json::to_vec(&control::status_view(&snap))
+                    .unwrap()
+                    .len()
+            }),
+        ),
+        (
+            "jobs answer, all jobs (JSON)",
+            Box::new(|| {
+                serde_json::to_vec(&control::jobs_view(&snap, None, None, &[], false))
+                    .unwrap()
+                    .len()
+            }),
+        ),
+        (
+            "nodes answer, all nodes (JSON)",
+            Box::new(|| {
+                serde_json::to_vec(&control::nodes_view(&snap, None))
+                    .unwrap()
+                    .len()
+            }),
+        ),
     ];
     for (what, mut f) in cases {
         let (p50, p99, size) = time_ms(&mut *f);
@@ -271,7 +299,11 @@ fn main() {
             "  {what}: p50 {p50:.3} ms, p99 {p99:.3} ms ({:.2}x / {:.2}x baseline), {size} {}",
             p50 / base_ms,
             p99 / base_ms,
-            if what.starts_with("snapshot") { "jobs" } else { "bytes" }
+            if what.starts_with("snapshot") {
+                "jobs"
+            } else {
+                "bytes"
+            }
         );
     }
     println!("peak RSS: {:.1} MB (after building the snapshot: {rss_before:.1} MB; the snapshot is the generator's, a real daemon holds one copy in its ClusterView)", peak_rss_mb());

@@ -11,9 +11,9 @@ mod live;
 #[path = "../../../plugin/job_submit/tests/support/mod.rs"]
 mod support;
 
+use bftrainer_daemon::daemon::control;
 use bftrainer_testcluster::{Cluster, Options};
 use std::process::{Child, Stdio};
-use bftrainer_daemon::daemon::control;
 use std::time::{Duration, Instant};
 
 fn squeue(c: &Cluster) -> Vec<(u32, String, String, String)> {
@@ -98,11 +98,13 @@ impl Probe {
             let (mut status, mut scrape) = (Vec::new(), Vec::new());
             while !s.load(std::sync::atomic::Ordering::Relaxed) {
                 let t = Instant::now();
-                control::call(&socket, control::Op::Status, Duration::from_secs(5)).expect("status");
+                control::call(&socket, control::Op::Status, Duration::from_secs(5))
+                    .expect("status");
                 status.push(t.elapsed().as_secs_f64());
                 let t = Instant::now();
                 let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-                c.write_all(b"GET /metrics HTTP/1.1\r\nHost: b\r\n\r\n").unwrap();
+                c.write_all(b"GET /metrics HTTP/1.1\r\nHost: b\r\n\r\n")
+                    .unwrap();
                 let mut out = String::new();
                 c.read_to_string(&mut out).unwrap();
                 assert!(out.contains("bftrainer_nodes"));
@@ -130,7 +132,11 @@ fn main() {
         .unwrap()
         .port();
     let text = std::fs::read_to_string(&conf).unwrap();
-    std::fs::write(&conf, format!("{text}[metrics]\nlisten = \"127.0.0.1:{port}\"\n")).unwrap();
+    std::fs::write(
+        &conf,
+        format!("{text}[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
+    )
+    .unwrap();
     let socket = setup.state.join("bftrainerd.sock");
     let c = Cluster::start(Options {
         nodes: 4,
@@ -259,8 +265,16 @@ fn main() {
     );
     println!("bftrainerd CPU: {rest_cpu:.2}% of a core at rest (20 s), {churn_cpu:.2}% under churn; RSS {rss_rest:.1} MB at rest, {rss_churn:.1} MB under churn (control socket and metrics probed every 100 ms)");
     for (what, rest, churn) in [
-        ("status round trip over the socket", &rest_status, &churn_status),
-        ("metrics scrape (HTTP GET /metrics)", &rest_scrape, &churn_scrape),
+        (
+            "status round trip over the socket",
+            &rest_status,
+            &churn_status,
+        ),
+        (
+            "metrics scrape (HTTP GET /metrics)",
+            &rest_scrape,
+            &churn_scrape,
+        ),
     ] {
         println!(
             "{what}: at rest p50 {:.2} ms, p99 {:.2} ms ({} calls, baseline); under churn p50 {:.2} ms, p99 {:.2} ms ({} calls) = {:.2}x / {:.2}x rest",

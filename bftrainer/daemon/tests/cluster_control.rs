@@ -42,7 +42,9 @@ fn json(l: &Live, args: &[&str]) -> serde_json::Value {
 
 /// `bftrainer ARGS` as the test user (bftuser).
 fn as_user(l: &Live, args: &[&str]) -> Output {
-    let mut c = l.c.command_as_test_user(env!("CARGO_BIN_EXE_bftrainer")).unwrap();
+    let mut c =
+        l.c.command_as_test_user(env!("CARGO_BIN_EXE_bftrainer"))
+            .unwrap();
     c.args(args).arg("--config").arg(&l.conf);
     run(c)
 }
@@ -62,45 +64,91 @@ fn cluster_control_status_jobs_nodes_and_lending_verbs() {
     let mut l = Live::start("", "", "");
     wait_socket(&l);
     // bftuser charges this job to a second account: satellites must follow the core.
-    l.c.run("sacctmgr", &["-i", "add", "account", "proj"]).unwrap();
-    l.c.run("sacctmgr", &["-i", "add", "user", "bftuser", "account=proj"]).unwrap();
+    l.c.run("sacctmgr", &["-i", "add", "account", "proj"])
+        .unwrap();
+    l.c.run(
+        "sacctmgr",
+        &["-i", "add", "user", "bftuser", "account=proj"],
+    )
+    .unwrap();
     let job = l.sbatch_as_user(
-        &["--elastic=1:4", "-A", "proj", "-J", "train", "-o", "/dev/null", "--wrap", "srun sleep 600"],
+        &[
+            "--elastic=1:4",
+            "-A",
+            "proj",
+            "-J",
+            "train",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "srun sleep 600",
+        ],
         None,
     );
     l.grown_to_all(job);
     let accounts = l.c.run("squeue", &["-h", "-a", "-o", "%j %a"]).unwrap();
     assert_eq!(
-        accounts.lines().filter(|r| *r == format!("bftsat-{job} proj")).count(),
+        accounts
+            .lines()
+            .filter(|r| *r == format!("bftsat-{job} proj"))
+            .count(),
         3,
         "satellites are charged to the core's account: {accounts}"
     );
     // A job of another user (root): waits, as every node is lent.
-    let other = l
-        .c
-        .sbatch(&["--elastic=1:2", "-J", "roots", "-o", "/dev/null", "--wrap", "srun sleep 600"])
+    let other =
+        l.c.sbatch(&[
+            "--elastic=1:2",
+            "-J",
+            "roots",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "srun sleep 600",
+        ])
         .unwrap();
     let st = l.wait(20, "status to show 4 lent nodes and two jobs", || {
         let v = json(&l, &["status"]);
-        let n = v["jobs_by_state"]["running"].as_u64()? + v["jobs_by_state"]["waiting"].as_u64()? + v["jobs_by_state"]["pending"].as_u64()?;
+        let n = v["jobs_by_state"]["running"].as_u64()?
+            + v["jobs_by_state"]["waiting"].as_u64()?
+            + v["jobs_by_state"]["pending"].as_u64()?;
         (v["counts"]["lent"] == 4 && n == 2).then_some(v)
     });
     assert_eq!(st["schema"], "bftrainer.status/1");
     assert_eq!(st["lending"], "open");
     assert_eq!(st["slurm_reachable"], true);
     assert!(st["poll"]["samples"].as_u64().unwrap() > 0);
-    assert!(st["jobs"].as_array().unwrap().is_empty(), "status carries no job list");
+    assert!(
+        st["jobs"].as_array().unwrap().is_empty(),
+        "status carries no job list"
+    );
     let text = ok(&l, &["status"]);
     eprintln!("$ bftrainer status\n{text}");
-    assert!(text.contains("Lending=OPEN") && text.contains("Lent=4"), "{text}");
+    assert!(
+        text.contains("Lending=OPEN") && text.contains("Lent=4"),
+        "{text}"
+    );
 
     // Root sees both jobs; the elastic one on 4 nodes with 3 satellites and 3 grows.
     let text = ok(&l, &["jobs"]);
     eprintln!("$ bftrainer jobs\n{text}");
     let jobs = json(&l, &["jobs"]);
-    let ids: Vec<u64> = jobs.as_array().unwrap().iter().map(|j| j["job_id"].as_u64().unwrap()).collect();
-    assert!(ids.contains(&u64::from(job)) && ids.contains(&u64::from(other)), "{ids:?}");
-    let mine = jobs.as_array().unwrap().iter().find(|j| j["job_id"] == job).unwrap();
+    let ids: Vec<u64> = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["job_id"].as_u64().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&u64::from(job)) && ids.contains(&u64::from(other)),
+        "{ids:?}"
+    );
+    let mine = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job_id"] == job)
+        .unwrap();
     assert_eq!(mine["size"], 4);
     assert_eq!(mine["satellites"].as_array().unwrap().len(), 3);
     assert_eq!(mine["user"], "bftuser");
@@ -115,7 +163,12 @@ fn cluster_control_status_jobs_nodes_and_lending_verbs() {
     let o = as_user(&l, &["jobs", "--json"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let ids: Vec<u64> = v.as_array().unwrap().iter().map(|j| j["job_id"].as_u64().unwrap()).collect();
+    let ids: Vec<u64> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["job_id"].as_u64().unwrap())
+        .collect();
     assert_eq!(ids, vec![u64::from(job)]);
     let o = as_user(&l, &["jobs", &other.to_string()]);
     assert!(!o.status.success());
@@ -134,7 +187,10 @@ fn cluster_control_status_jobs_nodes_and_lending_verbs() {
         let o = as_user(&l, &[verb]);
         assert!(!o.status.success(), "{verb} as bftuser succeeded");
         let e = String::from_utf8_lossy(&o.stderr);
-        assert!(e.contains("permission denied") && e.contains("root and SlurmUser"), "{e}");
+        assert!(
+            e.contains("permission denied") && e.contains("root and SlurmUser"),
+            "{e}"
+        );
     }
     let text = ok(&l, &["nodes"]);
     eprintln!("$ bftrainer nodes\n{text}");
@@ -145,7 +201,18 @@ fn cluster_control_status_jobs_nodes_and_lending_verbs() {
     // Pause: a node a regular job took and gave back is not lent again.
     let msg = ok(&l, &["pause"]);
     assert!(msg.contains("lending paused"), "{msg}");
-    let regular = l.c.sbatch(&["-p", "batch", "-N1", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 3"]).unwrap();
+    let regular =
+        l.c.sbatch(&[
+            "-p",
+            "batch",
+            "-N1",
+            "--exclusive",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 3",
+        ])
+        .unwrap();
     l.wait(30, "the regular job to run and end", || {
         matches!(l.state_of(regular).as_str(), "COMPLETED").then_some(())
     });
@@ -165,10 +232,16 @@ fn cluster_control_status_jobs_nodes_and_lending_verbs() {
     let mut d = l.daemon.take().unwrap();
     unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
     d.wait().unwrap();
-    assert!(!socket(&l).exists(), "the socket is removed at a clean stop");
+    assert!(
+        !socket(&l).exists(),
+        "the socket is removed at a clean stop"
+    );
     let o = run(bftrainer(&l, &["status"]));
     let e = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && e.contains("bftrainerd is not running"), "{e}");
+    assert!(
+        !o.status.success() && e.contains("bftrainerd is not running"),
+        "{e}"
+    );
     l.spawn();
     wait_socket(&l);
     let st = l.wait(10, "status after the restart", || {
@@ -179,10 +252,23 @@ fn cluster_control_status_jobs_nodes_and_lending_verbs() {
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(l.elastic_size(job), 1, "still drained after the restart");
     let h = json(&l, &["jobs", "--history", &job.to_string()]);
-    let sizes: Vec<u64> = h[0]["history"].as_array().unwrap().iter().map(|c| c["nodes"].as_u64().unwrap()).collect();
-    assert_eq!(sizes.last(), Some(&1), "history rebuilt from the journal: {sizes:?}");
+    let sizes: Vec<u64> = h[0]["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["nodes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        sizes.last(),
+        Some(&1),
+        "history rebuilt from the journal: {sizes:?}"
+    );
     assert!(sizes.contains(&4) && sizes.contains(&3), "{sizes:?}");
-    assert!(h[0]["shrinks"].as_u64().unwrap() >= 1 && h[0]["preemptions"].as_u64().unwrap() >= 1, "{}", h[0]);
+    assert!(
+        h[0]["shrinks"].as_u64().unwrap() >= 1 && h[0]["preemptions"].as_u64().unwrap() >= 1,
+        "{}",
+        h[0]
+    );
 
     // Resume: grows back onto every idle node (the other job may take some).
     let msg = ok(&l, &["resume"]);
@@ -250,24 +336,41 @@ fn cluster_control_socket_and_metrics_survive_bad_clients() {
     let cases: [(&[u8], &str); 6] = [
         (b"\x00\xff\xfegarbage\n", "not UTF-8"),
         (b"{\"v\":1,\"op\":\"sta", "not JSON"),
-        (b"{\"v\":2,\"op\":\"status\"}\n", "protocol version 2 is not spoken here"),
-        (b"{\"v\":1,\"op\":\"shutdown\"}\n", "expected op one of status, jobs, nodes, pause, drain, resume"),
+        (
+            b"{\"v\":2,\"op\":\"status\"}\n",
+            "protocol version 2 is not spoken here",
+        ),
+        (
+            b"{\"v\":1,\"op\":\"shutdown\"}\n",
+            "expected op one of status, jobs, nodes, pause, drain, resume",
+        ),
         (b"{\"op\":\"status\"}\n", "no protocol version"),
         (b"\n", "empty"),
     ];
     for (bytes, want) in cases {
         let out = raw(&path, bytes, true);
-        assert!(out.contains("\"ok\":false") && out.contains(want), "{bytes:?}: {out}");
+        assert!(
+            out.contains("\"ok\":false") && out.contains(want),
+            "{bytes:?}: {out}"
+        );
     }
     // 10 MB in one request.
     let big = vec![b'x'; 10 << 20];
     let out = raw(&path, &big, true);
     assert!(out.contains("request too large"), "{out}");
     // 200 clients connect at once and say nothing: the next request is still served.
-    let idle: Vec<UnixStream> = (0..200).map(|_| UnixStream::connect(&path).unwrap()).collect();
+    let idle: Vec<UnixStream> = (0..200)
+        .map(|_| UnixStream::connect(&path).unwrap())
+        .collect();
     let t = status_rtt(&path);
-    eprintln!("MEASURED status round trip with 200 silent clients connected: {:.1} ms", t.as_secs_f64() * 1e3);
-    assert!(t < Duration::from_millis(100), "served in {t:?} with 200 idle clients");
+    eprintln!(
+        "MEASURED status round trip with 200 silent clients connected: {:.1} ms",
+        t.as_secs_f64() * 1e3
+    );
+    assert!(
+        t < Duration::from_millis(100),
+        "served in {t:?} with 200 idle clients"
+    );
     // Clients that vanish mid-answer, many times over.
     for _ in 0..300 {
         let mut s = UnixStream::connect(&path).unwrap();
@@ -276,7 +379,9 @@ fn cluster_control_socket_and_metrics_survive_bad_clients() {
     }
     // The silent ones are dropped after the daemon's 5-s read timeout, with an answer.
     let mut first = idle.into_iter().next().unwrap();
-    first.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    first
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let mut out = String::new();
     let _ = first.read_to_string(&mut out);
     assert!(out.contains("no complete request within 5 s"), "{out}");
@@ -290,7 +395,10 @@ fn cluster_control_socket_and_metrics_survive_bad_clients() {
     assert!(t < Duration::from_millis(100), "{t:?}");
     let rss1 = rss_kb(pid);
     eprintln!("MEASURED daemon RSS before the bad clients {rss0} kB, after {rss1} kB");
-    assert!(rss1 < rss0 + 8 * 1024, "RSS grew from {rss0} kB to {rss1} kB");
+    assert!(
+        rss1 < rss0 + 8 * 1024,
+        "RSS grew from {rss0} kB to {rss1} kB"
+    );
     assert_eq!(l.elastic_size(job), 4, "harvesting went on");
 
     // Metrics: exposition by prometheus-client, the daemon's numbers.
@@ -322,5 +430,8 @@ fn cluster_control_socket_and_metrics_survive_bad_clients() {
     assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
     let huge = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "y".repeat(20_000));
     assert!(get(&huge).starts_with("HTTP/1.1 431"));
-    assert!(l.daemon.as_mut().unwrap().try_wait().unwrap().is_none(), "the daemon is up");
+    assert!(
+        l.daemon.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "the daemon is up"
+    );
 }

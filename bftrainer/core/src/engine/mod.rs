@@ -678,10 +678,7 @@ impl<A: Allocator> Engine<A> {
                         keep.push(n);
                     }
                 }
-                let mut set: Vec<u32> = keep
-                    .iter()
-                    .map(|&n| self.nodes[n as usize].vpos)
-                    .collect();
+                let mut set: Vec<u32> = keep.iter().map(|&n| self.nodes[n as usize].vpos).collect();
                 set.sort_unstable();
                 set
             })

@@ -171,7 +171,11 @@ pub fn status_text(s: &Snapshot) -> String {
         s.version,
         duration(s.time - s.started_at),
         s.lending.to_uppercase(),
-        if s.slurm_reachable { "UP" } else { "NOT_RESPONDING" }
+        if s.slurm_reachable {
+            "UP"
+        } else {
+            "NOT_RESPONDING"
+        }
     );
     let _ = writeln!(
         o,
@@ -274,8 +278,18 @@ pub fn jobs_text(jobs: &[JobView], history: bool) -> String {
         .collect();
     let mut o = table(
         &[
-            "JOBID", "USER", "STATE", "MIN:MAX", "NODES", "RATE/S", "GROWS", "SHRINKS",
-            "PREEMPT", "NODE-H", "NODELIST", "SATELLITES",
+            "JOBID",
+            "USER",
+            "STATE",
+            "MIN:MAX",
+            "NODES",
+            "RATE/S",
+            "GROWS",
+            "SHRINKS",
+            "PREEMPT",
+            "NODE-H",
+            "NODELIST",
+            "SATELLITES",
         ],
         &rows,
     );
@@ -298,10 +312,15 @@ pub fn jobs_text(jobs: &[JobView], history: bool) -> String {
                 .enumerate()
                 .map(|(i, c)| {
                     let until = h.get(i + 1).map(|n| n.t).or(j.ended_at);
+                    let last_of_ended = i + 1 == h.len() && j.ended_at.is_some();
                     vec![
                         time(c.t),
                         c.nodes.to_string(),
-                        until.map_or("(now)".into(), |u| duration(u - c.t)),
+                        if last_of_ended {
+                            format!("({})", j.state)
+                        } else {
+                            until.map_or("(now)".into(), |u| duration(u - c.t))
+                        },
                     ]
                 })
                 .collect();

@@ -325,7 +325,8 @@ mod tests {
         assert_eq!(c.objective, Objective::Fairness);
         assert_eq!(c.socket, PathBuf::from("/etc/slurm/state/bftrainerd.sock"));
         assert_eq!(c.metrics_listen, None);
-        let c = p("[daemon]\nsocket = \"/run/bft.sock\"\n[metrics]\nlisten = \"127.0.0.1:9464\"\n").unwrap();
+        let c = p("[daemon]\nsocket = \"/run/bft.sock\"\n[metrics]\nlisten = \"127.0.0.1:9464\"\n")
+            .unwrap();
         assert_eq!(c.socket, PathBuf::from("/run/bft.sock"));
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
     }

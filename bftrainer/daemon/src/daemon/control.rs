@@ -270,7 +270,9 @@ fn parse(line: &[u8]) -> Result<Request, String> {
         .map_err(|_| "bad request: not UTF-8 text; send one JSON line".to_string())?;
     let text = text.trim();
     if text.is_empty() {
-        return Err("bad request: empty; send one JSON line such as {\"v\":1,\"op\":\"status\"}".into());
+        return Err(
+            "bad request: empty; send one JSON line such as {\"v\":1,\"op\":\"status\"}".into(),
+        );
     }
     // The version first, so an old or new client hears about versions, not fields.
     let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
@@ -389,6 +391,8 @@ pub fn call(socket: &Path, op: Op, timeout: Duration) -> Result<serde_json::Valu
     if r.ok {
         Ok(r.data.unwrap_or(serde_json::Value::Null))
     } else {
-        Err(r.error.unwrap_or_else(|| "bftrainerd refused the request".into()))
+        Err(r
+            .error
+            .unwrap_or_else(|| "bftrainerd refused the request".into()))
     }
 }

@@ -147,11 +147,23 @@ impl Collector for SnapshotCollector {
         let st = &s.stats;
         for (name, help, v) in [
             ("admits", "Elastic jobs admitted onto nodes", st.admits),
-            ("grows", "Satellites submitted to grow elastic jobs", st.grows),
+            (
+                "grows",
+                "Satellites submitted to grow elastic jobs",
+                st.grows,
+            ),
             ("shrinks", "Satellites shrunk off elastic jobs", st.shrinks),
             ("requeues", "Core jobs requeued", st.requeues),
-            ("preemptions", "Elastic jobs' nodes taken by regular jobs", st.preemptions),
-            ("slurm_errors", "Slurm calls that failed, and polls slurmctld did not answer", st.slurm_errors),
+            (
+                "preemptions",
+                "Elastic jobs' nodes taken by regular jobs",
+                st.preemptions,
+            ),
+            (
+                "slurm_errors",
+                "Slurm calls that failed, and polls slurmctld did not answer",
+                st.slurm_errors,
+            ),
             ("cycles", "Poll cycles run", st.cycles),
         ] {
             counter(&mut e, name, help, None, v as f64)?;
@@ -202,7 +214,13 @@ async fn http(mut stream: TcpStream, m: &Metrics) -> std::io::Result<()> {
         }
         head.extend_from_slice(&buf[..n]);
         if head.len() > MAX_HEAD {
-            return reply(&mut stream, "431 Request Header Fields Too Large", "text/plain", "request head too large\n").await;
+            return reply(
+                &mut stream,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "request head too large\n",
+            )
+            .await;
         }
     }
     let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
@@ -213,17 +231,50 @@ async fn http(mut stream: TcpStream, m: &Metrics) -> std::io::Result<()> {
     match (method, path) {
         ("GET", "/metrics") => {
             let body = m.encode();
-            reply(&mut stream, "200 OK", "text/plain; version=0.0.4; charset=utf-8", &body).await
+            reply(
+                &mut stream,
+                "200 OK",
+                "text/plain; version=0.0.4; charset=utf-8",
+                &body,
+            )
+            .await
         }
         ("GET", "/") => {
-            reply(&mut stream, "200 OK", "text/plain", "bftrainerd: metrics at /metrics\n").await
+            reply(
+                &mut stream,
+                "200 OK",
+                "text/plain",
+                "bftrainerd: metrics at /metrics\n",
+            )
+            .await
         }
-        ("GET", _) => reply(&mut stream, "404 Not Found", "text/plain", "not found; metrics are at /metrics\n").await,
-        _ => reply(&mut stream, "405 Method Not Allowed", "text/plain", "only GET\n").await,
+        ("GET", _) => {
+            reply(
+                &mut stream,
+                "404 Not Found",
+                "text/plain",
+                "not found; metrics are at /metrics\n",
+            )
+            .await
+        }
+        _ => {
+            reply(
+                &mut stream,
+                "405 Method Not Allowed",
+                "text/plain",
+                "only GET\n",
+            )
+            .await
+        }
     }
 }
 
-async fn reply(stream: &mut TcpStream, status: &str, ctype: &str, body: &str) -> std::io::Result<()> {
+async fn reply(
+    stream: &mut TcpStream,
+    status: &str,
+    ctype: &str,
+    body: &str,
+) -> std::io::Result<()> {
     let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -280,7 +331,10 @@ mod tests {
     #[test]
     fn the_sample_dashboard_uses_exported_metrics() {
         let text = sample();
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conf/grafana-bftrainer.json");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../conf/grafana-bftrainer.json"
+        );
         let dash: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let mut used = 0;

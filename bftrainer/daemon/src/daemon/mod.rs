@@ -16,13 +16,13 @@
 //! Slurm is the source of truth for who holds what; the journal keeps what Slurm does
 //! not (node and job ids, the engine's decisions), replayed into the engine at start.
 
+pub mod book;
 pub mod cluster;
 pub mod config;
 pub mod control;
-pub mod metrics;
 pub mod gen;
-pub mod book;
 pub mod journal;
+pub mod metrics;
 pub mod run;
 pub mod view;
 
@@ -290,7 +290,11 @@ impl<C: Cluster> Daemon<C> {
     }
 
     /// Feeds one event to the engine and books what it did (`book`).
-    fn feed(&mut self, ev: &Event, t: f64) -> bftrainer_core::Result<Vec<bftrainer_core::engine::Action>> {
+    fn feed(
+        &mut self,
+        ev: &Event,
+        t: f64,
+    ) -> bftrainer_core::Result<Vec<bftrainer_core::engine::Action>> {
         let taken = book::Book::taken_from(&self.engine, ev);
         let actions = self.engine.on_event(ev, t)?;
         self.book.event(&self.engine, ev, taken, &actions, t);
@@ -409,7 +413,10 @@ impl<C: Cluster> Daemon<C> {
             j.push(&record(now, ev));
             j.flush()?;
         }
-        log::info!("lending {} (asked through the control socket)", mode.as_str());
+        log::info!(
+            "lending {} (asked through the control socket)",
+            mode.as_str()
+        );
         Ok(())
     }
 
@@ -1372,7 +1379,9 @@ impl<C: Cluster> Daemon<C> {
             Ok(()) => true,
             Err(e) => {
                 self.stats.slurm_errors += 1;
-                self.error(format!("{what} of job {job} failed: {e}; retrying next cycle"));
+                self.error(format!(
+                    "{what} of job {job} failed: {e}; retrying next cycle"
+                ));
                 false
             }
         }
@@ -1825,10 +1834,13 @@ impl<C: Cluster> Daemon<C> {
         let mut sats_of: HashMap<u32, Vec<view::SatelliteView>> = HashMap::new();
         for (&sid, m) in &self.sats {
             if !m.done && !m.ending {
-                sats_of.entry(m.parent).or_default().push(view::SatelliteView {
-                    job_id: sid,
-                    node: m.node.clone(),
-                });
+                sats_of
+                    .entry(m.parent)
+                    .or_default()
+                    .push(view::SatelliteView {
+                        job_id: sid,
+                        node: m.node.clone(),
+                    });
             }
         }
         let jobs: Vec<view::JobView> = self

@@ -187,7 +187,10 @@ async fn main_loop(
     Ok(())
 }
 
-fn lending_message(before: bftrainer_core::engine::Lending, now: bftrainer_core::engine::Lending) -> String {
+fn lending_message(
+    before: bftrainer_core::engine::Lending,
+    now: bftrainer_core::engine::Lending,
+) -> String {
     use bftrainer_core::engine::Lending::*;
     match (before, now) {
         (a, b) if a == b => format!("lending was already {}", b.as_str()),
