@@ -444,28 +444,7 @@ pub fn parse_time_spec(text: &str) -> Result<TimeSpec, String> {
         }
         _ => return Err(bad()),
     };
-    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let mdays = [
-        31,
-        if leap { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
-    if !(1..=12).contains(&mo)
-        || d < 1
-        || d > mdays[(mo - 1) as usize]
-        || h > 23
-        || mi > 59
-        || sec > 59
-    {
+    if !crate::timefmt::civil_ok(y, mo, d, h, mi, sec) {
         return Err(format!(
             "{text:?}: a field is out of range; allowed: {TIME_FORMATS}"
         ));

@@ -32,6 +32,30 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
     )
 }
 
+/// Whether year, month, day, hour, minute and second name a real time of day (leap
+/// years counted; no leap seconds).
+pub fn civil_ok(y: i64, mo: i64, d: i64, h: i64, mi: i64, s: i64) -> bool {
+    let mdays = [
+        31,
+        if is_leap(y) { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    (1..=12).contains(&mo)
+        && (1..=mdays[(mo - 1) as usize]).contains(&d)
+        && (0..=23).contains(&h)
+        && (0..=59).contains(&mi)
+        && (0..=59).contains(&s)
+}
+
 fn is_leap(y: i64) -> bool {
     (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
 }
@@ -69,30 +93,9 @@ pub fn parse_time(s: &str) -> Result<i64, String> {
     };
     let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
     let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    let mdays = [
-        31,
-        if is_leap(y) { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
-    if !(1..=12).contains(&mo)
-        || d < 1
-        || d > mdays[(mo - 1) as usize]
-        || h > 23
-        || mi > 59
-        || se > 59
-    {
-        return Err(format!("bad timestamp {s:?}: field out of range"));
-    }
-    Ok(days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se)
+    civil_ok(y, mo, d, h, mi, se)
+        .then(|| days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se)
+        .ok_or_else(|| format!("bad timestamp {s:?}: field out of range"))
 }
 
 /// Formats Unix seconds as `YYYY-MM-DDTHH:MM:SS` (UTC).
