@@ -288,6 +288,27 @@ fn parse(line: &[u8]) -> Result<Request, String> {
         }
         None => return Err("bad request: no protocol version \"v\"; expected \"v\": 1".into()),
     }
+    // Fields an op does not take are refused, not ignored (a mistyped "histroy").
+    if let (Some(obj), Some(op)) = (v.as_object(), v.get("op").and_then(|o| o.as_str())) {
+        let takes: &[&str] = if op == "jobs" {
+            &["user", "job_ids", "history"]
+        } else {
+            &[]
+        };
+        if let Some(k) = obj
+            .keys()
+            .find(|k| !["v", "op"].contains(&k.as_str()) && !takes.contains(&k.as_str()))
+        {
+            return Err(format!(
+                "bad request: unknown field `{k}` for op {op}; {}",
+                if takes.is_empty() {
+                    "it takes none".to_string()
+                } else {
+                    format!("allowed: {}", takes.join(", "))
+                }
+            ));
+        }
+    }
     serde_json::from_value(v).map_err(|e| {
         format!("bad request: {e}; expected op one of status, jobs, nodes, pause, drain, resume")
     })
@@ -394,5 +415,143 @@ pub fn call(socket: &Path, op: Op, timeout: Duration) -> Result<serde_json::Valu
         Err(r
             .error
             .unwrap_or_else(|| "bftrainerd refused the request".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::view::{JobView, NodeView};
+    use crate::daemon::Why;
+
+    fn job(id: u32, uid: u32, user: &str) -> JobView {
+        JobView {
+            job_id: id,
+            user: Some(user.into()),
+            uid,
+            min_nodes: 1,
+            max_nodes: 4,
+            state: "running".into(),
+            nodes: "n1".into(),
+            size: 1,
+            core_nodes: "n1".into(),
+            satellites: Vec::new(),
+            rate: None,
+            admits: 1,
+            grows: 0,
+            shrinks: 0,
+            requeues: 0,
+            preemptions: 0,
+            largest: 1,
+            node_hours: 0.0,
+            submitted_at: 0.0,
+            ended_at: None,
+            history: Some(vec![]),
+            history_dropped: 0,
+        }
+    }
+
+    fn node(name: &str, holder: Option<u32>) -> NodeView {
+        NodeView {
+            name: name.into(),
+            state: if holder.is_some() { "lent" } else { "idle" }.into(),
+            why: Why::Open,
+            holder,
+            reclaim_at: None,
+            set_aside: None,
+        }
+    }
+
+    fn snap() -> Snapshot {
+        Snapshot {
+            jobs: vec![job(7, 1001, "alice"), job(9, 1002, "bob")],
+            nodes: vec![node("n1", Some(7)), node("n2", Some(9)), node("n3", None)],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn requests_parse_or_say_what_is_wrong() {
+        let ok = parse(br#"{"v":1,"op":"jobs","user":"alice","history":true}"#).unwrap();
+        assert_eq!(
+            ok.op,
+            Op::Jobs {
+                user: Some("alice".into()),
+                job_ids: vec![],
+                history: true
+            }
+        );
+        assert_eq!(
+            parse(b"{\"v\":1,\"op\":\"drain\"}\n").unwrap().op,
+            Op::Drain
+        );
+        for (line, want) in [
+            (&b"\xff"[..], "not UTF-8"),
+            (b"  ", "empty"),
+            (b"{\"v\":1,", "not JSON"),
+            (b"[1,2]", "no protocol version"),
+            (
+                b"{\"v\":3,\"op\":\"status\"}",
+                "protocol version 3 is not spoken here",
+            ),
+            (
+                b"{\"v\":1,\"op\":\"halt\"}",
+                "expected op one of status, jobs, nodes, pause, drain, resume",
+            ),
+            (b"{\"v\":1,\"op\":\"status\",\"x\":1}", "unknown field"),
+            (b"{\"v\":1,\"op\":\"jobs\",\"job_ids\":[-1]}", "bad request"),
+        ] {
+            let e = parse(line).unwrap_err();
+            assert!(e.contains(want), "{line:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn users_see_their_own_jobs_and_holders_only() {
+        let s = snap();
+        let all = jobs_view(&s, None, None, &[], false);
+        assert_eq!(all.len(), 2);
+        assert!(
+            all.iter().all(|j| j.history.is_none()),
+            "history only when asked"
+        );
+        let alice = jobs_view(&s, Some(1001), None, &[], true);
+        assert_eq!(alice.iter().map(|j| j.job_id).collect::<Vec<_>>(), [7]);
+        assert!(alice[0].history.is_some());
+        assert!(jobs_view(&s, Some(1001), None, &[9], false).is_empty());
+        assert!(jobs_view(&s, Some(1001), Some("bob"), &[], false).is_empty());
+        assert_eq!(jobs_view(&s, None, Some("1002"), &[], false)[0].job_id, 9);
+        assert_eq!(jobs_view(&s, None, Some("bob"), &[], false)[0].job_id, 9);
+        let nodes = nodes_view(&s, Some(1001));
+        let holders: Vec<Option<u32>> = nodes.iter().map(|n| n.holder).collect();
+        assert_eq!(holders, [Some(7), None, None]);
+        assert_eq!(nodes_view(&s, None)[1].holder, Some(9));
+        let st = status_view(&s);
+        assert!(st.jobs.is_empty() && st.nodes.is_empty());
+    }
+
+    #[tokio::test]
+    async fn admin_verbs_need_an_admin() {
+        let (_tx, rx) = watch::channel(Arc::new(snap()));
+        let (atx, mut arx) = mpsc::channel(1);
+        let shared = Shared {
+            snapshot: rx,
+            admin: atx,
+            admins: vec![0, 64030],
+        };
+        let r = answer(b"{\"v\":1,\"op\":\"pause\"}", 1001, &shared).await;
+        assert!(!r.ok && r.error.unwrap().contains("permission denied"));
+        assert!(arx.try_recv().is_err(), "nothing reached the main loop");
+        let main = tokio::spawn(async move {
+            let c = arx.recv().await.unwrap();
+            assert_eq!((c.mode, c.by_uid), (Lending::Drained, 64030));
+            c.reply.send(Ok("drained".into())).unwrap();
+        });
+        let r = answer(b"{\"v\":1,\"op\":\"drain\"}", 64030, &shared).await;
+        assert!(r.ok, "{r:?}");
+        assert_eq!(r.data.unwrap()["lending"], "drained");
+        main.await.unwrap();
+        let r = answer(b"{\"v\":1,\"op\":\"jobs\"}", 1002, &shared).await;
+        assert_eq!(r.data.unwrap().as_array().unwrap().len(), 1);
     }
 }
