@@ -2,6 +2,7 @@
 //! job model (progress, rescale and preemption charges), checks invariants, reports.
 
 mod report;
+pub mod stack;
 
 pub use report::{percentile, ActionCounts, JobReport, Report};
 

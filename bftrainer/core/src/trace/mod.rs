@@ -1,6 +1,7 @@
 //! Input parsers, pure over `BufRead`: node-event traces (`time,node,idle`), elastic job
 //! files (`jobs-*.csv`) and SWF job logs. Every rejection names the line and the problem.
 
+pub mod fragments;
 pub mod jobs;
 pub mod swf;
 

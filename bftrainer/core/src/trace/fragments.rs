@@ -1,0 +1,256 @@
+//! Idle fragments of a node trace: each maximal span a node stays idle, bucketed by
+//! duration on a log scale, weighted by node-minutes (can elastic jobs use them?).
+
+use super::NodeTrace;
+
+/// Upper edges of the duration buckets, seconds; the last bucket is open.
+pub const EDGES_S: [i64; 8] = [60, 120, 300, 600, 1800, 3600, 7200, 21600];
+
+/// Labels of the buckets, in order (one more than `EDGES_S`).
+pub const LABELS: [&str; 9] = [
+    "<1 min",
+    "1-2 min",
+    "2-5 min",
+    "5-10 min",
+    "10-30 min",
+    "30-60 min",
+    "1-2 h",
+    "2-6 h",
+    ">6 h",
+];
+
+/// Fragments of one duration bucket, `[lo_s, hi_s)`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Bucket {
+    pub label: &'static str,
+    pub lo_s: i64,
+    /// `None`: open bucket.
+    pub hi_s: Option<i64>,
+    pub fragments: u64,
+    pub node_min: f64,
+}
+
+/// The idle fragments of a trace window, by duration.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Fragments {
+    pub buckets: Vec<Bucket>,
+    pub fragments: u64,
+    pub node_min: f64,
+    /// Fragments cut by the window's start (the node was idle before it) or end (still
+    /// idle after it); their length is the part inside the window.
+    pub clipped_at_start: u64,
+    pub clipped_at_end: u64,
+    /// Median duration, seconds: by fragment count, and by node-minutes (half of the
+    /// idle node-minutes lie in fragments at least this long).
+    pub median_s: Option<f64>,
+    pub weighted_median_s: Option<f64>,
+}
+
+fn bucket_of(d: i64) -> usize {
+    EDGES_S.partition_point(|&e| e <= d)
+}
+
+/// Every maximal idle span of every node within `[trace.start, trace.end]`, clipped at
+/// the window's ends, as (seconds, clipped at start, clipped at end). Repeated idle rows (reclaim updates) do not split a fragment;
+/// zero-length fragments (idle and claimed at the same second) are not counted.
+pub fn fragment_lengths(trace: &NodeTrace) -> Vec<(i64, bool, bool)> {
+    let (start, end) = (trace.start, trace.end.max(trace.start));
+    // Since when each node has been idle (None: busy).
+    let mut since: Vec<Option<i64>> = trace
+        .initial_idle
+        .iter()
+        .map(|&i| i.then_some(start))
+        .collect();
+    let mut out = Vec::new();
+    for c in &trace.changes {
+        let t = c.t.clamp(start, end);
+        let Some(s) = since.get_mut(c.node as usize) else {
+            continue;
+        };
+        match (*s, c.idle) {
+            (None, true) => *s = Some(t),
+            (Some(from), false) => {
+                *s = None;
+                // A claim at the very end closes the fragment there: not clipped.
+                if t > from {
+                    out.push((t - from, from == start, false));
+                }
+            }
+            _ => {}
+        }
+    }
+    for from in since.into_iter().flatten() {
+        if end > from {
+            out.push((end - from, from == start, true));
+        }
+    }
+    out
+}
+
+/// The histogram of `fragment_lengths` by duration (node-minutes per bucket).
+pub fn idle_fragments(trace: &NodeTrace) -> Fragments {
+    let lens = fragment_lengths(trace);
+    let mut buckets: Vec<Bucket> = LABELS
+        .iter()
+        .enumerate()
+        .map(|(i, &label)| Bucket {
+            label,
+            lo_s: if i == 0 { 0 } else { EDGES_S[i - 1] },
+            hi_s: EDGES_S.get(i).copied(),
+            fragments: 0,
+            node_min: 0.0,
+        })
+        .collect();
+    let (mut at_start, mut at_end) = (0, 0);
+    for &(d, s, e) in &lens {
+        let b = &mut buckets[bucket_of(d)];
+        b.fragments += 1;
+        b.node_min += d as f64 / 60.0;
+        at_start += u64::from(s);
+        at_end += u64::from(e);
+    }
+    let mut sorted: Vec<i64> = lens.iter().map(|l| l.0).collect();
+    sorted.sort_unstable();
+    let median_s = (!sorted.is_empty()).then(|| {
+        let m = sorted.len() / 2;
+        if sorted.len() % 2 == 1 {
+            sorted[m] as f64
+        } else {
+            (sorted[m - 1] + sorted[m]) as f64 / 2.0
+        }
+    });
+    // The shortest length at which the node-seconds of fragments up to it reach half.
+    let total: i64 = sorted.iter().sum();
+    let weighted_median_s = (total > 0).then(|| {
+        let mut acc = 0i64;
+        for &d in &sorted {
+            acc += d;
+            if 2 * acc >= total {
+                return d as f64;
+            }
+        }
+        *sorted.last().expect("non-empty") as f64
+    });
+    Fragments {
+        fragments: lens.len() as u64,
+        node_min: total as f64 / 60.0,
+        buckets,
+        clipped_at_start: at_start,
+        clipped_at_end: at_end,
+        median_s,
+        weighted_median_s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::NodeChange;
+
+    fn tr(initial: &[bool], changes: &[(i64, u32, bool)], end: i64) -> NodeTrace {
+        NodeTrace {
+            names: (0..initial.len()).map(|i| format!("n{i}")).collect(),
+            start: 1000,
+            end,
+            initial_idle: initial.to_vec(),
+            changes: changes
+                .iter()
+                .map(|&(t, node, idle)| NodeChange {
+                    t,
+                    node,
+                    idle,
+                    reclaim_at: None,
+                })
+                .collect(),
+            forecasts: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn buckets_have_half_open_edges() {
+        assert_eq!(bucket_of(0), 0);
+        assert_eq!(bucket_of(59), 0);
+        assert_eq!(bucket_of(60), 1);
+        assert_eq!(bucket_of(299), 2);
+        assert_eq!(bucket_of(300), 3);
+        assert_eq!(bucket_of(21599), 7);
+        assert_eq!(bucket_of(21600), 8);
+        assert_eq!(bucket_of(i64::MAX), 8);
+        assert_eq!(LABELS.len(), EDGES_S.len() + 1);
+    }
+
+    /// Node 0: idle from the start to 1090 (clipped at start, 90 s), idle again 1500 to
+    /// the end 9000 (clipped at end, 7500 s). Node 1: busy, idle 2000..2030 with a
+    /// repeated idle row at 2010 (one fragment of 30 s), idle and claimed at 3000
+    /// (zero length: not counted), idle 4000..4600 (600 s). Node 2 never idle.
+    #[test]
+    fn hand_made_trace() {
+        let t = tr(
+            &[true, false, false],
+            &[
+                (1090, 0, false),
+                (1500, 0, true),
+                (2000, 1, true),
+                (2010, 1, true),
+                (2030, 1, false),
+                (3000, 1, true),
+                (3000, 1, false),
+                (4000, 1, true),
+                (4600, 1, false),
+            ],
+            9000,
+        );
+        let mut l = fragment_lengths(&t);
+        l.sort();
+        assert_eq!(
+            l,
+            vec![
+                (30, false, false),
+                (90, true, false),
+                (600, false, false),
+                (7500, false, true)
+            ]
+        );
+        let f = idle_fragments(&t);
+        assert_eq!(f.fragments, 4);
+        assert_eq!((f.clipped_at_start, f.clipped_at_end), (1, 1));
+        let per: Vec<(u64, f64)> = f
+            .buckets
+            .iter()
+            .map(|b| (b.fragments, b.node_min))
+            .collect();
+        assert_eq!(
+            per,
+            vec![
+                (1, 0.5),
+                (1, 1.5),
+                (0, 0.0),
+                (0, 0.0),
+                (1, 10.0),
+                (0, 0.0),
+                (0, 0.0),
+                (1, 125.0),
+                (0, 0.0)
+            ]
+        );
+        assert!((f.node_min - 137.0).abs() < 1e-12);
+        // Node-minutes add up to the trace's idle node-seconds.
+        assert!((f.node_min * 60.0 - t.mean_idle() * 8000.0).abs() < 1e-6);
+        assert_eq!(f.median_s, Some((90.0 + 600.0) / 2.0));
+        assert_eq!(f.weighted_median_s, Some(7500.0));
+    }
+
+    #[test]
+    fn idle_through_the_window_is_one_fragment_clipped_both_ends() {
+        let f = idle_fragments(&tr(&[true], &[], 1000 + 7 * 3600));
+        assert_eq!(f.fragments, 1);
+        assert_eq!((f.clipped_at_start, f.clipped_at_end), (1, 1));
+        assert_eq!(f.buckets[8].fragments, 1);
+        assert!((f.buckets[8].node_min - 420.0).abs() < 1e-12);
+        // An empty window has no fragments.
+        let e = idle_fragments(&tr(&[true, false], &[], 1000));
+        assert_eq!(e.fragments, 0);
+        assert_eq!(e.median_s, None);
+        assert_eq!(e.weighted_median_s, None);
+    }
+}
