@@ -12,12 +12,12 @@ pub enum Error {
         msg: String,
     },
     /// The reader failed, e.g. a truncated gzip stream; `line` is the last line read.
-    #[error("{what}: read failed after line {line}: {source}")]
+    /// The cause is part of the message (not a `source`), so that it is printed once.
+    #[error("{what}: read failed after line {line}: line {} is cut short or unreadable (a truncated or damaged file?): {cause}", .line + 1)]
     Read {
         what: String,
         line: u64,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// An option out of range or inputs that do not fit together.
     #[error("invalid setting: {0}")]

@@ -64,6 +64,13 @@ pub struct SchedMetrics {
     pub jobs_skipped_empty: u64,
     /// Jobs wider than the machine.
     pub jobs_skipped_too_wide: u64,
+    /// Jobs whose run time SWF does not allow (negative other than -1, unknown) or
+    /// above [`MAX_RUN_S`].
+    pub jobs_skipped_bad_run_time: u64,
+    /// The first skipped job of each cause but empty ones (which SWF allows): where the
+    /// caller can point, as an index into the log's jobs.
+    #[serde(skip)]
+    pub first_skipped: Vec<Skipped>,
     /// Log start mode only: jobs that started while fewer nodes were free than they
     /// needed (the log's machine was larger or nodes were shared).
     pub jobs_overcommitted: u64,
@@ -74,6 +81,27 @@ pub struct SchedMetrics {
     /// Mean of max(1, (wait + run) / max(run, 10 s)).
     pub mean_bounded_slowdown: f64,
     pub makespan_s: i64,
+}
+
+/// Longest run time a job may have, seconds (365 days): beyond it the log is corrupt.
+pub const MAX_RUN_S: i64 = 365 * 86_400;
+
+/// Why a job of the log was left out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipCause {
+    /// It needs more nodes than the machine has.
+    TooWide,
+    /// Run time below -1 or above [`MAX_RUN_S`].
+    BadRunTime,
+}
+
+/// The first job left out for a cause: index into `SwfLog::jobs`, and the nodes it
+/// needs (`TooWide`) or its run time (`BadRunTime`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Skipped {
+    pub cause: SkipCause,
+    pub index: usize,
+    pub value: i64,
 }
 
 /// A job ready for the model: sizes in nodes, times in log seconds.
@@ -123,7 +151,23 @@ pub fn schedule(log: &SwfLog, cfg: &SchedConfig) -> Result<(NodeTrace, SchedMetr
         ..Default::default()
     };
     let mut jobs = Vec::with_capacity(log.jobs.len());
-    for j in &log.jobs {
+    // Index into log.jobs of each job of `jobs`.
+    let mut src = Vec::with_capacity(log.jobs.len());
+    let skip = |m: &mut SchedMetrics, cause: SkipCause, index: usize, value: i64| {
+        if !m.first_skipped.iter().any(|s| s.cause == cause) {
+            m.first_skipped.push(Skipped {
+                cause,
+                index,
+                value,
+            });
+        }
+    };
+    for (i, j) in log.jobs.iter().enumerate() {
+        if j.run < -1 || j.run > MAX_RUN_S {
+            m.jobs_skipped_bad_run_time += 1;
+            skip(&mut m, SkipCause::BadRunTime, i, j.run);
+            continue;
+        }
         let Some(p) = j.procs.filter(|_| j.run > 0) else {
             m.jobs_skipped_empty += 1;
             continue;
@@ -131,12 +175,14 @@ pub fn schedule(log: &SwfLog, cfg: &SchedConfig) -> Result<(NodeTrace, SchedMetr
         let need = (p + ppn - 1) / ppn;
         if need > i64::from(nodes) {
             m.jobs_skipped_too_wide += 1;
+            skip(&mut m, SkipCause::TooWide, i, need);
             continue;
         }
+        src.push(i);
         jobs.push(Job {
             submit: j.submit,
             run: j.run,
-            est: j.req_time.unwrap_or(j.run).max(1),
+            est: j.req_time.unwrap_or(j.run).clamp(1, MAX_RUN_S),
             need: need as u32,
             log_start: j.wait.map(|w| j.submit + w),
         });
@@ -146,11 +192,7 @@ pub fn schedule(log: &SwfLog, cfg: &SchedConfig) -> Result<(NodeTrace, SchedMetr
             if let Some(i) = jobs.iter().position(|j| j.log_start.is_none()) {
                 return Err(Error::Config(format!(
                     "--start-times log: job {} of the log has no wait time",
-                    log.jobs
-                        .iter()
-                        .filter(|j| j.procs.is_some() && j.run > 0)
-                        .nth(i)
-                        .map_or(0, |j| j.id)
+                    log.jobs[src[i]].id
                 )));
             }
             true

@@ -37,6 +37,18 @@ pub struct Report {
     pub harvested_node_h: f64,
     /// harvested / idle.
     pub harvest_share: f64,
+    /// Idle node-hours the active elastic jobs could hold: at each moment the idle
+    /// count if it is at least the smallest `min_nodes` among them, capped at the sum
+    /// of their `max_nodes`; 0 while no job is active.
+    pub usable_node_h: f64,
+    /// Node-hours of work lost to preemptions: per preemption of a job,
+    /// max(0, Tdw - grace) x the nodes it held before.
+    pub preemption_loss_node_h: f64,
+    /// max(0, usable - preemption loss): the harvest capacity of this workload.
+    pub harvestable_node_h: f64,
+    /// harvested / harvestable (may exceed 1 by the preemption losses: harvested
+    /// counts node-time whose work was later lost).
+    pub harvested_of_harvestable: f64,
     /// Harvested node-hours of jobs at or above their minimum size (productive).
     pub useful_node_h: f64,
     pub unused_node_h: f64,

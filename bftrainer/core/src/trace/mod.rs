@@ -106,10 +106,10 @@ impl<R: BufRead> Lines<R> {
                 self.buf.truncate(n);
                 Ok(true)
             }
-            Err(source) => Err(Error::Read {
+            Err(cause) => Err(Error::Read {
                 what: self.what.clone(),
                 line: self.line,
-                source,
+                cause,
             }),
         }
     }
@@ -123,15 +123,58 @@ impl<R: BufRead> Lines<R> {
     }
 }
 
-/// Parses a node-event trace: header `time,node,idle`; the rows at the first timestamp
-/// give every node's initial state (and define the node set, in file order); each later
-/// row is a change. Times must not decrease; a change for a node missing from the first
-/// timestamp is rejected.
+/// How a parser treats records out of time order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Order {
+    /// Sort them (stable: records of one time keep their file order) and count them.
+    #[default]
+    Sort,
+    /// Refuse the input at the first record out of order, naming its line.
+    Strict,
+}
+
+/// What a parser found about the order of an input: how many records it read and how
+/// many were earlier than the record before them (0: the file was sorted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sorted {
+    pub records: u64,
+    pub out_of_order: u64,
+}
+
+/// Parses a node-event trace that must be sorted by time; see [`parse_node_events_with`].
 pub fn parse_node_events<R: BufRead>(
     reader: R,
     what: &str,
     win: &TraceWindow,
 ) -> Result<NodeTrace> {
+    parse_node_events_with(reader, what, win, Order::Strict).map(|(tr, _)| tr)
+}
+
+/// One data row of a node-event trace, as read: 16 bytes, so that sorting an unsorted
+/// file costs 16 bytes per row and no copy of the text.
+#[derive(Clone, Copy)]
+struct Row {
+    t: i64,
+    /// File line, which also breaks ties: sorting by (t, line) keeps file order.
+    line: u32,
+    /// Interned node name; the top bit is the idle flag.
+    node: u32,
+}
+
+const IDLE_BIT: u32 = 1 << 31;
+
+/// Parses a node-event trace: header `time,node,idle`; the rows at the first timestamp
+/// give every node's initial state (and define the node set, in file order); each later
+/// row is a change; a change for a node missing from the first timestamp is rejected.
+/// Rows out of time order are sorted (`Order::Sort`, counted in `Sorted`) or refused
+/// (`Order::Strict`). Memory: 16 bytes per row (time, line, node, state) while reading,
+/// sorted in place; `Order::Strict` stops reading at the first row past `win.end`.
+pub fn parse_node_events_with<R: BufRead>(
+    reader: R,
+    what: &str,
+    win: &TraceWindow,
+    order: Order,
+) -> Result<(NodeTrace, Sorted)> {
     let mut lines = Lines::new(reader, what);
     if !lines.advance()? {
         return Err(lines.err("empty input: expected header \"time,node,idle\""));
@@ -142,24 +185,14 @@ pub fn parse_node_events<R: BufRead>(
             lines.buf
         )));
     }
-    let mut index: HashMap<String, u32> = HashMap::new();
-    let mut names: Vec<String> = Vec::new();
-    let mut idle: Vec<bool> = Vec::new();
-    let mut changes: Vec<NodeChange> = Vec::new();
-    let mut first_t: Option<i64> = None;
-    let mut in_initial = true;
-    let mut last_t = i64::MIN;
+    let mut intern: HashMap<String, u32> = HashMap::new();
+    let mut interned: Vec<String> = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut sorted = Sorted::default();
+    let mut prev_t = i64::MIN;
     // Cache the last timestamp's text: rows come in groups sharing one timestamp.
-    let mut last_ts = String::new();
-    let limit = win.node_limit.unwrap_or(usize::MAX);
-    let start = win.start;
-    let mut start_applied = false;
-    let mut initial_at_start: Vec<bool> = Vec::new();
-    let mut last_seen = i64::MIN;
-    loop {
-        if !lines.advance()? {
-            break;
-        }
+    let (mut cached_ts, mut cached_t) = (String::new(), i64::MIN);
+    while lines.advance()? {
         let line = lines.buf.as_str();
         if line.trim().is_empty() {
             continue;
@@ -172,20 +205,25 @@ pub fn parse_node_events<R: BufRead>(
                 "expected 3 comma-separated fields time,node,idle, found {n}"
             )));
         };
-        let t = if ts == last_ts {
-            last_t
+        let t = if ts == cached_ts {
+            cached_t
         } else {
             let t = parse_time(ts).map_err(|m| lines.err(m))?;
-            if t < last_t {
-                return Err(lines.err(format!(
-                    "time {ts} is earlier than the previous row's {}: rows must be sorted by time",
-                    crate::timefmt::format_time(last_t)
-                )));
-            }
-            last_ts.clear();
-            last_ts.push_str(ts);
+            cached_ts.clear();
+            cached_ts.push_str(ts);
+            cached_t = t;
             t
         };
+        if t < prev_t {
+            if order == Order::Strict {
+                return Err(lines.err(format!(
+                    "time {ts} is earlier than the previous row's {}: rows must be sorted by time",
+                    crate::timefmt::format_time(prev_t)
+                )));
+            }
+            sorted.out_of_order += 1;
+        }
+        prev_t = t;
         let st = match flag.trim() {
             "1" => true,
             "0" => false,
@@ -194,28 +232,83 @@ pub fn parse_node_events<R: BufRead>(
         if node.is_empty() {
             return Err(lines.err("empty node name"));
         }
-        if first_t.is_none() {
-            first_t = Some(t);
+        let id = match intern.get(node) {
+            Some(&id) => id,
+            None => {
+                let id = interned.len() as u32;
+                if id >= IDLE_BIT {
+                    return Err(lines.err("more than 2^31 distinct node names"));
+                }
+                intern.insert(node.to_string(), id);
+                interned.push(node.to_string());
+                id
+            }
+        };
+        let line_no = u32::try_from(lines.line)
+            .map_err(|_| lines.err("more than 4,294,967,295 lines: split the trace"))?;
+        rows.push(Row {
+            t,
+            line: line_no,
+            node: id | if st { IDLE_BIT } else { 0 },
+        });
+        // A sorted file needs nothing past the window's end (the first row past it is
+        // kept: it is checked like any other).
+        if order == Order::Strict && win.end.is_some_and(|e| t > e) && rows[0].t != t {
+            break;
         }
-        if in_initial && Some(t) != first_t {
+    }
+    drop(intern);
+    sorted.records = rows.len() as u64;
+    if sorted.out_of_order > 0 {
+        rows.sort_unstable_by_key(|r| (r.t, r.line));
+    }
+    let err = |line: u32, msg: String| Error::Parse {
+        what: what.to_string(),
+        line: u64::from(line),
+        msg,
+    };
+    let Some(first) = rows.first().map(|r| r.t) else {
+        return Err(lines.err("no rows after the header"));
+    };
+    // Interned id -> node index (initial-state order); NONE until the node is seen there.
+    const NONE: u32 = u32::MAX;
+    let mut node_of = vec![NONE; interned.len()];
+    let mut names: Vec<String> = Vec::new();
+    let mut idle: Vec<bool> = Vec::new();
+    let mut changes: Vec<NodeChange> = Vec::new();
+    let mut in_initial = true;
+    let limit = win.node_limit.unwrap_or(usize::MAX);
+    let start = win.start;
+    let mut start_applied = false;
+    let mut initial_at_start: Vec<bool> = Vec::new();
+    let mut last_seen = i64::MIN;
+    for r in &rows {
+        let (t, key, st) = (r.t, (r.node & !IDLE_BIT) as usize, r.node & IDLE_BIT != 0);
+        if in_initial && t != first {
             in_initial = false;
         }
         if in_initial {
-            if index.contains_key(node) {
-                return Err(lines.err(format!("node {node} appears twice in the initial state")));
+            if node_of[key] != NONE {
+                return Err(err(
+                    r.line,
+                    format!("node {} appears twice in the initial state", interned[key]),
+                ));
             }
-            index.insert(node.to_string(), names.len() as u32);
-            names.push(node.to_string());
+            node_of[key] = names.len() as u32;
+            names.push(interned[key].clone());
             idle.push(st);
-            last_t = t;
             continue;
         }
-        let Some(&n) = index.get(node) else {
-            return Err(lines.err(format!(
-                "unknown node {node}: every node must appear in the initial state at the first timestamp"
-            )));
-        };
-        last_t = t;
+        let n = node_of[key];
+        if n == NONE {
+            return Err(err(
+                r.line,
+                format!(
+                    "unknown node {}: every node must appear in the initial state at the first timestamp",
+                    interned[key]
+                ),
+            ));
+        }
         if let Some(end) = win.end {
             if t > end {
                 last_seen = end;
@@ -242,9 +335,6 @@ pub fn parse_node_events<R: BufRead>(
             }
         }
     }
-    let Some(first) = first_t else {
-        return Err(lines.err("no rows after the header"));
-    };
     if !start_applied {
         initial_at_start = idle;
     }
@@ -262,14 +352,17 @@ pub fn parse_node_events<R: BufRead>(
         }
     }
     let end = win.end.unwrap_or(last_seen.max(t0)).max(t0);
-    Ok(NodeTrace {
-        names,
-        start: t0,
-        end,
-        initial_idle: initial_at_start,
-        changes,
-        forecasts: Vec::new(),
-    })
+    Ok((
+        NodeTrace {
+            names,
+            start: t0,
+            end,
+            initial_idle: initial_at_start,
+            changes,
+            forecasts: Vec::new(),
+        },
+        sorted,
+    ))
 }
 
 #[cfg(test)]
@@ -318,6 +411,63 @@ mod tests {
         parse_node_events(input.as_bytes(), "x.csv", &TraceWindow::default())
             .unwrap_err()
             .to_string()
+    }
+
+    /// Rows out of time order are sorted, counted, and rows of one time keep their file
+    /// order; the result equals the sorted file's. `Order::Strict` refuses the file.
+    #[test]
+    fn unsorted_rows_are_sorted_stably_and_counted() {
+        let sorted = "time,node,idle\n\
+            0,a,0\n0,b,1\n0,c,0\n10,a,1\n10,a,0\n10,c,1\n20,b,0\n30,a,1\n";
+        // Same rows, shuffled: 10,a,1 still before 10,a,0 (file order among equal times).
+        let shuffled = "time,node,idle\n\
+            10,a,1\n0,a,0\n30,a,1\n0,b,1\n10,a,0\n20,b,0\n0,c,0\n10,c,1\n";
+        let w = TraceWindow::default();
+        let (a, sa) = parse_node_events_with(sorted.as_bytes(), "s", &w, Order::Sort).unwrap();
+        let (b, sb) = parse_node_events_with(shuffled.as_bytes(), "u", &w, Order::Sort).unwrap();
+        assert_eq!(
+            sa,
+            Sorted {
+                records: 8,
+                out_of_order: 0
+            }
+        );
+        // Earlier than the row before them: 0,a (after 10), 0,b (after 30), 0,c (after 20).
+        assert_eq!(
+            sb,
+            Sorted {
+                records: 8,
+                out_of_order: 3
+            }
+        );
+        assert_eq!(a, b);
+        // a goes idle then busy at 10, in file order: the last change at 10 is busy.
+        assert_eq!(
+            b.changes[..2].iter().map(|c| c.idle).collect::<Vec<_>>(),
+            [true, false]
+        );
+        let e = parse_node_events_with(shuffled.as_bytes(), "u.csv", &w, Order::Strict)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "u.csv:3: time 0 is earlier than the previous row's 1970-01-01T00:00:10: rows must be sorted by time"
+        );
+        // Errors found after sorting name the row's own line.
+        let bad = "time,node,idle\n5,zz,1\n0,a,0\n";
+        assert_eq!(
+            parse_node_events_with(bad.as_bytes(), "b.csv", &w, Order::Sort)
+                .unwrap_err()
+                .to_string(),
+            "b.csv:2: unknown node zz: every node must appear in the initial state at the first timestamp"
+        );
+        // A window cuts the sorted rows, wherever they were in the file.
+        let win = TraceWindow {
+            end: Some(15),
+            ..Default::default()
+        };
+        let (c, _) = parse_node_events_with(shuffled.as_bytes(), "u", &win, Order::Sort).unwrap();
+        assert_eq!((c.changes.len(), c.end), (3, 15));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Standard Workload Format job logs (Parallel Workloads Archive): `;` header lines with
 //! machine facts, then 18 whitespace-separated fields per job, -1 meaning unknown.
 
-use super::Lines;
+use super::{Lines, Order, Sorted};
 use crate::error::Result;
 use std::io::BufRead;
 
@@ -30,10 +30,36 @@ pub struct SwfLog {
     pub jobs: Vec<SwfJob>,
 }
 
-/// Parses an SWF log. Data lines must have exactly 18 integer fields.
+/// Largest submit or wait time accepted, seconds (100 years): beyond it a log is
+/// corrupt, and sums of times could overflow.
+pub const MAX_TIME_S: i64 = 3_155_760_000;
+
+/// A parsed log with where each job came from.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SwfFile {
+    /// Jobs sorted by submit time (stable: file order breaks ties).
+    pub log: SwfLog,
+    /// The file line of each job of `log.jobs`.
+    pub lines: Vec<u64>,
+    pub sorted: Sorted,
+}
+
+/// Parses an SWF log whose jobs must be sorted by submit time; see [`parse_swf_with`].
 pub fn parse_swf<R: BufRead>(reader: R, what: &str) -> Result<SwfLog> {
+    parse_swf_with(reader, what, Order::Strict).map(|f| f.log)
+}
+
+/// Parses an SWF log. Data lines must have exactly 18 integer fields. Jobs out of
+/// submit-time order are sorted (`Order::Sort`; counted in `SwfFile::sorted`) or
+/// refused (`Order::Strict`). Jobs submitted at the same second go in job-number order
+/// (SWF numbers jobs in submission order), then file order: a shuffled log sorts back
+/// to the original. The sort orders a permutation of job indices (4 bytes per job) and
+/// applies it in place: no job is copied twice. A sorted log is not touched.
+pub fn parse_swf_with<R: BufRead>(reader: R, what: &str, order: Order) -> Result<SwfFile> {
     let mut lines = Lines::new(reader, what);
     let mut log = SwfLog::default();
+    let mut at: Vec<u64> = Vec::new();
+    let mut sorted = Sorted::default();
     let mut last_submit = i64::MIN;
     while lines.advance()? {
         let line = lines.buf.as_str();
@@ -100,19 +126,69 @@ pub fn parse_swf<R: BufRead>(reader: R, what: &str) -> Result<SwfLog> {
                 job.submit
             )));
         }
-        if job.submit < last_submit {
+        if job.submit > MAX_TIME_S || job.wait.is_some_and(|w| w > MAX_TIME_S) {
+            let (k, v) = if job.submit > MAX_TIME_S {
+                ("2 (submit time)", job.submit)
+            } else {
+                ("3 (wait time)", f[2])
+            };
             return Err(lines.err(format!(
-                "submit time {} is earlier than the previous job's {last_submit}: SWF jobs must be sorted by submit time",
-                job.submit
+                "field {k} must be at most {MAX_TIME_S} s (100 years), found {v}"
             )));
+        }
+        if job.submit < last_submit {
+            if order == Order::Strict {
+                return Err(lines.err(format!(
+                    "submit time {} is earlier than the previous job's {last_submit}: SWF jobs must be sorted by submit time",
+                    job.submit
+                )));
+            }
+            sorted.out_of_order += 1;
         }
         last_submit = job.submit;
         log.jobs.push(job);
+        at.push(lines.line);
     }
     if log.jobs.is_empty() {
         return Err(lines.err("no job lines"));
     }
-    Ok(log)
+    sorted.records = log.jobs.len() as u64;
+    if sorted.out_of_order > 0 {
+        let mut perm: Vec<u32> = (0..log.jobs.len() as u32).collect();
+        perm.sort_unstable_by_key(|&i| {
+            let j = &log.jobs[i as usize];
+            (j.submit, j.id, i)
+        });
+        permute(&mut log.jobs, &mut at, &mut perm);
+    }
+    Ok(SwfFile {
+        log,
+        lines: at,
+        sorted,
+    })
+}
+
+/// Puts `a[perm[k]]` (and `b[perm[k]]`) at position k, in place, following the
+/// permutation's cycles; `perm` is used up (each visited entry is marked).
+fn permute<A, B>(a: &mut [A], b: &mut [B], perm: &mut [u32]) {
+    const DONE: u32 = u32::MAX;
+    for start in 0..perm.len() {
+        if perm[start] == DONE {
+            continue;
+        }
+        // Position `k` takes the element at `perm[k]`: walk the cycle with swaps.
+        let mut k = start;
+        loop {
+            let src = perm[k] as usize;
+            perm[k] = DONE;
+            if src == start {
+                break;
+            }
+            a.swap(k, src);
+            b.swap(k, src);
+            k = src;
+        }
+    }
 }
 
 const FIELD_NAMES: [&str; 18] = [
@@ -166,6 +242,82 @@ mod tests {
                 procs: Some(8),
                 req_time: None
             }
+        );
+    }
+
+    fn line(id: i64, submit: i64, run: i64) -> String {
+        format!("{id} {submit} -1 {run} 4 -1 -1 4 100 -1 1 1 -1 1 -1 1 -1 -1\n")
+    }
+
+    /// Jobs out of submit order are sorted stably (equal submit times keep job-number
+    /// order, then file order),
+    /// counted (10 after 50, 10 after 50, 0 after 10: 3 jobs earlier than the one
+    /// before them) and keep their file lines; `Order::Strict` refuses the log.
+    #[test]
+    fn unsorted_jobs_are_sorted_with_their_lines() {
+        let text = format!(
+            "; MaxNodes: 4\n{}{}{}{}{}",
+            line(1, 50, 10),
+            line(2, 10, 10),
+            line(3, 50, 10),
+            line(4, 10, 10),
+            line(5, 0, 10)
+        );
+        let f = parse_swf_with(text.as_bytes(), "u.swf", Order::Sort).unwrap();
+        let ids: Vec<i64> = f.log.jobs.iter().map(|j| j.id).collect();
+        assert_eq!(ids, [5, 2, 4, 1, 3]);
+        assert_eq!(f.lines, [6, 3, 5, 2, 4]);
+        assert_eq!(
+            f.sorted,
+            Sorted {
+                records: 5,
+                out_of_order: 3
+            }
+        );
+        assert_eq!(
+            parse_swf_with(text.as_bytes(), "u.swf", Order::Strict)
+                .unwrap_err()
+                .to_string(),
+            "u.swf:3: submit time 10 is earlier than the previous job's 50: SWF jobs must be sorted by submit time"
+        );
+        // A sorted log: nothing counted, file order and lines kept.
+        let s = format!("{}{}", line(1, 0, 5), line(2, 0, 5));
+        let f = parse_swf_with(s.as_bytes(), "s.swf", Order::Sort).unwrap();
+        assert_eq!((f.sorted.out_of_order, f.lines.clone()), (0, vec![1, 2]));
+        // Ties in submit time: job number first (the log's own order), then file order.
+        let t = format!(
+            "{}{}{}{}",
+            line(2, 5, 1),
+            line(1, 5, 1),
+            line(7, 0, 1),
+            line(1, 5, 2)
+        );
+        let f = parse_swf_with(t.as_bytes(), "t.swf", Order::Sort).unwrap();
+        let got: Vec<(i64, i64)> = f.log.jobs.iter().map(|j| (j.id, j.run)).collect();
+        assert_eq!(got, [(7, 1), (1, 1), (1, 2), (2, 1)]);
+        assert_eq!(f.lines, [3, 2, 4, 1]);
+    }
+
+    #[test]
+    fn permutation_is_applied_in_place() {
+        let mut a = vec!['a', 'b', 'c', 'd', 'e'];
+        let mut b = vec![0, 1, 2, 3, 4];
+        let mut p = vec![3, 0, 4, 1, 2];
+        permute(&mut a, &mut b, &mut p);
+        assert_eq!(a, ['d', 'a', 'e', 'b', 'c']);
+        assert_eq!(b, [3, 0, 4, 1, 2]);
+    }
+
+    #[test]
+    fn absurd_times_are_refused() {
+        let e = |s: &str| parse_swf(s.as_bytes(), "a.swf").unwrap_err().to_string();
+        assert_eq!(
+            e(&line(1, 4_000_000_000, 5)),
+            "a.swf:1: field 2 (submit time) must be at most 3155760000 s (100 years), found 4000000000"
+        );
+        assert_eq!(
+            e("1 0 9999999999 5 4 -1 -1 4 100 -1 1 1 -1 1 -1 1 -1 -1\n"),
+            "a.swf:1: field 3 (wait time) must be at most 3155760000 s (100 years), found 9999999999"
         );
     }
 
