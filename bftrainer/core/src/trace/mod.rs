@@ -141,13 +141,25 @@ pub struct Sorted {
     pub out_of_order: u64,
 }
 
-/// Parses a node-event trace that must be sorted by time; see [`parse_node_events_with`].
+/// Parses a node-event trace that must be sorted by time, in one streaming pass; see
+/// [`parse_node_events_with`].
 pub fn parse_node_events<R: BufRead>(
     reader: R,
     what: &str,
     win: &TraceWindow,
 ) -> Result<NodeTrace> {
     parse_node_events_with(reader, what, win, Order::Strict).map(|(tr, _)| tr)
+}
+
+/// The first pass over a trace that may be out of order: one streaming pass, no memory
+/// beyond the trace itself, reading the whole file. `None` when a row is out of time
+/// order: read the file again with `parse_node_events_with(.., Order::Sort)`.
+pub fn parse_node_events_if_sorted<R: BufRead>(
+    reader: R,
+    what: &str,
+    win: &TraceWindow,
+) -> Result<Option<(NodeTrace, Sorted)>> {
+    stream(reader, what, win, false)
 }
 
 /// One data row of a node-event trace, as read: 16 bytes, so that sorting an unsorted
@@ -166,15 +178,78 @@ const IDLE_BIT: u32 = 1 << 31;
 /// Parses a node-event trace: header `time,node,idle`; the rows at the first timestamp
 /// give every node's initial state (and define the node set, in file order); each later
 /// row is a change; a change for a node missing from the first timestamp is rejected.
-/// Rows out of time order are sorted (`Order::Sort`, counted in `Sorted`) or refused
-/// (`Order::Strict`). Memory: 16 bytes per row (time, line, node, state) while reading,
-/// sorted in place; `Order::Strict` stops reading at the first row past `win.end`.
+/// Rows out of time order are refused (`Order::Strict`: one streaming pass that stops
+/// at the first row past `win.end`) or sorted and counted (`Order::Sort`: the rows are
+/// read into 16 bytes each, time, line, node and state, and sorted in place by time
+/// and line, so rows of one time keep their file order).
 pub fn parse_node_events_with<R: BufRead>(
     reader: R,
     what: &str,
     win: &TraceWindow,
     order: Order,
 ) -> Result<(NodeTrace, Sorted)> {
+    if order == Order::Strict {
+        return Ok(stream(reader, what, win, true)?.expect("strict streaming refuses disorder"));
+    }
+    let mut intern: HashMap<String, u32> = HashMap::new();
+    let mut interned: Vec<String> = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut sorted = Sorted::default();
+    let mut prev_t = i64::MIN;
+    let last_line = read_rows(reader, what, |lines, t, node, st| {
+        if t < prev_t {
+            sorted.out_of_order += 1;
+        }
+        prev_t = t;
+        let id = match intern.get(node) {
+            Some(&id) => id,
+            None => {
+                let id = interned.len() as u32;
+                if id >= IDLE_BIT {
+                    return Err(lines.err("more than 2^31 distinct node names"));
+                }
+                intern.insert(node.to_string(), id);
+                interned.push(node.to_string());
+                id
+            }
+        };
+        let line = u32::try_from(lines.line)
+            .map_err(|_| lines.err("more than 4,294,967,295 lines: split the trace"))?;
+        rows.push(Row {
+            t,
+            line,
+            node: id | if st { IDLE_BIT } else { 0 },
+        });
+        Ok(true)
+    })?;
+    drop(intern);
+    sorted.records = rows.len() as u64;
+    if sorted.out_of_order > 0 {
+        rows.sort_unstable_by_key(|r| (r.t, r.line));
+    }
+    let mut b = Builder::new(what, win);
+    for r in &rows {
+        let key = (r.node & !IDLE_BIT) as usize;
+        if !b.push(
+            r.t,
+            &interned[key],
+            r.node & IDLE_BIT != 0,
+            u64::from(r.line),
+        )? {
+            break;
+        }
+    }
+    Ok((b.finish(last_line)?, sorted))
+}
+
+/// Reads the data rows of a node-event trace, checking the header and each row's
+/// format, and hands each to `row(lines, time, node, idle)` until it returns false.
+/// Returns the last line number read.
+fn read_rows<R: BufRead>(
+    reader: R,
+    what: &str,
+    mut row: impl FnMut(&Lines<R>, i64, &str, bool) -> Result<bool>,
+) -> Result<u64> {
     let mut lines = Lines::new(reader, what);
     if !lines.advance()? {
         return Err(lines.err("empty input: expected header \"time,node,idle\""));
@@ -185,11 +260,6 @@ pub fn parse_node_events_with<R: BufRead>(
             lines.buf
         )));
     }
-    let mut intern: HashMap<String, u32> = HashMap::new();
-    let mut interned: Vec<String> = Vec::new();
-    let mut rows: Vec<Row> = Vec::new();
-    let mut sorted = Sorted::default();
-    let mut prev_t = i64::MIN;
     // Cache the last timestamp's text: rows come in groups sharing one timestamp.
     let (mut cached_ts, mut cached_t) = (String::new(), i64::MIN);
     while lines.advance()? {
@@ -214,16 +284,6 @@ pub fn parse_node_events_with<R: BufRead>(
             cached_t = t;
             t
         };
-        if t < prev_t {
-            if order == Order::Strict {
-                return Err(lines.err(format!(
-                    "time {ts} is earlier than the previous row's {}: rows must be sorted by time",
-                    crate::timefmt::format_time(prev_t)
-                )));
-            }
-            sorted.out_of_order += 1;
-        }
-        prev_t = t;
         let st = match flag.trim() {
             "1" => true,
             "0" => false,
@@ -232,101 +292,141 @@ pub fn parse_node_events_with<R: BufRead>(
         if node.is_empty() {
             return Err(lines.err("empty node name"));
         }
-        let id = match intern.get(node) {
-            Some(&id) => id,
-            None => {
-                let id = interned.len() as u32;
-                if id >= IDLE_BIT {
-                    return Err(lines.err("more than 2^31 distinct node names"));
-                }
-                intern.insert(node.to_string(), id);
-                interned.push(node.to_string());
-                id
-            }
-        };
-        let line_no = u32::try_from(lines.line)
-            .map_err(|_| lines.err("more than 4,294,967,295 lines: split the trace"))?;
-        rows.push(Row {
-            t,
-            line: line_no,
-            node: id | if st { IDLE_BIT } else { 0 },
-        });
-        // A sorted file needs nothing past the window's end (the first row past it is
-        // kept: it is checked like any other).
-        if order == Order::Strict && win.end.is_some_and(|e| t > e) && rows[0].t != t {
+        if !row(&lines, t, node, st)? {
             break;
         }
     }
-    drop(intern);
-    sorted.records = rows.len() as u64;
-    if sorted.out_of_order > 0 {
-        rows.sort_unstable_by_key(|r| (r.t, r.line));
-    }
-    let err = |line: u32, msg: String| Error::Parse {
-        what: what.to_string(),
-        line: u64::from(line),
-        msg,
-    };
-    let Some(first) = rows.first().map(|r| r.t) else {
-        return Err(lines.err("no rows after the header"));
-    };
-    // Interned id -> node index (initial-state order); NONE until the node is seen there.
-    const NONE: u32 = u32::MAX;
-    let mut node_of = vec![NONE; interned.len()];
-    let mut names: Vec<String> = Vec::new();
-    let mut idle: Vec<bool> = Vec::new();
-    let mut changes: Vec<NodeChange> = Vec::new();
-    let mut in_initial = true;
-    let limit = win.node_limit.unwrap_or(usize::MAX);
-    let start = win.start;
-    let mut start_applied = false;
-    let mut initial_at_start: Vec<bool> = Vec::new();
-    let mut last_seen = i64::MIN;
-    for r in &rows {
-        let (t, key, st) = (r.t, (r.node & !IDLE_BIT) as usize, r.node & IDLE_BIT != 0);
-        if in_initial && t != first {
-            in_initial = false;
+    Ok(lines.line)
+}
+
+/// One pass over a trace in file order. `strict`: a row out of order is an error and
+/// reading stops after the first row past the window's end. Otherwise (the first pass
+/// of `Order::Sort`) the whole file is read and `None` returned at the first row out
+/// of order.
+fn stream<R: BufRead>(
+    reader: R,
+    what: &str,
+    win: &TraceWindow,
+    strict: bool,
+) -> Result<Option<(NodeTrace, Sorted)>> {
+    let mut b = Builder::new(what, win);
+    let (mut prev_t, mut records, mut unsorted, mut open) = (i64::MIN, 0u64, false, true);
+    let last_line = read_rows(reader, what, |lines, t, node, st| {
+        if t < prev_t {
+            if strict {
+                return Err(lines.err(format!(
+                    "time {} is earlier than the previous row's {}: rows must be sorted by time",
+                    lines.buf.split(',').next().unwrap_or_default(),
+                    crate::timefmt::format_time(prev_t)
+                )));
+            }
+            unsorted = true;
+            return Ok(false);
         }
-        if in_initial {
-            if node_of[key] != NONE {
-                return Err(err(
-                    r.line,
-                    format!("node {} appears twice in the initial state", interned[key]),
+        prev_t = t;
+        records += 1;
+        if open {
+            open = b.push(t, node, st, lines.line)?;
+        }
+        // A sorted file needs nothing past the window's end; the first pass of a sort
+        // reads on, to see whether it is sorted.
+        Ok(open || !strict)
+    })?;
+    if unsorted {
+        return Ok(None);
+    }
+    let sorted = Sorted {
+        records,
+        out_of_order: 0,
+    };
+    Ok(Some((b.finish(last_line)?, sorted)))
+}
+
+/// Builds a `NodeTrace` from rows in time order: the initial state, the window, the
+/// node limit.
+struct Builder<'a> {
+    what: &'a str,
+    win: &'a TraceWindow,
+    first: Option<i64>,
+    index: HashMap<String, u32>,
+    names: Vec<String>,
+    idle: Vec<bool>,
+    changes: Vec<NodeChange>,
+    in_initial: bool,
+    start_applied: bool,
+    initial_at_start: Vec<bool>,
+    last_seen: i64,
+}
+
+impl<'a> Builder<'a> {
+    fn new(what: &'a str, win: &'a TraceWindow) -> Self {
+        Self {
+            what,
+            win,
+            first: None,
+            index: HashMap::new(),
+            names: Vec::new(),
+            idle: Vec::new(),
+            changes: Vec::new(),
+            in_initial: true,
+            start_applied: false,
+            initial_at_start: Vec::new(),
+            last_seen: i64::MIN,
+        }
+    }
+
+    fn err(&self, line: u64, msg: String) -> Error {
+        Error::Parse {
+            what: self.what.to_string(),
+            line,
+            msg,
+        }
+    }
+
+    /// Takes the next row; false once past the window's end (the row is not used).
+    fn push(&mut self, t: i64, node: &str, st: bool, line: u64) -> Result<bool> {
+        let first = *self.first.get_or_insert(t);
+        if self.in_initial && t != first {
+            self.in_initial = false;
+        }
+        if self.in_initial {
+            if self.index.contains_key(node) {
+                return Err(self.err(
+                    line,
+                    format!("node {node} appears twice in the initial state"),
                 ));
             }
-            node_of[key] = names.len() as u32;
-            names.push(interned[key].clone());
-            idle.push(st);
-            continue;
+            self.index.insert(node.to_string(), self.names.len() as u32);
+            self.names.push(node.to_string());
+            self.idle.push(st);
+            return Ok(true);
         }
-        let n = node_of[key];
-        if n == NONE {
-            return Err(err(
-                r.line,
+        let Some(&n) = self.index.get(node) else {
+            return Err(self.err(
+                line,
                 format!(
-                    "unknown node {}: every node must appear in the initial state at the first timestamp",
-                    interned[key]
+                    "unknown node {node}: every node must appear in the initial state at the first timestamp"
                 ),
             ));
-        }
-        if let Some(end) = win.end {
+        };
+        if let Some(end) = self.win.end {
             if t > end {
-                last_seen = end;
-                break;
+                self.last_seen = end;
+                return Ok(false);
             }
         }
-        last_seen = t;
-        if (n as usize) >= limit {
-            continue;
+        self.last_seen = t;
+        if (n as usize) >= self.win.node_limit.unwrap_or(usize::MAX) {
+            return Ok(true);
         }
-        match start {
-            Some(s) if t <= s => idle[n as usize] = st,
+        match self.win.start {
+            Some(s) if t <= s => self.idle[n as usize] = st,
             _ => {
-                if !start_applied {
-                    start_applied = true;
-                    initial_at_start = idle.clone();
+                if !self.start_applied {
+                    self.start_applied = true;
+                    self.initial_at_start = self.idle.clone();
                 }
-                changes.push(NodeChange {
+                self.changes.push(NodeChange {
                     t,
                     node: n,
                     idle: st,
@@ -334,35 +434,44 @@ pub fn parse_node_events_with<R: BufRead>(
                 });
             }
         }
+        Ok(true)
     }
-    if !start_applied {
-        initial_at_start = idle;
-    }
-    let n = names.len().min(limit);
-    names.truncate(n);
-    initial_at_start.truncate(n);
-    let t0 = start.unwrap_or(first).max(first);
-    if let Some(s) = start {
-        if last_seen != i64::MIN && s > last_seen {
-            return Err(Error::Config(format!(
-                "--start {} is after the trace's last event at {}",
-                crate::timefmt::format_time(s),
-                crate::timefmt::format_time(last_seen)
-            )));
+
+    /// The trace; `last_line` is where the input ended (for "no rows").
+    fn finish(self, last_line: u64) -> Result<NodeTrace> {
+        let Some(first) = self.first else {
+            return Err(self.err(last_line, "no rows after the header".into()));
+        };
+        let mut initial = if self.start_applied {
+            self.initial_at_start
+        } else {
+            self.idle
+        };
+        let mut names = self.names;
+        let n = names.len().min(self.win.node_limit.unwrap_or(usize::MAX));
+        names.truncate(n);
+        initial.truncate(n);
+        let start = self.win.start;
+        let t0 = start.unwrap_or(first).max(first);
+        if let Some(s) = start {
+            if self.last_seen != i64::MIN && s > self.last_seen {
+                return Err(Error::Config(format!(
+                    "--start {} is after the trace's last event at {}",
+                    crate::timefmt::format_time(s),
+                    crate::timefmt::format_time(self.last_seen)
+                )));
+            }
         }
-    }
-    let end = win.end.unwrap_or(last_seen.max(t0)).max(t0);
-    Ok((
-        NodeTrace {
+        let end = self.win.end.unwrap_or(self.last_seen.max(t0)).max(t0);
+        Ok(NodeTrace {
             names,
             start: t0,
             end,
-            initial_idle: initial_at_start,
-            changes,
+            initial_idle: initial,
+            changes: self.changes,
             forecasts: Vec::new(),
-        },
-        sorted,
-    ))
+        })
+    }
 }
 
 #[cfg(test)]
@@ -468,6 +577,21 @@ mod tests {
         };
         let (c, _) = parse_node_events_with(shuffled.as_bytes(), "u", &win, Order::Sort).unwrap();
         assert_eq!((c.changes.len(), c.end), (3, 15));
+        // The streaming first pass: the sorted file in one pass, the same trace; the
+        // unsorted one is handed back for sorting, even with a window that ends before
+        // its first row out of order would matter.
+        let (d, sd) = parse_node_events_if_sorted(sorted.as_bytes(), "s", &w)
+            .unwrap()
+            .unwrap();
+        assert_eq!((d, sd), (a, sa));
+        let late = "time,node,idle\n0,a,0\n10,a,1\n30,a,0\n20,a,1\n";
+        assert!(parse_node_events_if_sorted(late.as_bytes(), "l", &win)
+            .unwrap()
+            .is_none());
+        // With --strict the file is read only to the window's end: the row out of order
+        // after it is not seen (as before sorting existed).
+        let (e, _) = parse_node_events_with(late.as_bytes(), "l", &win, Order::Strict).unwrap();
+        assert_eq!(e.changes.len(), 1);
     }
 
     #[test]
