@@ -295,13 +295,43 @@ fn outputs_are_checked_before_the_replay() {
     );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     // A good run leaves the files and no temporary file beside them.
-    let o = replay(&["--hours", "1", "--sizes-csv", sizes.to_str().unwrap()]);
+    let plots = dir.path().join("plots");
+    let o = replay(&[
+        "--hours",
+        "1",
+        "--sizes-csv",
+        sizes.to_str().unwrap(),
+        "--plots",
+        plots.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", text(&o).1);
-    let names: Vec<String> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(names, ["sizes.csv"]);
+    let names = |d: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(dir.path()), ["plots", "sizes.csv"]);
+    assert_eq!(
+        names(&plots),
+        [
+            "cumulative_samples.svg",
+            "idle_fragments.svg",
+            "idle_vs_harvested.svg",
+            "nodes_per_job.svg"
+        ]
+    );
+    // --plots naming a file is refused before the replay.
+    let o = replay(&["--hours", "1", "--plots", sizes.to_str().unwrap()]);
+    assert_eq!(
+        text(&o).1,
+        format!(
+            "bftrainer: error: --plots {}: exists and is not a directory\n",
+            sizes.display()
+        )
+    );
 }
 
 const JOBS_HEADER: &str = "id,submit,min_nodes,max_nodes,scale_up_s,scale_down_s,total_samples,curve_nodes,curve_samples_per_s,curve_objective\n";
