@@ -1,9 +1,9 @@
 //! `bftrainer replay`: replay a node-event trace, an SWF log (through the EASY model) or
 //! Slurm accounting through the engine; print the harvest report. No arguments: the sample.
 
-use crate::replay::{self, Input, Options};
+use crate::replay::{self, compare, Input, Options};
 use bftrainer_core::easy::{Backfill, StartTimes};
-use bftrainer_core::sim::{Objective as CurveChoice, Steps};
+use bftrainer_core::sim::{Objective as CurveChoice, Steps, Workload};
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(
         long,
         value_name = "PATH",
-        conflicts_with_all = ["trace", "swf", "from_sacct", "jobs", "start", "end", "hours", "node_limit", "steps", "grace", "curve", "seed", "no_check", "csv", "sizes_csv", "plots", "write_journal"]
+        conflicts_with_all = ["trace", "swf", "from_sacct", "jobs", "start", "end", "hours", "node_limit", "steps", "grace", "curve", "seed", "no_check", "csv", "sizes_csv", "plots", "write_journal", "strict", "repeat", "arrivals"]
     )]
     pub journal: Option<PathBuf>,
     /// Write every event the replay sent to the engine as a journal (JSON lines).
@@ -74,9 +74,10 @@ pub struct Args {
     /// At most this many elastic jobs at once (admitted in submit order).
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub max_jobs: usize,
-    /// Forward-looking time Tfwd of the allocator, seconds.
-    #[arg(long, default_value_t = 10.0, value_name = "S")]
-    pub t_fwd: f64,
+    /// Forward-looking time Tfwd of the allocator, seconds. Several (repeated, or
+    /// comma-separated): one replay per value, compared in one table.
+    #[arg(long, default_value = "10", value_name = "S", value_delimiter = ',')]
+    pub t_fwd: Vec<f64>,
     /// When the replay steps. exact: also at each submission and at the exact time a
     /// job completes; trace: only at the trace's event times, as BFTrainer's replayer
     /// (submissions wait for the next event, a done job keeps its nodes until it).
@@ -86,16 +87,47 @@ pub struct Args {
     #[arg(long, default_value_t = 0.0, value_name = "S")]
     pub grace: f64,
     /// Allocator objective: bftrainer, efficiency, fairness, remaining-work, reclaim-aware.
-    #[arg(long, default_value = "bftrainer", value_name = "NAME")]
-    pub objective: String,
+    /// Several (repeated, or comma-separated): one replay per objective (per objective and
+    /// --t-fwd value when both are several), compared in one table.
+    #[arg(
+        long,
+        default_value = "bftrainer",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub objective: Vec<String>,
+    /// Compare policies: each TOML file names one (keys name, objective, t_fwd,
+    /// max_jobs, grace, curve, steps; a key left out takes this command line's value).
+    /// The input is loaded once and replayed once per file; one table, a column each.
+    #[arg(
+        long,
+        value_name = "TOML",
+        num_args = 1..,
+        conflicts_with_all = ["journal", "csv", "sizes_csv", "plots", "write_journal", "actions_csv"]
+    )]
+    pub compare: Vec<PathBuf>,
     /// Which job-file curve the allocator maximises: the `curve_objective` column, or
     /// throughput in samples/s.
     #[arg(long, value_enum, default_value = "objective")]
     pub curve: CurveArg,
     /// 0: nodes enter the idle pool in trace order; otherwise the initial idle pool is
-    /// shuffled with this seed (changes the allocator's tie-breaks); same seed, same result.
+    /// shuffled with this seed (changes the allocator's tie-breaks). Also seeds
+    /// --arrivals. Same seed, same result.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Refuse a trace or SWF log whose records are out of time order, or an SWF log
+    /// with jobs the model cannot use (wider than the machine, bad run times), instead
+    /// of sorting it / skipping them with a warning.
+    #[arg(long)]
+    pub strict: bool,
+    /// Cycle the job file: each job is submitted again (a new job, NAME#k) each time it
+    /// finishes, so the workload never runs dry.
+    #[arg(long, conflicts_with = "arrivals")]
+    pub repeat: bool,
+    /// Poisson arrivals of RATE jobs per hour (> 0) from the window's start, each drawn
+    /// from the job file (its submit times are ignored); seeded by --seed.
+    #[arg(long, value_name = "RATE", allow_negative_numbers = true)]
+    pub arrivals: Option<f64>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -106,9 +138,13 @@ pub struct Args {
     /// row per change).
     #[arg(long, value_name = "PATH")]
     pub sizes_csv: Option<PathBuf>,
-    /// Write SVG plots (idle vs harvested, nodes per job, cumulative samples) here.
+    /// Write plots here: idle vs harvested, nodes per job (stacked), cumulative samples,
+    /// idle fragments by duration.
     #[arg(long, value_name = "DIR")]
     pub plots: Option<PathBuf>,
+    /// Format of the plots: svg, png or both.
+    #[arg(long, default_value = "svg", value_name = "FORMAT", requires = "plots")]
+    pub plot_format: String,
     /// Skip the invariant checker (up to 1.5x less replay time on the full Summit trace).
     #[arg(long)]
     pub no_check: bool,
@@ -177,13 +213,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         nodes: args.nodes,
         procs_per_node: args.procs_per_node,
         max_jobs: args.max_jobs,
-        t_fwd: args.t_fwd,
+        t_fwd: args.t_fwd[0],
         steps: match args.steps {
             StepsArg::Exact => Steps::Exact,
             StepsArg::Trace => Steps::Trace,
         },
         grace: args.grace,
-        objective: args.objective.clone(),
+        objective: args.objective[0].clone(),
         curve: match args.curve {
             CurveArg::Objective => CurveChoice::File,
             CurveArg::Samples => CurveChoice::Samples,
@@ -195,8 +231,27 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         write_journal: args.write_journal.clone(),
         actions_csv: args.actions_csv.clone(),
         plots: args.plots.clone(),
+        plot_format: args.plot_format.parse()?,
+        policies: Vec::new(),
         check: !args.no_check,
         progress: !args.quiet && !args.json,
+        strict: args.strict,
+        workload: match (args.repeat, args.arrivals) {
+            (_, Some(per_hour)) => Workload::Arrivals { per_hour },
+            (true, None) => Workload::Repeat,
+            (false, None) => Workload::File,
+        },
     };
-    replay::run(&opts)
+    let several = args.objective.len() > 1 || args.t_fwd.len() > 1;
+    let policies = if !args.compare.is_empty() {
+        if several {
+            anyhow::bail!("--compare takes each policy from its file: give --objective and --t-fwd once (a default for keys the files leave out) or not at all");
+        }
+        compare::policy_files(&args.compare, &opts)?
+    } else if several {
+        compare::product(&args.objective, &args.t_fwd, &opts)?
+    } else {
+        Vec::new()
+    };
+    replay::run(&replay::Options { policies, ..opts })
 }

@@ -1,6 +1,7 @@
 //! The I/O around `bftrainer_core::sim`: opening (gzip) inputs, the embedded sample,
-//! the allocator, progress bar, and the outputs (table, JSON, per-step CSV, SVG plots).
+//! the allocator, progress bar, and the outputs (table, JSON, per-step CSV, plots).
 
+pub mod compare;
 pub mod journal;
 mod output;
 mod plot;
@@ -10,16 +11,21 @@ use anyhow::{bail, Context};
 use bftrainer_core::alloc::{Objective, Options as AllocOptions};
 use bftrainer_core::easy::{self, Backfill, SchedConfig, SchedMetrics, StartTimes};
 use bftrainer_core::engine::{EngineConfig, Exact};
-use bftrainer_core::sim::{self, Hooks, Objective as CurveChoice, Outcome, SimConfig, Steps};
+use bftrainer_core::sim::{
+    self, Hooks, Objective as CurveChoice, Outcome, SimConfig, Steps, Workload,
+};
 use bftrainer_core::timefmt::parse_time;
 use bftrainer_core::trace::jobs::{parse_jobs, JobRecord};
-use bftrainer_core::trace::swf::parse_swf;
-use bftrainer_core::trace::{parse_node_events, NodeTrace, TraceWindow};
+use bftrainer_core::trace::swf::{parse_swf_with, SwfFile};
+use bftrainer_core::trace::{
+    parse_node_events_if_sorted, parse_node_events_with, NodeTrace, Order, Sorted, TraceWindow,
+};
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 pub use output::{print_table, write_csv, write_sizes_csv};
+pub use plot::Format as PlotFormat;
 
 /// The committed sample, embedded so that `bftrainer replay` works from any directory.
 pub const SAMPLE_TRACE: &[u8] = include_bytes!("../../../../data/sample/summit-day.csv.gz");
@@ -67,8 +73,17 @@ pub struct Options {
     pub write_journal: Option<PathBuf>,
     pub actions_csv: Option<PathBuf>,
     pub plots: Option<PathBuf>,
+    /// What `--plots` writes: SVG, PNG or both.
+    pub plot_format: PlotFormat,
+    /// `--compare` or repeated `--objective`/`--t-fwd`: one replay per policy, one
+    /// table; empty: the single replay of the options above.
+    pub policies: Vec<compare::Policy>,
     pub check: bool,
     pub progress: bool,
+    /// `--strict`: refuse inputs out of time order and SWF jobs the model cannot use.
+    pub strict: bool,
+    /// `--repeat` / `--arrivals RATE`: the job file cycled or drawn from.
+    pub workload: Workload,
 }
 
 /// Wraps a byte stream, decompressing it when it starts with the gzip magic.
@@ -103,6 +118,87 @@ pub struct Loaded {
     pub jobs: Vec<JobRecord>,
     pub jobs_name: String,
     pub sched: Option<SchedMetrics>,
+    /// What was sorted or skipped in the inputs; `load` prints each on stderr once.
+    pub warnings: Vec<String>,
+}
+
+/// `1234567` as `1,234,567`.
+fn count(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The warning for an input that had to be sorted; none when it was in order.
+fn sorted_warning(name: &str, s: &Sorted, what: &str) -> Option<String> {
+    (s.out_of_order > 0).then(|| {
+        format!(
+            "{name}: {} of {} records {} out of {what} order; sorted (use --strict to refuse such a file)",
+            count(s.out_of_order),
+            count(s.records),
+            if s.out_of_order == 1 { "was" } else { "were" }
+        )
+    })
+}
+
+/// SWF jobs the scheduler model left out for a cause the log should not have (empty
+/// jobs are SWF's own -1 and 0 values, counted but not warned about): a warning per
+/// cause naming the first such line, or with `--strict` an error naming it.
+fn swf_skips(
+    name: &str,
+    f: &SwfFile,
+    m: &SchedMetrics,
+    o: &Options,
+    warnings: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    use bftrainer_core::easy::{SkipCause, MAX_RUN_S};
+    let size = if o.nodes.is_some() {
+        "--nodes"
+    } else {
+        "the MaxNodes header"
+    };
+    for s in &m.first_skipped {
+        let (j, line) = (&f.log.jobs[s.index], f.lines[s.index]);
+        let (n, cause, what, allowed) = match s.cause {
+            SkipCause::TooWide => (
+                m.jobs_skipped_too_wide,
+                format!("as wider than the machine ({} nodes, {size})", m.nodes),
+                format!(
+                    "job {} needs {} nodes ({} processors at {} per node) but the machine has {} ({size})",
+                    j.id,
+                    s.value,
+                    j.procs.unwrap_or(0),
+                    m.procs_per_node,
+                    m.nodes
+                ),
+                format!(
+                    "at most {} nodes (--nodes sets the machine size)",
+                    m.nodes
+                ),
+            ),
+            SkipCause::BadRunTime => (
+                m.jobs_skipped_bad_run_time,
+                "for a bad run time".to_string(),
+                format!("job {} has run time {} s", j.id, s.value),
+                format!("-1 (unknown) or 0 to {MAX_RUN_S} s (365 days)"),
+            ),
+        };
+        if o.strict {
+            bail!("{name}:{line}: {what}; allowed: {allowed}");
+        }
+        let jobs = if n == 1 { "job" } else { "jobs" };
+        warnings.push(format!(
+            "{name}: {} {jobs} skipped {cause}; the first, line {line}: {what}; allowed: {allowed} (--strict refuses such a log)",
+            count(n)
+        ));
+    }
+    Ok(())
 }
 
 /// Reads and windows the inputs.
@@ -114,6 +210,13 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
             bail!("--hours must be > 0, found {h}");
         }
     }
+    if let Workload::Arrivals { per_hour } = o.workload {
+        if !(per_hour > 0.0 && per_hour.is_finite()) {
+            bail!("--arrivals RATE must be a number of jobs per hour > 0, found {per_hour}");
+        }
+    }
+    let order = if o.strict { Order::Strict } else { Order::Sort };
+    let mut warnings = Vec::new();
     let (mut trace, trace_name, sched) = match &o.input {
         Input::Sample | Input::Trace(_) => {
             let (reader, name): (Box<dyn BufRead>, String) = match &o.input {
@@ -126,7 +229,21 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
                 end,
                 node_limit: o.node_limit,
             };
-            let mut tr = parse_node_events(reader, &name, &win)?;
+            // A sorted trace streams in one pass; an unsorted one is read again and sorted.
+            let (mut tr, sorted) = match order {
+                Order::Strict => parse_node_events_with(reader, &name, &win, order)?,
+                Order::Sort => match parse_node_events_if_sorted(reader, &name, &win)? {
+                    Some(done) => done,
+                    None => {
+                        let again = match &o.input {
+                            Input::Trace(p) => open(p)?,
+                            _ => maybe_gzip(SAMPLE_TRACE)?,
+                        };
+                        parse_node_events_with(again, &name, &win, order)?
+                    }
+                },
+            };
+            warnings.extend(sorted_warning(&name, &sorted, "time"));
             if let Some(h) = o.hours {
                 let e = tr.start.saturating_add((h * 3600.0) as i64);
                 if e < tr.end {
@@ -136,7 +253,10 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
             (tr, name, None)
         }
         Input::Swf(p) => {
-            let log = parse_swf(open(p)?, &p.display().to_string())?;
+            let name = p.display().to_string();
+            let file = parse_swf_with(open(p)?, &name, order)?;
+            warnings.extend(sorted_warning(&name, &file.sorted, "submit-time"));
+            let log = &file.log;
             let cfg = SchedConfig {
                 backfill: o.backfill,
                 start_times: o.start_times,
@@ -144,7 +264,8 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
                 procs_per_node: o.procs_per_node,
                 epoch: None,
             };
-            let (mut tr, m) = easy::schedule(&log, &cfg)?;
+            let (mut tr, m) = easy::schedule(log, &cfg)?;
+            swf_skips(&name, &file, &m, o, &mut warnings)?;
             if let Some(s) = start {
                 rebase(&mut tr, s);
             }
@@ -215,12 +336,16 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
         }
     }
     trace.end = trace.end.max(trace.start);
+    for w in &warnings {
+        eprintln!("warning: {w}");
+    }
     Ok(Loaded {
         trace,
         trace_name,
         jobs,
         jobs_name,
         sched,
+        warnings,
     })
 }
 
@@ -321,7 +446,7 @@ fn run_journal(o: &Options, p: &Path, objective: Objective) -> anyhow::Result<()
         );
     }
     if let Some(a) = &o.actions_csv {
-        journal::write_actions_csv(create(a)?, &rep.actions)?;
+        write_whole(a, |w| Ok(journal::write_actions_csv(w, &rep.actions)?))?;
     }
     Ok(())
 }
@@ -335,10 +460,99 @@ fn engine_config(o: &Options) -> EngineConfig {
     }
 }
 
-/// A buffered output file, or an error naming it.
-fn create(p: &Path) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
-    let f = std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
-    Ok(std::io::BufWriter::new(f))
+/// Writes an output file whole or not at all: into a hidden temporary file beside it,
+/// renamed over `p` once complete; on an error the temporary file is removed and `p`
+/// is left as it was.
+fn write_whole(
+    p: &Path,
+    f: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let dir = p
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = p
+        .file_name()
+        .with_context(|| format!("{}: not a file name", p.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| -> anyhow::Result<()> {
+        let file = std::fs::File::create(&tmp)
+            .with_context(|| format!("cannot create {}", tmp.display()))?;
+        let mut w = std::io::BufWriter::new(file);
+        f(&mut w)?;
+        w.into_inner().map_err(|e| e.into_error())?;
+        std::fs::rename(&tmp, p)?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.with_context(|| format!("cannot write {}", p.display()))
+}
+
+/// Writes files into `dir` all or none: `write` makes them in a hidden temporary
+/// directory inside `dir` and returns their paths; they are then renamed into `dir`.
+/// On an error the temporary directory is removed and `dir` is left as it was.
+fn write_dir_whole(
+    dir: &Path,
+    write: impl FnOnce(&Path) -> anyhow::Result<Vec<PathBuf>>,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let tmp = dir.join(format!(".bftrainer.tmp-{}", std::process::id()));
+    let result = (|| -> anyhow::Result<Vec<PathBuf>> {
+        std::fs::create_dir(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+        let made = write(&tmp)?;
+        let mut out = Vec::with_capacity(made.len());
+        for f in made {
+            let name = f
+                .file_name()
+                .with_context(|| format!("{}: not a file name", f.display()))?;
+            let to = dir.join(name);
+            std::fs::rename(&f, &to)
+                .with_context(|| format!("cannot move {} to {}", f.display(), to.display()))?;
+            out.push(to);
+        }
+        Ok(out)
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}
+
+/// Checks, before anything runs, that every output file can be made: its directory
+/// exists and the path is not a directory (a replay can take minutes; a typo should not
+/// cost them, nor leave some outputs written and others not).
+fn check_outputs(o: &Options) -> anyhow::Result<()> {
+    let files = [
+        ("--csv", &o.csv),
+        ("--sizes-csv", &o.sizes_csv),
+        ("--write-journal", &o.write_journal),
+        ("--actions-csv", &o.actions_csv),
+    ];
+    for (opt, p) in files {
+        let Some(p) = p else { continue };
+        if p.is_dir() {
+            bail!("{opt} {}: is a directory; give a file name", p.display());
+        }
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+        if let Some(d) = dir.filter(|d| !d.is_dir()) {
+            bail!(
+                "{opt} {}: directory {} does not exist",
+                p.display(),
+                d.display()
+            );
+        }
+    }
+    if let Some(d) = o.plots.as_ref().filter(|d| d.exists() && !d.is_dir()) {
+        bail!("--plots {}: exists and is not a directory", d.display());
+    }
+    if o.plots.is_some() {
+        // The plots' text needs a font: say so before the replay, not after it.
+        plot::font()?;
+    }
+    Ok(())
 }
 
 /// The simulator's settings for these options: checks, recording and journal as asked.
@@ -353,14 +567,22 @@ fn sim_config(o: &Options, objective: Objective) -> SimConfig {
         seed: o.seed,
         report_progress: objective == Objective::RemainingWork,
         journal: o.write_journal.is_some() || o.actions_csv.is_some(),
+        workload: o.workload,
     }
 }
 
 /// Runs the replay and writes every requested output.
 pub fn run(o: &Options) -> anyhow::Result<()> {
     let objective: Objective = o.objective.parse()?;
+    check_outputs(o)?;
     if let Input::Journal(p) = &o.input {
+        if !o.policies.is_empty() {
+            bail!("--journal replays under one policy: --compare and repeated --objective/--t-fwd do not apply to it");
+        }
         return run_journal(o, p, objective);
+    }
+    if !o.policies.is_empty() {
+        return compare::run_compare(o);
     }
     let t_load = Instant::now();
     let loaded = load(o)?;
@@ -407,7 +629,8 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         let v = serde_json::json!({
             "trace": loaded.trace_name,
             "jobs_file": loaded.jobs_name,
-            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "steps": o.steps, "grace_s": o.grace, "objective": o.objective, "curve": o.curve, "seed": o.seed },
+            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "steps": o.steps, "grace_s": o.grace, "objective": o.objective, "curve": o.curve, "seed": o.seed, "workload": o.workload, "strict": o.strict },
+            "warnings": loaded.warnings,
             "scheduler": loaded.sched,
             "report": out.report,
             "wall_s": { "load": load_s, "simulate": sim_s },
@@ -424,20 +647,22 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         )?;
     }
     if let Some(p) = &o.csv {
-        write_csv(create(p)?, &out.steps)?;
+        write_whole(p, |w| Ok(write_csv(w, &out.steps)?))?;
     }
     if let Some(p) = &o.sizes_csv {
-        write_sizes_csv(create(p)?, &out.sizes, &loaded.jobs)?;
+        write_whole(p, |w| Ok(write_sizes_csv(w, &out.sizes, &out.report.jobs)?))?;
     }
     if let Some(p) = &o.write_journal {
-        journal::write_journal(create(p)?, &out.journal)?;
+        write_whole(p, |w| journal::write_journal(w, &out.journal))?;
     }
     if let Some(p) = &o.actions_csv {
-        journal::write_actions_csv(create(p)?, &out.actions)?;
+        write_whole(p, |w| Ok(journal::write_actions_csv(w, &out.actions)?))?;
     }
     if let Some(dir) = &o.plots {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let files = plot::write_all(dir, &out, loaded.trace.start as f64)?;
+        let files = write_dir_whole(dir, |tmp| {
+            plot::write_all(tmp, &out, &loaded.trace, o.plot_format)
+        })?;
         if !o.json {
             for f in files {
                 println!("plot: {}", f.display());
@@ -450,6 +675,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bftrainer_core::trace::parse_node_events;
     use std::io::Write;
 
     fn gz(data: &[u8]) -> Vec<u8> {
@@ -551,8 +777,12 @@ mod replay_tests {
             write_journal: None,
             actions_csv: None,
             plots: None,
+            plot_format: PlotFormat::Svg,
+            policies: Vec::new(),
             check: true,
             progress: false,
+            strict: false,
+            workload: Workload::File,
         }
     }
 

@@ -1,12 +1,11 @@
 //! Human and machine outputs of a replay: the summary table and the per-step CSV.
 
 use super::{Loaded, Options};
-use bftrainer_core::sim::{Report, SizeRecord, StepRecord, Steps};
+use bftrainer_core::sim::{JobReport, Report, SizeRecord, StepRecord, Steps, Workload};
 use bftrainer_core::timefmt::format_time;
-use bftrainer_core::trace::jobs::JobRecord;
 use std::io::Write;
 
-fn thousands(v: f64, decimals: usize) -> String {
+pub(super) fn thousands(v: f64, decimals: usize) -> String {
     let s = format!("{:.*}", decimals, v.abs());
     let (int, frac) = s.split_once('.').map_or((s.as_str(), ""), |(a, b)| (a, b));
     let mut out = String::new();
@@ -63,8 +62,15 @@ pub fn print_table(
         row(
             "  jobs scheduled",
             format!(
-                "{} (skipped: {} empty, {} too wide)",
-                m.jobs_scheduled, m.jobs_skipped_empty, m.jobs_skipped_too_wide
+                "{} (skipped: {} empty, {} too wide{})",
+                m.jobs_scheduled,
+                m.jobs_skipped_empty,
+                m.jobs_skipped_too_wide,
+                if m.jobs_skipped_bad_run_time > 0 {
+                    format!(", {} bad run time", m.jobs_skipped_bad_run_time)
+                } else {
+                    String::new()
+                }
             ),
         );
         row("  utilisation", format!("{:.1}%", 100.0 * m.utilisation));
@@ -83,7 +89,17 @@ pub fn print_table(
     }
     row(
         "elastic jobs",
-        format!("{} ({} in file)", l.jobs_name, r.jobs_in_file),
+        format!(
+            "{} ({} in file){}",
+            l.jobs_name,
+            r.jobs_in_file,
+            match o.workload {
+                Workload::File => String::new(),
+                Workload::Repeat => ", each resubmitted when it finishes (--repeat)".into(),
+                Workload::Arrivals { per_hour } =>
+                    format!(", drawn by Poisson arrivals at {per_hour} per hour (--arrivals)"),
+            }
+        ),
     );
     row(
         "settings",
@@ -119,6 +135,31 @@ pub fn print_table(
     );
     row("  at or above job minimum", thousands(r.useful_node_h, 1));
     row("unused node-hours", thousands(r.unused_node_h, 1));
+    if o.workload != Workload::File {
+        // A workload that never runs dry: what bounds the harvest is the idle capacity.
+        row(
+            "harvest capacity",
+            format!(
+                "idle {}, harvestable {}, harvested {} node-hours",
+                thousands(r.idle_node_h, 1),
+                thousands(r.harvestable_node_h, 1),
+                thousands(r.harvested_node_h, 1)
+            ),
+        );
+        row(
+            "  harvestable",
+            format!(
+                "{:.1}% of idle: {} within the active jobs' sizes, less {} lost to preemptions",
+                pct(r.harvestable_node_h, r.idle_node_h),
+                thousands(r.usable_node_h, 1),
+                thousands(r.preemption_loss_node_h, 1)
+            ),
+        );
+        row(
+            "  harvested",
+            format!("{:.1}% of harvestable", 100.0 * r.harvested_of_harvestable),
+        );
+    }
     if o.grace > 0.0 {
         row(
             "grace node-hours",
@@ -238,11 +279,12 @@ pub fn write_csv(mut w: impl Write, steps: &[StepRecord]) -> std::io::Result<()>
     w.flush()
 }
 
-/// Writes each job's node count over time: one row per change, jobs by name.
+/// Writes each job's node count over time: one row per change, jobs by name (the
+/// report's, which names the copies of `--repeat` and `--arrivals`).
 pub fn write_sizes_csv(
     mut w: impl Write,
     sizes: &[SizeRecord],
-    jobs: &[JobRecord],
+    jobs: &[JobReport],
 ) -> std::io::Result<()> {
     writeln!(w, "t,time,job,nodes")?;
     for s in sizes {
