@@ -2,7 +2,7 @@
 //! slurmdbd, becomes the idle trace the simulator replays. One test per binary: libslurm
 //! reads one slurm.conf per process.
 
-use bftrainer_daemon::replay::sacct::trace_from_sacct;
+use bftrainer_daemon::replay::sacct::{trace_from_sacct, trace_from_sacct_windows};
 use bftrainer_slurm::{AcctQuery, Slurm, SlurmDb};
 use bftrainer_testcluster::{Cluster, Options};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -65,6 +65,9 @@ fn cluster_sacct_fragments_match_the_job_record() {
     );
     assert_eq!(tr.changes.iter().filter(|ch| !ch.idle).count(), 2);
     assert!(tr.changes.iter().all(|ch| ch.t == s || ch.t == e));
+    // Read in windows of 1 s (the job spans several): the same trace.
+    let tr1 = trace_from_sacct_windows(t0, t1, &[], 1).unwrap();
+    assert_eq!(tr1, tr, "windowed reads change the trace");
     // Leaving out the job's partition leaves every node idle.
     let part = rec.partition.clone().unwrap();
     let tr2 = trace_from_sacct(t0, t1, &[part]).unwrap();
