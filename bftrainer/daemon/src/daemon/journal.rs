@@ -7,6 +7,7 @@ use bftrainer_core::engine::Record;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 pub const JOURNAL_FILE: &str = "journal.jsonl";
@@ -59,9 +60,12 @@ impl Journal {
                 good_len += got as u64;
             }
         }
+        // Only the daemon reads it: the state directory is searchable by all users
+        // (they reach the control socket there), its files are not.
         let file = OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
             .open(&path)
             .with_context(|| format!("cannot open {} for appending", path.display()))?;
         if file.metadata().map(|m| m.len()).unwrap_or(0) > good_len {
@@ -119,6 +123,7 @@ impl Lock {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(&path)
             .with_context(|| format!("cannot open the lock file {}", path.display()))?;
         // SAFETY: flock on an open descriptor.

@@ -203,10 +203,20 @@ fn lending_message(
 fn write_status(s: &Snapshot, path: &Path) {
     let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_vec_pretty(s).unwrap_or_default();
-    if std::fs::write(&tmp, text)
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .is_err()
-    {
+    // Root's view of every user's jobs: readable by the daemon only (users ask the socket).
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&text)?;
+        std::fs::rename(&tmp, path)
+    };
+    if write().is_err() {
         log::debug!("could not write {}", path.display());
     }
 }
