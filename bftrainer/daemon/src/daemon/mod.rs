@@ -1763,7 +1763,14 @@ impl<C: Cluster> Daemon<C> {
         match self.cluster.submit(&job) {
             Ok(sid) => {
                 self.stats.grows += 1;
-                self.sats.insert(sid, SatMemo::default());
+                self.sats.insert(
+                    sid,
+                    SatMemo {
+                        parent,
+                        node: node.to_string(),
+                        ..Default::default()
+                    },
+                );
                 log::info!("grow job {parent} onto {node}: satellite {sid}");
             }
             Err(e) => {
