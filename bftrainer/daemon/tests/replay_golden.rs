@@ -1,0 +1,149 @@
+//! Replay results held byte for byte: the `--json` reports of the real binary on fixed
+//! inputs, less their wall-clock fields, against files committed in
+//! `tests/golden/`. Any change of the simulator's results (a streaming rewrite must
+//! not make one) shows here as a diff. After a deliberate change of results, rewrite
+//! them with `BFT_BLESS=1 cargo nextest run -p bftrainer-daemon --test replay_golden`
+//! and say why in the commit.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Fields that measure this machine, not the replay.
+const TIMING: [&str; 5] = [
+    "decision_max_ms",
+    "decision_mean_ms",
+    "decision_p99_ms",
+    "decision_total_s",
+    "wall_s",
+];
+
+fn strip(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for k in TIMING {
+                m.remove(k);
+            }
+            m.values_mut().for_each(strip);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+        _ => {}
+    }
+}
+
+fn golden(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(format!("{name}.json"))
+}
+
+/// Runs the replay in `dir` (inputs named relative to it, so that the report, which
+/// names them, is the same in every checkout).
+fn check_in(dir: &Path, name: &str, args: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_bftrainer"))
+        .current_dir(dir)
+        .arg("replay")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("run bftrainer replay");
+    assert!(
+        out.status.success(),
+        "bftrainer replay {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    strip(&mut v);
+    let text = serde_json::to_string_pretty(&v).unwrap() + "\n";
+    let path = golden(name);
+    if std::env::var_os("BFT_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &text).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; write it with BFT_BLESS=1", path.display()));
+    if text != want {
+        let line = text
+            .lines()
+            .zip(want.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(0);
+        panic!(
+            "replay {args:?} differs from {} from line {}:\n  now:    {}\n  golden: {}",
+            path.display(),
+            line + 1,
+            text.lines().nth(line).unwrap_or("(end)"),
+            want.lines().nth(line).unwrap_or("(end)")
+        );
+    }
+}
+
+fn check(name: &str, args: &[&str]) {
+    check_in(Path::new(env!("CARGO_MANIFEST_DIR")), name, args);
+}
+
+#[test]
+fn replay_sample_results_are_unchanged() {
+    check("sample-6h", &["--hours", "6"]);
+    check(
+        "sample-6h-trace-steps-grace",
+        &[
+            "--hours", "6", "--steps", "trace", "--grace", "30", "--seed", "3",
+        ],
+    );
+    check(
+        "sample-3h-efficiency-repeat",
+        &["--hours", "3", "--objective", "efficiency", "--repeat"],
+    );
+    check(
+        "sample-3h-arrivals",
+        &[
+            "--hours",
+            "3",
+            "--arrivals",
+            "40",
+            "--seed",
+            "5",
+            "--node-limit",
+            "2000",
+        ],
+    );
+}
+
+/// A real SWF log through the EASY model (forecasts, reclaim-aware objective).
+#[test]
+fn replay_swf_results_are_unchanged() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/swf");
+    let log = "LLNL-Atlas-2006-2.1-cln.swf.gz";
+    assert!(
+        dir.join(log).exists(),
+        "{}: the shared data folder must sit beside the checkout (docs/testing.md)",
+        dir.display()
+    );
+    check_in(
+        &dir,
+        "atlas-72h-reclaim-aware",
+        &[
+            "--swf",
+            log,
+            "--hours",
+            "72",
+            "--objective",
+            "reclaim-aware",
+        ],
+    );
+    check_in(
+        &dir,
+        "atlas-48h-conservative",
+        &[
+            "--swf",
+            log,
+            "--hours",
+            "48",
+            "--backfill",
+            "conservative",
+            "--max-jobs",
+            "4",
+        ],
+    );
+}
