@@ -48,7 +48,18 @@ fn engine(
     jobs: &[ElasticSpec],
     answers: Vec<Result<Option<Solution>, String>>,
 ) -> Engine<Scripted> {
-    let mut e = Engine::new(EngineConfig::default(), Scripted(answers));
+    engine_with(Scripted(answers), nodes, idle, jobs)
+}
+
+/// An engine over `alloc` with `nodes` nodes, `idle` of them idle and `jobs` submitted,
+/// all at time 0.
+fn engine_with<A: bftrainer_core::engine::Allocator>(
+    alloc: A,
+    nodes: u32,
+    idle: &[u32],
+    jobs: &[ElasticSpec],
+) -> Engine<A> {
+    let mut e = Engine::new(EngineConfig::default(), alloc);
     for n in 0..nodes {
         e.on_event(
             &Event::NodeAdded {
@@ -600,17 +611,7 @@ fn lending_pause_drain_resume() {
     let ex = Exact {
         opts: bftrainer_core::alloc::Options::new(bftrainer_core::alloc::Objective::Bftrainer),
     };
-    let mut e = Engine::new(EngineConfig::default(), ex);
-    for n in 0..6 {
-        e.on_event(
-            &Event::NodeAdded {
-                node: n,
-                name: format!("n{n}"),
-            },
-            0.0,
-        )
-        .unwrap();
-    }
+    let mut e = engine_with(ex, 6, &[0, 1, 2], &[spec("a", 2, 6)]);
     let idle = |e: &mut Engine<Exact>, n: u32, t: f64| {
         e.on_event(
             &Event::NodeIdle {
@@ -621,17 +622,6 @@ fn lending_pause_drain_resume() {
         )
         .unwrap();
     };
-    for n in 0..3 {
-        idle(&mut e, n, 0.0);
-    }
-    e.on_event(
-        &Event::JobSubmitted {
-            job: 0,
-            spec: spec("a", 2, 6),
-        },
-        0.0,
-    )
-    .unwrap();
     let a = e.on_event(&Event::Tick, 0.0).unwrap();
     assert_eq!(
         a,

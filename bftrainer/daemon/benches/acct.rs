@@ -16,20 +16,11 @@ use std::time::{Duration, Instant};
 mod live;
 #[path = "../../../plugin/job_submit/tests/support/mod.rs"]
 mod support;
-use live::arg;
+use live::{arg, peak_rss_mb};
 
 const MONTH: i64 = 30 * 86_400;
 const T0: i64 = 1_793_491_200; // 2026-11-01T00:00:00Z
 const NODES: u32 = 1_000;
-
-fn peak_rss_mb() -> f64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
 
 fn record(id: u32, name: String, user: u32, nodes: u32, start: i64, end: i64) -> AcctJob {
     let first = (start as u32) % NODES + 1;

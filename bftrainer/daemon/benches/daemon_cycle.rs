@@ -20,7 +20,7 @@ use std::path::Path;
 mod live;
 #[path = "../../../plugin/job_submit/tests/support/mod.rs"]
 mod support;
-use live::arg;
+use live::{arg, peak_rss_mb};
 use std::time::Instant;
 
 fn partition(name: &str, nodes: &[String], tier: u16) -> Partition {
@@ -39,15 +39,6 @@ fn partition(name: &str, nodes: &[String], tier: u16) -> Partition {
         up: true,
         is_default: name == "batch",
     }
-}
-
-fn peak_rss_mb() -> f64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -267,6 +258,10 @@ fn main() {
         (
             "metrics scrape (encode)",
             Box::new(|| metrics.encode().len()),
+        ),
+        (
+            "status.json text (JSON of the whole snapshot)",
+            Box::new(|| serde_json::to_vec(&*snap).unwrap().len()),
         ),
         (
             "status answer (JSON)",

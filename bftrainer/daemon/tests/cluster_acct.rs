@@ -157,18 +157,7 @@ fn cluster_acct_equals_sacct_and_refuses_bad_input() {
     std::thread::sleep(Duration::from_secs(2));
     let mid = now();
     // A regular job takes two satellites' nodes: two preemptions.
-    let regular =
-        l.c.sbatch(&[
-            "-p",
-            "batch",
-            "-N2",
-            "--exclusive",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "sleep 8",
-        ])
-        .unwrap();
+    let regular = l.regular(2, 8);
     l.wait(30, "the regular job to start", || {
         (l.state_of(regular) == "RUNNING").then_some(())
     });

@@ -201,18 +201,7 @@ fn cluster_control_status_jobs_nodes_and_lending_verbs() {
     // Pause: a node a regular job took and gave back is not lent again.
     let msg = ok(&l, &["pause"]);
     assert!(msg.contains("lending paused"), "{msg}");
-    let regular =
-        l.c.sbatch(&[
-            "-p",
-            "batch",
-            "-N1",
-            "--exclusive",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "sleep 3",
-        ])
-        .unwrap();
+    let regular = l.regular(1, 3);
     l.wait(30, "the regular job to run and end", || {
         matches!(l.state_of(regular).as_str(), "COMPLETED").then_some(())
     });

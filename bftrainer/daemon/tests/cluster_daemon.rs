@@ -28,18 +28,7 @@ fn cluster_daemon_grows_yields_to_a_regular_job_and_grows_back() {
     // A regular job asking 2 nodes: Slurm preempts two satellites (their partition is
     // one tier below the core's), the core runs on.
     let t0 = Instant::now();
-    let regular =
-        l.c.sbatch(&[
-            "-p",
-            "batch",
-            "-N2",
-            "--exclusive",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "sleep 12",
-        ])
-        .unwrap();
+    let regular = l.regular(2, 12);
     l.wait(30, "the regular job to start", || {
         (l.state_of(regular) == "RUNNING").then_some(())
     });
@@ -78,18 +67,7 @@ fn cluster_daemon_grows_yields_to_a_regular_job_and_grows_back() {
     // One more node asked: it takes the last satellite's node, not the core's (regression:
     // the daemon once released the core's node on the pending job's planned nodes).
     let t1 = Instant::now();
-    let third =
-        l.c.sbatch(&[
-            "-p",
-            "batch",
-            "-N1",
-            "--exclusive",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "sleep 5",
-        ])
-        .unwrap();
+    let third = l.regular(1, 5);
     l.wait(30, "the 1-node job to start", || {
         (l.state_of(third) == "RUNNING").then_some(())
     });
@@ -214,18 +192,7 @@ fn cluster_daemon_recovers_from_kill_9_without_orphans_or_duplicates() {
     l.assert_no_double_allocation();
 
     // Killed during a shrink: a regular job takes two nodes, the daemon dies at once.
-    let regular =
-        l.c.sbatch(&[
-            "-p",
-            "batch",
-            "-N2",
-            "--exclusive",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "sleep 8",
-        ])
-        .unwrap();
+    let regular = l.regular(2, 8);
     std::thread::sleep(Duration::from_millis(1500));
     l.kill9();
     std::thread::sleep(Duration::from_secs(2));
@@ -624,18 +591,7 @@ fn cluster_daemon_rides_out_slurmctld_slurmdbd_and_slurmd_faults() {
 
     // slurmdbd away: the daemon does not need it; a preemption and a grow go on.
     l.c.stop_daemon("slurmdbd", false).unwrap();
-    let regular =
-        l.c.sbatch(&[
-            "-p",
-            "batch",
-            "-N1",
-            "--exclusive",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "sleep 4",
-        ])
-        .unwrap();
+    let regular = l.regular(1, 4);
     l.wait(15, "the regular job to start without slurmdbd", || {
         (l.state_of(regular) == "RUNNING").then_some(())
     });
@@ -691,18 +647,7 @@ fn cluster_daemon_gives_back_nodes_the_backfill_plan_needs_before_it_needs_them(
     l.wait(60, "the elastic job to grow onto the 3 free nodes", || {
         (l.state_of(job) == "RUNNING" && l.satellites(job).len() == 2).then_some(())
     });
-    let big =
-        l.c.sbatch(&[
-            "-p",
-            "batch",
-            "-N4",
-            "--exclusive",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "sleep 2",
-        ])
-        .unwrap();
+    let big = l.regular(4, 2);
     // The plan (start about 60 s after the blocker's start, on n[1-4]) reaches the
     // daemon; it takes the satellites' nodes back while the big job still waits.
     l.wait(

@@ -62,9 +62,7 @@ pub enum Format {
 }
 
 fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
+    crate::daemon::run::unix_now() as i64
 }
 
 /// Local midnight of the day holding `t`, plus `days` days (mktime handles DST).

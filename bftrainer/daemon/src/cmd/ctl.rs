@@ -155,8 +155,9 @@ pub fn duration(s: f64) -> String {
     }
 }
 
+/// Local time, as squeue and sacct print it.
 fn time(t: f64) -> String {
-    bftrainer_core::timefmt::format_time(t as i64)
+    super::acct::local_time(t as i64)
 }
 
 /// `bftrainer status`, in scontrol's `Key=Value` style.
@@ -335,10 +336,6 @@ pub fn nodes_text(nodes: &[NodeView], now: f64) -> String {
     let rows: Vec<Vec<String>> = nodes
         .iter()
         .map(|n| {
-            let why = serde_json::to_value(n.why)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
             vec![
                 n.name.clone(),
                 n.state.to_uppercase(),
@@ -348,7 +345,7 @@ pub fn nodes_text(nodes: &[NodeView], now: f64) -> String {
                 }),
                 match &n.set_aside {
                     Some(s) => format!("set aside until {}: {}", time(s.until), s.reason),
-                    None => why,
+                    None => n.why.as_str().to_string(),
                 },
             ]
         })

@@ -84,6 +84,22 @@ pub enum Why {
     NotResponding,
 }
 
+impl Why {
+    /// The name in `--json` and in `bftrainer nodes`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Why::Open => "open",
+            Why::RegularJob => "regular_job",
+            Why::Planned => "planned",
+            Why::QueueWaits => "queue_waits",
+            Why::Reclaimed => "reclaimed",
+            Why::Unavailable => "unavailable",
+            Why::SetAside => "set_aside",
+            Why::NotResponding => "not_responding",
+        }
+    }
+}
+
 /// A node whose satellites keep failing: set aside until `until`.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct SetAside {

@@ -190,3 +190,24 @@ impl Snapshot {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::daemon::Why;
+
+    #[test]
+    fn why_names_are_its_json_names() {
+        for w in [
+            Why::Open,
+            Why::RegularJob,
+            Why::Planned,
+            Why::QueueWaits,
+            Why::Reclaimed,
+            Why::Unavailable,
+            Why::SetAside,
+            Why::NotResponding,
+        ] {
+            assert_eq!(serde_json::to_value(w).unwrap(), w.as_str());
+        }
+    }
+}

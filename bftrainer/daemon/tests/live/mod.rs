@@ -86,6 +86,16 @@ pub fn setup_join(
     }
 }
 
+/// This process's peak RSS in MB (VmHWM), for the benchmarks.
+pub fn peak_rss_mb() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
 /// `--name value` from the command line, else `default`.
 pub fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -268,6 +278,25 @@ impl Live {
             .filter(|r| r.state == "RUNNING" && (r.id == job || r.name == format!("bftsat-{job}")))
             .map(|r| bftrainer_slurm::hostlist_expand(&r.nodes).unwrap().len())
             .sum()
+    }
+
+    /// A regular (root's, partition batch) exclusive job on `nodes` nodes running
+    /// `sleep SECS`: what takes nodes back from elastic jobs in these tests.
+    pub fn regular(&self, nodes: u32, secs: u32) -> u32 {
+        let n = format!("-N{nodes}");
+        let cmd = format!("sleep {secs}");
+        self.c
+            .sbatch(&[
+                "-p",
+                "batch",
+                &n,
+                "--exclusive",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                &cmd,
+            ])
+            .unwrap()
     }
 
     /// An elastic job of bftuser that runs its work in a step.
