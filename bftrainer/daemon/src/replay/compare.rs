@@ -2,11 +2,10 @@
 //! input loaded once, one simulation per policy, one table with a column per policy.
 
 use super::output::thousands;
-use super::{alloc_options, load, sim_config, Options};
+use super::{load, sim_config, Options};
 use anyhow::{bail, Context};
 use bftrainer_core::alloc::Objective;
-use bftrainer_core::engine::Exact;
-use bftrainer_core::sim::{self, Hooks, Objective as CurveChoice, Report, Steps};
+use bftrainer_core::sim::{self, Objective as CurveChoice, Report, Steps};
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
@@ -257,23 +256,9 @@ fn replay_all(o: &Options) -> anyhow::Result<(super::Loaded, Vec<Run>, f64)> {
             journal: false,
             ..sim_config(&po, objective)
         };
-        let alloc = Exact {
-            opts: alloc_options(objective),
-        };
         let origin = Instant::now();
-        let mut clock = move || origin.elapsed().as_secs_f64();
-        let mut progress = |_f: f64| {};
-        let out = sim::simulate(
-            &loaded.trace,
-            &loaded.jobs,
-            alloc,
-            &cfg,
-            &mut Hooks {
-                clock: &mut clock,
-                progress: &mut progress,
-            },
-        )
-        .with_context(|| format!("policy {}", p.name))?;
+        let out = super::simulate_loaded(&loaded, &cfg, objective, &mut |_| {})
+            .with_context(|| format!("policy {}", p.name))?;
         runs.push((p.clone(), out.report, origin.elapsed().as_secs_f64()));
     }
     Ok((loaded, runs, load_s))
@@ -418,7 +403,10 @@ fn print_compare(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replay::alloc_options;
     use crate::replay::replay_tests::opts;
+    use bftrainer_core::engine::Exact;
+    use bftrainer_core::sim::Hooks;
 
     #[test]
     fn policy_file_keys_defaults_and_errors() {

@@ -572,6 +572,30 @@ fn sim_config(o: &Options, objective: Objective) -> SimConfig {
 }
 
 /// Runs the replay and writes every requested output.
+/// One simulation of the loaded input with the exact allocator, timed by the wall
+/// clock; `progress` hears the share done (0 to 1).
+fn simulate_loaded(
+    loaded: &Loaded,
+    cfg: &SimConfig,
+    objective: Objective,
+    progress: &mut dyn FnMut(f64),
+) -> bftrainer_core::Result<Outcome> {
+    let origin = Instant::now();
+    let mut clock = move || origin.elapsed().as_secs_f64();
+    sim::simulate(
+        &loaded.trace,
+        &loaded.jobs,
+        Exact {
+            opts: alloc_options(objective),
+        },
+        cfg,
+        &mut Hooks {
+            clock: &mut clock,
+            progress,
+        },
+    )
+}
+
 pub fn run(o: &Options) -> anyhow::Result<()> {
     let objective: Objective = o.objective.parse()?;
     check_outputs(o)?;
@@ -588,9 +612,6 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     let loaded = load(o)?;
     let load_s = t_load.elapsed().as_secs_f64();
     let cfg = sim_config(o, objective);
-    let alloc = Exact {
-        opts: alloc_options(objective),
-    };
     let bar = if o.progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         let b = indicatif::ProgressBar::new(1000);
         b.set_style(
@@ -603,24 +624,13 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     } else {
         None
     };
-    let origin = Instant::now();
-    let mut clock = move || origin.elapsed().as_secs_f64();
     let mut progress = |f: f64| {
         if let Some(b) = &bar {
             b.set_position((f * 1000.0) as u64);
         }
     };
     let t_sim = Instant::now();
-    let out: Outcome = sim::simulate(
-        &loaded.trace,
-        &loaded.jobs,
-        alloc,
-        &cfg,
-        &mut Hooks {
-            clock: &mut clock,
-            progress: &mut progress,
-        },
-    )?;
+    let out = simulate_loaded(&loaded, &cfg, objective, &mut progress)?;
     let sim_s = t_sim.elapsed().as_secs_f64();
     if let Some(b) = &bar {
         b.finish_and_clear();
