@@ -127,7 +127,6 @@ struct Core {
     /// When the daemon last asked Slurm to requeue or hold it (not more than once per
     /// few seconds).
     asked_at: f64,
-    preemptions: u32,
     ended: bool,
     /// The runtime's last published rate (samples/s) and size, from the job's Comment.
     rate: Option<(f64, u32)>,
@@ -1037,7 +1036,6 @@ impl<C: Cluster> Daemon<C> {
                 restarts: j.restart_count,
                 asked_at: f64::NEG_INFINITY,
                 rate: None,
-                preemptions: 0,
                 ended: false,
                 user: j.user_name.clone(),
             },
@@ -1096,7 +1094,6 @@ impl<C: Cluster> Daemon<C> {
                 }
                 core.asked_at = now;
                 if !core.preempting {
-                    core.preemptions += 1;
                     self.stats.preemptions += 1;
                 }
                 core.preempting = false;
@@ -1134,7 +1131,6 @@ impl<C: Cluster> Daemon<C> {
             core.started = false;
             core.admit_at = None;
             if !core.preempting {
-                core.preemptions += 1;
                 self.stats.preemptions += 1;
             }
             core.preempting = false;
@@ -1149,7 +1145,6 @@ impl<C: Cluster> Daemon<C> {
             if j.preempt_time.is_some() {
                 if !core.preempting {
                     core.preempting = true;
-                    core.preemptions += 1;
                     self.stats.preemptions += 1;
                     log::info!(
                         "elastic job {id}: Slurm preempts its core on {}; giving up its nodes",
