@@ -147,3 +147,86 @@ fn replay_swf_results_are_unchanged() {
         ],
     );
 }
+
+/// Windows on both inputs: a start inside the trace (earlier changes fold into the
+/// initial state, the plan's forecast carries over), an end, and a node limit.
+#[test]
+fn replay_windows_are_unchanged() {
+    check(
+        "sample-window-limit",
+        &[
+            "--start",
+            "2021-02-11T02:00:00",
+            "--end",
+            "2021-02-11T07:30:00",
+            "--node-limit",
+            "3000",
+            "--objective",
+            "reclaim-aware",
+        ],
+    );
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/swf");
+    check_in(
+        &dir,
+        "atlas-window-limit",
+        &[
+            "--swf",
+            "LLNL-Atlas-2006-2.1-cln.swf.gz",
+            "--start",
+            "2007-01-15T00:00:00",
+            "--hours",
+            "30",
+            "--node-limit",
+            "700",
+            "--objective",
+            "reclaim-aware",
+        ],
+    );
+}
+
+/// The log's own start times (`--start-times log`): the Atlas log with a wait time
+/// made up for every job (job number x 37 mod 3,600 s), so that jobs start when the
+/// log says, overcommitting the machine at times.
+#[test]
+fn replay_log_start_times_are_unchanged() {
+    use std::io::{BufRead, Write};
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/data/swf/LLNL-Atlas-2006-2.1-cln.swf.gz");
+    let dir = std::env::temp_dir().join(format!("bft-golden-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let r = std::io::BufReader::new(flate2::read::MultiGzDecoder::new(
+        std::fs::File::open(&src).unwrap(),
+    ));
+    let mut w =
+        std::io::BufWriter::new(std::fs::File::create(dir.join("atlas-waits.swf")).unwrap());
+    for line in r.lines() {
+        let line = line.unwrap();
+        let mut f: Vec<String> = line.split_ascii_whitespace().map(String::from).collect();
+        if !line.starts_with(';') && f.len() == 18 {
+            let id: i64 = f[0].parse().unwrap();
+            f[2] = (id * 37 % 3600).to_string();
+            writeln!(w, "{}", f.join(" ")).unwrap();
+        } else {
+            writeln!(w, "{line}").unwrap();
+        }
+    }
+    w.flush().unwrap();
+    drop(w);
+    check_in(
+        &dir,
+        "atlas-log-starts",
+        &[
+            "--swf",
+            "atlas-waits.swf",
+            "--start-times",
+            "log",
+            "--start",
+            "2007-02-01T00:00:00",
+            "--hours",
+            "24",
+            "--objective",
+            "reclaim-aware",
+        ],
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
