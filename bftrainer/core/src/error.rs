@@ -19,6 +19,9 @@ pub enum Error {
         line: u64,
         cause: std::io::Error,
     },
+    /// An input could not be opened (again: streaming replays read their input in passes).
+    #[error("cannot open {what}: {cause}")]
+    Open { what: String, cause: std::io::Error },
     /// An option out of range or inputs that do not fit together.
     #[error("invalid setting: {0}")]
     Config(String),

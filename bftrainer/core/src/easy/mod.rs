@@ -2,11 +2,11 @@
 //! turns a job log into a node-idle trace plus the backfill plan's reclaim forecasts.
 
 use crate::error::{Error, Result};
-use crate::trace::swf::SwfLog;
-use crate::trace::{NodeChange, NodeTrace};
+use crate::trace::swf::{SwfFile, SwfHeader, SwfJob, SwfLog};
+use crate::trace::{NodeChange, NodeEvents, NodeTrace, TraceItem};
 use serde::Serialize;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 /// Backfilling flavour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -68,7 +68,7 @@ pub struct SchedMetrics {
     /// above [`MAX_RUN_S`].
     pub jobs_skipped_bad_run_time: u64,
     /// The first skipped job of each cause but empty ones (which SWF allows): where the
-    /// caller can point, as an index into the log's jobs.
+    /// caller can point.
     #[serde(skip)]
     pub first_skipped: Vec<Skipped>,
     /// Log start mode only: jobs that started while fewer nodes were free than they
@@ -95,13 +95,16 @@ pub enum SkipCause {
     BadRunTime,
 }
 
-/// The first job left out for a cause: index into `SwfLog::jobs`, and the nodes it
-/// needs (`TooWide`) or its run time (`BadRunTime`).
+/// The first job left out for a cause: where it is in the log, and the nodes it needs
+/// (`TooWide`) or its run time (`BadRunTime`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Skipped {
     pub cause: SkipCause,
-    pub index: usize,
     pub value: i64,
+    /// The job's number, processors and file line.
+    pub id: i64,
+    pub procs: Option<i64>,
+    pub line: u64,
 }
 
 /// A job ready for the model: sizes in nodes, times in log seconds.
@@ -119,13 +122,62 @@ struct Running {
     nodes: Vec<u32>,
 }
 
-/// Runs the scheduler model over a log; returns the idle trace (node names `n0000`...)
-/// and the scheduler's metrics.
-pub fn schedule(log: &SwfLog, cfg: &SchedConfig) -> Result<(NodeTrace, SchedMetrics)> {
+/// One pass over a log's jobs: each with its file line, or the error that ended the pass.
+pub type JobPass<'a> = Box<dyn Iterator<Item = Result<(SwfJob, u64)>> + 'a>;
+
+/// The jobs of a log in submit order, with their file lines. A replay reads them more
+/// than once (see [`plan`]), so a source hands out a fresh pass on each call: a file is
+/// read again, never held.
+pub trait JobSource {
+    /// The log's header (known before the jobs are read again).
+    fn header(&self) -> SwfHeader;
+    /// One pass over the jobs, in submit order.
+    fn jobs(&self) -> Result<JobPass<'_>>;
+}
+
+impl JobSource for SwfLog {
+    fn header(&self) -> SwfHeader {
+        SwfLog::header(self)
+    }
+    fn jobs(&self) -> Result<JobPass<'_>> {
+        Ok(Box::new(
+            self.jobs
+                .iter()
+                .enumerate()
+                .map(|(i, j)| Ok((j.clone(), i as u64 + 1))),
+        ))
+    }
+}
+
+impl JobSource for SwfFile {
+    fn header(&self) -> SwfHeader {
+        self.log.header()
+    }
+    fn jobs(&self) -> Result<JobPass<'_>> {
+        Ok(Box::new(
+            self.log
+                .jobs
+                .iter()
+                .zip(&self.lines)
+                .map(|(j, &l)| Ok((j.clone(), l))),
+        ))
+    }
+}
+
+/// The machine the log is replayed on.
+#[derive(Debug, Clone, Copy)]
+struct Machine {
+    nodes: u32,
+    ppn: i64,
+    /// Unix time of the log's time 0.
+    epoch: i64,
+}
+
+fn machine(h: &SwfHeader, cfg: &SchedConfig) -> Result<Machine> {
     let nodes = cfg
         .nodes
         .map(i64::from)
-        .or(log.max_nodes)
+        .or(h.max_nodes)
         .filter(|&n| n > 0)
         .ok_or_else(|| {
             Error::Config(
@@ -134,158 +186,400 @@ pub fn schedule(log: &SwfLog, cfg: &SchedConfig) -> Result<(NodeTrace, SchedMetr
         })?;
     let nodes = u32::try_from(nodes)
         .map_err(|_| Error::Config(format!("machine size {nodes} too large")))?;
-    let ppn = match (cfg.procs_per_node, log.max_procs, log.max_nodes) {
+    let ppn = match (cfg.procs_per_node, h.max_procs, h.max_nodes) {
         (Some(p), _, _) if p > 0 => i64::from(p),
         (Some(_), _, _) => return Err(Error::Config("--procs-per-node must be >= 1".into())),
         (None, Some(p), Some(n)) if p > 0 && n > 0 && p % n == 0 => p / n,
         _ => 1,
     };
-    let epoch = cfg.epoch.or(log.unix_start).unwrap_or(0);
-    let mut m = SchedMetrics {
-        policy: match cfg.backfill {
-            Backfill::Easy => "fcfs+easy".into(),
-            Backfill::Conservative => "fcfs+conservative".into(),
-        },
+    Ok(Machine {
         nodes,
-        procs_per_node: ppn as u32,
-        ..Default::default()
-    };
-    let mut jobs = Vec::with_capacity(log.jobs.len());
-    // Index into log.jobs of each job of `jobs`.
-    let mut src = Vec::with_capacity(log.jobs.len());
-    let skip = |m: &mut SchedMetrics, cause: SkipCause, index: usize, value: i64| {
+        ppn,
+        epoch: cfg.epoch.or(h.unix_start).unwrap_or(0),
+    })
+}
+
+/// The model's view of a log's job, or `None` (counted in `m`) when the model cannot
+/// use it.
+fn usable(j: &SwfJob, line: u64, mach: &Machine, m: &mut SchedMetrics) -> Option<Job> {
+    let mut skip = |cause: SkipCause, value: i64| {
         if !m.first_skipped.iter().any(|s| s.cause == cause) {
             m.first_skipped.push(Skipped {
                 cause,
-                index,
                 value,
+                id: j.id,
+                procs: j.procs,
+                line,
             });
         }
     };
-    for (i, j) in log.jobs.iter().enumerate() {
-        if j.run < -1 || j.run > MAX_RUN_S {
-            m.jobs_skipped_bad_run_time += 1;
-            skip(&mut m, SkipCause::BadRunTime, i, j.run);
-            continue;
-        }
-        let Some(p) = j.procs.filter(|_| j.run > 0) else {
-            m.jobs_skipped_empty += 1;
-            continue;
-        };
-        let need = (p + ppn - 1) / ppn;
-        if need > i64::from(nodes) {
-            m.jobs_skipped_too_wide += 1;
-            skip(&mut m, SkipCause::TooWide, i, need);
-            continue;
-        }
-        src.push(i);
-        jobs.push(Job {
-            submit: j.submit,
-            run: j.run,
-            est: j.req_time.unwrap_or(j.run).clamp(1, MAX_RUN_S),
-            need: need as u32,
-            log_start: j.wait.map(|w| j.submit + w),
-        });
+    if j.run < -1 || j.run > MAX_RUN_S {
+        skip(SkipCause::BadRunTime, j.run);
+        m.jobs_skipped_bad_run_time += 1;
+        return None;
     }
-    let use_log = match cfg.start_times {
-        StartTimes::Log => {
-            if let Some(i) = jobs.iter().position(|j| j.log_start.is_none()) {
-                return Err(Error::Config(format!(
-                    "--start-times log: job {} of the log has no wait time",
-                    log.jobs[src[i]].id
-                )));
-            }
-            true
-        }
-        StartTimes::Simulate => false,
-        StartTimes::Auto => !jobs.is_empty() && jobs.iter().all(|j| j.log_start.is_some()),
+    let Some(p) = j.procs.filter(|_| j.run > 0) else {
+        m.jobs_skipped_empty += 1;
+        return None;
     };
-    if use_log {
-        m.policy = "log start times".into();
+    let need = (p + mach.ppn - 1) / mach.ppn;
+    if need > i64::from(mach.nodes) {
+        skip(SkipCause::TooWide, need);
+        m.jobs_skipped_too_wide += 1;
+        return None;
     }
-    let mut sim = Model::new(nodes, cfg.backfill);
-    let starts = if use_log {
-        sim.replay_log(&jobs, &mut m)
-    } else {
-        sim.simulate(&jobs)
-    };
-    // Metrics over the jobs that ran.
-    let (mut busy, mut wait_sum, mut bsld_sum, mut max_wait) = (0f64, 0f64, 0f64, 0f64);
-    let first_submit = jobs.iter().map(|j| j.submit).min().unwrap_or(0);
-    let mut last_end = first_submit;
-    for (j, &s) in jobs.iter().zip(&starts) {
-        let w = (s - j.submit) as f64;
-        busy += f64::from(j.need) * j.run as f64;
-        wait_sum += w;
-        max_wait = max_wait.max(w);
-        bsld_sum += ((w + j.run as f64) / (j.run as f64).max(10.0)).max(1.0);
-        last_end = last_end.max(s + j.run);
-    }
-    let n = jobs.len().max(1) as f64;
-    m.jobs_scheduled = jobs.len() as u64;
-    m.makespan_s = last_end - first_submit;
-    m.utilisation = if m.makespan_s > 0 {
-        busy / (f64::from(nodes) * m.makespan_s as f64)
-    } else {
-        0.0
-    };
-    m.mean_wait_s = wait_sum / n;
-    m.max_wait_s = max_wait;
-    m.mean_bounded_slowdown = bsld_sum / n;
-    let mut trace = sim.out;
-    trace.start = first_submit;
-    trace.end = last_end;
-    for c in &mut trace.changes {
-        c.t += epoch;
-        if let Some(r) = &mut c.reclaim_at {
-            *r += epoch;
-        }
-    }
-    for f in &mut trace.forecasts {
-        f.0 += epoch;
-        if let Some(r) = &mut f.1 {
-            *r += epoch;
-        }
-    }
-    trace.start += epoch;
-    trace.end += epoch;
-    Ok((trace.into_node_trace(nodes), m))
+    Some(Job {
+        submit: j.submit,
+        run: j.run,
+        est: j.req_time.unwrap_or(j.run).clamp(1, MAX_RUN_S),
+        need: need as u32,
+        log_start: j.wait.map(|w| j.submit + w),
+    })
 }
 
-/// The model's output before conversion: changes plus plan-wide forecasts.
-#[derive(Default)]
-struct Out {
+/// What the first passes over a log found: the scheduler's metrics and the window of
+/// its idle trace. [`events`] then replays the same schedule as a stream.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub metrics: SchedMetrics,
+    /// Unix seconds: the first job's submission and the last job's end.
+    pub start: i64,
+    pub end: i64,
+    machine: Machine,
+    backfill: Backfill,
+    use_log: bool,
+}
+
+/// Runs the scheduler model over a log for its metrics and window, keeping no trace:
+/// one pass decides the start times (the log's own when `cfg` allows and every job has
+/// one), one runs the model.
+pub fn plan(src: &dyn JobSource, cfg: &SchedConfig) -> Result<Plan> {
+    let mach = machine(&src.header(), cfg)?;
+    let use_log = match cfg.start_times {
+        StartTimes::Simulate => false,
+        StartTimes::Log | StartTimes::Auto => {
+            let (mut any, mut missing) = (false, None);
+            let mut m = SchedMetrics::default();
+            for r in src.jobs()? {
+                let (j, line) = r?;
+                if let Some(job) = usable(&j, line, &mach, &mut m) {
+                    any = true;
+                    if job.log_start.is_none() {
+                        missing = Some(j.id);
+                        break;
+                    }
+                }
+            }
+            match (cfg.start_times, missing) {
+                (StartTimes::Log, Some(id)) => {
+                    return Err(Error::Config(format!(
+                        "--start-times log: job {id} of the log has no wait time"
+                    )))
+                }
+                (StartTimes::Log, None) => true,
+                (_, missing) => any && missing.is_none(),
+            }
+        }
+    };
+    let mut st = Stepper::new(src.jobs()?, mach, cfg.backfill, use_log);
+    while st.step()? {
+        st.out.clear();
+    }
+    let (metrics, start, end) = st.finish();
+    Ok(Plan {
+        metrics,
+        start,
+        end,
+        machine: mach,
+        backfill: cfg.backfill,
+        use_log,
+    })
+}
+
+/// The idle trace of a planned log (node names `n0000`...), computed as the replay
+/// reads it: the model holds only the running and queued jobs.
+pub fn events<'a>(src: &'a dyn JobSource, plan: &Plan) -> Result<EasyEvents<'a>> {
+    let nodes = plan.machine.nodes;
+    Ok(EasyEvents {
+        st: Stepper::new(src.jobs()?, plan.machine, plan.backfill, plan.use_log),
+        names: (0..nodes).map(|i| format!("n{i:04}")).collect(),
+        initial: vec![true; nodes as usize],
+        start: plan.start,
+        end: plan.end,
+    })
+}
+
+/// Runs the scheduler model over a log; returns the idle trace (node names `n0000`...),
+/// whole, and the scheduler's metrics.
+pub fn schedule(log: &SwfLog, cfg: &SchedConfig) -> Result<(NodeTrace, SchedMetrics)> {
+    let p = plan(log, cfg)?;
+    let tr = NodeTrace::collect(&mut events(log, &p)?)?;
+    Ok((tr, p.metrics))
+}
+
+/// The schedule of a log as [`NodeEvents`].
+pub struct EasyEvents<'a> {
+    st: Stepper<'a>,
+    names: Vec<String>,
+    initial: Vec<bool>,
     start: i64,
     end: i64,
-    changes: Vec<NodeChange>,
-    /// (t, reclaim_at): from t on, every node idle at t is forecast to be reclaimed then.
-    forecasts: Vec<(i64, Option<i64>)>,
 }
 
-impl Out {
-    fn into_node_trace(self, nodes: u32) -> NodeTrace {
-        NodeTrace {
-            names: (0..nodes).map(|i| format!("n{i:04}")).collect(),
-            start: self.start,
-            end: self.end,
-            initial_idle: vec![true; nodes as usize],
-            changes: self.changes,
-            forecasts: self.forecasts,
+impl NodeEvents for EasyEvents<'_> {
+    fn names(&self) -> &[String] {
+        &self.names
+    }
+    fn initial_idle(&self) -> &[bool] {
+        &self.initial
+    }
+    fn start(&self) -> i64 {
+        self.start
+    }
+    fn end(&self) -> i64 {
+        self.end
+    }
+    fn peek(&mut self) -> Result<Option<TraceItem>> {
+        while self.st.out.is_empty() && self.st.step()? {}
+        Ok(self.st.out.front().copied())
+    }
+    fn next(&mut self) -> Result<Option<TraceItem>> {
+        self.peek()?;
+        Ok(self.st.out.pop_front())
+    }
+}
+
+/// A queued job (simulated start times).
+struct Queued {
+    /// Index among the model's jobs.
+    idx: usize,
+    job: Job,
+    started: bool,
+}
+
+/// The scheduler's metrics summed in job order (so that float sums do not depend on the
+/// order jobs start in): a job's figures wait here until every earlier job has started.
+#[derive(Default)]
+struct Acc {
+    next: usize,
+    held: BTreeMap<usize, (Job, i64)>,
+    busy: f64,
+    wait_sum: f64,
+    bsld_sum: f64,
+    max_wait: f64,
+    last_end: Option<i64>,
+}
+
+impl Acc {
+    fn add(&mut self, idx: usize, job: &Job, start: i64) {
+        if idx != self.next {
+            self.held.insert(idx, (*job, start));
+            return;
         }
+        self.fold(job, start);
+        while let Some((j, s)) = self.held.remove(&self.next) {
+            self.fold(&j, s);
+        }
+    }
+
+    fn fold(&mut self, j: &Job, s: i64) {
+        let w = (s - j.submit) as f64;
+        self.busy += f64::from(j.need) * j.run as f64;
+        self.wait_sum += w;
+        self.max_wait = self.max_wait.max(w);
+        self.bsld_sum += ((w + j.run as f64) / (j.run as f64).max(10.0)).max(1.0);
+        self.last_end = Some(self.last_end.map_or(s + j.run, |e| e.max(s + j.run)));
+        self.next += 1;
+    }
+}
+
+/// The model stepping one event time at a time; its output for each time goes to `out`.
+struct Stepper<'a> {
+    jobs: JobPass<'a>,
+    mach: Machine,
+    use_log: bool,
+    model: Model,
+    /// The next usable job of the log (index among usable jobs), read ahead.
+    ahead: Option<(usize, Job)>,
+    read: usize,
+    first_submit: Option<i64>,
+    m: SchedMetrics,
+    acc: Acc,
+    /// Simulated start times: the queue in submit order.
+    queue: Vec<Queued>,
+    /// The log's start times: jobs submitted but not started, by (start, index).
+    pending: BTreeMap<(i64, usize), Job>,
+    out: VecDeque<TraceItem>,
+    done: bool,
+}
+
+impl<'a> Stepper<'a> {
+    fn new(jobs: JobPass<'a>, mach: Machine, backfill: Backfill, use_log: bool) -> Self {
+        let m = SchedMetrics {
+            policy: if use_log {
+                "log start times".into()
+            } else {
+                match backfill {
+                    Backfill::Easy => "fcfs+easy".into(),
+                    Backfill::Conservative => "fcfs+conservative".into(),
+                }
+            },
+            nodes: mach.nodes,
+            procs_per_node: mach.ppn as u32,
+            ..Default::default()
+        };
+        Self {
+            jobs,
+            mach,
+            use_log,
+            model: Model::new(mach.nodes, backfill),
+            ahead: None,
+            read: 0,
+            first_submit: None,
+            m,
+            acc: Acc::default(),
+            queue: Vec::new(),
+            pending: BTreeMap::new(),
+            out: VecDeque::new(),
+            done: false,
+        }
+    }
+
+    /// Reads the next usable job into `ahead` unless one is there.
+    fn fill(&mut self) -> Result<()> {
+        while self.ahead.is_none() {
+            let Some(r) = self.jobs.next() else {
+                return Ok(());
+            };
+            let (j, line) = r?;
+            if let Some(job) = usable(&j, line, &self.mach, &mut self.m) {
+                self.first_submit =
+                    Some(self.first_submit.map_or(job.submit, |f| f.min(job.submit)));
+                self.ahead = Some((self.read, job));
+                self.read += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the model's next event time; false when no event is left.
+    fn step(&mut self) -> Result<bool> {
+        if self.done {
+            return Ok(false);
+        }
+        let more = if self.use_log {
+            self.step_log()?
+        } else {
+            self.step_simulated()?
+        };
+        self.done = !more;
+        Ok(more)
+    }
+
+    fn next_end(&self) -> Option<i64> {
+        self.model.ends.peek().map(|r| r.0 .0)
+    }
+
+    fn step_simulated(&mut self) -> Result<bool> {
+        self.fill()?;
+        let next_sub = self.ahead.map(|(_, j)| j.submit);
+        let Some(t) = next_sub.into_iter().chain(self.next_end()).min() else {
+            return Ok(false);
+        };
+        self.model.finish_until(t);
+        while let Some((idx, job)) = self.ahead.filter(|(_, j)| j.submit == t) {
+            self.queue.push(Queued {
+                idx,
+                job,
+                started: false,
+            });
+            self.ahead = None;
+            self.fill()?;
+        }
+        let starts = self.model.starts;
+        let forecast = match self.model.backfill {
+            Backfill::Easy => self.model.pass_easy(t, &mut self.queue, &mut self.acc),
+            Backfill::Conservative => {
+                self.model
+                    .pass_conservative(t, &mut self.queue, &mut self.acc)
+            }
+        };
+        if self.model.starts > starts {
+            self.queue.retain(|q| !q.started);
+        }
+        self.model.emit(t, forecast, self.mach.epoch, &mut self.out);
+        Ok(true)
+    }
+
+    fn step_log(&mut self) -> Result<bool> {
+        // A job starts no earlier than its submission: every job that could start by
+        // the next event time is read before that time is run.
+        let t = loop {
+            self.fill()?;
+            let next_start = self.pending.keys().next().map(|k| k.0);
+            let cand = next_start.into_iter().chain(self.next_end()).min();
+            match self.ahead {
+                Some((idx, job)) if cand.map_or(true, |c| job.submit <= c) => {
+                    let start = job.log_start.unwrap_or(job.submit);
+                    self.acc.add(idx, &job, start);
+                    self.pending.insert((start, idx), job);
+                    self.ahead = None;
+                }
+                _ => break cand,
+            }
+        };
+        let Some(t) = t else {
+            return Ok(false);
+        };
+        self.model.finish_until(t);
+        while let Some(e) = self.pending.first_entry().filter(|e| e.key().0 == t) {
+            let job = e.remove();
+            if !self.model.start(t, &job) {
+                self.m.jobs_overcommitted += 1;
+            }
+        }
+        self.model.emit(t, None, self.mach.epoch, &mut self.out);
+        Ok(true)
+    }
+
+    /// The metrics and the trace's window (Unix seconds), once every step has run.
+    fn finish(mut self) -> (SchedMetrics, i64, i64) {
+        debug_assert!(self.acc.held.is_empty() && self.acc.next == self.read);
+        let m = &mut self.m;
+        let a = &self.acc;
+        let first_submit = self.first_submit.unwrap_or(0);
+        let last_end = a.last_end.map_or(first_submit, |e| e.max(first_submit));
+        let n = self.read.max(1) as f64;
+        m.jobs_scheduled = self.read as u64;
+        m.makespan_s = last_end - first_submit;
+        m.utilisation = if m.makespan_s > 0 {
+            a.busy / (f64::from(self.mach.nodes) * m.makespan_s as f64)
+        } else {
+            0.0
+        };
+        m.mean_wait_s = a.wait_sum / n;
+        m.max_wait_s = a.max_wait;
+        m.mean_bounded_slowdown = a.bsld_sum / n;
+        let epoch = self.mach.epoch;
+        (self.m, first_submit + epoch, last_end + epoch)
     }
 }
 
 struct Model {
     backfill: Backfill,
     free: BinaryHeap<Reverse<u32>>,
+    /// Running jobs by slot; a slot is reused once its job ends.
     running: Vec<Option<Running>>,
-    /// (actual end, running slot)
-    ends: BinaryHeap<Reverse<(i64, usize)>>,
+    free_slots: Vec<usize>,
+    /// (actual end, start sequence number, running slot): jobs ending together end in
+    /// the order they started.
+    ends: BinaryHeap<Reverse<(i64, u64, usize)>>,
+    /// Jobs started so far.
+    starts: u64,
     idle: Vec<bool>,
     emitted: Vec<bool>,
     touched: Vec<u32>,
     forecast: Option<i64>,
-    out: Out,
 }
 
 impl Model {
@@ -294,12 +588,13 @@ impl Model {
             backfill,
             free: (0..nodes).map(Reverse).collect(),
             running: Vec::new(),
+            free_slots: Vec::new(),
             ends: BinaryHeap::new(),
+            starts: 0,
             idle: vec![true; nodes as usize],
             emitted: vec![true; nodes as usize],
             touched: Vec::new(),
             forecast: None,
-            out: Out::default(),
         }
     }
 
@@ -314,22 +609,33 @@ impl Model {
             self.touched.push(n);
             nodes.push(n);
         }
-        let slot = self.running.len();
-        self.running.push(Some(Running {
+        let r = Some(Running {
             est_end: t + j.est,
             nodes,
-        }));
-        self.ends.push(Reverse((t + j.run, slot)));
+        });
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.running[s] = r;
+                s
+            }
+            None => {
+                self.running.push(r);
+                self.running.len() - 1
+            }
+        };
+        self.ends.push(Reverse((t + j.run, self.starts, slot)));
+        self.starts += 1;
         k == j.need as usize
     }
 
     fn finish_until(&mut self, t: i64) {
-        while let Some(&Reverse((e, slot))) = self.ends.peek() {
+        while let Some(&Reverse((e, _, slot))) = self.ends.peek() {
             if e > t {
                 break;
             }
             self.ends.pop();
             let r = self.running[slot].take().expect("ends once");
+            self.free_slots.push(slot);
             for n in r.nodes {
                 self.idle[n as usize] = true;
                 self.touched.push(n);
@@ -338,80 +644,26 @@ impl Model {
         }
     }
 
-    /// Emits the net changes of time t (a node freed and retaken at t emits nothing).
-    fn emit(&mut self, t: i64, forecast: Option<i64>) {
+    /// Emits the net changes of time t (a node freed and retaken at t emits nothing),
+    /// after the forecast when it changed; `epoch` makes log times Unix times.
+    fn emit(&mut self, t: i64, forecast: Option<i64>, epoch: i64, out: &mut VecDeque<TraceItem>) {
         if forecast != self.forecast {
             self.forecast = forecast;
-            self.out.forecasts.push((t, forecast));
+            out.push_back(TraceItem::Forecast(t + epoch, forecast.map(|f| f + epoch)));
         }
         for &n in &self.touched {
             let i = n as usize;
             if self.idle[i] != self.emitted[i] {
                 self.emitted[i] = self.idle[i];
-                self.out.changes.push(NodeChange {
-                    t,
+                out.push_back(TraceItem::Change(NodeChange {
+                    t: t + epoch,
                     node: n,
                     idle: self.idle[i],
                     reclaim_at: None,
-                });
+                }));
             }
         }
         self.touched.clear();
-    }
-
-    fn replay_log(&mut self, jobs: &[Job], m: &mut SchedMetrics) -> Vec<i64> {
-        let mut order: Vec<usize> = (0..jobs.len()).collect();
-        order.sort_by_key(|&i| (jobs[i].log_start.unwrap_or(jobs[i].submit), i));
-        let starts: Vec<i64> = jobs
-            .iter()
-            .map(|j| j.log_start.unwrap_or(j.submit))
-            .collect();
-        let mut k = 0;
-        while k < order.len() || !self.ends.is_empty() {
-            let next_start = order.get(k).map(|&i| starts[i]);
-            let next_end = self.ends.peek().map(|r| r.0 .0);
-            let Some(t) = next_start.into_iter().chain(next_end).min() else {
-                break;
-            };
-            self.finish_until(t);
-            while k < order.len() && starts[order[k]] == t {
-                if !self.start(t, &jobs[order[k]]) {
-                    m.jobs_overcommitted += 1;
-                }
-                k += 1;
-            }
-            self.emit(t, None);
-        }
-        starts
-    }
-
-    fn simulate(&mut self, jobs: &[Job]) -> Vec<i64> {
-        let mut starts = vec![i64::MIN; jobs.len()];
-        let mut queue: Vec<usize> = Vec::new();
-        let mut k = 0;
-        while k < jobs.len() || !self.ends.is_empty() {
-            let next_sub = jobs.get(k).map(|j| j.submit);
-            let next_end = self.ends.peek().map(|r| r.0 .0);
-            let Some(t) = next_sub.into_iter().chain(next_end).min() else {
-                break;
-            };
-            self.finish_until(t);
-            while k < jobs.len() && jobs[k].submit == t {
-                queue.push(k);
-                k += 1;
-            }
-            let slots = self.running.len();
-            let forecast = match self.backfill {
-                Backfill::Easy => self.pass_easy(t, jobs, &mut queue, &mut starts),
-                Backfill::Conservative => self.pass_conservative(t, jobs, &queue, &mut starts),
-            };
-            // Each start takes a running slot: when the pass started jobs, drop them.
-            if self.running.len() > slots {
-                queue.retain(|&q| starts[q] == i64::MIN);
-            }
-            self.emit(t, forecast);
-        }
-        starts
     }
 
     /// Running jobs' (estimated end, width), sorted; an overrunning job is expected to
@@ -428,23 +680,18 @@ impl Model {
     }
 
     /// One EASY pass at t; returns the head's reservation time when it must wait. Jobs it
-    /// starts get their start time in `starts`; the caller drops them from `queue`.
-    fn pass_easy(
-        &mut self,
-        t: i64,
-        jobs: &[Job],
-        queue: &mut Vec<usize>,
-        starts: &mut [i64],
-    ) -> Option<i64> {
+    /// starts are marked started (and counted in `acc`); the caller drops them from
+    /// `queue`.
+    fn pass_easy(&mut self, t: i64, queue: &mut Vec<Queued>, acc: &mut Acc) -> Option<i64> {
         let mut head = 0;
-        while head < queue.len() && jobs[queue[head]].need as usize <= self.free.len() {
-            starts[queue[head]] = t;
-            self.start(t, &jobs[queue[head]]);
+        while head < queue.len() && queue[head].job.need as usize <= self.free.len() {
+            let q = &queue[head];
+            acc.add(q.idx, &q.job, t);
+            self.start(t, &q.job);
             head += 1;
         }
         queue.drain(..head);
-        let &h = queue.first()?;
-        let need = jobs[h].need;
+        let need = queue.first()?.job.need;
         let mut avail = self.free.len() as u32;
         let (mut shadow, mut extra) = (i64::MAX, 0u32);
         for (e, w) in self.release_profile(t) {
@@ -454,11 +701,11 @@ impl Model {
                 break;
             }
         }
-        for &q in queue.iter().skip(1) {
+        for q in queue.iter_mut().skip(1) {
             if self.free.is_empty() {
                 break;
             }
-            let j = &jobs[q];
+            let j = q.job;
             if j.need as usize > self.free.len() {
                 continue;
             }
@@ -467,8 +714,9 @@ impl Model {
                 if !before_shadow {
                     extra -= j.need;
                 }
-                starts[q] = t;
-                self.start(t, j);
+                q.started = true;
+                acc.add(q.idx, &j, t);
+                self.start(t, &j);
             }
         }
         (shadow != i64::MAX).then_some(shadow)
@@ -477,13 +725,7 @@ impl Model {
     /// One conservative pass: every queued job, in order, gets the earliest slot in the
     /// availability profile that fits it; jobs whose slot is now start (as in
     /// `pass_easy`). Returns the earliest future reservation.
-    fn pass_conservative(
-        &mut self,
-        t: i64,
-        jobs: &[Job],
-        queue: &[usize],
-        starts: &mut [i64],
-    ) -> Option<i64> {
+    fn pass_conservative(&mut self, t: i64, queue: &mut [Queued], acc: &mut Acc) -> Option<i64> {
         // Step function: prof[i] = (from time, free nodes) until prof[i+1].0.
         let mut prof: Vec<(i64, i64)> = vec![(t, self.free.len() as i64)];
         for (e, w) in self.release_profile(t) {
@@ -495,8 +737,8 @@ impl Model {
             }
         }
         let mut first_res: Option<i64> = None;
-        for &q in queue.iter() {
-            let j = &jobs[q];
+        for q in queue.iter_mut() {
+            let j = q.job;
             let need = i64::from(j.need);
             // Earliest breakpoint s such that free >= need on [s, s + est).
             let mut s_idx = None;
@@ -529,8 +771,9 @@ impl Model {
                 p.1 -= need;
             }
             if s == t && j.need as usize <= self.free.len() {
-                starts[q] = t;
-                self.start(t, j);
+                q.started = true;
+                acc.add(q.idx, &j, t);
+                self.start(t, &j);
             } else if s > t {
                 first_res = Some(first_res.map_or(s, |f: i64| f.min(s)));
             }
@@ -632,6 +875,48 @@ mod tests {
         let (_, me) = schedule(&l, &SchedConfig::default()).unwrap();
         // EASY: E starts at 52 too (ends 92 <= shadow 100).
         assert_eq!(me.mean_wait_s, m.mean_wait_s);
+    }
+
+    /// The model streams in bounded memory: over 20,000 jobs on 4 nodes (a load of 3.3
+    /// nodes, so the queue stays short) its running slots, its output buffer and the
+    /// metrics waiting for earlier jobs stay small, and the streamed trace is the one
+    /// collected whole.
+    #[test]
+    fn streaming_holds_only_the_present() {
+        let jobs: Vec<(i64, i64, i64, i64)> = (0..20_000)
+            .map(|i| (i * 15, 15 + (i * 7) % 21, 1 + (i % 3), 40))
+            .collect();
+        for backfill in [Backfill::Easy, Backfill::Conservative] {
+            let l = log(&jobs);
+            let cfg = SchedConfig {
+                backfill,
+                ..Default::default()
+            };
+            let p = plan(&l, &cfg).unwrap();
+            assert_eq!(p.metrics.jobs_scheduled, 20_000);
+            let mut ev = events(&l, &p).unwrap();
+            let (mut items, mut most_out, mut most_held, mut most_queued) = (0, 0, 0, 0);
+            while ev.next().unwrap().is_some() {
+                items += 1;
+                most_out = most_out.max(ev.st.out.len());
+                most_held = most_held.max(ev.st.acc.held.len());
+                most_queued = most_queued.max(ev.st.queue.len());
+            }
+            assert!(items > 20_000);
+            assert!(
+                ev.st.model.running.len() <= 4,
+                "{}",
+                ev.st.model.running.len()
+            );
+            assert!(most_out <= 2 * 4 + 1, "{most_out}");
+            assert!(
+                most_queued < 50 && most_held < 50,
+                "{most_queued} {most_held}"
+            );
+            let (tr, m) = schedule(&l, &cfg).unwrap();
+            assert_eq!(m, p.metrics);
+            assert_eq!((tr.start, tr.end), (p.start, p.end));
+        }
     }
 
     #[test]

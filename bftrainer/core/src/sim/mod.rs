@@ -13,7 +13,7 @@ use crate::engine::{
 use crate::error::{Error, Result};
 use crate::timefmt::format_time;
 use crate::trace::jobs::{curve_at, JobRecord};
-use crate::trace::NodeTrace;
+use crate::trace::{NodeEvents, NodeTrace, TraceItem};
 use serde::Serialize;
 
 const NONE: u32 = u32::MAX;
@@ -275,11 +275,28 @@ pub fn simulate<A: Allocator>(
     cfg: &SimConfig,
     hooks: &mut Hooks<'_>,
 ) -> Result<Outcome> {
+    simulate_events(&mut trace.events(), jobs, alloc, cfg, hooks)
+}
+
+/// Replays a trace read as a stream: the simulator holds the nodes and the elastic
+/// jobs, never the trace.
+pub fn simulate_events<A: Allocator>(
+    trace: &mut dyn NodeEvents,
+    jobs: &[JobRecord],
+    alloc: A,
+    cfg: &SimConfig,
+    hooks: &mut Hooks<'_>,
+) -> Result<Outcome> {
     Sim::new(trace, jobs, alloc, cfg)?.run(hooks)
 }
 
 struct Sim<'a, A> {
-    trace: &'a NodeTrace,
+    trace: &'a mut dyn NodeEvents,
+    /// The trace's window, Unix seconds.
+    start: i64,
+    end: i64,
+    /// Forecasts of the current step, applied after its changes.
+    forecasts: Vec<Option<i64>>,
     recs: &'a [JobRecord],
     cfg: &'a SimConfig,
     engine: Engine<A>,
@@ -331,16 +348,16 @@ struct Counts {
 
 impl<'a, A: Allocator> Sim<'a, A> {
     fn new(
-        trace: &'a NodeTrace,
+        trace: &'a mut dyn NodeEvents,
         recs: &'a [JobRecord],
         alloc: A,
         cfg: &'a SimConfig,
     ) -> Result<Self> {
-        let n = trace.names.len();
+        let n = trace.names().len();
         if n == 0 {
             return Err(Error::Config("the trace has no nodes".into()));
         }
-        if trace.initial_idle.len() != n {
+        if trace.initial_idle().len() != n {
             return Err(Error::Config(
                 "trace initial state does not cover every node".into(),
             ));
@@ -355,7 +372,8 @@ impl<'a, A: Allocator> Sim<'a, A> {
         if recs.windows(2).any(|w| w[1].submit < w[0].submit) {
             return Err(Error::Config("jobs must be sorted by submit time".into()));
         }
-        let window_h = (trace.end - trace.start).max(0) as f64 / 3600.0;
+        let (start, end) = (trace.start(), trace.end());
+        let window_h = (end - start).max(0) as f64 / 3600.0;
         check_workload(cfg.workload, recs, window_h)?;
         let mut rng = cfg.seed ^ 0x6172_7269_7661_6c73;
         let next_arrival = match cfg.workload {
@@ -364,10 +382,13 @@ impl<'a, A: Allocator> Sim<'a, A> {
         };
         Ok(Self {
             trace,
+            start,
+            end,
+            forecasts: Vec::new(),
             recs,
             cfg,
             engine: Engine::new(cfg.engine.clone(), alloc),
-            t0: trace.start as f64,
+            t0: start as f64,
             idle: vec![false; n],
             idle_list: Vec::new(),
             idle_pos: vec![NONE; n],
@@ -506,23 +527,24 @@ impl<'a, A: Allocator> Sim<'a, A> {
     }
 
     fn run(mut self, hooks: &mut Hooks<'_>) -> Result<Outcome> {
-        let tr = self.trace;
-        let end = (tr.end - tr.start) as f64;
-        for (i, name) in tr.names.iter().enumerate() {
+        let (start, end) = (self.start, (self.end - self.start) as f64);
+        let nodes = self.trace.names().len();
+        for i in 0..nodes {
+            let name = self.trace.names()[i].clone();
             self.send(
                 &Event::NodeAdded {
                     node: i as u32,
-                    name: name.clone(),
+                    name,
                 },
                 0.0,
             )?;
         }
-        let mut fi = 0;
-        while fi < tr.forecasts.len() && tr.forecasts[fi].0 <= tr.start {
-            self.forecast = tr.forecasts[fi].1.map(|r| r as f64);
-            fi += 1;
+        // Forecasts up to the start hold from it; the start's changes come in step 0.
+        while let Some(TraceItem::Forecast(_, f)) = self.trace.peek()?.filter(|i| i.t() <= start) {
+            self.trace.next()?;
+            self.forecast = f.map(|r| r as f64);
         }
-        let mut order: Vec<u32> = (0..tr.names.len() as u32).collect();
+        let mut order: Vec<u32> = (0..nodes as u32).collect();
         if self.cfg.seed != 0 {
             let mut x = self.cfg.seed;
             for i in (1..order.len()).rev() {
@@ -531,7 +553,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
             }
         }
         for i in order.into_iter().map(|i| i as usize) {
-            if tr.initial_idle[i] {
+            if self.trace.initial_idle()[i] {
                 self.set_idle(i as u32, true);
                 let ev = Event::NodeIdle {
                     node: i as u32,
@@ -540,26 +562,23 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 self.send(&ev, 0.0)?;
             }
         }
-        let (mut ci, mut ji) = (0usize, 0usize);
+        let mut ji = 0usize;
         let mut t = 0.0f64;
         let mut steps = 0u64;
         loop {
-            self.step(t, &mut ci, &mut fi, &mut ji, hooks)?;
+            self.step(t, &mut ji, hooks)?;
             steps += 1;
             if steps % 4096 == 0 {
                 (hooks.progress)(if end > 0.0 { t / end } else { 1.0 });
             }
             let mut next = f64::INFINITY;
-            if let Some(c) = tr.changes.get(ci) {
-                next = next.min((c.t - tr.start) as f64);
-            }
-            if let Some(f) = tr.forecasts.get(fi) {
-                next = next.min((f.0 - tr.start) as f64);
+            if let Some(item) = self.trace.peek()? {
+                next = next.min((item.t() - start) as f64);
             }
             let exact = self.cfg.steps == Steps::Exact;
             let from_file = !matches!(self.cfg.workload, Workload::Arrivals { .. });
             if let Some(j) = self.recs.get(ji).filter(|_| exact && from_file) {
-                next = next.min(((j.submit - tr.start) as f64).max(0.0));
+                next = next.min(((j.submit - start) as f64).max(0.0));
             }
             if exact {
                 if let Some(&(u, _)) = self.resubmit.front() {
@@ -728,16 +747,9 @@ impl<'a, A: Allocator> Sim<'a, A> {
         Ok(())
     }
 
-    fn step(
-        &mut self,
-        t: f64,
-        ci: &mut usize,
-        fi: &mut usize,
-        ji: &mut usize,
-        hooks: &mut Hooks<'_>,
-    ) -> Result<()> {
-        let tr = self.trace;
-        let tabs = tr.start + t.floor() as i64;
+    fn step(&mut self, t: f64, ji: &mut usize, hooks: &mut Hooks<'_>) -> Result<()> {
+        let start = self.start;
+        let tabs = start + t.floor() as i64;
         let check = self.cfg.check;
         // 1. Completions (at their exact time: before this time's claims can charge them).
         if self.cfg.steps == Steps::Exact {
@@ -760,8 +772,17 @@ impl<'a, A: Allocator> Sim<'a, A> {
         // 3. Node changes.
         self.preempted.clear();
         let mut preempted_nodes = 0u32;
-        while let Some(c) = tr.changes.get(*ci).filter(|c| c.t <= tabs) {
-            *ci += 1;
+        // The trace's events up to now: changes at once, forecasts after them.
+        self.forecasts.clear();
+        while let Some(item) = self.trace.peek()?.filter(|i| i.t() <= tabs) {
+            self.trace.next()?;
+            let c = match item {
+                TraceItem::Change(c) => c,
+                TraceItem::Forecast(_, f) => {
+                    self.forecasts.push(f);
+                    continue;
+                }
+            };
             if c.idle {
                 self.set_idle(c.node, true);
                 let reclaim_at = c.reclaim_at.map(|r| r as f64).or(self.forecast);
@@ -796,10 +817,8 @@ impl<'a, A: Allocator> Sim<'a, A> {
             self.send(&Event::NodeClaimed { node: c.node }, t)?;
         }
         // 4. Plan-wide reclaim forecasts.
-        while let Some(&(ft, f)) = tr.forecasts.get(*fi).filter(|f| f.0 <= tabs) {
-            let _ = ft;
-            *fi += 1;
-            self.forecast = f.map(|r| r as f64);
+        for fk in 0..self.forecasts.len() {
+            self.forecast = self.forecasts[fk].map(|r| r as f64);
             for k in 0..self.idle_list.len() {
                 let ev = Event::NodeIdle {
                     node: self.idle_list[k],
@@ -829,14 +848,14 @@ impl<'a, A: Allocator> Sim<'a, A> {
         // 6. Submissions: the file's jobs, then resubmissions and arrivals due.
         if !matches!(self.cfg.workload, Workload::Arrivals { .. }) {
             while let Some(rec) = self.recs.get(*ji).filter(|r| r.submit <= tabs) {
-                let at = ((rec.submit - tr.start) as f64).max(0.0);
+                let at = ((rec.submit - start) as f64).max(0.0);
                 self.submit(t, *ji as u32, at, rec.submit)?;
                 *ji += 1;
             }
         }
         while let Some(&(at, r)) = self.resubmit.front().filter(|x| x.0 <= t) {
             self.resubmit.pop_front();
-            self.submit(t, r, at, tr.start + at.floor() as i64)?;
+            self.submit(t, r, at, start + at.floor() as i64)?;
         }
         while self.next_arrival <= t {
             let Workload::Arrivals { per_hour } = self.cfg.workload else {
@@ -845,7 +864,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
             let at = self.next_arrival;
             let n = self.recs.len() as u128;
             let r = ((u128::from(splitmix64(&mut self.rng)) * n) >> 64) as u32;
-            self.submit(t, r, at, tr.start + at.floor() as i64)?;
+            self.submit(t, r, at, start + at.floor() as i64)?;
             self.next_arrival = at + interarrival(&mut self.rng, per_hour);
         }
         // 7. Decide.
@@ -1011,7 +1030,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
     }
 
     fn finish(mut self, t_end: f64) -> Result<Outcome> {
-        let tr = self.trace;
+        let (start, nodes) = (self.start, self.trace.names().len());
         if self.cfg.check {
             let gap = self.idle_ns - self.harvested_ns - self.unused_ns;
             if gap.abs() > 1e-6 * self.idle_ns.max(1.0) {
@@ -1069,10 +1088,10 @@ impl<'a, A: Allocator> Sim<'a, A> {
         ds.sort_by(f64::total_cmp);
         let c = &self.counts;
         self.out.report = Report {
-            start: format_time(tr.start),
-            end: format_time(tr.start + t_end.round() as i64),
+            start: format_time(start),
+            end: format_time(start + t_end.round() as i64),
             hours: t_end / 3600.0,
-            nodes: tr.names.len(),
+            nodes,
             mean_idle_nodes: if t_end > 0.0 {
                 self.idle_ns / t_end
             } else {

@@ -1,7 +1,8 @@
 //! Idle fragments of a node trace: each maximal span a node stays idle, bucketed by
 //! duration on a log scale, weighted by node-minutes (can elastic jobs use them?).
 
-use super::NodeTrace;
+use super::{NodeEvents, NodeTrace, TraceItem};
+use crate::error::Result;
 
 /// Upper edges of the duration buckets, seconds; the last bucket is open.
 pub const EDGES_S: [i64; 8] = [60, 120, 300, 600, 1800, 3600, 7200, 21600];
@@ -53,16 +54,19 @@ fn bucket_of(d: i64) -> usize {
 /// Every maximal idle span of every node within `[trace.start, trace.end]`, clipped at
 /// the window's ends, as (seconds, clipped at start, clipped at end). Repeated idle rows (reclaim updates) do not split a fragment;
 /// zero-length fragments (idle and claimed at the same second) are not counted.
-pub fn fragment_lengths(trace: &NodeTrace) -> Vec<(i64, bool, bool)> {
-    let (start, end) = (trace.start, trace.end.max(trace.start));
+pub fn fragment_lengths(trace: &mut dyn NodeEvents) -> Result<Vec<(i64, bool, bool)>> {
+    let (start, end) = (trace.start(), trace.end().max(trace.start()));
     // Since when each node has been idle (None: busy).
     let mut since: Vec<Option<i64>> = trace
-        .initial_idle
+        .initial_idle()
         .iter()
         .map(|&i| i.then_some(start))
         .collect();
     let mut out = Vec::new();
-    for c in &trace.changes {
+    while let Some(item) = trace.next()? {
+        let TraceItem::Change(c) = item else {
+            continue;
+        };
         let t = c.t.clamp(start, end);
         let Some(s) = since.get_mut(c.node as usize) else {
             continue;
@@ -84,12 +88,18 @@ pub fn fragment_lengths(trace: &NodeTrace) -> Vec<(i64, bool, bool)> {
             out.push((end - from, from == start, true));
         }
     }
-    out
+    Ok(out)
+}
+
+/// The histogram of `fragment_lengths` by duration (node-minutes per bucket), of a
+/// trace in memory.
+pub fn idle_fragments(trace: &NodeTrace) -> Fragments {
+    idle_fragments_of(&mut trace.events()).expect("a trace in memory reads without error")
 }
 
 /// The histogram of `fragment_lengths` by duration (node-minutes per bucket).
-pub fn idle_fragments(trace: &NodeTrace) -> Fragments {
-    let lens = fragment_lengths(trace);
+pub fn idle_fragments_of(trace: &mut dyn NodeEvents) -> Result<Fragments> {
+    let lens = fragment_lengths(trace)?;
     let mut buckets: Vec<Bucket> = LABELS
         .iter()
         .enumerate()
@@ -131,7 +141,7 @@ pub fn idle_fragments(trace: &NodeTrace) -> Fragments {
         }
         *sorted.last().expect("non-empty") as f64
     });
-    Fragments {
+    Ok(Fragments {
         fragments: lens.len() as u64,
         node_min: total as f64 / 60.0,
         buckets,
@@ -139,7 +149,7 @@ pub fn idle_fragments(trace: &NodeTrace) -> Fragments {
         clipped_at_end: at_end,
         median_s,
         weighted_median_s,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -200,7 +210,7 @@ mod tests {
             ],
             9000,
         );
-        let mut l = fragment_lengths(&t);
+        let mut l = fragment_lengths(&mut t.events()).unwrap();
         l.sort();
         assert_eq!(
             l,

@@ -65,6 +65,236 @@ impl NodeTrace {
     }
 }
 
+/// One event of a node trace: a node's change, or a plan-wide reclaim forecast
+/// (see [`NodeTrace::forecasts`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TraceItem {
+    Change(NodeChange),
+    Forecast(i64, Option<i64>),
+}
+
+impl TraceItem {
+    pub fn t(&self) -> i64 {
+        match self {
+            TraceItem::Change(c) => c.t,
+            TraceItem::Forecast(t, _) => *t,
+        }
+    }
+}
+
+/// A node trace read in time order, so that a replay holds only what the present needs
+/// (the nodes, the scheduler's running and queued jobs), never the whole log. The
+/// facts a replay needs first (nodes, initial state, window) are known up front; the
+/// events come on demand, in time order, a forecast before the changes of its time.
+pub trait NodeEvents {
+    fn names(&self) -> &[String];
+    fn initial_idle(&self) -> &[bool];
+    fn start(&self) -> i64;
+    /// Last time covered (the last change, or the window's end).
+    fn end(&self) -> i64;
+    /// The next event, left in place.
+    fn peek(&mut self) -> Result<Option<TraceItem>>;
+    /// The next event, taken.
+    fn next(&mut self) -> Result<Option<TraceItem>>;
+}
+
+impl<T: NodeEvents + ?Sized> NodeEvents for Box<T> {
+    fn names(&self) -> &[String] {
+        (**self).names()
+    }
+    fn initial_idle(&self) -> &[bool] {
+        (**self).initial_idle()
+    }
+    fn start(&self) -> i64 {
+        (**self).start()
+    }
+    fn end(&self) -> i64 {
+        (**self).end()
+    }
+    fn peek(&mut self) -> Result<Option<TraceItem>> {
+        (**self).peek()
+    }
+    fn next(&mut self) -> Result<Option<TraceItem>> {
+        (**self).next()
+    }
+}
+
+impl NodeTrace {
+    /// The trace's events in time order (forecasts before the changes of their time).
+    pub fn events(&self) -> TraceEvents<'_> {
+        TraceEvents {
+            tr: self,
+            ci: 0,
+            fi: 0,
+        }
+    }
+
+    /// Reads a stream into memory: what a stream would replay, as one trace.
+    pub fn collect(ev: &mut dyn NodeEvents) -> Result<NodeTrace> {
+        let mut tr = NodeTrace {
+            names: ev.names().to_vec(),
+            start: ev.start(),
+            end: ev.end(),
+            initial_idle: ev.initial_idle().to_vec(),
+            changes: Vec::new(),
+            forecasts: Vec::new(),
+        };
+        while let Some(item) = ev.next()? {
+            match item {
+                TraceItem::Change(c) => tr.changes.push(c),
+                TraceItem::Forecast(t, f) => tr.forecasts.push((t, f)),
+            }
+        }
+        Ok(tr)
+    }
+}
+
+/// [`NodeEvents`] over a trace in memory.
+pub struct TraceEvents<'a> {
+    tr: &'a NodeTrace,
+    ci: usize,
+    fi: usize,
+}
+
+impl NodeEvents for TraceEvents<'_> {
+    fn names(&self) -> &[String] {
+        &self.tr.names
+    }
+    fn initial_idle(&self) -> &[bool] {
+        &self.tr.initial_idle
+    }
+    fn start(&self) -> i64 {
+        self.tr.start
+    }
+    fn end(&self) -> i64 {
+        self.tr.end
+    }
+    fn peek(&mut self) -> Result<Option<TraceItem>> {
+        let c = self.tr.changes.get(self.ci);
+        let f = self.tr.forecasts.get(self.fi);
+        Ok(match (c, f) {
+            (Some(c), Some(&(t, r))) if t <= c.t => Some(TraceItem::Forecast(t, r)),
+            (Some(&c), _) => Some(TraceItem::Change(c)),
+            (None, Some(&(t, r))) => Some(TraceItem::Forecast(t, r)),
+            (None, None) => None,
+        })
+    }
+    fn next(&mut self) -> Result<Option<TraceItem>> {
+        let item = self.peek()?;
+        match item {
+            Some(TraceItem::Change(_)) => self.ci += 1,
+            Some(TraceItem::Forecast(..)) => self.fi += 1,
+            None => {}
+        }
+        Ok(item)
+    }
+}
+
+/// What a replay keeps of a trace: from `start` (earlier events fold into the initial
+/// state; the forecast then in force carries over to `start`), up to `end` (later
+/// events are dropped and the trace ends there, even past its last event), and the
+/// first `node_limit` nodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cut {
+    pub start: Option<i64>,
+    pub end: Option<i64>,
+    pub node_limit: Option<usize>,
+}
+
+/// A [`NodeEvents`] stream seen through a [`Cut`].
+pub struct Windowed<S> {
+    inner: S,
+    nodes: usize,
+    initial: Vec<bool>,
+    start: i64,
+    end: i64,
+    until: i64,
+    /// The forecast in force at a moved start, handed out first.
+    carried: Option<TraceItem>,
+}
+
+impl<S: NodeEvents> Windowed<S> {
+    pub fn new(mut inner: S, cut: Cut) -> Result<Self> {
+        let mut start = inner.start();
+        let mut end = inner.end();
+        let mut initial = inner.initial_idle().to_vec();
+        let mut carried = None;
+        if let Some(s) = cut.start.filter(|&s| s > start) {
+            while let Some(item) = inner.peek()?.filter(|i| i.t() <= s) {
+                inner.next()?;
+                match item {
+                    TraceItem::Change(c) => initial[c.node as usize] = c.idle,
+                    TraceItem::Forecast(_, f) => carried = Some(TraceItem::Forecast(s, f)),
+                }
+            }
+            start = s;
+            end = end.max(s);
+        }
+        let mut until = i64::MAX;
+        if let Some(e) = cut.end {
+            until = e;
+            end = e.max(start);
+            carried = carried.filter(|f| f.t() <= e);
+        }
+        let nodes = cut
+            .node_limit
+            .unwrap_or(usize::MAX)
+            .min(inner.names().len());
+        initial.truncate(nodes);
+        Ok(Self {
+            inner,
+            nodes,
+            initial,
+            start,
+            end: end.max(start),
+            until,
+            carried,
+        })
+    }
+}
+
+impl<S: NodeEvents> NodeEvents for Windowed<S> {
+    fn names(&self) -> &[String] {
+        &self.inner.names()[..self.nodes]
+    }
+    fn initial_idle(&self) -> &[bool] {
+        &self.initial
+    }
+    fn start(&self) -> i64 {
+        self.start
+    }
+    fn end(&self) -> i64 {
+        self.end
+    }
+    fn peek(&mut self) -> Result<Option<TraceItem>> {
+        if self.carried.is_some() {
+            return Ok(self.carried);
+        }
+        while let Some(item) = self.inner.peek()? {
+            if item.t() > self.until {
+                return Ok(None);
+            }
+            match item {
+                TraceItem::Change(c) if c.node as usize >= self.nodes => {
+                    self.inner.next()?;
+                }
+                _ => return Ok(Some(item)),
+            }
+        }
+        Ok(None)
+    }
+    fn next(&mut self) -> Result<Option<TraceItem>> {
+        if let Some(c) = self.carried.take() {
+            return Ok(Some(c));
+        }
+        let item = self.peek()?;
+        if item.is_some() {
+            self.inner.next()?;
+        }
+        Ok(item)
+    }
+}
+
 /// Window and subset of a node-event trace.
 #[derive(Debug, Clone, Default)]
 pub struct TraceWindow {
@@ -159,7 +389,7 @@ pub fn parse_node_events_if_sorted<R: BufRead>(
     what: &str,
     win: &TraceWindow,
 ) -> Result<Option<(NodeTrace, Sorted)>> {
-    stream(reader, what, win, false)
+    stream(reader, what, win, false, true)
 }
 
 /// One data row of a node-event trace, as read: 16 bytes, so that sorting an unsorted
@@ -189,7 +419,9 @@ pub fn parse_node_events_with<R: BufRead>(
     order: Order,
 ) -> Result<(NodeTrace, Sorted)> {
     if order == Order::Strict {
-        return Ok(stream(reader, what, win, true)?.expect("strict streaming refuses disorder"));
+        return Ok(
+            stream(reader, what, win, true, true)?.expect("strict streaming refuses disorder")
+        );
     }
     let mut intern: HashMap<String, u32> = HashMap::new();
     let mut interned: Vec<String> = Vec::new();
@@ -230,16 +462,86 @@ pub fn parse_node_events_with<R: BufRead>(
     let mut b = Builder::new(what, win);
     for r in &rows {
         let key = (r.node & !IDLE_BIT) as usize;
-        if !b.push(
+        if !b.push_keep(
             r.t,
             &interned[key],
             r.node & IDLE_BIT != 0,
             u64::from(r.line),
+            true,
         )? {
             break;
         }
     }
     Ok((b.finish(last_line)?, sorted))
+}
+
+/// Reads the data rows of a node-event trace one at a time, checking the header (when
+/// made) and each row's format.
+struct RowReader<R> {
+    lines: Lines<R>,
+    /// The last timestamp's text and value: rows come in groups sharing one timestamp.
+    cached_ts: String,
+    cached_t: i64,
+}
+
+impl<R: BufRead> RowReader<R> {
+    fn new(reader: R, what: &str) -> Result<Self> {
+        let mut lines = Lines::new(reader, what);
+        if !lines.advance()? {
+            return Err(lines.err("empty input: expected header \"time,node,idle\""));
+        }
+        if lines.buf.trim() != "time,node,idle" {
+            return Err(lines.err(format!(
+                "expected header \"time,node,idle\", found {:?}",
+                lines.buf
+            )));
+        }
+        Ok(Self {
+            lines,
+            cached_ts: String::new(),
+            cached_t: i64::MIN,
+        })
+    }
+
+    /// The next row: its time, idle flag and where its node name lies in `lines.buf`.
+    fn next(&mut self) -> Result<Option<(i64, bool, std::ops::Range<usize>)>> {
+        let lines = &mut self.lines;
+        while lines.advance()? {
+            let line = lines.buf.as_str();
+            if line.trim().is_empty() {
+                continue;
+            }
+            let mut it = line.split(',');
+            let (Some(ts), Some(node), Some(flag), None) =
+                (it.next(), it.next(), it.next(), it.next())
+            else {
+                let n = line.split(',').count();
+                return Err(lines.err(format!(
+                    "expected 3 comma-separated fields time,node,idle, found {n}"
+                )));
+            };
+            let t = if ts == self.cached_ts {
+                self.cached_t
+            } else {
+                let t = parse_time(ts).map_err(|m| lines.err(m))?;
+                self.cached_ts.clear();
+                self.cached_ts.push_str(ts);
+                self.cached_t = t;
+                t
+            };
+            let st = match flag.trim() {
+                "1" => true,
+                "0" => false,
+                f => return Err(lines.err(format!("idle must be 0 or 1, found {f:?}"))),
+            };
+            if node.is_empty() {
+                return Err(lines.err("empty node name"));
+            }
+            let from = ts.len() + 1;
+            return Ok(Some((t, st, from..from + node.len())));
+        }
+        Ok(None)
+    }
 }
 
 /// Reads the data rows of a node-event trace, checking the header and each row's
@@ -250,64 +552,26 @@ fn read_rows<R: BufRead>(
     what: &str,
     mut row: impl FnMut(&Lines<R>, i64, &str, bool) -> Result<bool>,
 ) -> Result<u64> {
-    let mut lines = Lines::new(reader, what);
-    if !lines.advance()? {
-        return Err(lines.err("empty input: expected header \"time,node,idle\""));
-    }
-    if lines.buf.trim() != "time,node,idle" {
-        return Err(lines.err(format!(
-            "expected header \"time,node,idle\", found {:?}",
-            lines.buf
-        )));
-    }
-    // Cache the last timestamp's text: rows come in groups sharing one timestamp.
-    let (mut cached_ts, mut cached_t) = (String::new(), i64::MIN);
-    while lines.advance()? {
-        let line = lines.buf.as_str();
-        if line.trim().is_empty() {
-            continue;
-        }
-        let mut it = line.split(',');
-        let (Some(ts), Some(node), Some(flag), None) = (it.next(), it.next(), it.next(), it.next())
-        else {
-            let n = line.split(',').count();
-            return Err(lines.err(format!(
-                "expected 3 comma-separated fields time,node,idle, found {n}"
-            )));
-        };
-        let t = if ts == cached_ts {
-            cached_t
-        } else {
-            let t = parse_time(ts).map_err(|m| lines.err(m))?;
-            cached_ts.clear();
-            cached_ts.push_str(ts);
-            cached_t = t;
-            t
-        };
-        let st = match flag.trim() {
-            "1" => true,
-            "0" => false,
-            f => return Err(lines.err(format!("idle must be 0 or 1, found {f:?}"))),
-        };
-        if node.is_empty() {
-            return Err(lines.err("empty node name"));
-        }
-        if !row(&lines, t, node, st)? {
+    let mut rows = RowReader::new(reader, what)?;
+    while let Some((t, st, node)) = rows.next()? {
+        if !row(&rows.lines, t, &rows.lines.buf[node], st)? {
             break;
         }
     }
-    Ok(lines.line)
+    Ok(rows.lines.line)
 }
 
 /// One pass over a trace in file order. `strict`: a row out of order is an error and
 /// reading stops after the first row past the window's end. Otherwise (the first pass
 /// of `Order::Sort`) the whole file is read and `None` returned at the first row out
-/// of order.
+/// of order. `keep`: the trace holds its changes; else only its nodes, initial state
+/// and window (what a later streaming read needs up front).
 fn stream<R: BufRead>(
     reader: R,
     what: &str,
     win: &TraceWindow,
     strict: bool,
+    keep: bool,
 ) -> Result<Option<(NodeTrace, Sorted)>> {
     let mut b = Builder::new(what, win);
     let (mut prev_t, mut records, mut unsorted, mut open) = (i64::MIN, 0u64, false, true);
@@ -326,7 +590,7 @@ fn stream<R: BufRead>(
         prev_t = t;
         records += 1;
         if open {
-            open = b.push(t, node, st, lines.line)?;
+            open = b.push_keep(t, node, st, lines.line, keep)?;
         }
         // A sorted file needs nothing past the window's end; the first pass of a sort
         // reads on, to see whether it is sorted.
@@ -342,11 +606,98 @@ fn stream<R: BufRead>(
     Ok(Some((b.finish(last_line)?, sorted)))
 }
 
+/// The first pass of a streaming read: checks the whole trace (to the window's end
+/// under `Order::Strict`) and returns its nodes, initial state and window with no
+/// changes, in memory of the order of its nodes. `None`: the rows are out of time
+/// order (`Order::Sort`); read the file with [`parse_node_events_with`] instead.
+pub fn scan_node_events<R: BufRead>(
+    reader: R,
+    what: &str,
+    win: &TraceWindow,
+    order: Order,
+) -> Result<Option<(NodeTrace, Sorted)>> {
+    stream(reader, what, win, order == Order::Strict, false)
+}
+
+/// The changes of a sorted node-event trace, read from the file as the replay asks for
+/// them: the second pass after [`scan_node_events`], whose trace is `head`.
+pub struct CsvEvents<R> {
+    head: NodeTrace,
+    rows: RowReader<R>,
+    b: Builder,
+    next: Option<NodeChange>,
+    done: bool,
+    prev_t: i64,
+}
+
+impl<R: BufRead> CsvEvents<R> {
+    pub fn new(reader: R, what: &str, win: &TraceWindow, head: NodeTrace) -> Result<Self> {
+        Ok(Self {
+            head,
+            rows: RowReader::new(reader, what)?,
+            b: Builder::new(what, win),
+            next: None,
+            done: false,
+            prev_t: i64::MIN,
+        })
+    }
+}
+
+impl<R: BufRead> NodeEvents for CsvEvents<R> {
+    fn names(&self) -> &[String] {
+        &self.head.names
+    }
+    fn initial_idle(&self) -> &[bool] {
+        &self.head.initial_idle
+    }
+    fn start(&self) -> i64 {
+        self.head.start
+    }
+    fn end(&self) -> i64 {
+        self.head.end
+    }
+    fn peek(&mut self) -> Result<Option<TraceItem>> {
+        while self.next.is_none() && !self.done {
+            let Some((t, st, node)) = self.rows.next()? else {
+                self.done = true;
+                break;
+            };
+            if t < self.prev_t {
+                return Err(self.rows.lines.err(
+                    "rows out of time order on the second read: the file changed during the replay",
+                ));
+            }
+            self.prev_t = t;
+            let line = self.rows.lines.line;
+            match self.b.push(t, &self.rows.lines.buf[node], st, line)? {
+                Push::Next => {}
+                Push::Change(c) => self.next = Some(c),
+                Push::Past => self.done = true,
+            }
+        }
+        Ok(self.next.map(TraceItem::Change))
+    }
+    fn next(&mut self) -> Result<Option<TraceItem>> {
+        let item = self.peek()?;
+        self.next = None;
+        Ok(item)
+    }
+}
+
+/// What a row did to the trace being built.
+enum Push {
+    /// Nothing to hand on (initial state, before the window, a node left out).
+    Next,
+    Change(NodeChange),
+    /// The row is past the window's end: the trace is complete.
+    Past,
+}
+
 /// Builds a `NodeTrace` from rows in time order: the initial state, the window, the
 /// node limit.
-struct Builder<'a> {
-    what: &'a str,
-    win: &'a TraceWindow,
+struct Builder {
+    what: String,
+    win: TraceWindow,
     first: Option<i64>,
     index: HashMap<String, u32>,
     names: Vec<String>,
@@ -358,11 +709,11 @@ struct Builder<'a> {
     last_seen: i64,
 }
 
-impl<'a> Builder<'a> {
-    fn new(what: &'a str, win: &'a TraceWindow) -> Self {
+impl Builder {
+    fn new(what: &str, win: &TraceWindow) -> Self {
         Self {
-            what,
-            win,
+            what: what.to_string(),
+            win: win.clone(),
             first: None,
             index: HashMap::new(),
             names: Vec::new(),
@@ -377,14 +728,29 @@ impl<'a> Builder<'a> {
 
     fn err(&self, line: u64, msg: String) -> Error {
         Error::Parse {
-            what: self.what.to_string(),
+            what: self.what.clone(),
             line,
             msg,
         }
     }
 
-    /// Takes the next row; false once past the window's end (the row is not used).
-    fn push(&mut self, t: i64, node: &str, st: bool, line: u64) -> Result<bool> {
+    /// Takes the next row, keeping its change (`keep`); false once past the window's
+    /// end (the row is not used).
+    fn push_keep(&mut self, t: i64, node: &str, st: bool, line: u64, keep: bool) -> Result<bool> {
+        match self.push(t, node, st, line)? {
+            Push::Next => Ok(true),
+            Push::Change(c) => {
+                if keep {
+                    self.changes.push(c);
+                }
+                Ok(true)
+            }
+            Push::Past => Ok(false),
+        }
+    }
+
+    /// Takes the next row.
+    fn push(&mut self, t: i64, node: &str, st: bool, line: u64) -> Result<Push> {
         let first = *self.first.get_or_insert(t);
         if self.in_initial && t != first {
             self.in_initial = false;
@@ -399,7 +765,7 @@ impl<'a> Builder<'a> {
             self.index.insert(node.to_string(), self.names.len() as u32);
             self.names.push(node.to_string());
             self.idle.push(st);
-            return Ok(true);
+            return Ok(Push::Next);
         }
         let Some(&n) = self.index.get(node) else {
             return Err(self.err(
@@ -412,29 +778,31 @@ impl<'a> Builder<'a> {
         if let Some(end) = self.win.end {
             if t > end {
                 self.last_seen = end;
-                return Ok(false);
+                return Ok(Push::Past);
             }
         }
         self.last_seen = t;
         if (n as usize) >= self.win.node_limit.unwrap_or(usize::MAX) {
-            return Ok(true);
+            return Ok(Push::Next);
         }
         match self.win.start {
-            Some(s) if t <= s => self.idle[n as usize] = st,
+            Some(s) if t <= s => {
+                self.idle[n as usize] = st;
+                Ok(Push::Next)
+            }
             _ => {
                 if !self.start_applied {
                     self.start_applied = true;
                     self.initial_at_start = self.idle.clone();
                 }
-                self.changes.push(NodeChange {
+                Ok(Push::Change(NodeChange {
                     t,
                     node: n,
                     idle: st,
                     reclaim_at: None,
-                });
+                }))
             }
         }
-        Ok(true)
     }
 
     /// The trace; `last_line` is where the input ended (for "no rows").
@@ -592,6 +960,130 @@ mod tests {
         // after it is not seen (as before sorting existed).
         let (e, _) = parse_node_events_with(late.as_bytes(), "l", &win, Order::Strict).unwrap();
         assert_eq!(e.changes.len(), 1);
+    }
+
+    /// The second, streaming read of a sorted file hands out exactly the changes the
+    /// in-memory parser keeps, under every window; the first pass keeps none.
+    #[test]
+    fn streamed_csv_equals_the_parsed_trace() {
+        let text = "time,node,idle\n\
+            0,a,0\n0,b,1\n0,c,0\n10,a,1\n10,c,1\n20,b,0\n30,a,0\n30,c,0\n40,b,1\n";
+        let wins = [
+            TraceWindow::default(),
+            TraceWindow {
+                start: Some(15),
+                end: Some(30),
+                node_limit: Some(2),
+            },
+            TraceWindow {
+                start: Some(10),
+                end: None,
+                node_limit: None,
+            },
+        ];
+        for win in wins {
+            let want = parse_node_events(text.as_bytes(), "t", &win).unwrap();
+            for order in [Order::Sort, Order::Strict] {
+                let (head, sorted) = scan_node_events(text.as_bytes(), "t", &win, order)
+                    .unwrap()
+                    .unwrap();
+                assert!(head.changes.is_empty());
+                assert_eq!(sorted.out_of_order, 0);
+                let mut ev = CsvEvents::new(text.as_bytes(), "t", &win, head).unwrap();
+                assert_eq!(NodeTrace::collect(&mut ev).unwrap(), want, "{win:?}");
+            }
+        }
+        // An unsorted file is handed back to be sorted in memory.
+        let late = "time,node,idle\n0,a,0\n10,a,1\n5,a,0\n";
+        let w = TraceWindow::default();
+        assert!(scan_node_events(late.as_bytes(), "l", &w, Order::Sort)
+            .unwrap()
+            .is_none());
+        // A file that changed between the passes is refused, not replayed wrong.
+        let (head, _) = scan_node_events(text.as_bytes(), "t", &w, Order::Sort)
+            .unwrap()
+            .unwrap();
+        let mut ev = CsvEvents::new(late.as_bytes(), "t.csv", &w, head).unwrap();
+        let e = NodeTrace::collect(&mut ev).unwrap_err().to_string();
+        assert!(
+            e.starts_with("t.csv:4: rows out of time order on the second read"),
+            "{e}"
+        );
+    }
+
+    /// A cut of a stream equals the same cut made on the trace in memory: earlier
+    /// changes fold into the initial state, the forecast in force moves to the new
+    /// start, later events go, and nodes past the limit drop out.
+    #[test]
+    fn windowed_stream_cuts_as_in_memory() {
+        let ch = |t, node, idle| NodeChange {
+            t,
+            node,
+            idle,
+            reclaim_at: None,
+        };
+        let tr = NodeTrace {
+            names: vec!["a".into(), "b".into(), "c".into()],
+            start: 0,
+            end: 100,
+            initial_idle: vec![true, true, true],
+            changes: vec![
+                ch(0, 0, false),
+                ch(10, 1, false),
+                ch(20, 2, false),
+                ch(30, 0, true),
+                ch(50, 2, true),
+                ch(70, 1, true),
+            ],
+            forecasts: vec![(0, Some(40)), (20, Some(90)), (60, None)],
+        };
+        // Items in time order, a forecast before the changes of its time.
+        let all = NodeTrace::collect(&mut tr.events()).unwrap();
+        assert_eq!(all, tr);
+        let mut ev = tr.events();
+        assert_eq!(ev.next().unwrap(), Some(TraceItem::Forecast(0, Some(40))));
+        assert_eq!(ev.next().unwrap(), Some(TraceItem::Change(ch(0, 0, false))));
+        let cut = Cut {
+            start: Some(25),
+            end: Some(60),
+            node_limit: Some(2),
+        };
+        let got = NodeTrace::collect(&mut Windowed::new(tr.events(), cut).unwrap()).unwrap();
+        assert_eq!(
+            got,
+            NodeTrace {
+                names: vec!["a".into(), "b".into()],
+                start: 25,
+                end: 60,
+                initial_idle: vec![false, false],
+                changes: vec![ch(30, 0, true)],
+                forecasts: vec![(25, Some(90)), (60, None)],
+            }
+        );
+        // An end past the trace's extends it; a start before it changes nothing.
+        let cut = Cut {
+            start: Some(-5),
+            end: Some(500),
+            node_limit: None,
+        };
+        let got = NodeTrace::collect(&mut Windowed::new(tr.events(), cut).unwrap()).unwrap();
+        assert_eq!(
+            got,
+            NodeTrace {
+                end: 500,
+                ..tr.clone()
+            }
+        );
+        // A start past the end: an empty window at the start.
+        let cut = Cut {
+            start: Some(200),
+            ..Cut::default()
+        };
+        let w = Windowed::new(tr.events(), cut).unwrap();
+        assert_eq!(
+            (w.start(), w.end(), w.initial_idle()),
+            (200, 200, &[true; 3][..])
+        );
     }
 
     #[test]

@@ -56,28 +56,114 @@ pub fn parse_swf<R: BufRead>(reader: R, what: &str) -> Result<SwfLog> {
 /// to the original. The sort orders a permutation of job indices (4 bytes per job) and
 /// applies it in place: no job is copied twice. A sorted log is not touched.
 pub fn parse_swf_with<R: BufRead>(reader: R, what: &str, order: Order) -> Result<SwfFile> {
-    let mut lines = Lines::new(reader, what);
-    let mut log = SwfLog::default();
+    let mut r = SwfReader::new(reader, what, order);
+    let mut jobs = Vec::new();
     let mut at: Vec<u64> = Vec::new();
-    let mut sorted = Sorted::default();
-    let mut last_submit = i64::MIN;
-    while lines.advance()? {
-        let line = lines.buf.as_str();
-        let t = line.trim();
+    while let Some((job, line)) = r.next_job()? {
+        jobs.push(job);
+        at.push(line);
+    }
+    let sorted = r.finish()?;
+    let h = r.header;
+    let mut log = SwfLog {
+        max_nodes: h.max_nodes,
+        max_procs: h.max_procs,
+        unix_start: h.unix_start,
+        jobs,
+    };
+    if sorted.out_of_order > 0 {
+        let mut perm: Vec<u32> = (0..log.jobs.len() as u32).collect();
+        perm.sort_unstable_by_key(|&i| {
+            let j = &log.jobs[i as usize];
+            (j.submit, j.id, i)
+        });
+        permute(&mut log.jobs, &mut at, &mut perm);
+    }
+    Ok(SwfFile {
+        log,
+        lines: at,
+        sorted,
+    })
+}
+
+/// The machine facts of an SWF header (`; MaxNodes: N` lines).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SwfHeader {
+    pub max_nodes: Option<i64>,
+    pub max_procs: Option<i64>,
+    pub unix_start: Option<i64>,
+}
+
+impl SwfLog {
+    pub fn header(&self) -> SwfHeader {
+        SwfHeader {
+            max_nodes: self.max_nodes,
+            max_procs: self.max_procs,
+            unix_start: self.unix_start,
+        }
+    }
+}
+
+/// Reads an SWF log one job at a time, in file order, in constant memory: header lines
+/// update `header` as they come; each data line is checked as [`parse_swf_with`]
+/// describes. With `Order::Strict` a job out of submit-time order is an error; with
+/// `Order::Sort` it is counted (see [`SwfReader::finish`]) and handed out as read.
+pub struct SwfReader<R> {
+    lines: Lines<R>,
+    order: Order,
+    pub header: SwfHeader,
+    sorted: Sorted,
+    last_submit: i64,
+}
+
+impl<R: BufRead> SwfReader<R> {
+    pub fn new(reader: R, what: &str, order: Order) -> Self {
+        Self {
+            lines: Lines::new(reader, what),
+            order,
+            header: SwfHeader::default(),
+            sorted: Sorted::default(),
+            last_submit: i64::MIN,
+        }
+    }
+
+    /// The next job and its file line; `None` at the end of the log.
+    pub fn next_job(&mut self) -> Result<Option<(SwfJob, u64)>> {
+        while self.lines.advance()? {
+            if let Some(job) = self.job_of_line()? {
+                return Ok(Some((job, self.lines.line)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// What the whole log held: jobs read and jobs out of order. A log without jobs is
+    /// an error.
+    pub fn finish(&self) -> Result<Sorted> {
+        if self.sorted.records == 0 {
+            return Err(self.lines.err("no job lines"));
+        }
+        Ok(self.sorted)
+    }
+
+    /// The job of the current line; `None` for a blank or header line.
+    fn job_of_line(&mut self) -> Result<Option<SwfJob>> {
+        let lines = &self.lines;
+        let t = lines.buf.trim();
         if t.is_empty() {
-            continue;
+            return Ok(None);
         }
         if let Some(h) = t.strip_prefix(';') {
             if let Some((k, v)) = h.split_once(':') {
                 let v = v.trim().parse::<i64>().ok();
                 match k.trim() {
-                    "MaxNodes" => log.max_nodes = v,
-                    "MaxProcs" => log.max_procs = v,
-                    "UnixStartTime" => log.unix_start = v,
+                    "MaxNodes" => self.header.max_nodes = v,
+                    "MaxProcs" => self.header.max_procs = v,
+                    "UnixStartTime" => self.header.unix_start = v,
                     _ => {}
                 }
             }
-            continue;
+            return Ok(None);
         }
         let mut f = [0i64; 18];
         let mut n = 0;
@@ -136,36 +222,19 @@ pub fn parse_swf_with<R: BufRead>(reader: R, what: &str, order: Order) -> Result
                 "field {k} must be at most {MAX_TIME_S} s (100 years), found {v}"
             )));
         }
-        if job.submit < last_submit {
-            if order == Order::Strict {
+        if job.submit < self.last_submit {
+            if self.order == Order::Strict {
                 return Err(lines.err(format!(
-                    "submit time {} is earlier than the previous job's {last_submit}: SWF jobs must be sorted by submit time",
-                    job.submit
+                    "submit time {} is earlier than the previous job's {}: SWF jobs must be sorted by submit time",
+                    job.submit, self.last_submit
                 )));
             }
-            sorted.out_of_order += 1;
+            self.sorted.out_of_order += 1;
         }
-        last_submit = job.submit;
-        log.jobs.push(job);
-        at.push(lines.line);
+        self.last_submit = job.submit;
+        self.sorted.records += 1;
+        Ok(Some(job))
     }
-    if log.jobs.is_empty() {
-        return Err(lines.err("no job lines"));
-    }
-    sorted.records = log.jobs.len() as u64;
-    if sorted.out_of_order > 0 {
-        let mut perm: Vec<u32> = (0..log.jobs.len() as u32).collect();
-        perm.sort_unstable_by_key(|&i| {
-            let j = &log.jobs[i as usize];
-            (j.submit, j.id, i)
-        });
-        permute(&mut log.jobs, &mut at, &mut perm);
-    }
-    Ok(SwfFile {
-        log,
-        lines: at,
-        sorted,
-    })
 }
 
 /// Puts `a[perm[k]]` (and `b[perm[k]]`) at position k, in place, following the

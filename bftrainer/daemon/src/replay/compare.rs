@@ -544,8 +544,8 @@ mod tests {
                 ..sim_config(&single, objective)
             };
             let (mut c, mut pr) = (|| 0.0, |_f: f64| {});
-            let out = sim::simulate(
-                &l.trace,
+            let out = sim::simulate_events(
+                &mut *l.events().unwrap(),
                 &l.jobs,
                 Exact {
                     opts: alloc_options(objective),

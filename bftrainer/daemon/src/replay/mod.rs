@@ -9,16 +9,19 @@ pub mod sacct;
 
 use anyhow::{bail, Context};
 use bftrainer_core::alloc::{Objective, Options as AllocOptions};
-use bftrainer_core::easy::{self, Backfill, SchedConfig, SchedMetrics, StartTimes};
+use bftrainer_core::easy::{
+    self, Backfill, JobPass, JobSource, Plan, SchedConfig, SchedMetrics, StartTimes,
+};
 use bftrainer_core::engine::{EngineConfig, Exact};
 use bftrainer_core::sim::{
     self, Hooks, Objective as CurveChoice, Outcome, SimConfig, Steps, Workload,
 };
 use bftrainer_core::timefmt::parse_time;
 use bftrainer_core::trace::jobs::{parse_jobs, JobRecord};
-use bftrainer_core::trace::swf::{parse_swf_with, SwfFile};
+use bftrainer_core::trace::swf::{parse_swf_with, SwfHeader, SwfReader};
 use bftrainer_core::trace::{
-    parse_node_events_if_sorted, parse_node_events_with, NodeTrace, Order, Sorted, TraceWindow,
+    parse_node_events_with, scan_node_events, CsvEvents, Cut, NodeEvents, NodeTrace, Order, Sorted,
+    TraceWindow, Windowed,
 };
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -111,9 +114,80 @@ fn time_opt(s: &Option<String>, what: &str) -> anyhow::Result<Option<i64>> {
         .transpose()
 }
 
-/// Everything a replay was fed, ready for the simulator.
+/// Where a replay's node trace comes from. A sorted file is read again for each replay
+/// of it, as the replay goes, so that no replay holds a whole log; an input that had to
+/// be sorted, and Slurm accounting, are held in memory.
+enum Source {
+    Memory(NodeTrace),
+    /// A sorted node-event file; `head` is its first pass (nodes, initial state, window).
+    Csv {
+        input: Reopen,
+        name: String,
+        win: TraceWindow,
+        head: NodeTrace,
+    },
+    /// An SWF log through the scheduler model, planned by a first pass.
+    Swf {
+        jobs: Box<dyn JobSource>,
+        plan: Plan,
+    },
+}
+
+/// An input file (or the embedded sample) that can be opened again.
+#[derive(Debug, Clone)]
+enum Reopen {
+    Sample,
+    Path(PathBuf),
+}
+
+impl Reopen {
+    fn open(&self) -> anyhow::Result<Box<dyn BufRead>> {
+        match self {
+            Reopen::Sample => Ok(maybe_gzip(SAMPLE_TRACE)?),
+            Reopen::Path(p) => open(p),
+        }
+    }
+}
+
+/// The jobs of a sorted SWF file, read from it on each pass.
+struct SwfPath {
+    path: PathBuf,
+    name: String,
+    header: SwfHeader,
+}
+
+impl JobSource for SwfPath {
+    fn header(&self) -> SwfHeader {
+        self.header
+    }
+    fn jobs(&self) -> bftrainer_core::Result<JobPass<'_>> {
+        use bftrainer_core::Error;
+        let f = std::fs::File::open(&self.path).map_err(|cause| Error::Open {
+            what: self.name.clone(),
+            cause,
+        })?;
+        let r = maybe_gzip(f).map_err(|cause| Error::Read {
+            what: self.name.clone(),
+            line: 0,
+            cause,
+        })?;
+        // The first pass found the file sorted: a job out of order now means it changed.
+        let mut rd = SwfReader::new(r, &self.name, Order::Strict);
+        Ok(Box::new(std::iter::from_fn(move || {
+            rd.next_job().transpose()
+        })))
+    }
+}
+
+/// Everything a replay was fed, ready for the simulator: [`Loaded::events`] reads the
+/// trace.
 pub struct Loaded {
-    pub trace: NodeTrace,
+    source: Source,
+    cut: Cut,
+    /// The trace's window (Unix seconds) and nodes, as the replay sees them.
+    pub start: i64,
+    pub end: i64,
+    pub nodes: usize,
     pub trace_name: String,
     pub jobs: Vec<JobRecord>,
     pub jobs_name: String,
@@ -152,7 +226,6 @@ fn sorted_warning(name: &str, s: &Sorted, what: &str) -> Option<String> {
 /// cause naming the first such line, or with `--strict` an error naming it.
 fn swf_skips(
     name: &str,
-    f: &SwfFile,
     m: &SchedMetrics,
     o: &Options,
     warnings: &mut Vec<String>,
@@ -164,16 +237,16 @@ fn swf_skips(
         "the MaxNodes header"
     };
     for s in &m.first_skipped {
-        let (j, line) = (&f.log.jobs[s.index], f.lines[s.index]);
+        let line = s.line;
         let (n, cause, what, allowed) = match s.cause {
             SkipCause::TooWide => (
                 m.jobs_skipped_too_wide,
                 format!("as wider than the machine ({} nodes, {size})", m.nodes),
                 format!(
                     "job {} needs {} nodes ({} processors at {} per node) but the machine has {} ({size})",
-                    j.id,
+                    s.id,
                     s.value,
-                    j.procs.unwrap_or(0),
+                    s.procs.unwrap_or(0),
                     m.procs_per_node,
                     m.nodes
                 ),
@@ -185,7 +258,7 @@ fn swf_skips(
             SkipCause::BadRunTime => (
                 m.jobs_skipped_bad_run_time,
                 "for a bad run time".to_string(),
-                format!("job {} has run time {} s", j.id, s.value),
+                format!("job {} has run time {} s", s.id, s.value),
                 format!("-1 (unknown) or 0 to {MAX_RUN_S} s (365 days)"),
             ),
         };
@@ -217,11 +290,12 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
     }
     let order = if o.strict { Order::Strict } else { Order::Sort };
     let mut warnings = Vec::new();
-    let (mut trace, trace_name, sched) = match &o.input {
+    let mut cut = Cut::default();
+    let (source, trace_name, sched) = match &o.input {
         Input::Sample | Input::Trace(_) => {
-            let (reader, name): (Box<dyn BufRead>, String) = match &o.input {
-                Input::Trace(p) => (open(p)?, p.display().to_string()),
-                _ => (maybe_gzip(SAMPLE_TRACE)?, SAMPLE_TRACE_NAME.to_string()),
+            let (input, name) = match &o.input {
+                Input::Trace(p) => (Reopen::Path(p.clone()), p.display().to_string()),
+                _ => (Reopen::Sample, SAMPLE_TRACE_NAME.to_string()),
             };
             // --hours needs the start: resolve it against the trace's first time below.
             let win = TraceWindow {
@@ -229,34 +303,54 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
                 end,
                 node_limit: o.node_limit,
             };
-            // A sorted trace streams in one pass; an unsorted one is read again and sorted.
-            let (mut tr, sorted) = match order {
-                Order::Strict => parse_node_events_with(reader, &name, &win, order)?,
-                Order::Sort => match parse_node_events_if_sorted(reader, &name, &win)? {
-                    Some(done) => done,
-                    None => {
-                        let again = match &o.input {
-                            Input::Trace(p) => open(p)?,
-                            _ => maybe_gzip(SAMPLE_TRACE)?,
-                        };
-                        parse_node_events_with(again, &name, &win, order)?
-                    }
-                },
+            // A sorted trace is checked in a first pass and then read as the replay
+            // goes; an unsorted one is read again, sorted, and held.
+            let (source, sorted) = match scan_node_events(input.open()?, &name, &win, order)? {
+                Some((head, sorted)) => (
+                    Source::Csv {
+                        input,
+                        name: name.clone(),
+                        win,
+                        head,
+                    },
+                    sorted,
+                ),
+                None => {
+                    let (tr, sorted) = parse_node_events_with(input.open()?, &name, &win, order)?;
+                    (Source::Memory(tr), sorted)
+                }
             };
             warnings.extend(sorted_warning(&name, &sorted, "time"));
             if let Some(h) = o.hours {
-                let e = tr.start.saturating_add((h * 3600.0) as i64);
-                if e < tr.end {
-                    cut(&mut tr, e);
+                let head = match &source {
+                    Source::Csv { head, .. } => head,
+                    Source::Memory(tr) => tr,
+                    Source::Swf { .. } => unreachable!("a node-event file"),
+                };
+                let e = head.start.saturating_add((h * 3600.0) as i64);
+                if e < head.end {
+                    cut.end = Some(e);
                 }
             }
-            (tr, name, None)
+            (source, name, None)
         }
         Input::Swf(p) => {
             let name = p.display().to_string();
-            let file = parse_swf_with(open(p)?, &name, order)?;
-            warnings.extend(sorted_warning(&name, &file.sorted, "submit-time"));
-            let log = &file.log;
+            // First pass: the header, the order and the job lines' format. A sorted
+            // log is read again on every pass; an unsorted one is sorted and held.
+            let mut scan = SwfReader::new(open(p)?, &name, order);
+            while scan.next_job()?.is_some() {}
+            let sorted = scan.finish()?;
+            warnings.extend(sorted_warning(&name, &sorted, "submit-time"));
+            let jobs: Box<dyn JobSource> = if sorted.out_of_order == 0 {
+                Box::new(SwfPath {
+                    path: p.clone(),
+                    name: name.clone(),
+                    header: scan.header,
+                })
+            } else {
+                Box::new(parse_swf_with(open(p)?, &name, order)?)
+            };
             let cfg = SchedConfig {
                 backfill: o.backfill,
                 start_times: o.start_times,
@@ -264,21 +358,17 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
                 procs_per_node: o.procs_per_node,
                 epoch: None,
             };
-            let (mut tr, m) = easy::schedule(log, &cfg)?;
-            swf_skips(&name, &file, &m, o, &mut warnings)?;
-            if let Some(s) = start {
-                rebase(&mut tr, s);
-            }
+            let plan = easy::plan(&*jobs, &cfg)?;
+            swf_skips(&name, &plan.metrics, o, &mut warnings)?;
+            cut.start = start.filter(|&s| s > plan.start);
             if let Some(h) = o.hours {
-                end = Some(tr.start.saturating_add((h * 3600.0) as i64));
+                let s = cut.start.unwrap_or(plan.start);
+                end = Some(s.saturating_add((h * 3600.0) as i64));
             }
-            if let Some(e) = end {
-                cut(&mut tr, e);
-            }
-            if let Some(n) = o.node_limit {
-                limit_nodes(&mut tr, n);
-            }
-            (tr, p.display().to_string(), Some(m))
+            cut.end = end;
+            cut.node_limit = o.node_limit;
+            let m = plan.metrics.clone();
+            (Source::Swf { jobs, plan }, name, Some(m))
         }
         Input::Journal(p) => bail!(
             "{}: a journal replays into the engine alone; it has no idle trace to load",
@@ -297,11 +387,13 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
             if to <= from {
                 bail!("--from-sacct: END ({b}) must be after START ({a})");
             }
-            let mut tr = sacct::trace_from_sacct(from, to, exclude)?;
-            if let Some(n) = o.node_limit {
-                limit_nodes(&mut tr, n);
-            }
-            (tr, format!("slurm accounting {a} .. {b}"), None)
+            let tr = sacct::trace_from_sacct(from, to, exclude)?;
+            cut.node_limit = o.node_limit;
+            (
+                Source::Memory(tr),
+                format!("slurm accounting {a} .. {b}"),
+                None,
+            )
         }
     };
     if let Some(n) = o.node_limit {
@@ -309,7 +401,24 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
             bail!("--node-limit must be >= 1");
         }
     }
-    if trace.names.is_empty() {
+    let mut loaded = Loaded {
+        source,
+        cut,
+        start: 0,
+        end: 0,
+        nodes: 0,
+        trace_name,
+        jobs: Vec::new(),
+        jobs_name: String::new(),
+        sched,
+        warnings: Vec::new(),
+    };
+    let head = {
+        let ev = loaded.events()?;
+        (ev.start(), ev.end(), ev.names().len())
+    };
+    (loaded.start, loaded.end, loaded.nodes) = head;
+    if loaded.nodes == 0 {
         bail!("the trace has no nodes");
     }
     let (jobs, jobs_name) = match &o.jobs {
@@ -327,62 +436,43 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
     // their spacing.
     let mut jobs = jobs;
     if let Some(first) = jobs.first().map(|j| j.submit) {
-        if first > trace.end || jobs.last().is_some_and(|l| l.submit < trace.start) {
-            let shift = trace.start - first;
+        if first > loaded.end || jobs.last().is_some_and(|l| l.submit < loaded.start) {
+            let shift = loaded.start - first;
             for j in &mut jobs {
                 j.submit += shift;
             }
             log::info!("job submit times shifted by {shift} s to the trace's start");
         }
     }
-    trace.end = trace.end.max(trace.start);
     for w in &warnings {
         eprintln!("warning: {w}");
     }
-    Ok(Loaded {
-        trace,
-        trace_name,
-        jobs,
-        jobs_name,
-        sched,
-        warnings,
-    })
+    loaded.jobs = jobs;
+    loaded.jobs_name = jobs_name;
+    loaded.warnings = warnings;
+    Ok(loaded)
 }
 
-/// Drops changes after `e` and ends the trace there.
-fn cut(tr: &mut NodeTrace, e: i64) {
-    tr.changes.retain(|c| c.t <= e);
-    tr.forecasts.retain(|f| f.0 <= e);
-    tr.end = e.max(tr.start);
-}
+impl Loaded {
+    /// The trace, read from its start as the replay asks for it.
+    pub fn events(&self) -> anyhow::Result<Box<dyn NodeEvents + '_>> {
+        let raw: Box<dyn NodeEvents + '_> = match &self.source {
+            Source::Memory(tr) => Box::new(tr.events()),
+            Source::Csv {
+                input,
+                name,
+                win,
+                head,
+            } => Box::new(CsvEvents::new(input.open()?, name, win, head.clone())?),
+            Source::Swf { jobs, plan } => Box::new(easy::events(&**jobs, plan)?),
+        };
+        Ok(Box::new(Windowed::new(raw, self.cut)?))
+    }
 
-/// Moves the trace's start to `s`, folding earlier changes into the initial state.
-fn rebase(tr: &mut NodeTrace, s: i64) {
-    if s <= tr.start {
-        return;
+    /// The whole trace in memory (tests, small inputs).
+    pub fn trace(&self) -> anyhow::Result<NodeTrace> {
+        Ok(NodeTrace::collect(&mut *self.events()?)?)
     }
-    let k = tr.changes.partition_point(|c| c.t <= s);
-    for c in &tr.changes[..k] {
-        tr.initial_idle[c.node as usize] = c.idle;
-    }
-    tr.changes.drain(..k);
-    let f = tr.forecasts.partition_point(|f| f.0 <= s);
-    if f > 0 {
-        let last = tr.forecasts[f - 1].1;
-        tr.forecasts.drain(..f);
-        tr.forecasts.insert(0, (s, last));
-    }
-    tr.start = s;
-    tr.end = tr.end.max(s);
-}
-
-fn limit_nodes(tr: &mut NodeTrace, n: usize) {
-    if n >= tr.names.len() {
-        return;
-    }
-    tr.names.truncate(n);
-    tr.initial_idle.truncate(n);
-    tr.changes.retain(|c| (c.node as usize) < n);
 }
 
 /// `alloc::Options` may gain fields; its docs ask for `..Default::default()`.
@@ -579,11 +669,12 @@ fn simulate_loaded(
     cfg: &SimConfig,
     objective: Objective,
     progress: &mut dyn FnMut(f64),
-) -> bftrainer_core::Result<Outcome> {
+) -> anyhow::Result<Outcome> {
     let origin = Instant::now();
     let mut clock = move || origin.elapsed().as_secs_f64();
-    sim::simulate(
-        &loaded.trace,
+    let mut events = loaded.events()?;
+    Ok(sim::simulate_events(
+        &mut *events,
         &loaded.jobs,
         Exact {
             opts: alloc_options(objective),
@@ -593,7 +684,7 @@ fn simulate_loaded(
             clock: &mut clock,
             progress,
         },
-    )
+    )?)
 }
 
 pub fn run(o: &Options) -> anyhow::Result<()> {
@@ -671,7 +762,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     if let Some(dir) = &o.plots {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let files = write_dir_whole(dir, |tmp| {
-            plot::write_all(tmp, &out, &loaded.trace, o.plot_format)
+            plot::write_all(tmp, &out, &mut *loaded.events()?, o.plot_format)
         })?;
         if !o.json {
             for f in files {
@@ -810,8 +901,8 @@ mod replay_tests {
             opts: alloc_options(objective),
         };
         let (mut c, mut p) = (|| 0.0, |_f: f64| {});
-        let out = sim::simulate(
-            &l.trace,
+        let out = sim::simulate_events(
+            &mut *l.events().unwrap(),
             &l.jobs,
             alloc,
             &cfg,
@@ -895,7 +986,7 @@ mod replay_tests {
             };
             let (l, out) = replay(&o);
             let r = &out.report;
-            assert_eq!(l.trace.end - l.trace.start, 6 * 3600);
+            assert_eq!(l.end - l.start, 6 * 3600);
             assert!(r.harvested_node_h > 0.0, "{obj}: nothing harvested");
             assert!(r.jobs_completed > 0, "{obj}: no job completed");
             conserved(r);
@@ -947,8 +1038,8 @@ mod replay_tests {
         });
         conserved(&out.report);
         assert!((out.report.idle_node_h * 3600.0 - 700.0).abs() < 1e-6);
-        assert_eq!((l.trace.start, l.trace.end), (1000, 1350));
-        assert!((l.trace.mean_idle() - 2.0).abs() < 1e-12);
+        assert_eq!((l.start, l.end), (1000, 1350));
+        assert!((l.trace().unwrap().mean_idle() - 2.0).abs() < 1e-12);
         // The sample jobs (2021) are shifted to the log's start (1970).
         assert_eq!(l.jobs[0].submit, 1000);
         let l2 = load(&Options {
@@ -958,8 +1049,8 @@ mod replay_tests {
             ..opts()
         })
         .unwrap();
-        assert_eq!(l2.trace.names.len(), 2);
-        assert_eq!(l2.trace.end, 1000 + 180);
+        assert_eq!(l2.nodes, 2);
+        assert_eq!(l2.end, 1000 + 180);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -1012,7 +1103,7 @@ mod replay_tests {
             ..opts()
         })
         .unwrap();
-        assert_eq!(l.trace.end - l.trace.start, 24 * 3600 - 15);
+        assert_eq!(l.end - l.start, 24 * 3600 - 15);
         assert!(e(Options {
             start: Some("2030-01-01T00:00:00".into()),
             ..opts()

@@ -3,8 +3,8 @@
 
 use bftrainer_core::sim::stack::{stack, Stack};
 use bftrainer_core::sim::Outcome;
-use bftrainer_core::trace::fragments::{idle_fragments, Fragments};
-use bftrainer_core::trace::NodeTrace;
+use bftrainer_core::trace::fragments::{idle_fragments_of, Fragments};
+use bftrainer_core::trace::NodeEvents;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
@@ -465,11 +465,12 @@ impl Figure for FragmentHistogram {
 pub fn write_all(
     dir: &Path,
     out: &Outcome,
-    trace: &NodeTrace,
+    trace: &mut dyn NodeEvents,
     format: Format,
 ) -> anyhow::Result<Vec<PathBuf>> {
     font()?;
-    let t0 = trace.start as f64;
+    let (start, trace_end) = (trace.start(), trace.end());
+    let t0 = start as f64;
     let h = |t: f64| (t - t0) / 3600.0;
     let x_max = out
         .steps
@@ -487,7 +488,7 @@ pub fn write_all(
         x_max,
     };
     emit(dir, "idle_vs_harvested", format, &fig, &mut files)?;
-    let end = (trace.end as f64).max(out.steps.last().map_or(t0, |s| s.t));
+    let end = (trace_end as f64).max(out.steps.last().map_or(t0, |s| s.t));
     let fig = NodesPerJob {
         stack: stack(&out.sizes, &out.steps, end, MAX_INTERVALS),
         t0,
@@ -500,8 +501,8 @@ pub fn write_all(
     };
     emit(dir, "cumulative_samples", format, &fig, &mut files)?;
     let fig = FragmentHistogram {
-        f: idle_fragments(trace),
-        hours: (trace.end - trace.start) as f64 / 3600.0,
+        f: idle_fragments_of(trace)?,
+        hours: (trace_end - start) as f64 / 3600.0,
     };
     emit(dir, "idle_fragments", format, &fig, &mut files)?;
     Ok(files)
@@ -516,7 +517,7 @@ mod tests {
     use bftrainer_core::engine::Exact;
     use bftrainer_core::sim::{simulate, Hooks};
 
-    fn replay(o: &Options) -> (NodeTrace, Outcome) {
+    fn replay(o: &Options) -> (bftrainer_core::trace::NodeTrace, Outcome) {
         let l = load(o).unwrap();
         let cfg = bftrainer_core::sim::SimConfig {
             record: true,
@@ -524,7 +525,7 @@ mod tests {
         };
         let (mut c, mut p) = (|| 0.0, |_f: f64| {});
         let out = simulate(
-            &l.trace,
+            &l.trace().unwrap(),
             &l.jobs,
             Exact {
                 opts: alloc_options(Objective::Bftrainer),
@@ -536,7 +537,7 @@ mod tests {
             },
         )
         .unwrap();
-        (l.trace, out)
+        (l.trace().unwrap(), out)
     }
 
     /// On a real replay (6 h of the sample, dozens of jobs): the stacked bands' top is
