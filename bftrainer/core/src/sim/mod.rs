@@ -150,6 +150,40 @@ pub struct Outcome {
     pub actions: Vec<(f64, Action)>,
 }
 
+/// Where the simulator's records go as it makes them (with `SimConfig::record` and
+/// `SimConfig::journal`): a replay writes them out as it goes, so that none is kept.
+pub trait Recorder {
+    /// The state after a step.
+    fn step(&mut self, s: &StepRecord);
+    /// A job's node count changed; `job` is its name.
+    fn size(&mut self, s: &SizeRecord, job: &str);
+    /// An event sent to the engine, and the actions it returned.
+    fn journal(&mut self, r: &Record, actions: &[Action]);
+}
+
+/// Keeps every record: the vectors of [`Outcome`].
+#[derive(Default)]
+pub struct Collect {
+    steps: Vec<StepRecord>,
+    sizes: Vec<SizeRecord>,
+    journal: Vec<Record>,
+    actions: Vec<(f64, Action)>,
+}
+
+impl Recorder for Collect {
+    fn step(&mut self, s: &StepRecord) {
+        self.steps.push(s.clone());
+    }
+    fn size(&mut self, s: &SizeRecord, _job: &str) {
+        self.sizes.push(*s);
+    }
+    fn journal(&mut self, r: &Record, actions: &[Action]) {
+        self.journal.push(r.clone());
+        self.actions
+            .extend(actions.iter().map(|a| (r.t, a.clone())));
+    }
+}
+
 /// What the simulator needs from its caller's world: a clock to time decisions
 /// (seconds, any origin) and a progress sink (fraction of the window done).
 pub struct Hooks<'a> {
@@ -279,7 +313,8 @@ pub fn simulate<A: Allocator>(
 }
 
 /// Replays a trace read as a stream: the simulator holds the nodes and the elastic
-/// jobs, never the trace.
+/// jobs, never the trace. Records (`cfg.record`, `cfg.journal`) are kept in the
+/// outcome.
 pub fn simulate_events<A: Allocator>(
     trace: &mut dyn NodeEvents,
     jobs: &[JobRecord],
@@ -287,7 +322,23 @@ pub fn simulate_events<A: Allocator>(
     cfg: &SimConfig,
     hooks: &mut Hooks<'_>,
 ) -> Result<Outcome> {
-    Sim::new(trace, jobs, alloc, cfg)?.run(hooks)
+    let mut c = Collect::default();
+    let mut out = simulate_into(trace, jobs, alloc, cfg, hooks, &mut c)?;
+    (out.steps, out.sizes, out.journal, out.actions) = (c.steps, c.sizes, c.journal, c.actions);
+    Ok(out)
+}
+
+/// Replays a trace read as a stream, handing records to `rec` as they are made; the
+/// outcome's record vectors stay empty.
+pub fn simulate_into<A: Allocator>(
+    trace: &mut dyn NodeEvents,
+    jobs: &[JobRecord],
+    alloc: A,
+    cfg: &SimConfig,
+    hooks: &mut Hooks<'_>,
+    rec: &mut dyn Recorder,
+) -> Result<Outcome> {
+    Sim::new(trace, jobs, alloc, cfg, rec)?.run(hooks)
 }
 
 struct Sim<'a, A> {
@@ -297,6 +348,7 @@ struct Sim<'a, A> {
     end: i64,
     /// Forecasts of the current step, applied after its changes.
     forecasts: Vec<Option<i64>>,
+    rec: &'a mut dyn Recorder,
     recs: &'a [JobRecord],
     cfg: &'a SimConfig,
     engine: Engine<A>,
@@ -352,6 +404,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
         recs: &'a [JobRecord],
         alloc: A,
         cfg: &'a SimConfig,
+        rec: &'a mut dyn Recorder,
     ) -> Result<Self> {
         let n = trace.names().len();
         if n == 0 {
@@ -385,6 +438,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
             start,
             end,
             forecasts: Vec::new(),
+            rec,
             recs,
             cfg,
             engine: Engine::new(cfg.engine.clone(), alloc),
@@ -489,14 +543,12 @@ impl<'a, A: Allocator> Sim<'a, A> {
         let now = self.abs(t);
         let actions = self.engine.on_event(ev, now)?;
         if self.cfg.journal {
-            self.out.journal.push(Record {
+            let r = Record {
                 v: EVENT_FORMAT_VERSION,
                 t: now,
                 event: ev.clone(),
-            });
-            self.out
-                .actions
-                .extend(actions.iter().map(|a| (now, a.clone())));
+            };
+            self.rec.journal(&r, &actions);
         }
         Ok(actions)
     }
@@ -704,11 +756,13 @@ impl<'a, A: Allocator> Sim<'a, A> {
         let n = s.n + s.draining;
         if self.cfg.record && n != s.last_size {
             s.last_size = n;
-            self.out.sizes.push(SizeRecord {
+            let name = s.name.as_deref().unwrap_or(&self.recs[s.rec as usize].name);
+            let r = SizeRecord {
                 t: self.t0 + t,
                 job: j,
                 nodes: n,
-            });
+            };
+            self.rec.size(&r, name);
         }
     }
 
@@ -952,7 +1006,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
         }
         if self.cfg.record {
             let samples = self.jobs.iter().map(|s| s.progress).sum();
-            self.out.steps.push(StepRecord {
+            self.rec.step(&StepRecord {
                 t: self.t0 + t,
                 idle_nodes: self.idle_list.len() as u32,
                 harvested_nodes: self.held_total,

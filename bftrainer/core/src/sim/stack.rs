@@ -32,130 +32,297 @@ pub struct Stack {
 /// `max_intervals` intervals. A job's count includes nodes it keeps during a preemption
 /// grace period, so with grace the top exceeds the harvested nodes by those.
 pub fn stack(sizes: &[SizeRecord], steps: &[StepRecord], end: f64, max_intervals: usize) -> Stack {
-    // Raw intervals: each step's state holds until the next step (the last, to `end`).
-    let raw: Vec<(f64, f64, usize)> = steps
-        .iter()
-        .enumerate()
-        .map(|(k, s)| {
-            let b = steps.get(k + 1).map_or(end.max(s.t), |n| n.t);
-            (s.t, b, k)
-        })
-        .filter(|&(a, b, _)| b > a)
-        .collect();
-    if raw.is_empty() {
-        return Stack::default();
-    }
-    let max_intervals = max_intervals.max(1);
-    let averaged = raw.len() > max_intervals;
-    let edges: Vec<f64> = if averaged {
-        let (t0, t1) = (raw[0].0, raw[raw.len() - 1].1);
-        let w = (t1 - t0) / max_intervals as f64;
-        (0..=max_intervals)
-            .map(|o| {
-                if o == max_intervals {
-                    t1
-                } else {
-                    t0 + o as f64 * w
-                }
-            })
-            .collect()
-    } else {
-        raw.iter()
-            .map(|r| r.0)
-            .chain(std::iter::once(raw[raw.len() - 1].1))
-            .collect()
-    };
-    let n_jobs = sizes.iter().map(|s| s.job as usize + 1).max().unwrap_or(0);
-    let n_out = edges.len() - 1;
-    let mut st = Stack {
-        bands: (0..n_jobs as u32)
-            .map(|job| Band {
-                job,
-                cells: Vec::new(),
-            })
-            .collect(),
-        top: Vec::with_capacity(n_out),
-        harvested: Vec::with_capacity(n_out),
-        averaged,
-        edges: Vec::new(),
-    };
-    let mut cur = vec![0u32; n_jobs];
-    let mut active: Vec<u32> = Vec::new();
-    // Node-seconds per job in the open bucket, and which jobs have some.
-    let mut acc = vec![0.0f64; n_jobs];
-    let mut touched: Vec<u32> = Vec::new();
-    let mut acc_h = 0.0;
-    let (mut si, mut o) = (0usize, 0usize);
-    for &(a, b, k) in &raw {
-        let t = steps[k].t;
-        while let Some(s) = sizes.get(si).filter(|s| s.t <= t) {
+    let mut b = StackBuilder::new(end, max_intervals);
+    let mut si = 0;
+    for st in steps {
+        while let Some(s) = sizes.get(si).filter(|s| s.t <= st.t) {
+            b.size(s);
             si += 1;
-            let j = s.job as usize;
-            if cur[j] == 0 && s.nodes > 0 {
-                active.push(s.job);
-            } else if cur[j] > 0 && s.nodes == 0 {
-                active.retain(|&x| x != s.job);
-            }
-            cur[j] = s.nodes;
         }
-        let h = f64::from(steps[k].harvested_nodes);
+        b.step(st.t, st.harvested_nodes);
+    }
+    b.finish()
+}
+
+/// Builds the [`Stack`] of a replay as its records come (a step's sizes before the
+/// step), in memory bounded by the intervals asked for, not by the replay's length:
+/// the records are kept while they are few enough for exact intervals; past that they
+/// go into equal buckets as they come.
+pub struct StackBuilder {
+    end: f64,
+    max: usize,
+    /// The records in arrival order while the intervals may still be exact.
+    raw: Vec<Raw>,
+    /// Intervals so far (steps with a later step after them).
+    intervals: usize,
+    /// Once the intervals are more than `max`: the equal buckets and the jobs' state.
+    avg: Option<(Buckets, Tracker)>,
+}
+
+#[derive(Clone, Copy)]
+enum Raw {
+    Size(SizeRecord),
+    Step(f64, u32),
+}
+
+impl StackBuilder {
+    /// A stack of the window up to `end` (Unix seconds) in at most `max_intervals`.
+    pub fn new(end: f64, max_intervals: usize) -> Self {
+        Self {
+            end,
+            max: max_intervals.max(1),
+            raw: Vec::new(),
+            intervals: 0,
+            avg: None,
+        }
+    }
+
+    /// A job's count changed (before the step of its time).
+    pub fn size(&mut self, s: &SizeRecord) {
+        match &mut self.avg {
+            Some((_, track)) => track.pending.push(*s),
+            None => self.raw.push(Raw::Size(*s)),
+        }
+    }
+
+    /// A step at `t` (Unix seconds) with `harvested` nodes: the state until the next.
+    pub fn step(&mut self, t: f64, harvested: u32) {
+        if let Some((b, track)) = &mut self.avg {
+            track.step(t, harvested, b);
+            return;
+        }
+        let last = self.raw.iter().rev().find_map(|r| match *r {
+            Raw::Step(t, _) => Some(t),
+            Raw::Size(_) => None,
+        });
+        if last.is_some_and(|a| t > a) {
+            self.intervals += 1;
+        }
+        self.raw.push(Raw::Step(t, harvested));
+        if self.intervals > self.max {
+            self.average();
+        }
+    }
+
+    /// Turns the kept records into equal buckets over the window, from the first step.
+    fn average(&mut self) {
+        let Some(t0) = self.raw.iter().find_map(|r| match *r {
+            Raw::Step(t, _) => Some(t),
+            Raw::Size(_) => None,
+        }) else {
+            return;
+        };
+        let mut b = Buckets::new(equal_edges(t0, self.end.max(t0), self.max));
+        let track = replay(std::mem::take(&mut self.raw), &mut b);
+        self.avg = Some((b, track));
+    }
+
+    pub fn finish(mut self) -> Stack {
+        if self.avg.is_none() {
+            let last = self.raw.iter().rev().find_map(|r| match *r {
+                Raw::Step(t, _) => Some(t),
+                Raw::Size(_) => None,
+            });
+            let Some(last) = last else {
+                return Stack::default();
+            };
+            if self.end > last {
+                self.intervals += 1;
+            }
+            if self.intervals == 0 {
+                return Stack::default();
+            }
+            if self.intervals > self.max {
+                self.average();
+            } else {
+                // Few steps: one interval per step, exact values.
+                let mut edges: Vec<f64> = Vec::with_capacity(self.intervals + 1);
+                for r in &self.raw {
+                    if let Raw::Step(t, _) = *r {
+                        if edges.last().map_or(true, |&e| t > e) {
+                            edges.push(t);
+                        }
+                    }
+                }
+                if self.end > last {
+                    edges.push(self.end);
+                }
+                let mut exact = Buckets::new(edges);
+                let mut track = replay(std::mem::take(&mut self.raw), &mut exact);
+                track.finish(self.end, &mut exact);
+                return exact.close();
+            }
+        }
+        let (mut b, mut track) = self.avg.take().expect("averaged");
+        track.finish(self.end, &mut b);
+        let mut st = b.close();
+        st.averaged = true;
+        st
+    }
+}
+
+/// Feeds kept records into `b`; returns the jobs' state after them.
+fn replay(raw: Vec<Raw>, b: &mut Buckets) -> Tracker {
+    let mut track = Tracker::default();
+    for r in raw {
+        match r {
+            Raw::Size(s) => track.pending.push(s),
+            Raw::Step(t, h) => track.step(t, h, b),
+        }
+    }
+    track
+}
+
+/// `n` equal buckets from `t0` to `t1` (the last edge exactly `t1`).
+fn equal_edges(t0: f64, t1: f64, n: usize) -> Vec<f64> {
+    let w = (t1 - t0) / n as f64;
+    (0..=n)
+        .map(|o| if o == n { t1 } else { t0 + o as f64 * w })
+        .collect()
+}
+
+/// The jobs' node counts as of the last step, and the sizes recorded since.
+#[derive(Default)]
+struct Tracker {
+    cur: Vec<u32>,
+    active: Vec<u32>,
+    pending: Vec<SizeRecord>,
+    /// The last step: (time, harvested nodes).
+    last: Option<(f64, u32)>,
+}
+
+impl Tracker {
+    /// A step at t: the state since the last step goes into `b` up to t; then the
+    /// sizes of this step apply.
+    fn step(&mut self, t: f64, h: u32, b: &mut Buckets) {
+        if let Some((a, ha)) = self.last {
+            if t > a {
+                b.add(a, t, &self.active, &self.cur, f64::from(ha));
+            }
+        }
+        for s in self.pending.drain(..) {
+            let j = s.job as usize;
+            if j >= self.cur.len() {
+                self.cur.resize(j + 1, 0);
+            }
+            if self.cur[j] == 0 && s.nodes > 0 {
+                self.active.push(s.job);
+            } else if self.cur[j] > 0 && s.nodes == 0 {
+                self.active.retain(|&x| x != s.job);
+            }
+            self.cur[j] = s.nodes;
+        }
+        self.last = Some((t, h));
+    }
+
+    /// The last step's state holds to `end`; sizes after the last step are not shown.
+    fn finish(&mut self, end: f64, b: &mut Buckets) {
+        if let Some((a, ha)) = self.last {
+            if end > a {
+                b.add(a, end, &self.active, &self.cur, f64::from(ha));
+            }
+        }
+    }
+}
+
+/// Time-weighted sums over buckets `[edges[o], edges[o+1])`, closed in order.
+struct Buckets {
+    edges: Vec<f64>,
+    o: usize,
+    /// Node-seconds per job in the open bucket, and which jobs have some.
+    acc: Vec<f64>,
+    touched: Vec<u32>,
+    acc_h: f64,
+    st: Stack,
+}
+
+impl Buckets {
+    fn new(edges: Vec<f64>) -> Self {
+        Self {
+            edges,
+            o: 0,
+            acc: Vec::new(),
+            touched: Vec::new(),
+            acc_h: 0.0,
+            st: Stack::default(),
+        }
+    }
+
+    fn n_out(&self) -> usize {
+        self.edges.len().saturating_sub(1)
+    }
+
+    /// The state `cur` of the `active` jobs and `h` harvested nodes held over [a, b).
+    fn add(&mut self, a: f64, b: f64, active: &[u32], cur: &[u32], h: f64) {
+        let n_out = self.n_out();
+        if n_out == 0 {
+            return;
+        }
+        if let Some(&m) = active.iter().max() {
+            if m as usize >= self.acc.len() {
+                self.acc.resize(m as usize + 1, 0.0);
+            }
+        }
         let mut x = a;
         while x < b {
-            while o + 1 < n_out && edges[o + 1] <= x {
-                finish(o, &edges, &mut st, &mut acc, &mut touched, &mut acc_h);
-                o += 1;
+            while self.o + 1 < n_out && self.edges[self.o + 1] <= x {
+                self.finish();
             }
-            let y = if o + 1 == n_out {
+            let y = if self.o + 1 == n_out {
                 b
             } else {
-                b.min(edges[o + 1])
+                b.min(self.edges[self.o + 1])
             };
             let w = y - x;
-            for &j in &active {
-                if acc[j as usize] == 0.0 {
-                    touched.push(j);
+            for &j in active {
+                if self.acc[j as usize] == 0.0 {
+                    self.touched.push(j);
                 }
-                acc[j as usize] += w * f64::from(cur[j as usize]);
+                self.acc[j as usize] += w * f64::from(cur[j as usize]);
             }
-            acc_h += w * h;
+            self.acc_h += w * h;
             x = y;
         }
     }
-    while o < n_out {
-        finish(o, &edges, &mut st, &mut acc, &mut touched, &mut acc_h);
-        o += 1;
-    }
-    st.bands.retain(|b| !b.cells.is_empty());
-    st.edges = edges;
-    st
-}
 
-/// Closes bucket `o`: its bands stacked in job order, its top and harvested means.
-fn finish(
-    o: usize,
-    edges: &[f64],
-    st: &mut Stack,
-    acc: &mut [f64],
-    touched: &mut Vec<u32>,
-    acc_h: &mut f64,
-) {
-    let w = edges[o + 1] - edges[o];
-    touched.sort_unstable();
-    let mut bottom = 0.0;
-    for &j in touched.iter() {
-        let v = acc[j as usize] / w;
-        acc[j as usize] = 0.0;
-        if v > 0.0 {
-            st.bands[j as usize]
-                .cells
-                .push((o as u32, bottom, bottom + v));
-            bottom += v;
+    /// Closes the open bucket: its bands stacked in job order, its top and harvested
+    /// means.
+    fn finish(&mut self) {
+        let o = self.o;
+        let w = self.edges[o + 1] - self.edges[o];
+        self.touched.sort_unstable();
+        let mut bottom = 0.0;
+        for &j in &self.touched {
+            let v = self.acc[j as usize] / w;
+            self.acc[j as usize] = 0.0;
+            if v > 0.0 {
+                let bands = &mut self.st.bands;
+                if j as usize >= bands.len() {
+                    let from = bands.len() as u32;
+                    bands.extend((from..=j).map(|job| Band {
+                        job,
+                        cells: Vec::new(),
+                    }));
+                }
+                bands[j as usize].cells.push((o as u32, bottom, bottom + v));
+                bottom += v;
+            }
         }
+        self.touched.clear();
+        self.st.top.push(bottom);
+        self.st.harvested.push(self.acc_h / w);
+        self.acc_h = 0.0;
+        self.o += 1;
     }
-    touched.clear();
-    st.top.push(bottom);
-    st.harvested.push(*acc_h / w);
-    *acc_h = 0.0;
+
+    fn close(mut self) -> Stack {
+        while self.o < self.n_out() {
+            self.finish();
+        }
+        self.st.bands.retain(|b| !b.cells.is_empty());
+        self.st.edges = self.edges;
+        self.st
+    }
 }
 
 #[cfg(test)]

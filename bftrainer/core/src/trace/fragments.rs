@@ -55,6 +55,14 @@ fn bucket_of(d: i64) -> usize {
 /// the window's ends, as (seconds, clipped at start, clipped at end). Repeated idle rows (reclaim updates) do not split a fragment;
 /// zero-length fragments (idle and claimed at the same second) are not counted.
 pub fn fragment_lengths(trace: &mut dyn NodeEvents) -> Result<Vec<(i64, bool, bool)>> {
+    let mut out = Vec::new();
+    for_each_fragment(trace, |d, s, e| out.push((d, s, e)))?;
+    Ok(out)
+}
+
+/// Hands each fragment of [`fragment_lengths`] to `f(seconds, clipped at start,
+/// clipped at end)` as the trace is read, in the same order.
+fn for_each_fragment(trace: &mut dyn NodeEvents, mut f: impl FnMut(i64, bool, bool)) -> Result<()> {
     let (start, end) = (trace.start(), trace.end().max(trace.start()));
     // Since when each node has been idle (None: busy).
     let mut since: Vec<Option<i64>> = trace
@@ -62,7 +70,6 @@ pub fn fragment_lengths(trace: &mut dyn NodeEvents) -> Result<Vec<(i64, bool, bo
         .iter()
         .map(|&i| i.then_some(start))
         .collect();
-    let mut out = Vec::new();
     while let Some(item) = trace.next()? {
         let TraceItem::Change(c) = item else {
             continue;
@@ -77,7 +84,7 @@ pub fn fragment_lengths(trace: &mut dyn NodeEvents) -> Result<Vec<(i64, bool, bo
                 *s = None;
                 // A claim at the very end closes the fragment there: not clipped.
                 if t > from {
-                    out.push((t - from, from == start, false));
+                    f(t - from, from == start, false);
                 }
             }
             _ => {}
@@ -85,10 +92,10 @@ pub fn fragment_lengths(trace: &mut dyn NodeEvents) -> Result<Vec<(i64, bool, bo
     }
     for from in since.into_iter().flatten() {
         if end > from {
-            out.push((end - from, from == start, true));
+            f(end - from, from == start, true);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The histogram of `fragment_lengths` by duration (node-minutes per bucket), of a
@@ -97,9 +104,54 @@ pub fn idle_fragments(trace: &NodeTrace) -> Fragments {
     idle_fragments_of(&mut trace.events()).expect("a trace in memory reads without error")
 }
 
-/// The histogram of `fragment_lengths` by duration (node-minutes per bucket).
+/// Fragment lengths up to a day are counted per second; longer ones by length.
+const DAY_S: i64 = 86_400;
+
+/// How many fragments have each length, in memory bounded by a day's seconds and the
+/// distinct lengths beyond a day, not by the fragments.
+struct Lengths {
+    short: Vec<u64>,
+    long: std::collections::BTreeMap<i64, u64>,
+    n: u64,
+}
+
+impl Lengths {
+    fn add(&mut self, d: i64) {
+        if d < DAY_S {
+            self.short[d as usize] += 1;
+        } else {
+            *self.long.entry(d).or_default() += 1;
+        }
+        self.n += 1;
+    }
+
+    /// (length, count) in ascending length.
+    fn iter(&self) -> impl Iterator<Item = (i64, u64)> + '_ {
+        let short = self
+            .short
+            .iter()
+            .enumerate()
+            .filter(|&(_, &c)| c > 0)
+            .map(|(d, &c)| (d as i64, c));
+        short.chain(self.long.iter().map(|(&d, &c)| (d, c)))
+    }
+
+    /// The k-th smallest length (0-based).
+    fn nth(&self, k: u64) -> i64 {
+        let mut seen = 0;
+        for (d, c) in self.iter() {
+            seen += c;
+            if seen > k {
+                return d;
+            }
+        }
+        unreachable!("k < n")
+    }
+}
+
+/// The histogram of `fragment_lengths` by duration (node-minutes per bucket), read as
+/// the trace streams by.
 pub fn idle_fragments_of(trace: &mut dyn NodeEvents) -> Result<Fragments> {
-    let lens = fragment_lengths(trace)?;
     let mut buckets: Vec<Bucket> = LABELS
         .iter()
         .enumerate()
@@ -112,37 +164,45 @@ pub fn idle_fragments_of(trace: &mut dyn NodeEvents) -> Result<Fragments> {
         })
         .collect();
     let (mut at_start, mut at_end) = (0, 0);
-    for &(d, s, e) in &lens {
+    let mut lens = Lengths {
+        short: vec![0; DAY_S as usize],
+        long: Default::default(),
+        n: 0,
+    };
+    let mut total = 0i64;
+    for_each_fragment(trace, |d, s, e| {
         let b = &mut buckets[bucket_of(d)];
         b.fragments += 1;
         b.node_min += d as f64 / 60.0;
         at_start += u64::from(s);
         at_end += u64::from(e);
-    }
-    let mut sorted: Vec<i64> = lens.iter().map(|l| l.0).collect();
-    sorted.sort_unstable();
-    let median_s = (!sorted.is_empty()).then(|| {
-        let m = sorted.len() / 2;
-        if sorted.len() % 2 == 1 {
-            sorted[m] as f64
+        lens.add(d);
+        total += d;
+    })?;
+    let n = lens.n;
+    let median_s = (n > 0).then(|| {
+        let m = n / 2;
+        if n % 2 == 1 {
+            lens.nth(m) as f64
         } else {
-            (sorted[m - 1] + sorted[m]) as f64 / 2.0
+            (lens.nth(m - 1) + lens.nth(m)) as f64 / 2.0
         }
     });
     // The shortest length at which the node-seconds of fragments up to it reach half.
-    let total: i64 = sorted.iter().sum();
     let weighted_median_s = (total > 0).then(|| {
         let mut acc = 0i64;
-        for &d in &sorted {
-            acc += d;
+        let mut last = 0;
+        for (d, c) in lens.iter() {
+            acc += d * c as i64;
+            last = d;
             if 2 * acc >= total {
                 return d as f64;
             }
         }
-        *sorted.last().expect("non-empty") as f64
+        last as f64
     });
     Ok(Fragments {
-        fragments: lens.len() as u64,
+        fragments: n,
         node_min: total as f64 / 60.0,
         buckets,
         clipped_at_start: at_start,
@@ -155,6 +215,36 @@ pub fn idle_fragments_of(trace: &mut dyn NodeEvents) -> Result<Fragments> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counted lengths give the order statistics of the sorted lengths, on both sides
+    /// of a day.
+    #[test]
+    fn counted_lengths_are_the_sorted_ones() {
+        let mut x = 7u64;
+        let mut all = Vec::new();
+        let mut lens = Lengths {
+            short: vec![0; DAY_S as usize],
+            long: Default::default(),
+            n: 0,
+        };
+        for _ in 0..5000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let d = ((x >> 33) % (3 * DAY_S as u64)) as i64 + 1;
+            all.push(d);
+            lens.add(d);
+        }
+        all.sort_unstable();
+        for k in [0, 1, 2499, 2500, 4999] {
+            assert_eq!(lens.nth(k as u64), all[k]);
+        }
+        let back: Vec<i64> = lens
+            .iter()
+            .flat_map(|(d, c)| std::iter::repeat_n(d, c as usize))
+            .collect();
+        assert_eq!(back, all);
+    }
     use crate::trace::NodeChange;
 
     fn tr(initial: &[bool], changes: &[(i64, u32, bool)], end: i64) -> NodeTrace {

@@ -257,8 +257,14 @@ fn replay_all(o: &Options) -> anyhow::Result<(super::Loaded, Vec<Run>, f64)> {
             ..sim_config(&po, objective)
         };
         let origin = Instant::now();
-        let out = super::simulate_loaded(&loaded, &cfg, objective, &mut |_| {})
-            .with_context(|| format!("policy {}", p.name))?;
+        let out = super::simulate_loaded(
+            &loaded,
+            &cfg,
+            objective,
+            &mut |_| {},
+            &mut sim::Collect::default(),
+        )
+        .with_context(|| format!("policy {}", p.name))?;
         runs.push((p.clone(), out.report, origin.elapsed().as_secs_f64()));
     }
     Ok((loaded, runs, load_s))

@@ -11,21 +11,34 @@ use std::time::Instant;
 /// Writes records as JSON lines, one `Record` per line.
 pub fn write_journal(mut w: impl Write, records: &[Record]) -> anyhow::Result<()> {
     for r in records {
-        serde_json::to_writer(&mut w, r)?;
-        w.write_all(b"\n")?;
+        journal_line(&mut w, r)?;
     }
     w.flush()?;
     Ok(())
 }
 
+/// One journal record: a JSON line.
+pub fn journal_line(mut w: impl Write, r: &Record) -> std::io::Result<()> {
+    serde_json::to_writer(&mut w, r)?;
+    w.write_all(b"\n")
+}
+
 /// Writes actions as CSV, one row per action: time, kind, job, nodes (space-separated).
 pub fn write_actions_csv(mut w: impl Write, actions: &[(f64, Action)]) -> std::io::Result<()> {
-    writeln!(w, "t,action,job,nodes")?;
+    writeln!(w, "{ACTIONS_HEADER}")?;
     for (t, a) in actions {
-        let nodes: Vec<String> = a.nodes().iter().map(u32::to_string).collect();
-        writeln!(w, "{t:.6},{},{},{}", a.kind(), a.job(), nodes.join(" "))?;
+        action_row(&mut w, *t, a)?;
     }
     w.flush()
+}
+
+/// The header of the actions CSV.
+pub const ACTIONS_HEADER: &str = "t,action,job,nodes";
+
+/// One action: time, kind, job, nodes (space-separated).
+pub fn action_row(mut w: impl Write, t: f64, a: &Action) -> std::io::Result<()> {
+    let nodes: Vec<String> = a.nodes().iter().map(u32::to_string).collect();
+    writeln!(w, "{t:.6},{},{},{}", a.kind(), a.job(), nodes.join(" "))
 }
 
 /// What replaying a journal produced.

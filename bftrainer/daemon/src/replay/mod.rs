@@ -5,6 +5,7 @@ pub mod compare;
 pub mod journal;
 mod output;
 mod plot;
+mod record;
 pub mod sacct;
 
 use anyhow::{bail, Context};
@@ -557,31 +558,9 @@ fn write_whole(
     p: &Path,
     f: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    let dir = p
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = p
-        .file_name()
-        .with_context(|| format!("{}: not a file name", p.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| -> anyhow::Result<()> {
-        let file = std::fs::File::create(&tmp)
-            .with_context(|| format!("cannot create {}", tmp.display()))?;
-        let mut w = std::io::BufWriter::new(file);
-        f(&mut w)?;
-        w.into_inner().map_err(|e| e.into_error())?;
-        std::fs::rename(&tmp, p)?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("cannot write {}", p.display()))
+    let mut s = record::Spool::create(p)?;
+    f(s.w()).with_context(|| format!("cannot write {}", p.display()))?;
+    s.commit()
 }
 
 /// Writes files into `dir` all or none: `write` makes them in a hidden temporary
@@ -669,11 +648,12 @@ fn simulate_loaded(
     cfg: &SimConfig,
     objective: Objective,
     progress: &mut dyn FnMut(f64),
+    rec: &mut dyn sim::Recorder,
 ) -> anyhow::Result<Outcome> {
     let origin = Instant::now();
     let mut clock = move || origin.elapsed().as_secs_f64();
     let mut events = loaded.events()?;
-    Ok(sim::simulate_events(
+    Ok(sim::simulate_into(
         &mut *events,
         &loaded.jobs,
         Exact {
@@ -684,6 +664,7 @@ fn simulate_loaded(
             clock: &mut clock,
             progress,
         },
+        rec,
     )?)
 }
 
@@ -720,8 +701,9 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
             b.set_position((f * 1000.0) as u64);
         }
     };
+    let mut outputs = record::Outputs::open(o, &loaded)?;
     let t_sim = Instant::now();
-    let out = simulate_loaded(&loaded, &cfg, objective, &mut progress)?;
+    let out = simulate_loaded(&loaded, &cfg, objective, &mut progress, &mut outputs)?;
     let sim_s = t_sim.elapsed().as_secs_f64();
     if let Some(b) = &bar {
         b.finish_and_clear();
@@ -747,22 +729,18 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
             sim_s,
         )?;
     }
-    if let Some(p) = &o.csv {
-        write_whole(p, |w| Ok(write_csv(w, &out.steps)?))?;
-    }
-    if let Some(p) = &o.sizes_csv {
-        write_whole(p, |w| Ok(write_sizes_csv(w, &out.sizes, &out.report.jobs)?))?;
-    }
-    if let Some(p) = &o.write_journal {
-        write_whole(p, |w| journal::write_journal(w, &out.journal))?;
-    }
-    if let Some(p) = &o.actions_csv {
-        write_whole(p, |w| Ok(journal::write_actions_csv(w, &out.actions)?))?;
-    }
-    if let Some(dir) = &o.plots {
+    let plot = outputs.plot.take();
+    outputs.commit()?;
+    if let (Some(dir), Some(data)) = (&o.plots, plot) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let files = write_dir_whole(dir, |tmp| {
-            plot::write_all(tmp, &out, &mut *loaded.events()?, o.plot_format)
+            plot::write_all(
+                tmp,
+                data,
+                &out.report,
+                &mut *loaded.events()?,
+                o.plot_format,
+            )
         })?;
         if !o.json {
             for f in files {

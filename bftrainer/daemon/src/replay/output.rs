@@ -256,45 +256,55 @@ fn time_columns(t: f64) -> String {
     format!("{t:.3},{}", format_time(t.floor() as i64))
 }
 
+/// The header of the per-step log.
+pub const STEPS_HEADER: &str = "t,time,idle_nodes,harvested_nodes,active_jobs,queued_jobs,finished_jobs,grown_nodes,shrunk_nodes,preempted_nodes,samples,decision_ms";
+
+/// One row of the per-step log (one per distinct event time).
+pub fn step_row(mut w: impl Write, s: &StepRecord) -> std::io::Result<()> {
+    writeln!(
+        w,
+        "{},{},{},{},{},{},{},{},{},{:.1},{:.4}",
+        time_columns(s.t),
+        s.idle_nodes,
+        s.harvested_nodes,
+        s.active_jobs,
+        s.queued_jobs,
+        s.finished_jobs,
+        s.grown_nodes,
+        s.shrunk_nodes,
+        s.preempted_nodes,
+        s.samples,
+        s.decision_s * 1e3
+    )
+}
+
 /// Writes the per-step log: one row per distinct event time.
 pub fn write_csv(mut w: impl Write, steps: &[StepRecord]) -> std::io::Result<()> {
-    writeln!(w, "t,time,idle_nodes,harvested_nodes,active_jobs,queued_jobs,finished_jobs,grown_nodes,shrunk_nodes,preempted_nodes,samples,decision_ms")?;
+    writeln!(w, "{STEPS_HEADER}")?;
     for s in steps {
-        writeln!(
-            w,
-            "{},{},{},{},{},{},{},{},{},{:.1},{:.4}",
-            time_columns(s.t),
-            s.idle_nodes,
-            s.harvested_nodes,
-            s.active_jobs,
-            s.queued_jobs,
-            s.finished_jobs,
-            s.grown_nodes,
-            s.shrunk_nodes,
-            s.preempted_nodes,
-            s.samples,
-            s.decision_s * 1e3
-        )?;
+        step_row(&mut w, s)?;
     }
     w.flush()
 }
 
-/// Writes each job's node count over time: one row per change, jobs by name (the
-/// report's, which names the copies of `--repeat` and `--arrivals`).
+/// The header of the jobs' node counts.
+pub const SIZES_HEADER: &str = "t,time,job,nodes";
+
+/// One change of a job's node count; jobs by name (the report's, which names the
+/// copies of `--repeat` and `--arrivals`).
+pub fn size_row(mut w: impl Write, s: &SizeRecord, job: &str) -> std::io::Result<()> {
+    writeln!(w, "{},{job},{}", time_columns(s.t), s.nodes)
+}
+
+/// Writes each job's node count over time: one row per change.
 pub fn write_sizes_csv(
     mut w: impl Write,
     sizes: &[SizeRecord],
     jobs: &[JobReport],
 ) -> std::io::Result<()> {
-    writeln!(w, "t,time,job,nodes")?;
+    writeln!(w, "{SIZES_HEADER}")?;
     for s in sizes {
-        writeln!(
-            w,
-            "{},{},{}",
-            time_columns(s.t),
-            jobs[s.job as usize].name,
-            s.nodes
-        )?;
+        size_row(&mut w, s, &jobs[s.job as usize].name)?;
     }
     w.flush()
 }

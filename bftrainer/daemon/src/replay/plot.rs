@@ -1,8 +1,8 @@
 //! Plots of a replay (plotters; SVG, PNG or both): idle vs harvested nodes, nodes per
 //! job as a stacked area, cumulative samples, and the idle fragments by duration.
 
-use bftrainer_core::sim::stack::{stack, Stack};
-use bftrainer_core::sim::Outcome;
+use bftrainer_core::sim::stack::{Stack, StackBuilder};
+use bftrainer_core::sim::{Report, SizeRecord, StepRecord};
 use bftrainer_core::trace::fragments::{idle_fragments_of, Fragments};
 use bftrainer_core::trace::NodeEvents;
 use plotters::coord::Shift;
@@ -89,14 +89,87 @@ pub(super) fn font() -> anyhow::Result<()> {
     .map_err(|m| anyhow::anyhow!(m))
 }
 
-fn thin<T: Copy>(v: &[T]) -> Vec<T> {
-    if v.len() <= MAX_POINTS {
-        return v.to_vec();
+/// Every k-th of a series and its last point, at most `MAX_POINTS + 1`, kept as the
+/// series comes: k doubles (and every other point kept goes) whenever more are kept.
+struct Thin<T> {
+    k: usize,
+    n: usize,
+    kept: Vec<T>,
+    last: Option<T>,
+}
+
+impl<T: Copy> Thin<T> {
+    fn new() -> Self {
+        Self {
+            k: 1,
+            n: 0,
+            kept: Vec::new(),
+            last: None,
+        }
     }
-    let k = v.len().div_ceil(MAX_POINTS);
-    let mut out: Vec<T> = v.iter().step_by(k).copied().collect();
-    out.push(*v.last().expect("non-empty"));
-    out
+
+    fn push(&mut self, x: T) {
+        if self.n % self.k == 0 {
+            self.kept.push(x);
+            if self.kept.len() > MAX_POINTS {
+                self.kept = self.kept.iter().step_by(2).copied().collect();
+                self.k *= 2;
+            }
+        }
+        self.n += 1;
+        self.last = Some(x);
+    }
+
+    fn finish(mut self) -> Vec<T> {
+        if let Some(x) = self.last.filter(|_| (self.n - 1) % self.k != 0) {
+            self.kept.push(x);
+        }
+        self.kept
+    }
+}
+
+/// One step as the line plots show it.
+#[derive(Clone, Copy)]
+struct Point {
+    t: f64,
+    idle: u32,
+    harvested: u32,
+    samples: f64,
+}
+
+/// What the plots need of a replay, gathered as its records come, in memory bounded by
+/// the plots' resolution (not by the replay's length): the step series thinned, the
+/// stacked nodes per job bucketed, the idle fragments counted by length later from the
+/// trace itself.
+pub struct PlotData {
+    t0: f64,
+    points: Thin<Point>,
+    stack: StackBuilder,
+}
+
+impl PlotData {
+    /// The plots of a replay of the window `[start, end]` (Unix seconds).
+    pub fn new(start: i64, end: i64) -> Self {
+        Self {
+            t0: start as f64,
+            points: Thin::new(),
+            stack: StackBuilder::new(end as f64, MAX_INTERVALS),
+        }
+    }
+
+    pub fn step(&mut self, s: &StepRecord) {
+        self.points.push(Point {
+            t: s.t,
+            idle: s.idle_nodes,
+            harvested: s.harvested_nodes,
+            samples: s.samples,
+        });
+        self.stack.step(s.t, s.harvested_nodes);
+    }
+
+    pub fn size(&mut self, s: &SizeRecord) {
+        self.stack.size(s);
+    }
 }
 
 /// A step function (value holds until the next point) as line points.
@@ -461,42 +534,43 @@ impl Figure for FragmentHistogram {
     }
 }
 
-/// Writes the four plots into `dir` in `format`; returns their paths.
+/// Writes the four plots into `dir` in `format`; returns their paths. `trace` is read
+/// again from its start for the idle fragments.
 pub fn write_all(
     dir: &Path,
-    out: &Outcome,
+    data: PlotData,
+    report: &Report,
     trace: &mut dyn NodeEvents,
     format: Format,
 ) -> anyhow::Result<Vec<PathBuf>> {
     font()?;
     let (start, trace_end) = (trace.start(), trace.end());
-    let t0 = start as f64;
+    let t0 = data.t0;
     let h = |t: f64| (t - t0) / 3600.0;
-    let x_max = out
-        .steps
+    let points = data.points.finish();
+    let x_max = points
         .last()
-        .map_or(1.0, |s| h(s.t))
-        .max(out.report.hours)
+        .map_or(1.0, |p| h(p.t))
+        .max(report.hours)
         .max(1e-3);
     let mut files = Vec::new();
-    let series = |f: &dyn Fn(&bftrainer_core::sim::StepRecord) -> f64| {
-        thin(&out.steps.iter().map(|s| (h(s.t), f(s))).collect::<Vec<_>>())
+    let series = |f: &dyn Fn(&Point) -> f64| -> Vec<(f64, f64)> {
+        points.iter().map(|p| (h(p.t), f(p))).collect()
     };
     let fig = IdleHarvested {
-        idle: series(&|s| f64::from(s.idle_nodes)),
-        harv: series(&|s| f64::from(s.harvested_nodes)),
+        idle: series(&|p| f64::from(p.idle)),
+        harv: series(&|p| f64::from(p.harvested)),
         x_max,
     };
     emit(dir, "idle_vs_harvested", format, &fig, &mut files)?;
-    let end = (trace_end as f64).max(out.steps.last().map_or(t0, |s| s.t));
     let fig = NodesPerJob {
-        stack: stack(&out.sizes, &out.steps, end, MAX_INTERVALS),
+        stack: data.stack.finish(),
         t0,
         x_max,
     };
     emit(dir, "nodes_per_job", format, &fig, &mut files)?;
     let fig = Samples {
-        pts: series(&|s| s.samples.max(0.0) / 1e9),
+        pts: series(&|p| p.samples.max(0.0) / 1e9),
         x_max,
     };
     emit(dir, "cumulative_samples", format, &fig, &mut files)?;
@@ -515,6 +589,8 @@ mod tests {
     use crate::replay::{alloc_options, load, run, sim_config, Options};
     use bftrainer_core::alloc::Objective;
     use bftrainer_core::engine::Exact;
+    use bftrainer_core::sim::stack::stack;
+    use bftrainer_core::sim::Outcome;
     use bftrainer_core::sim::{simulate, Hooks};
 
     fn replay(o: &Options) -> (bftrainer_core::trace::NodeTrace, Outcome) {
