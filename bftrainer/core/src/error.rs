@@ -22,6 +22,10 @@ pub enum Error {
     /// An input could not be opened (again: streaming replays read their input in passes).
     #[error("cannot open {what}: {cause}")]
     Open { what: String, cause: std::io::Error },
+    /// Sorting an input out of time order in a temporary file failed (no room, or no
+    /// writable temporary directory).
+    #[error("{what}: sorting in a temporary file failed (it needs a writable $TMPDIR, else /tmp, with room for a copy of the records): {cause}")]
+    Spill { what: String, cause: std::io::Error },
     /// An option out of range or inputs that do not fit together.
     #[error("invalid setting: {0}")]
     Config(String),

@@ -10,10 +10,16 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn replay(args: &[&str]) -> Output {
+    replay_env(args, &[])
+}
+
+/// A replay with these environment variables set.
+fn replay_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_bftrainer"))
         .arg("replay")
         .arg("--quiet")
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("run bftrainer")
 }
@@ -176,6 +182,96 @@ fn shuffled_llnl_lines_replay_as_the_sorted_log() {
         format!("warning: {b}: {out_of_order} of 3,000 records were out of submit-time order; sorted (use --strict to refuse such a file)\n")
     );
     assert!(out_of_order > 100, "{out_of_order}");
+    // Sorted in 31 runs of 97 jobs on disk (BFT_SORT_CHUNK, a test knob): the same.
+    let oc = replay_env(
+        &args(&b).iter().map(String::as_str).collect::<Vec<_>>(),
+        &[("BFT_SORT_CHUNK", "97")],
+    );
+    assert_eq!(report(&oc), ra);
+    assert_eq!(text(&oc).1, text(&ob).1);
+}
+
+/// With a chunk of 2 records (BFT_SORT_CHUNK, a test knob) an unsorted SWF log and an
+/// unsorted node-event file are sorted in runs on an anonymous temporary file: the
+/// replays equal the sorted files', with the same one warning. That the runs go to disk
+/// shows in a temporary directory that does not exist: the error names the input and
+/// $TMPDIR. A small file without the knob never touches the temporary directory.
+#[test]
+fn unsorted_inputs_sorted_in_runs_on_disk_replay_as_the_sorted_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs: Vec<String> = [
+        (1, 0, 100, 2),
+        (2, 1, 50, 4),
+        (3, 2, 50, 2),
+        (4, 3, 200, 1),
+        (5, 3, 70, 3),
+        (6, 9, 20, 4),
+    ]
+    .iter()
+    .map(|&(i, s, r, p)| swf(i, s, r, p))
+    .collect();
+    let pick = |order: &[usize]| order.iter().map(|&i| jobs[i].as_str()).collect::<String>();
+    let sa = write(
+        dir.path(),
+        "s.swf",
+        &format!("{HEAD}{}", pick(&[0, 1, 2, 3, 4, 5])),
+    );
+    let sb = write(
+        dir.path(),
+        "u.swf",
+        &format!("{HEAD}{}", pick(&[5, 2, 4, 1, 3, 0])),
+    );
+    let rows = [
+        "2021-01-01T00:00:00,a,1",
+        "2021-01-01T00:00:00,b,0",
+        "2021-01-01T00:00:00,c,1",
+        "2021-01-01T00:10:00,b,1",
+        "2021-01-01T00:20:00,a,0",
+        "2021-01-01T00:20:00,c,0",
+        "2021-01-01T00:30:00,a,1",
+        "2021-01-01T01:00:00,b,0",
+        "2021-01-01T02:00:00,c,1",
+    ];
+    let csv = |order: &[usize]| {
+        let body: Vec<&str> = order.iter().map(|&i| rows[i]).collect();
+        format!("time,node,idle\n{}\n", body.join("\n"))
+    };
+    let ca = write(dir.path(), "s.csv", &csv(&[0, 1, 2, 3, 4, 5, 6, 7, 8]));
+    let cb = write(dir.path(), "u.csv", &csv(&[8, 4, 0, 3, 7, 1, 6, 5, 2]));
+    let spill = [("BFT_SORT_CHUNK", "2")];
+    for (flag, a, b, what) in [
+        (
+            "--swf",
+            &sa,
+            &sb,
+            "3 of 6 records were out of submit-time order",
+        ),
+        ("--trace", &ca, &cb, "5 of 9 records were out of time order"),
+    ] {
+        let oa = replay(&[flag, a, "--json"]);
+        let ob = replay_env(&[flag, b, "--json"], &spill);
+        assert_eq!(report(&oa), report(&ob), "{flag}");
+        assert_eq!(
+            text(&ob).1,
+            format!("warning: {b}: {what}; sorted (use --strict to refuse such a file)\n")
+        );
+        let nowhere = dir.path().join("no-such-dir");
+        let nowhere = nowhere.to_str().unwrap();
+        let o = replay_env(&[flag, b], &[spill[0], ("TMPDIR", nowhere)]);
+        assert_eq!(o.status.code(), Some(1));
+        let err = text(&o).1;
+        assert!(
+            err.starts_with(&format!("bftrainer: error: {b}: sorting in a temporary file failed (it needs a writable $TMPDIR, else /tmp")),
+            "{err}"
+        );
+        let o = replay_env(&[flag, b, "--json"], &[("TMPDIR", nowhere)]);
+        assert_eq!(report(&o), report(&oa), "{flag}");
+    }
+    let o = replay_env(&["--swf", &sb], &[("BFT_SORT_CHUNK", "0")]);
+    assert_eq!(
+        text(&o).1,
+        "bftrainer: error: BFT_SORT_CHUNK must be a number of records >= 1, found \"0\"\n"
+    );
 }
 
 #[test]

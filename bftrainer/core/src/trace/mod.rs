@@ -1,12 +1,14 @@
 //! Input parsers, pure over `BufRead`: node-event traces (`time,node,idle`), elastic job
 //! files (`jobs-*.csv`) and SWF job logs. Every rejection names the line and the problem.
 
+mod extsort;
 pub mod fragments;
 pub mod jobs;
 pub mod swf;
 
 use crate::error::{Error, Result};
 use crate::timefmt::parse_time;
+use extsort::{Record, Sorter, Store};
 use std::collections::HashMap;
 use std::io::BufRead;
 
@@ -383,7 +385,8 @@ pub fn parse_node_events<R: BufRead>(
 
 /// The first pass over a trace that may be out of order: one streaming pass, no memory
 /// beyond the trace itself, reading the whole file. `None` when a row is out of time
-/// order: read the file again with `parse_node_events_with(.., Order::Sort)`.
+/// order: read the file again with [`sort_node_events`] (or `parse_node_events_with(..,
+/// Order::Sort)` to hold the whole trace).
 pub fn parse_node_events_if_sorted<R: BufRead>(
     reader: R,
     what: &str,
@@ -393,17 +396,60 @@ pub fn parse_node_events_if_sorted<R: BufRead>(
 }
 
 /// One data row of a node-event trace, as read: 16 bytes, so that sorting an unsorted
-/// file costs 16 bytes per row and no copy of the text.
-#[derive(Clone, Copy)]
+/// file costs 16 bytes per row and no copy of the text. Ordered by (t, line): the line
+/// breaks ties, so that sorting keeps file order among rows of one time.
+#[derive(Clone, Copy, Debug)]
 struct Row {
     t: i64,
-    /// File line, which also breaks ties: sorting by (t, line) keeps file order.
+    /// File line.
     line: u32,
     /// Interned node name; the top bit is the idle flag.
     node: u32,
 }
 
 const IDLE_BIT: u32 = 1 << 31;
+
+impl Row {
+    fn id(&self) -> usize {
+        (self.node & !IDLE_BIT) as usize
+    }
+    fn idle(&self) -> bool {
+        self.node & IDLE_BIT != 0
+    }
+}
+
+impl PartialEq for Row {
+    fn eq(&self, o: &Self) -> bool {
+        (self.t, self.line) == (o.t, o.line)
+    }
+}
+impl Eq for Row {}
+impl PartialOrd for Row {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Row {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.t, self.line).cmp(&(o.t, o.line))
+    }
+}
+
+impl Record for Row {
+    const SIZE: usize = 16;
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.t.to_le_bytes());
+        out.extend_from_slice(&self.line.to_le_bytes());
+        out.extend_from_slice(&self.node.to_le_bytes());
+    }
+    fn decode(b: &[u8]) -> Self {
+        Row {
+            t: i64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+            line: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
+            node: u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")),
+        }
+    }
+}
 
 /// Parses a node-event trace: header `time,node,idle`; the rows at the first timestamp
 /// give every node's initial state (and define the node set, in file order); each later
@@ -423,9 +469,33 @@ pub fn parse_node_events_with<R: BufRead>(
             stream(reader, what, win, true, true)?.expect("strict streaming refuses disorder")
         );
     }
+    let mut rows: Vec<Row> = Vec::new();
+    let (interned, sorted, last_line) = read_unsorted(reader, what, |r| {
+        rows.push(r);
+        Ok(())
+    })?;
+    if sorted.out_of_order > 0 {
+        rows.sort_unstable_by_key(|r| (r.t, r.line));
+    }
+    let mut b = Builder::new(what, win);
+    for r in &rows {
+        if !b.push_keep(r.t, &interned[r.id()], r.idle(), u64::from(r.line), true)? {
+            break;
+        }
+    }
+    Ok((b.finish(last_line)?, sorted))
+}
+
+/// Reads the rows of a trace that may be out of time order into [`Row`]s, handed to
+/// `push` in file order. Returns the node names by interned id, what was out of order,
+/// and the last line read.
+fn read_unsorted<R: BufRead>(
+    reader: R,
+    what: &str,
+    mut push: impl FnMut(Row) -> Result<()>,
+) -> Result<(Vec<String>, Sorted, u64)> {
     let mut intern: HashMap<String, u32> = HashMap::new();
     let mut interned: Vec<String> = Vec::new();
-    let mut rows: Vec<Row> = Vec::new();
     let mut sorted = Sorted::default();
     let mut prev_t = i64::MIN;
     let last_line = read_rows(reader, what, |lines, t, node, st| {
@@ -447,32 +517,131 @@ pub fn parse_node_events_with<R: BufRead>(
         };
         let line = u32::try_from(lines.line)
             .map_err(|_| lines.err("more than 4,294,967,295 lines: split the trace"))?;
-        rows.push(Row {
+        push(Row {
             t,
             line,
             node: id | if st { IDLE_BIT } else { 0 },
-        });
+        })?;
+        sorted.records += 1;
         Ok(true)
     })?;
-    drop(intern);
-    sorted.records = rows.len() as u64;
-    if sorted.out_of_order > 0 {
-        rows.sort_unstable_by_key(|r| (r.t, r.line));
-    }
+    Ok((interned, sorted, last_line))
+}
+
+/// Rows sorted in memory at once by [`sort_node_events`]: 4 MiB of 16-byte rows per run.
+pub const SORT_CHUNK_ROWS: usize = 1 << 18;
+
+/// A node-event trace out of time order, sorted in bounded memory by
+/// [`sort_node_events`]: its head (nodes, initial state, window, no changes) and its
+/// rows, held or in sorted runs on disk; [`SortedTrace::events`] reads the changes.
+pub struct SortedTrace {
+    what: String,
+    win: TraceWindow,
+    /// Node names by interned id (file order of first appearance).
+    interned: Vec<String>,
+    rows: Store<Row>,
+    head: NodeTrace,
+}
+
+/// Reads a node-event trace whose rows may be out of time order and sorts them as
+/// [`parse_node_events_with`] (`Order::Sort`) does, by time and then file line, in
+/// bounded memory: `chunk` rows at a time are sorted, and when the file holds more than
+/// one chunk each is written as a sorted run to an anonymous temporary file ($TMPDIR),
+/// 16 bytes a row. Only the node names stay in memory. A first pass over the sorted
+/// rows checks them and finds the head (as [`scan_node_events`] does for a sorted file);
+/// errors name each row's own file line.
+pub fn sort_node_events<R: BufRead>(
+    reader: R,
+    what: &str,
+    win: &TraceWindow,
+    chunk: usize,
+) -> Result<(SortedTrace, Sorted)> {
+    let mut sorter = Sorter::new(what, chunk);
+    let (interned, sorted, last_line) = read_unsorted(reader, what, |r| sorter.push(r))?;
+    let rows = sorter.finish()?;
     let mut b = Builder::new(what, win);
-    for r in &rows {
-        let key = (r.node & !IDLE_BIT) as usize;
-        if !b.push_keep(
-            r.t,
-            &interned[key],
-            r.node & IDLE_BIT != 0,
-            u64::from(r.line),
-            true,
-        )? {
+    for r in rows.iter()? {
+        let r = r?;
+        if !b.push_keep(r.t, &interned[r.id()], r.idle(), u64::from(r.line), false)? {
             break;
         }
     }
-    Ok((b.finish(last_line)?, sorted))
+    let head = b.finish(last_line)?;
+    let tr = SortedTrace {
+        what: what.to_string(),
+        win: win.clone(),
+        interned,
+        rows,
+        head,
+    };
+    Ok((tr, sorted))
+}
+
+impl SortedTrace {
+    /// Nodes, initial state and window, with no changes.
+    pub fn head(&self) -> &NodeTrace {
+        &self.head
+    }
+
+    /// Sorted runs on disk; 0 when the rows fitted in one chunk and are held.
+    pub fn runs(&self) -> usize {
+        self.rows.runs()
+    }
+
+    /// The trace's changes, merged from the sorted rows as the replay asks for them.
+    pub fn events(&self) -> Result<SortedEvents<'_>> {
+        Ok(SortedEvents {
+            tr: self,
+            rows: self.rows.iter()?,
+            b: Builder::new(&self.what, &self.win),
+            next: None,
+            done: false,
+        })
+    }
+}
+
+/// [`NodeEvents`] over a [`SortedTrace`].
+pub struct SortedEvents<'a> {
+    tr: &'a SortedTrace,
+    rows: extsort::Iter<'a, Row>,
+    b: Builder,
+    next: Option<NodeChange>,
+    done: bool,
+}
+
+impl NodeEvents for SortedEvents<'_> {
+    fn names(&self) -> &[String] {
+        &self.tr.head.names
+    }
+    fn initial_idle(&self) -> &[bool] {
+        &self.tr.head.initial_idle
+    }
+    fn start(&self) -> i64 {
+        self.tr.head.start
+    }
+    fn end(&self) -> i64 {
+        self.tr.head.end
+    }
+    fn peek(&mut self) -> Result<Option<TraceItem>> {
+        while self.next.is_none() && !self.done {
+            let Some(r) = self.rows.next().transpose()? else {
+                self.done = true;
+                break;
+            };
+            let node = &self.tr.interned[r.id()];
+            match self.b.push(r.t, node, r.idle(), u64::from(r.line))? {
+                Push::Next => {}
+                Push::Change(c) => self.next = Some(c),
+                Push::Past => self.done = true,
+            }
+        }
+        Ok(self.next.map(TraceItem::Change))
+    }
+    fn next(&mut self) -> Result<Option<TraceItem>> {
+        let item = self.peek()?;
+        self.next = None;
+        Ok(item)
+    }
 }
 
 /// Reads the data rows of a node-event trace one at a time, checking the header (when
@@ -609,7 +778,7 @@ fn stream<R: BufRead>(
 /// The first pass of a streaming read: checks the whole trace (to the window's end
 /// under `Order::Strict`) and returns its nodes, initial state and window with no
 /// changes, in memory of the order of its nodes. `None`: the rows are out of time
-/// order (`Order::Sort`); read the file with [`parse_node_events_with`] instead.
+/// order (`Order::Sort`); read the file with [`sort_node_events`] instead.
 pub fn scan_node_events<R: BufRead>(
     reader: R,
     what: &str,
@@ -960,6 +1129,93 @@ mod tests {
         // after it is not seen (as before sorting existed).
         let (e, _) = parse_node_events_with(late.as_bytes(), "l", &win, Order::Strict).unwrap();
         assert_eq!(e.changes.len(), 1);
+    }
+
+    /// Sorting in runs of 3 rows on disk gives the in-memory sort's trace under every
+    /// window (start inside, end, node limit), on every pass, with the same counts;
+    /// errors found after sorting still name the row's own file line.
+    #[test]
+    fn sorting_in_runs_equals_the_in_memory_sort() {
+        // 5 nodes, 60 changes with ties in time, then shuffled by a fixed permutation.
+        let mut rows: Vec<String> = (0..5).map(|n| format!("0,n{n},{}", n % 2)).collect();
+        for i in 0..60 {
+            rows.push(format!(
+                "{},n{},{}",
+                10 * (1 + i / 4),
+                (i * 3) % 5,
+                (i / 3) % 2
+            ));
+        }
+        let k = rows.len();
+        let shuffled: Vec<&str> = (0..k).map(|i| rows[(i * 37) % k].as_str()).collect();
+        let text = format!("time,node,idle\n{}\n", shuffled.join("\n"));
+        let wins = [
+            TraceWindow::default(),
+            TraceWindow {
+                start: Some(55),
+                end: Some(120),
+                node_limit: Some(3),
+            },
+            TraceWindow {
+                start: Some(30),
+                end: None,
+                node_limit: None,
+            },
+            TraceWindow {
+                start: None,
+                end: Some(1000),
+                node_limit: Some(1),
+            },
+        ];
+        for win in wins {
+            let (want, sw) =
+                parse_node_events_with(text.as_bytes(), "u", &win, Order::Sort).unwrap();
+            assert!(sw.out_of_order > 10);
+            for (chunk, runs) in [(3, 22), (k, 0)] {
+                let (tr, sorted) = sort_node_events(text.as_bytes(), "u", &win, chunk).unwrap();
+                assert_eq!((tr.runs(), sorted), (runs, sw));
+                let head = NodeTrace {
+                    changes: Vec::new(),
+                    ..want.clone()
+                };
+                assert_eq!(tr.head(), &head);
+                for _ in 0..2 {
+                    let got = NodeTrace::collect(&mut tr.events().unwrap()).unwrap();
+                    assert_eq!(got, want, "{win:?} chunk {chunk}");
+                }
+            }
+        }
+        // An unknown node, sorted to the front of the changes from the file's end.
+        let bad = "time,node,idle\n9,a,1\n0,a,0\n0,b,1\n7,b,0\n8,a,0\n5,zz,1\n";
+        let w = TraceWindow::default();
+        let e = sort_node_events(bad.as_bytes(), "b.csv", &w, 2)
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.to_string(),
+            "b.csv:7: unknown node zz: every node must appear in the initial state at the first timestamp"
+        );
+        let twice = "time,node,idle\n9,a,1\n0,a,0\n0,b,1\n7,b,0\n0,a,0\n";
+        let e = sort_node_events(twice.as_bytes(), "t.csv", &w, 2)
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.to_string(),
+            "t.csv:6: node a appears twice in the initial state"
+        );
+        let late = TraceWindow {
+            start: Some(50),
+            ..TraceWindow::default()
+        };
+        let e = sort_node_events(twice.as_bytes(), "t.csv", &late, 2)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("appears twice"), "{e}");
+        let ok = "time,node,idle\n9,a,1\n0,a,0\n0,b,1\n7,b,0\n";
+        let e = sort_node_events(ok.as_bytes(), "t.csv", &late, 2)
+            .err()
+            .unwrap();
+        assert!(e.to_string().starts_with("invalid setting: --start"), "{e}");
     }
 
     /// The second, streaming read of a sorted file hands out exactly the changes the

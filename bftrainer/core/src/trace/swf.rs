@@ -1,12 +1,15 @@
 //! Standard Workload Format job logs (Parallel Workloads Archive): `;` header lines with
 //! machine facts, then 18 whitespace-separated fields per job, -1 meaning unknown.
 
+use super::extsort::{Record, Sorter, Store};
 use super::{Lines, Order, Sorted};
+use crate::easy::{JobPass, JobSource};
 use crate::error::Result;
+use std::cmp::Ordering;
 use std::io::BufRead;
 
 /// The fields of one SWF job the scheduler model needs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SwfJob {
     pub id: i64,
     /// Seconds since the log's start.
@@ -83,6 +86,121 @@ pub fn parse_swf_with<R: BufRead>(reader: R, what: &str, order: Order) -> Result
         log,
         lines: at,
         sorted,
+    })
+}
+
+/// Jobs sorted in memory at once by [`sort_swf`]: about 5 MiB of jobs per run.
+pub const SORT_CHUNK: usize = 65_536;
+
+/// A job and its file line as a sort record, 56 bytes in a run (-1 for `None`).
+/// Ordered by (submit, job number, line): lines grow with file order, so this is
+/// [`parse_swf_with`]'s order (submit, job number, file index).
+#[derive(Debug, Clone)]
+struct JobAt {
+    job: SwfJob,
+    line: u64,
+}
+
+impl JobAt {
+    fn key(&self) -> (i64, i64, u64) {
+        (self.job.submit, self.job.id, self.line)
+    }
+}
+
+impl PartialEq for JobAt {
+    fn eq(&self, o: &Self) -> bool {
+        self.key() == o.key()
+    }
+}
+impl Eq for JobAt {}
+impl PartialOrd for JobAt {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for JobAt {
+    fn cmp(&self, o: &Self) -> Ordering {
+        self.key().cmp(&o.key())
+    }
+}
+
+impl Record for JobAt {
+    const SIZE: usize = 56;
+    fn encode(&self, out: &mut Vec<u8>) {
+        let j = &self.job;
+        let none = |v: Option<i64>| v.unwrap_or(-1);
+        for v in [
+            j.id,
+            j.submit,
+            none(j.wait),
+            j.run,
+            none(j.procs),
+            none(j.req_time),
+            self.line as i64,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    fn decode(b: &[u8]) -> Self {
+        let f = |i: usize| i64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        // The parser keeps only values >= 0 (wait) or > 0 (procs, req_time) as `Some`.
+        let opt = |v: i64| (v >= 0).then_some(v);
+        JobAt {
+            job: SwfJob {
+                id: f(0),
+                submit: f(1),
+                wait: opt(f(2)),
+                run: f(3),
+                procs: opt(f(4)),
+                req_time: opt(f(5)),
+            },
+            line: f(6) as u64,
+        }
+    }
+}
+
+/// The jobs of an SWF log out of submit-time order, sorted in bounded memory (see
+/// [`sort_swf`]); each pass merges the sorted runs again.
+pub struct SortedSwf {
+    pub header: SwfHeader,
+    pub sorted: Sorted,
+    jobs: Store<JobAt>,
+}
+
+impl SortedSwf {
+    /// Sorted runs on disk; 0 when the log fitted in one chunk and is held in memory.
+    pub fn runs(&self) -> usize {
+        self.jobs.runs()
+    }
+}
+
+impl JobSource for SortedSwf {
+    fn header(&self) -> SwfHeader {
+        self.header
+    }
+    fn jobs(&self) -> Result<JobPass<'_>> {
+        Ok(Box::new(
+            self.jobs.iter()?.map(|r| r.map(|j| (j.job, j.line))),
+        ))
+    }
+}
+
+/// Reads an SWF log whose jobs may be out of submit-time order and sorts them in the
+/// order of [`parse_swf_with`] (`Order::Sort`) in bounded memory: `chunk` jobs at a time
+/// are sorted, and when the log holds more than one chunk each is written as a sorted
+/// run to an anonymous temporary file ($TMPDIR), 56 bytes a job, and every pass over
+/// the jobs merges the runs. A log of one chunk stays in memory.
+pub fn sort_swf<R: BufRead>(reader: R, what: &str, chunk: usize) -> Result<SortedSwf> {
+    let mut r = SwfReader::new(reader, what, Order::Sort);
+    let mut sorter = Sorter::new(what, chunk);
+    while let Some((job, line)) = r.next_job()? {
+        sorter.push(JobAt { job, line })?;
+    }
+    let sorted = r.finish()?;
+    Ok(SortedSwf {
+        header: r.header,
+        sorted,
+        jobs: sorter.finish()?,
     })
 }
 
@@ -365,6 +483,50 @@ mod tests {
         let got: Vec<(i64, i64)> = f.log.jobs.iter().map(|j| (j.id, j.run)).collect();
         assert_eq!(got, [(7, 1), (1, 1), (1, 2), (2, 1)]);
         assert_eq!(f.lines, [3, 2, 4, 1]);
+    }
+
+    /// Sorting in runs of 3 jobs on disk hands out exactly the jobs and lines of the
+    /// in-memory sort, on every pass; a log of one chunk stays in memory.
+    #[test]
+    fn sorting_in_runs_equals_the_in_memory_sort() {
+        let mut text = String::from("; MaxNodes: 4\n; MaxProcs: 16\n; UnixStartTime: 7\n");
+        for i in 0..40i64 {
+            // Submit times with many ties, job numbers repeated, unknown fields.
+            let (id, submit) = ((i * 7) % 11, (i * 13) % 9 * 100);
+            let wait = if i % 5 == 0 { -1 } else { i };
+            let procs = if i % 7 == 0 { -1 } else { i % 4 + 1 };
+            let req = if i % 3 == 0 { -1 } else { 1000 + i };
+            text.push_str(&format!(
+                "{id} {submit} {wait} {} {procs} -1 -1 {procs} {req} -1 1 1 -1 1 -1 1 -1 -1\n",
+                i - 2
+            ));
+            if i % 10 == 0 {
+                text.push_str("; comment\n\n");
+            }
+        }
+        let want = parse_swf_with(text.as_bytes(), "u.swf", Order::Sort).unwrap();
+        assert!(want.sorted.out_of_order > 10);
+        let want_jobs: Vec<(SwfJob, u64)> = want
+            .log
+            .jobs
+            .iter()
+            .cloned()
+            .zip(want.lines.clone())
+            .collect();
+        for (chunk, runs) in [(3, 14), (40, 0), (SORT_CHUNK, 0)] {
+            let got = sort_swf(text.as_bytes(), "u.swf", chunk).unwrap();
+            assert_eq!(got.runs(), runs);
+            assert_eq!((got.header, got.sorted), (want.log.header(), want.sorted));
+            for _ in 0..2 {
+                let jobs: Vec<(SwfJob, u64)> = got.jobs().unwrap().map(Result::unwrap).collect();
+                assert_eq!(jobs, want_jobs, "chunk {chunk}");
+            }
+        }
+        // Errors of the read are the parser's.
+        let e = sort_swf("; x\n 1 0 -1 100 16\n".as_bytes(), "a.swf", 3)
+            .err()
+            .unwrap();
+        assert!(e.to_string().starts_with("a.swf:2: only 5 fields"), "{e}");
     }
 
     #[test]

@@ -19,10 +19,10 @@ use bftrainer_core::sim::{
 };
 use bftrainer_core::timefmt::parse_time;
 use bftrainer_core::trace::jobs::{parse_jobs, JobRecord};
-use bftrainer_core::trace::swf::{parse_swf_with, SwfHeader, SwfReader};
+use bftrainer_core::trace::swf::{sort_swf, SwfHeader, SwfReader, SORT_CHUNK};
 use bftrainer_core::trace::{
-    parse_node_events_with, scan_node_events, CsvEvents, Cut, NodeEvents, NodeTrace, Order, Sorted,
-    TraceWindow, Windowed,
+    scan_node_events, sort_node_events, CsvEvents, Cut, NodeEvents, NodeTrace, Order, Sorted,
+    SortedTrace, TraceWindow, Windowed, SORT_CHUNK_ROWS,
 };
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -117,9 +117,12 @@ fn time_opt(s: &Option<String>, what: &str) -> anyhow::Result<Option<i64>> {
 
 /// Where a replay's node trace comes from. A sorted file is read again for each replay
 /// of it, as the replay goes, so that no replay holds a whole log; an input that had to
-/// be sorted, and Slurm accounting, are held in memory.
+/// be sorted is sorted in bounded memory (runs on disk past one chunk) and merged again
+/// for each replay; Slurm accounting is held in memory.
 enum Source {
     Memory(NodeTrace),
+    /// A node-event file out of time order, sorted.
+    Sorted(SortedTrace),
     /// A sorted node-event file; `head` is its first pass (nodes, initial state, window).
     Csv {
         input: Reopen,
@@ -275,6 +278,19 @@ fn swf_skips(
     Ok(())
 }
 
+/// Records sorted in memory at once for an input out of time order: SWF jobs, and
+/// node-event rows. `BFT_SORT_CHUNK=N` sets both to N, a knob for tests and benchmarks
+/// (forcing runs on disk with a small file), not an option for users.
+fn sort_chunks() -> anyhow::Result<(usize, usize)> {
+    match std::env::var("BFT_SORT_CHUNK") {
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if n > 0 => Ok((n, n)),
+            _ => bail!("BFT_SORT_CHUNK must be a number of records >= 1, found {v:?}"),
+        },
+        Err(_) => Ok((SORT_CHUNK, SORT_CHUNK_ROWS)),
+    }
+}
+
 /// Reads and windows the inputs.
 pub fn load(o: &Options) -> anyhow::Result<Loaded> {
     let start = time_opt(&o.start, "start")?;
@@ -290,6 +306,7 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
         }
     }
     let order = if o.strict { Order::Strict } else { Order::Sort };
+    let (swf_chunk, row_chunk) = sort_chunks()?;
     let mut warnings = Vec::new();
     let mut cut = Cut::default();
     let (source, trace_name, sched) = match &o.input {
@@ -305,7 +322,7 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
                 node_limit: o.node_limit,
             };
             // A sorted trace is checked in a first pass and then read as the replay
-            // goes; an unsorted one is read again, sorted, and held.
+            // goes; an unsorted one is read again and sorted in bounded memory.
             let (source, sorted) = match scan_node_events(input.open()?, &name, &win, order)? {
                 Some((head, sorted)) => (
                     Source::Csv {
@@ -317,8 +334,8 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
                     sorted,
                 ),
                 None => {
-                    let (tr, sorted) = parse_node_events_with(input.open()?, &name, &win, order)?;
-                    (Source::Memory(tr), sorted)
+                    let (tr, sorted) = sort_node_events(input.open()?, &name, &win, row_chunk)?;
+                    (Source::Sorted(tr), sorted)
                 }
             };
             warnings.extend(sorted_warning(&name, &sorted, "time"));
@@ -326,6 +343,7 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
                 let head = match &source {
                     Source::Csv { head, .. } => head,
                     Source::Memory(tr) => tr,
+                    Source::Sorted(tr) => tr.head(),
                     Source::Swf { .. } => unreachable!("a node-event file"),
                 };
                 let e = head.start.saturating_add((h * 3600.0) as i64);
@@ -338,7 +356,8 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
         Input::Swf(p) => {
             let name = p.display().to_string();
             // First pass: the header, the order and the job lines' format. A sorted
-            // log is read again on every pass; an unsorted one is sorted and held.
+            // log is read again on every pass; an unsorted one is sorted in bounded
+            // memory, its runs merged again on every pass.
             let mut scan = SwfReader::new(open(p)?, &name, order);
             while scan.next_job()?.is_some() {}
             let sorted = scan.finish()?;
@@ -350,7 +369,7 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
                     header: scan.header,
                 })
             } else {
-                Box::new(parse_swf_with(open(p)?, &name, order)?)
+                Box::new(sort_swf(open(p)?, &name, swf_chunk)?)
             };
             let cfg = SchedConfig {
                 backfill: o.backfill,
@@ -459,6 +478,7 @@ impl Loaded {
     pub fn events(&self) -> anyhow::Result<Box<dyn NodeEvents + '_>> {
         let raw: Box<dyn NodeEvents + '_> = match &self.source {
             Source::Memory(tr) => Box::new(tr.events()),
+            Source::Sorted(tr) => Box::new(tr.events()?),
             Source::Csv {
                 input,
                 name,
