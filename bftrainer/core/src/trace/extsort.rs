@@ -5,10 +5,45 @@
 use crate::error::{Error, Result};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::marker::PhantomData;
-use std::os::unix::fs::FileExt;
+
+/// Where sorted runs are kept: bytes appended, then read back at offsets. The caller
+/// supplies it (the replay: an anonymous temporary file), so that the core does no I/O
+/// of its own; [`Vec<u8>`] keeps them in memory.
+pub trait Scratch {
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()>;
+    /// Every run is appended: what was appended must now read back.
+    fn seal(&mut self) -> std::io::Result<()>;
+    /// Fills `buf` from `offset`; the bytes were appended before `seal`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl Scratch for Vec<u8> {
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.extend_from_slice(bytes);
+        Ok(())
+    }
+    fn seal(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let from = usize::try_from(offset).map_err(std::io::Error::other)?;
+        let src = self
+            .get(from..from + buf.len())
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+/// Makes the [`Scratch`] of an input found larger than one chunk.
+pub type MakeScratch<'a> = &'a dyn Fn() -> std::io::Result<Box<dyn Scratch>>;
+
+/// Scratch space in memory (tests).
+#[cfg(test)]
+pub(crate) fn in_memory() -> std::io::Result<Box<dyn Scratch>> {
+    Ok(Box::new(Vec::new()))
+}
 
 /// A record that a run stores in `SIZE` bytes, ordered by its sort key. The key must be
 /// unique within an input (the file line is part of it), so that an unstable sort of a
@@ -28,15 +63,16 @@ const MAX_RUN_BUFFER: usize = 64 << 10;
 
 /// Collects records; once `chunk` of them are held, sorts them and writes them out as a
 /// run, so that at most `chunk` records are ever in memory.
-pub(crate) struct Sorter<T> {
+pub(crate) struct Sorter<'a, T> {
     what: String,
     chunk: usize,
     held: Vec<T>,
+    make: MakeScratch<'a>,
     spill: Option<Spill>,
 }
 
 struct Spill {
-    out: BufWriter<File>,
+    out: Box<dyn Scratch>,
     /// (first byte, bytes) of each run in the file.
     runs: Vec<(u64, u64)>,
     written: u64,
@@ -50,13 +86,15 @@ fn spill_err(what: &str, cause: std::io::Error) -> Error {
     }
 }
 
-impl<T: Record> Sorter<T> {
-    /// `chunk`: records held in memory at most (at least 1).
-    pub fn new(what: &str, chunk: usize) -> Self {
+impl<'a, T: Record> Sorter<'a, T> {
+    /// `chunk`: records held in memory at most (at least 1); `make` gives the scratch
+    /// space for runs once there are more.
+    pub fn new(what: &str, chunk: usize, make: MakeScratch<'a>) -> Self {
         Self {
             what: what.to_string(),
             chunk: chunk.max(1),
             held: Vec::new(),
+            make,
             spill: None,
         }
     }
@@ -75,9 +113,9 @@ impl<T: Record> Sorter<T> {
     fn write_run(&mut self) -> Result<()> {
         self.held.sort_unstable();
         if self.spill.is_none() {
-            let f = tempfile::tempfile().map_err(|e| spill_err(&self.what, e))?;
+            let out = (self.make)().map_err(|e| spill_err(&self.what, e))?;
             self.spill = Some(Spill {
-                out: BufWriter::with_capacity(MAX_RUN_BUFFER, f),
+                out,
                 runs: Vec::new(),
                 written: 0,
                 scratch: Vec::with_capacity(T::SIZE),
@@ -90,7 +128,7 @@ impl<T: Record> Sorter<T> {
             r.encode(&mut s.scratch);
             debug_assert_eq!(s.scratch.len(), T::SIZE);
             s.out
-                .write_all(&s.scratch)
+                .append(&s.scratch)
                 .map_err(|e| spill_err(&self.what, e))?;
             s.written += T::SIZE as u64;
         }
@@ -107,15 +145,12 @@ impl<T: Record> Sorter<T> {
         if !self.held.is_empty() {
             self.write_run()?;
         }
-        let s = self.spill.take().expect("spilled");
+        let mut s = self.spill.take().expect("spilled");
         let what = self.what;
-        let file = s
-            .out
-            .into_inner()
-            .map_err(|e| spill_err(&what, e.into_error()))?;
+        s.out.seal().map_err(|e| spill_err(&what, e))?;
         Ok(Store::Runs(Runs {
             what,
-            file,
+            file: s.out,
             runs: s.runs,
             _t: PhantomData,
         }))
@@ -128,10 +163,10 @@ pub(crate) enum Store<T> {
     Runs(Runs<T>),
 }
 
-/// Sorted runs in one anonymous temporary file (deleted when closed).
+/// Sorted runs in one scratch space.
 pub(crate) struct Runs<T> {
     what: String,
-    file: File,
+    file: Box<dyn Scratch>,
     runs: Vec<(u64, u64)>,
     _t: PhantomData<fn() -> T>,
 }
@@ -191,14 +226,14 @@ struct Cursor {
 
 impl Cursor {
     /// The next record's bytes; `None` at the run's end.
-    fn take(&mut self, file: &File, size: usize) -> std::io::Result<Option<&[u8]>> {
+    fn take(&mut self, file: &dyn Scratch, size: usize) -> std::io::Result<Option<&[u8]>> {
         if self.pos == self.buf.len() {
             if self.next == self.end {
                 return Ok(None);
             }
             let n = (self.end - self.next).min(self.cap as u64) as usize;
             self.buf.resize(n, 0);
-            file.read_exact_at(&mut self.buf, self.next)?;
+            file.read_at(&mut self.buf, self.next)?;
             self.next += n as u64;
             self.pos = 0;
         }
@@ -238,7 +273,7 @@ impl<'a, T: Record> Merge<'a, T> {
     /// Puts run `i`'s next record on the heap.
     fn refill(&mut self, i: usize) -> Result<()> {
         let rec = self.cursors[i]
-            .take(&self.runs.file, T::SIZE)
+            .take(&*self.runs.file, T::SIZE)
             .map_err(|e| spill_err(&self.runs.what, e))?
             .map(T::decode);
         if let Some(r) = rec {
@@ -292,7 +327,7 @@ mod tests {
         let mut want = input.clone();
         want.sort();
         for chunk in [1, 3, 64, 999, 1000, 5000] {
-            let mut s = Sorter::new("k", chunk);
+            let mut s = Sorter::new("k", chunk, &in_memory);
             for k in &input {
                 s.push(k.clone()).unwrap();
             }
@@ -314,7 +349,7 @@ mod tests {
             }
             assert!(a.next().is_none() && b.next().is_none());
         }
-        let empty = Sorter::<K>::new("k", 3).finish().unwrap();
+        let empty = Sorter::<K>::new("k", 3, &in_memory).finish().unwrap();
         assert_eq!(empty.iter().unwrap().count(), 0);
     }
 }

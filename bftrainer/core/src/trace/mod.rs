@@ -8,6 +8,7 @@ pub mod swf;
 
 use crate::error::{Error, Result};
 use crate::timefmt::parse_time;
+pub use extsort::{MakeScratch, Scratch};
 use extsort::{Record, Sorter, Store};
 use std::collections::HashMap;
 use std::io::BufRead;
@@ -546,8 +547,8 @@ pub struct SortedTrace {
 /// Reads a node-event trace whose rows may be out of time order and sorts them as
 /// [`parse_node_events_with`] (`Order::Sort`) does, by time and then file line, in
 /// bounded memory: `chunk` rows at a time are sorted, and when the file holds more than
-/// one chunk each is written as a sorted run to an anonymous temporary file ($TMPDIR),
-/// 16 bytes a row. Only the node names stay in memory. A first pass over the sorted
+/// one chunk each is written as a sorted run to the scratch space `make` gives (the
+/// replay's: an anonymous temporary file), 16 bytes a row. Only the node names stay in memory. A first pass over the sorted
 /// rows checks them and finds the head (as [`scan_node_events`] does for a sorted file);
 /// errors name each row's own file line.
 pub fn sort_node_events<R: BufRead>(
@@ -555,8 +556,9 @@ pub fn sort_node_events<R: BufRead>(
     what: &str,
     win: &TraceWindow,
     chunk: usize,
+    make: MakeScratch<'_>,
 ) -> Result<(SortedTrace, Sorted)> {
-    let mut sorter = Sorter::new(what, chunk);
+    let mut sorter = Sorter::new(what, chunk, make);
     let (interned, sorted, last_line) = read_unsorted(reader, what, |r| sorter.push(r))?;
     let rows = sorter.finish()?;
     let mut b = Builder::new(what, win);
@@ -1014,6 +1016,7 @@ impl Builder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use extsort::in_memory;
 
     const T: &str = "time,node,idle\n\
         2021-01-01T00:00:00,a,0\n2021-01-01T00:00:00,b,1\n2021-01-01T00:00:00,c,0\n\
@@ -1172,7 +1175,8 @@ mod tests {
                 parse_node_events_with(text.as_bytes(), "u", &win, Order::Sort).unwrap();
             assert!(sw.out_of_order > 10);
             for (chunk, runs) in [(3, 22), (k, 0)] {
-                let (tr, sorted) = sort_node_events(text.as_bytes(), "u", &win, chunk).unwrap();
+                let (tr, sorted) =
+                    sort_node_events(text.as_bytes(), "u", &win, chunk, &in_memory).unwrap();
                 assert_eq!((tr.runs(), sorted), (runs, sw));
                 let head = NodeTrace {
                     changes: Vec::new(),
@@ -1188,7 +1192,7 @@ mod tests {
         // An unknown node, sorted to the front of the changes from the file's end.
         let bad = "time,node,idle\n9,a,1\n0,a,0\n0,b,1\n7,b,0\n8,a,0\n5,zz,1\n";
         let w = TraceWindow::default();
-        let e = sort_node_events(bad.as_bytes(), "b.csv", &w, 2)
+        let e = sort_node_events(bad.as_bytes(), "b.csv", &w, 2, &in_memory)
             .err()
             .unwrap();
         assert_eq!(
@@ -1196,7 +1200,7 @@ mod tests {
             "b.csv:7: unknown node zz: every node must appear in the initial state at the first timestamp"
         );
         let twice = "time,node,idle\n9,a,1\n0,a,0\n0,b,1\n7,b,0\n0,a,0\n";
-        let e = sort_node_events(twice.as_bytes(), "t.csv", &w, 2)
+        let e = sort_node_events(twice.as_bytes(), "t.csv", &w, 2, &in_memory)
             .err()
             .unwrap();
         assert_eq!(
@@ -1207,12 +1211,12 @@ mod tests {
             start: Some(50),
             ..TraceWindow::default()
         };
-        let e = sort_node_events(twice.as_bytes(), "t.csv", &late, 2)
+        let e = sort_node_events(twice.as_bytes(), "t.csv", &late, 2, &in_memory)
             .err()
             .unwrap();
         assert!(e.to_string().contains("appears twice"), "{e}");
         let ok = "time,node,idle\n9,a,1\n0,a,0\n0,b,1\n7,b,0\n";
-        let e = sort_node_events(ok.as_bytes(), "t.csv", &late, 2)
+        let e = sort_node_events(ok.as_bytes(), "t.csv", &late, 2, &in_memory)
             .err()
             .unwrap();
         assert!(e.to_string().starts_with("invalid setting: --start"), "{e}");

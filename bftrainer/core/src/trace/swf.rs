@@ -1,7 +1,7 @@
 //! Standard Workload Format job logs (Parallel Workloads Archive): `;` header lines with
 //! machine facts, then 18 whitespace-separated fields per job, -1 meaning unknown.
 
-use super::extsort::{Record, Sorter, Store};
+use super::extsort::{MakeScratch, Record, Sorter, Store};
 use super::{Lines, Order, Sorted};
 use crate::easy::{JobPass, JobSource};
 use crate::error::Result;
@@ -188,11 +188,17 @@ impl JobSource for SortedSwf {
 /// Reads an SWF log whose jobs may be out of submit-time order and sorts them in the
 /// order of [`parse_swf_with`] (`Order::Sort`) in bounded memory: `chunk` jobs at a time
 /// are sorted, and when the log holds more than one chunk each is written as a sorted
-/// run to an anonymous temporary file ($TMPDIR), 56 bytes a job, and every pass over
-/// the jobs merges the runs. A log of one chunk stays in memory.
-pub fn sort_swf<R: BufRead>(reader: R, what: &str, chunk: usize) -> Result<SortedSwf> {
+/// run to the scratch space `make` gives (the replay's: an anonymous temporary file),
+/// 56 bytes a job, and every pass over the jobs merges the runs. A log of one chunk
+/// stays in memory.
+pub fn sort_swf<R: BufRead>(
+    reader: R,
+    what: &str,
+    chunk: usize,
+    make: MakeScratch<'_>,
+) -> Result<SortedSwf> {
     let mut r = SwfReader::new(reader, what, Order::Sort);
-    let mut sorter = Sorter::new(what, chunk);
+    let mut sorter = Sorter::new(what, chunk, make);
     while let Some((job, line)) = r.next_job()? {
         sorter.push(JobAt { job, line })?;
     }
@@ -402,6 +408,7 @@ const FIELD_NAMES: [&str; 18] = [
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trace::extsort::in_memory;
 
     #[test]
     fn parses_header_and_jobs() {
@@ -514,7 +521,7 @@ mod tests {
             .zip(want.lines.clone())
             .collect();
         for (chunk, runs) in [(3, 14), (40, 0), (SORT_CHUNK, 0)] {
-            let got = sort_swf(text.as_bytes(), "u.swf", chunk).unwrap();
+            let got = sort_swf(text.as_bytes(), "u.swf", chunk, &in_memory).unwrap();
             assert_eq!(got.runs(), runs);
             assert_eq!((got.header, got.sorted), (want.log.header(), want.sorted));
             for _ in 0..2 {
@@ -523,7 +530,7 @@ mod tests {
             }
         }
         // Errors of the read are the parser's.
-        let e = sort_swf("; x\n 1 0 -1 100 16\n".as_bytes(), "a.swf", 3)
+        let e = sort_swf("; x\n 1 0 -1 100 16\n".as_bytes(), "a.swf", 3, &in_memory)
             .err()
             .unwrap();
         assert!(e.to_string().starts_with("a.swf:2: only 5 fields"), "{e}");

@@ -334,7 +334,13 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
                     sorted,
                 ),
                 None => {
-                    let (tr, sorted) = sort_node_events(input.open()?, &name, &win, row_chunk)?;
+                    let (tr, sorted) = sort_node_events(
+                        input.open()?,
+                        &name,
+                        &win,
+                        row_chunk,
+                        &record::TempScratch::make,
+                    )?;
                     (Source::Sorted(tr), sorted)
                 }
             };
@@ -369,7 +375,12 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
                     header: scan.header,
                 })
             } else {
-                Box::new(sort_swf(open(p)?, &name, swf_chunk)?)
+                Box::new(sort_swf(
+                    open(p)?,
+                    &name,
+                    swf_chunk,
+                    &record::TempScratch::make,
+                )?)
             };
             let cfg = SchedConfig {
                 backfill: o.backfill,

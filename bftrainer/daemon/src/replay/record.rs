@@ -10,9 +10,37 @@ use super::{Loaded, Options};
 use anyhow::Context;
 use bftrainer_core::engine::{Action, Record};
 use bftrainer_core::sim::{Recorder, SizeRecord, StepRecord};
+use bftrainer_core::trace::Scratch;
 use std::fs::File;
 use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+/// Scratch space for sorting an input out of time order: an anonymous temporary file
+/// in $TMPDIR (else /tmp), deleted when closed, appended through a buffer and read
+/// back with positional reads (so that passes over it never share an offset).
+pub(super) struct TempScratch(BufWriter<File>);
+
+impl TempScratch {
+    pub fn make() -> std::io::Result<Box<dyn Scratch>> {
+        Ok(Box::new(TempScratch(BufWriter::with_capacity(
+            64 << 10,
+            tempfile::tempfile()?,
+        ))))
+    }
+}
+
+impl Scratch for TempScratch {
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.0.write_all(bytes)
+    }
+    fn seal(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.0.get_ref().read_exact_at(buf, offset)
+    }
+}
 
 /// An output file being written: a hidden temporary file beside `path`, renamed over it
 /// by [`Spool::commit`]; dropped uncommitted, the temporary file is removed and `path`
