@@ -25,6 +25,8 @@ const SUMMIT: &str = "bftrainer-summit/node-events.csv.gz";
 const JOBS: &str = "bftrainer-summit/jobs-imagenet-imgps-1001.csv";
 /// Cargo builds the package's binaries, in the bench profile, before its benchmarks.
 const BFTRAINER: &str = env!("CARGO_BIN_EXE_bftrainer");
+/// The machine of issue 13's year-long target.
+const YEAR_NODES: i64 = 4360;
 
 /// The value after `name` on the command line.
 fn arg(name: &str) -> Option<String> {
@@ -83,30 +85,75 @@ fn steps(swf: &Path) -> Result<(i64, f64)> {
     Ok((max_id + 1, (last - first).ceil() + 1.0))
 }
 
+/// How a log is rewritten: onto a larger machine, and out of order.
+#[derive(Clone, Copy)]
+struct Rewrite {
+    /// Machine size: `MaxNodes` becomes this, `MaxProcs` and every job's processor
+    /// counts (fields 5 and 8) scale with it; `None` keeps the log's.
+    nodes: Option<(i64, f64)>,
+    /// Swap each pair of job lines (half the jobs out of submit order), streaming.
+    swap_pairs: bool,
+}
+
+const AS_IS: Rewrite = Rewrite {
+    nodes: None,
+    swap_pairs: false,
+};
+
 /// `copies` back-to-back copies of the log at `swf`, the header once, gzipped into
 /// `out`; returns the lines written.
 fn write_copies(
     swf: &Path,
     (id_step, span): (i64, f64),
     copies: usize,
+    rw: Rewrite,
     out: &Path,
 ) -> Result<usize> {
     let mut w = GzEncoder::new(BufWriter::new(File::create(out)?), Compression::fast());
     let mut lines = 0;
+    let mut held: Option<String> = None;
     for k in 0..copies {
         each_line(swf, |line| {
             match job_fields(line)? {
-                None if k == 0 => writeln!(w, "{line}")?,
+                None if k == 0 => match rw.nodes {
+                    Some((n, _)) if line.contains("MaxNodes:") => writeln!(w, "; MaxNodes: {n}")?,
+                    Some((_, scale)) if line.contains("MaxProcs:") => {
+                        let procs = num(line.split(':').nth(1).unwrap_or("").trim())?;
+                        writeln!(w, "; MaxProcs: {}", (procs * scale).round() as i64)?;
+                    }
+                    _ => writeln!(w, "{line}")?,
+                },
                 None => return Ok(()),
                 Some(f) => {
                     let id = f[0].parse::<i64>()? + k as i64 * id_step;
                     let submit = shift(f[1], k as f64 * span)?;
-                    writeln!(w, "{id} {submit} {}", f[2..].join(" "))?;
+                    let mut rest: Vec<String> = f[2..].iter().map(|s| s.to_string()).collect();
+                    if let Some((_, scale)) = rw.nodes {
+                        // Fields 5 and 8 (processors): rest[2] and rest[5].
+                        for i in [2, 5] {
+                            let p = num(&rest[i])?;
+                            if p > 0.0 {
+                                rest[i] = ((p * scale).round() as i64).max(1).to_string();
+                            }
+                        }
+                    }
+                    let text = format!("{id} {submit} {}", rest.join(" "));
+                    match held.take() {
+                        Some(prev) => {
+                            writeln!(w, "{text}")?;
+                            writeln!(w, "{prev}")?;
+                        }
+                        None if rw.swap_pairs => held = Some(text),
+                        None => writeln!(w, "{text}")?,
+                    }
                 }
             }
             lines += 1;
             Ok(())
         })?;
+    }
+    if let Some(prev) = held {
+        writeln!(w, "{prev}")?;
     }
     w.finish()?.flush()?;
     Ok(lines)
@@ -254,7 +301,7 @@ fn bench(dir: &Path) -> Result<()> {
     let (mut rss_lo, mut rss_hi, mut worst) = (f64::INFINITY, 0.0f64, 0.0f64);
     for &k in &copies {
         let copy = dir.join(format!("atlas-x{k}.swf.gz"));
-        let lines = write_copies(&swf, steps, k, &copy)?;
+        let lines = write_copies(&swf, steps, k, AS_IS, &copy)?;
         let r = measure(
             &["--swf", copy.to_str().ok_or("non-UTF-8 temp dir")?],
             runs,
@@ -291,6 +338,27 @@ fn bench(dir: &Path) -> Result<()> {
         "\nSummit trace: {:.1} MB, {:.3} s (target 1 s, 64 MB); {:.1} h, {:.1} harvested node-h",
         r.rss_mb, r.wall_s, r.hours, r.harvested_node_h
     );
+
+    // No year-long log of a 4,000-node machine is at hand: the stand-in is the Atlas
+    // log on a 4,360-node machine (every job's processors x 4360/1152, so the load is
+    // Atlas's), two copies (386 days), replayed over 8,760 h.
+    println!("\nA year of a 4,360-node machine (stand-in: Atlas x 4360/1152, two copies, --hours 8760; target 2 s, 128 MB)");
+    let scale = (YEAR_NODES, YEAR_NODES as f64 / 1152.0);
+    for (what, swap_pairs) in [("sorted", false), ("unsorted", true)] {
+        let year = dir.join(format!("year-{what}.swf.gz"));
+        let rw = Rewrite {
+            nodes: Some(scale),
+            swap_pairs,
+        };
+        write_copies(&swf, steps, 2, rw, &year)?;
+        let path = year.to_str().ok_or("non-UTF-8 temp dir")?;
+        let r = measure(&["--swf", path, "--hours", "8760"], runs, dir)?;
+        println!(
+            "  {what:<9} {:>7.1} MB {:>7.3} s; {:.1} h, {:.1} harvested node-h",
+            r.rss_mb, r.wall_s, r.hours, r.harvested_node_h
+        );
+        std::fs::remove_file(&year)?;
+    }
     println!(
         "(this process's own peak RSS: {:.1} MB, a floor under the figures)",
         own_peak_rss_mb()
