@@ -5,7 +5,9 @@
 mod sim_common;
 
 use bftrainer_core::alloc::{Curve, Instance, Solution};
-use bftrainer_core::engine::{Action, ElasticSpec, Engine, EngineConfig, Event, Exact, NodeState};
+use bftrainer_core::engine::{
+    Action, ElasticSpec, Engine, EngineConfig, Event, Exact, JobStatus, NodeState,
+};
 use bftrainer_core::sim::SimConfig;
 use bftrainer_core::Error;
 use sim_common::*;
@@ -726,4 +728,32 @@ fn lending_pause_drain_resume() {
         bftrainer_core::engine::Record::from_json_line(&line).unwrap(),
         r
     );
+}
+
+/// A finished job can be forgotten (a replay of years keeps only live jobs): its status
+/// stays, an event naming it is refused as "forgotten", and a live job is not forgotten.
+#[test]
+fn finished_jobs_can_be_forgotten() {
+    let mut e = engine_with(
+        Exact::default(),
+        2,
+        &[0, 1],
+        &[spec("a", 1, 2), spec("b", 1, 2)],
+    );
+    e.on_event(&Event::Tick, 1.0).unwrap();
+    assert_eq!(e.job_status(0), JobStatus::Active);
+    assert!(!e.forget_job(0), "an active job is kept");
+    e.on_event(&Event::JobFinished { job: 0 }, 2.0).unwrap();
+    assert!(e.forget_job(0));
+    assert!(!e.forget_job(0), "forgotten once");
+    assert_eq!(e.job_status(0), JobStatus::Finished);
+    assert_eq!(e.n_jobs(), 2);
+    let err = e
+        .on_event(&Event::JobFinished { job: 0 }, 3.0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("forgotten job 0"), "{err}");
+    // The other job goes on: it gets the freed nodes.
+    e.on_event(&Event::Tick, 4.0).unwrap();
+    assert_eq!(e.job_nodes(1).len(), 2);
 }

@@ -137,6 +137,61 @@ struct JobSlot {
     in_decision: bool,
 }
 
+/// The engine's jobs by id. A finished or cancelled job may be forgotten
+/// ([`Engine::forget_job`]): its slot is freed and only its status kept, so that a replay
+/// that submits jobs for years holds the live ones only.
+#[derive(Default)]
+struct Jobs(Vec<Entry>);
+
+enum Entry {
+    Live(Box<JobSlot>),
+    Forgotten(JobStatus),
+}
+
+impl Jobs {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn push(&mut self, slot: JobSlot) {
+        self.0.push(Entry::Live(Box::new(slot)));
+    }
+
+    /// The job's slot; `None` for an unknown or forgotten job.
+    fn get(&self, j: usize) -> Option<&JobSlot> {
+        match self.0.get(j) {
+            Some(Entry::Live(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn status(&self, j: usize) -> JobStatus {
+        match &self.0[j] {
+            Entry::Live(s) => s.status,
+            Entry::Forgotten(st) => *st,
+        }
+    }
+}
+
+impl std::ops::Index<usize> for Jobs {
+    type Output = JobSlot;
+    fn index(&self, j: usize) -> &JobSlot {
+        match &self.0[j] {
+            Entry::Live(s) => s,
+            Entry::Forgotten(_) => panic!("job {j} was forgotten"),
+        }
+    }
+}
+
+impl std::ops::IndexMut<usize> for Jobs {
+    fn index_mut(&mut self, j: usize) -> &mut JobSlot {
+        match &mut self.0[j] {
+            Entry::Live(s) => s,
+            Entry::Forgotten(_) => panic!("job {j} was forgotten"),
+        }
+    }
+}
+
 /// Counters of the engine's own work.
 #[derive(Debug, Clone, Default)]
 pub struct EngineStats {
@@ -152,7 +207,7 @@ pub struct Engine<A> {
     /// Nodes open to elastic jobs: idle or held. `inst.nodes[i]` describes `pool[i]`.
     pool: Vec<NodeId>,
     inst: Instance,
-    jobs: Vec<JobSlot>,
+    jobs: Jobs,
     queue: VecDeque<JobId>,
     active: Vec<JobId>,
     /// `inst.jobs` no longer matches `active`.
@@ -190,7 +245,7 @@ impl<A: Allocator> Engine<A> {
                 reclaim_in_s: Vec::new(),
                 jobs: Vec::new(),
             },
-            jobs: Vec::new(),
+            jobs: Jobs::default(),
             queue: VecDeque::new(),
             active: Vec::new(),
             active_changed: false,
@@ -252,7 +307,23 @@ impl<A: Allocator> Engine<A> {
     }
 
     pub fn job_status(&self, j: JobId) -> JobStatus {
-        self.jobs[j as usize].status
+        self.jobs.status(j as usize)
+    }
+
+    /// Frees a finished or cancelled job's slot, keeping its status: afterwards only
+    /// [`Engine::job_status`] may be asked about it, and an event naming it is refused.
+    /// Returns false (and forgets nothing) for a job still queued or active.
+    pub fn forget_job(&mut self, j: JobId) -> bool {
+        match self.jobs.0.get(j as usize) {
+            Some(Entry::Live(s))
+                if matches!(s.status, JobStatus::Finished | JobStatus::Cancelled) =>
+            {
+                let st = s.status;
+                self.jobs.0[j as usize] = Entry::Forgotten(st);
+                true
+            }
+            _ => false,
+        }
     }
 
     pub fn job_spec(&self, j: JobId) -> &ElasticSpec {
@@ -288,9 +359,14 @@ impl<A: Allocator> Engine<A> {
     }
 
     fn job(&self, j: JobId, now: f64) -> Result<&JobSlot> {
-        self.jobs
-            .get(j as usize)
-            .ok_or_else(|| Self::err(now, format!("unknown job {j}")))
+        self.jobs.get(j as usize).ok_or_else(|| {
+            let what = if (j as usize) < self.jobs.len() {
+                "forgotten"
+            } else {
+                "unknown"
+            };
+            Self::err(now, format!("{what} job {j}"))
+        })
     }
 
     fn pool_add(&mut self, n: NodeId) {

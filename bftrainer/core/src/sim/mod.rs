@@ -217,6 +217,113 @@ struct SimJob {
     last_size: u32,
 }
 
+/// The simulator's jobs by engine id. With a generated workload (`--repeat`,
+/// `--arrivals`) a finished copy is folded into its file job's [`Folded`] and its slot
+/// freed, so that a replay of years holds only the live jobs.
+#[derive(Default)]
+struct SimJobs {
+    slots: Vec<Option<Box<SimJob>>>,
+    /// No job below this index is live.
+    first_live: usize,
+}
+
+impl SimJobs {
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn push(&mut self, s: SimJob) {
+        self.slots.push(Some(Box::new(s)));
+    }
+
+    /// Frees a job's slot, handing its state back.
+    fn take(&mut self, j: usize) -> SimJob {
+        let s = *self.slots[j].take().expect("taken once");
+        while self.slots.get(self.first_live).is_some_and(Option::is_none) {
+            self.first_live += 1;
+        }
+        s
+    }
+
+    /// The live jobs, in id order.
+    fn live(&self) -> impl Iterator<Item = (usize, &SimJob)> {
+        self.slots[self.first_live..]
+            .iter()
+            .enumerate()
+            .filter_map(move |(k, s)| s.as_deref().map(|s| (self.first_live + k, s)))
+    }
+
+    fn live_mut(&mut self) -> impl Iterator<Item = &mut SimJob> {
+        self.slots[self.first_live..]
+            .iter_mut()
+            .filter_map(|s| s.as_deref_mut())
+    }
+}
+
+impl std::ops::Index<usize> for SimJobs {
+    type Output = SimJob;
+    fn index(&self, j: usize) -> &SimJob {
+        self.slots[j].as_deref().expect("a live job")
+    }
+}
+
+impl std::ops::IndexMut<usize> for SimJobs {
+    fn index_mut(&mut self, j: usize) -> &mut SimJob {
+        self.slots[j].as_deref_mut().expect("a live job")
+    }
+}
+
+/// The copies of one file job, summed (generated workloads).
+#[derive(Debug, Clone, Default)]
+struct Folded {
+    copies: u64,
+    admitted: u64,
+    first_admit_sum: f64,
+    completed: u64,
+    jct_sum: f64,
+    /// Samples as the report counts them (each copy within its total), and net.
+    samples: f64,
+    progress: f64,
+    node_s: f64,
+    gross: f64,
+    rescale_loss: f64,
+    preempt_loss: f64,
+    overrun_loss: f64,
+    /// The status of the copy submitted last.
+    status: Option<&'static str>,
+}
+
+impl Folded {
+    fn add(&mut self, s: &SimJob, rec: &JobRecord, status: &'static str) {
+        self.copies += 1;
+        if let Some(a) = s.first_admit {
+            self.admitted += 1;
+            self.first_admit_sum += a - s.submit_rel;
+        }
+        if let Some(f) = s.finished {
+            self.completed += 1;
+            self.jct_sum += f - s.submit_rel;
+        }
+        self.samples += s.progress.max(0.0).min(rec.total_samples);
+        self.progress += s.progress;
+        self.node_s += s.node_s;
+        self.gross += s.gross;
+        self.rescale_loss += s.rescale_loss;
+        self.preempt_loss += s.preempt_loss;
+        self.overrun_loss += s.overrun_loss;
+        self.status = Some(status);
+    }
+}
+
+fn status_name(st: JobStatus) -> &'static str {
+    match st {
+        JobStatus::Queued => "queued",
+        JobStatus::Active => "running",
+        JobStatus::Finished => "finished",
+        JobStatus::Cancelled => "cancelled",
+    }
+}
+
 fn splitmix64(x: &mut u64) -> u64 {
     *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *x;
@@ -359,7 +466,12 @@ struct Sim<'a, A> {
     idle_list: Vec<u32>,
     idle_pos: Vec<u32>,
     holder: Vec<u32>,
-    jobs: Vec<SimJob>,
+    jobs: SimJobs,
+    /// Generated workloads: finished copies folded per file job (empty otherwise), their
+    /// completion times, and their net samples in all.
+    folded: Vec<Folded>,
+    folded_jcts: Vec<f64>,
+    folded_progress: f64,
     held_total: u32,
     draining_total: u32,
     /// (until, job), relative seconds.
@@ -447,7 +559,14 @@ impl<'a, A: Allocator> Sim<'a, A> {
             idle_list: Vec::new(),
             idle_pos: vec![NONE; n],
             holder: vec![NONE; n],
-            jobs: Vec::new(),
+            jobs: SimJobs::default(),
+            folded: if cfg.workload == Workload::File {
+                Vec::new()
+            } else {
+                vec![Folded::default(); recs.len()]
+            },
+            folded_jcts: Vec::new(),
+            folded_progress: 0.0,
             held_total: 0,
             draining_total: 0,
             draining: Vec::new(),
@@ -766,6 +885,19 @@ impl<'a, A: Allocator> Sim<'a, A> {
         }
     }
 
+    /// Folds a finished copy of a generated workload into its file job's sums and
+    /// frees its slot here and in the engine.
+    fn fold(&mut self, j: JobId) {
+        let s = self.jobs.take(j as usize);
+        let rec = &self.recs[s.rec as usize];
+        if let Some(f) = s.finished {
+            self.folded_jcts.push(f - s.submit_rel);
+        }
+        self.folded_progress += s.progress;
+        self.folded[s.rec as usize].add(&s, rec, "finished");
+        self.engine.forget_job(j);
+    }
+
     /// Finishes the active jobs whose progress has reached their total at `t`: their
     /// nodes go back to the pool, samples past the total count as overrun loss.
     fn complete_jobs(&mut self, t: f64) -> Result<()> {
@@ -795,6 +927,9 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 if self.cfg.workload == Workload::Repeat {
                     let r = self.jobs[j as usize].rec;
                     self.resubmit.push_back((t, r));
+                }
+                if !self.folded.is_empty() {
+                    self.fold(j);
                 }
             }
         }
@@ -1005,7 +1140,12 @@ impl<'a, A: Allocator> Sim<'a, A> {
             self.check_state(t, decided && self.engine.stats.kept == before.1)?;
         }
         if self.cfg.record {
-            let samples = self.jobs.iter().map(|s| s.progress).sum();
+            let live: f64 = self.jobs.live().map(|(_, s)| s.progress).sum();
+            let samples = if self.folded.is_empty() {
+                live
+            } else {
+                live + self.folded_progress
+            };
             self.rec.step(&StepRecord {
                 t: self.t0 + t,
                 idle_nodes: self.idle_list.len() as u32,
@@ -1099,45 +1239,82 @@ impl<'a, A: Allocator> Sim<'a, A> {
         }
         // A job past its total that no event saw done (Steps::Trace, cut windows): the
         // excess is overrun, not work.
-        for s in self.jobs.iter_mut() {
+        for s in self.jobs.live_mut() {
             let rec = &self.recs[s.rec as usize];
             if s.progress > rec.total_samples {
                 s.overrun_loss += s.progress - rec.total_samples;
                 s.progress = rec.total_samples;
             }
         }
-        let mut per_job = Vec::with_capacity(self.jobs.len());
-        let mut jcts = Vec::new();
-        for (j, s) in self.jobs.iter().enumerate() {
+        let mut per_job = Vec::new();
+        let mut jcts = std::mem::take(&mut self.folded_jcts);
+        for (j, s) in self.jobs.live() {
+            if let Some(f) = s.finished {
+                jcts.push(f - s.submit_rel);
+            }
+            if !self.folded.is_empty() {
+                continue;
+            }
             let rec = &self.recs[s.rec as usize];
             let submit_rel = s.submit_rel;
-            let jct = s.finished.map(|f| f - submit_rel);
-            if let Some(x) = jct {
-                jcts.push(x);
-            }
             per_job.push(JobReport {
                 name: s.name.clone().unwrap_or_else(|| rec.name.clone()),
                 submit: format_time(s.submit_abs),
-                status: match self.engine.job_status(j as u32) {
-                    JobStatus::Queued => "queued",
-                    JobStatus::Active => "running",
-                    JobStatus::Finished => "finished",
-                    JobStatus::Cancelled => "cancelled",
-                }
-                .into(),
+                status: status_name(self.engine.job_status(j as u32)).into(),
                 first_admit_s: s.first_admit.map(|a| a - submit_rel),
-                jct_s: jct,
+                jct_s: s.finished.map(|f| f - submit_rel),
                 samples: s.progress.max(0.0).min(rec.total_samples),
                 node_h: s.node_s / 3600.0,
                 rescale_loss_samples: s.rescale_loss,
                 preemption_loss_samples: s.preempt_loss,
                 overrun_loss_samples: s.overrun_loss,
+                copies: None,
             });
             let _ = s.submitted;
         }
         jcts.sort_by(f64::total_cmp);
-        let samples: f64 = self.jobs.iter().map(|s| s.progress).sum();
-        let gross: f64 = self.jobs.iter().map(|s| s.gross).sum();
+        let live = |f: fn(&SimJob) -> f64| -> f64 { self.jobs.live().map(|(_, s)| f(s)).sum() };
+        let (mut samples, mut gross) = (live(|s| s.progress), live(|s| s.gross));
+        let mut rescale = live(|s| s.rescale_loss);
+        let mut preempt = live(|s| s.preempt_loss);
+        let mut overrun = live(|s| s.overrun_loss);
+        let mut admitted = self
+            .jobs
+            .live()
+            .filter(|(_, s)| s.first_admit.is_some())
+            .count();
+        if !self.folded.is_empty() {
+            // One row per file job over its copies: the folded ones and those live.
+            let mut all = self.folded.clone();
+            for (j, s) in self.jobs.live() {
+                let st = status_name(self.engine.job_status(j as u32));
+                all[s.rec as usize].add(s, &self.recs[s.rec as usize], st);
+            }
+            for f in &self.folded {
+                samples += f.progress;
+                gross += f.gross;
+                rescale += f.rescale_loss;
+                preempt += f.preempt_loss;
+                overrun += f.overrun_loss;
+                admitted += f.admitted as usize;
+            }
+            for (a, rec) in all.iter().zip(self.recs) {
+                let mean = |sum: f64, n: u64| (n > 0).then(|| sum / n as f64);
+                per_job.push(JobReport {
+                    name: rec.name.clone(),
+                    submit: format_time(rec.submit),
+                    status: a.status.unwrap_or("not submitted").into(),
+                    first_admit_s: mean(a.first_admit_sum, a.admitted),
+                    jct_s: mean(a.jct_sum, a.completed),
+                    samples: a.samples,
+                    node_h: a.node_s / 3600.0,
+                    rescale_loss_samples: a.rescale_loss,
+                    preemption_loss_samples: a.preempt_loss,
+                    overrun_loss_samples: a.overrun_loss,
+                    copies: Some(a.copies),
+                });
+            }
+        }
         let mut ds = self.decision_s.clone();
         ds.sort_by(f64::total_cmp);
         let c = &self.counts;
@@ -1172,14 +1349,14 @@ impl<'a, A: Allocator> Sim<'a, A> {
             samples,
             samples_dedicated: gross,
             efficiency: if gross > 0.0 { samples / gross } else { 0.0 },
-            rescale_loss_samples: self.jobs.iter().map(|s| s.rescale_loss).sum(),
-            preemption_loss_samples: self.jobs.iter().map(|s| s.preempt_loss).sum(),
-            overrun_loss_samples: self.jobs.iter().map(|s| s.overrun_loss).sum(),
+            rescale_loss_samples: rescale,
+            preemption_loss_samples: preempt,
+            overrun_loss_samples: overrun,
             actions: c.actions,
             preempted_nodes: c.preempted_nodes,
             jobs_in_file: self.recs.len(),
             jobs_submitted: self.jobs.len(),
-            jobs_admitted: self.jobs.iter().filter(|s| s.first_admit.is_some()).count(),
+            jobs_admitted: admitted,
             jobs_completed: jcts.len(),
             jct_mean_s: (!jcts.is_empty()).then(|| jcts.iter().sum::<f64>() / jcts.len() as f64),
             jct_p50_s: percentile(&jcts, 0.50),
@@ -1248,6 +1425,7 @@ mod tests {
             workload,
             seed,
             record: true,
+            journal: true,
             ..SimConfig::default()
         };
         let (mut c, mut p) = (|| 0.0, |_f: f64| {});
@@ -1285,12 +1463,31 @@ mod tests {
         assert!(r.jobs_completed > 20, "{}", r.jobs_completed);
         assert_eq!(r.jobs_submitted, r.jobs_completed + 2);
         assert!((r.harvested_node_h - r.idle_node_h).abs() < 1e-6 * r.idle_node_h);
-        // Names: the file's, then NAME#k per resubmission; fresh ids in order.
-        let names: Vec<&str> = r.jobs.iter().map(|j| j.name.as_str()).collect();
+        // Names: the file's, then NAME#k per resubmission, fresh ids in order; A#1 is
+        // submitted when A finishes.
+        let subs = submitted(&out);
+        let names: Vec<&str> = subs.iter().map(|s| s.1.as_str()).collect();
         assert_eq!(&names[..4], ["A", "B", "A#1", "B#1"]);
-        assert_eq!(
-            r.jobs[2].submit,
-            format_time(r.jobs[0].jct_s.unwrap() as i64)
+        assert_eq!(subs[2].0, finished(&out, 0));
+        // The report: one row per file job over its copies.
+        let rows: Vec<(&str, u64)> = r
+            .jobs
+            .iter()
+            .map(|j| (j.name.as_str(), j.copies.unwrap()))
+            .collect();
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].0, rows[1].0), ("A", "B"));
+        assert_eq!(rows[0].1 + rows[1].1, r.jobs_submitted as u64);
+        assert!(r
+            .jobs
+            .iter()
+            .all(|j| j.status == "running" && j.jct_s.is_some()));
+        // No per-copy figure is lost in the sums.
+        let samples: f64 = r.jobs.iter().map(|j| j.samples).sum();
+        assert!(
+            (samples - r.samples).abs() < 1e-6 * r.samples,
+            "{samples} {}",
+            r.samples
         );
         // Node 0 was claimed under a job: a preemption loss, the capacity is below idle.
         assert!(r.preemption_loss_node_h > 0.0);
@@ -1301,19 +1498,40 @@ mod tests {
         assert_eq!(run(&tr, &jobs, Workload::Repeat, 0).unwrap().report, *r);
     }
 
+    /// (time, name) of every job submission, from the journal.
+    fn submitted(out: &Outcome) -> Vec<(f64, String)> {
+        out.journal
+            .iter()
+            .filter_map(|r| match &r.event {
+                Event::JobSubmitted { spec, .. } => Some((r.t, spec.name.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// When job `j` finished, from the journal.
+    fn finished(out: &Outcome, j: JobId) -> f64 {
+        out.journal
+            .iter()
+            .find(|r| r.event == Event::JobFinished { job: j })
+            .map(|r| r.t)
+            .expect("finished")
+    }
+
     /// --repeat with a job file of one job: one job at a time, resubmitted each time it
     /// finishes; time moves forward and the replay ends at the window's end.
     #[test]
     fn repeat_of_a_single_job_cycles_it() {
         let tr = four_nodes(5);
-        let r = run(&tr, &[job("J", 0, 60_000.0)], Workload::Repeat, 0)
-            .unwrap()
-            .report;
+        let out = run(&tr, &[job("J", 0, 60_000.0)], Workload::Repeat, 0).unwrap();
+        let r = out.report.clone();
         assert!(r.jobs_completed >= 10, "{}", r.jobs_completed);
         assert_eq!(r.jobs_submitted, r.jobs_completed + 1);
-        assert_eq!(r.jobs.last().unwrap().status, "running");
+        assert_eq!(r.jobs.len(), 1);
+        assert_eq!(r.jobs[0].status, "running");
+        assert_eq!(r.jobs[0].copies, Some(r.jobs_submitted as u64));
         let k = r.jobs_completed;
-        assert_eq!(r.jobs.last().unwrap().name, format!("J#{k}"));
+        assert_eq!(submitted(&out).last().unwrap().1, format!("J#{k}"));
         capacity_holds(&r);
     }
 
@@ -1334,10 +1552,13 @@ mod tests {
         let n = a.report.jobs_submitted as f64;
         assert!((n - 600.0).abs() < 4.0 * 600f64.sqrt(), "{n}");
         // Both records are drawn; the file's submit times are not used.
-        let first = &a.report.jobs[0];
-        assert!(first.name == "A" || first.name == "B");
-        assert!(a.report.jobs.iter().any(|j| j.name.starts_with("A#")));
-        assert!(a.report.jobs.iter().any(|j| j.name.starts_with("B#")));
+        let subs = submitted(&a);
+        assert!(subs[0].1 == "A" || subs[0].1 == "B");
+        assert!(subs.iter().any(|s| s.1.starts_with("A#")));
+        assert!(subs.iter().any(|s| s.1.starts_with("B#")));
+        let copies: Vec<u64> = a.report.jobs.iter().map(|j| j.copies.unwrap()).collect();
+        assert!(copies.iter().all(|&c| c > 100), "{copies:?}");
+        assert_eq!(copies.iter().sum::<u64>(), a.report.jobs_submitted as u64);
         let t1 = a.steps.iter().position(|s| s.active_jobs > 0).unwrap();
         assert!(a.steps[t1..]
             .iter()

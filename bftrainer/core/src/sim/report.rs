@@ -21,6 +21,11 @@ pub struct JobReport {
     /// Samples computed after the job's total was reached, before it was seen done
     /// (only with `Steps::Trace`).
     pub overrun_loss_samples: f64,
+    /// `--repeat` and `--arrivals`: one row per job of the file, over its copies
+    /// (`NAME#k`): how many were submitted; times are the copies' means, samples,
+    /// node-hours and losses their sums, the status the last copy's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copies: Option<u64>,
 }
 
 /// Harvest report of one replay. Node-hours: `idle = harvested + unused` exactly.
