@@ -443,7 +443,18 @@ fn repeat_cycles_a_single_job() {
         "one.csv",
         &format!("{JOBS_HEADER}E1,2021-02-10T20:21:15,1,8,5,5,480000,1 8,100 800,1 8\n"),
     );
-    let o = replay(&["--jobs", &jobs, "--hours", "3", "--repeat", "--json"]);
+    let sizes = dir.path().join("sizes.csv");
+    let sizes_arg = sizes.to_str().unwrap();
+    let o = replay(&[
+        "--jobs",
+        &jobs,
+        "--hours",
+        "3",
+        "--repeat",
+        "--json",
+        "--sizes-csv",
+        sizes_arg,
+    ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
@@ -451,13 +462,23 @@ fn repeat_cycles_a_single_job() {
     let done = r["jobs_completed"].as_u64().unwrap();
     assert!(done >= 10, "{done}");
     assert_eq!(r["jobs_submitted"].as_u64().unwrap(), done + 1);
-    let names: Vec<&str> = r["jobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|j| j["name"].as_str().unwrap())
-        .collect();
+    // The report: one row for the file's job, over its copies.
+    let rows = r["jobs"].as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["name"], "E1");
+    assert_eq!(rows[0]["copies"], r["jobs_submitted"]);
+    assert_eq!(rows[0]["status"], "running");
+    // Each copy under its own name, in the sizes written as the replay went.
+    let csv = std::fs::read_to_string(&sizes).unwrap();
+    let mut names: Vec<&str> = Vec::new();
+    for l in csv.lines().skip(1) {
+        let name = l.split(',').nth(2).unwrap();
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
     assert_eq!(&names[..3], ["E1", "E1#1", "E1#2"]);
+    assert_eq!(names.len() as u64, done + 1);
     assert_eq!(v["settings"]["workload"]["mode"], "repeat");
     let h = |k: &str| r[k].as_f64().unwrap();
     assert!(h("harvestable_node_h") <= h("idle_node_h"));

@@ -138,10 +138,17 @@ struct JobSlot {
 }
 
 /// The engine's jobs by id. A finished or cancelled job may be forgotten
-/// ([`Engine::forget_job`]): its slot is freed and only its status kept, so that a replay
-/// that submits jobs for years holds the live ones only.
+/// ([`Engine::forget_job`]): its slot is freed and only its status kept, and the
+/// forgotten jobs below every live one are dropped altogether, so that a replay that
+/// submits jobs for years holds about the live ones only.
 #[derive(Default)]
-struct Jobs(Vec<Entry>);
+struct Jobs {
+    /// Jobs from id `base` on.
+    slots: VecDeque<Entry>,
+    base: usize,
+    /// Dropped jobs (ids below `base`) that were cancelled; the others finished.
+    cancelled: std::collections::BTreeSet<usize>,
+}
 
 enum Entry {
     Live(Box<JobSlot>),
@@ -150,44 +157,75 @@ enum Entry {
 
 impl Jobs {
     fn len(&self) -> usize {
-        self.0.len()
+        self.base + self.slots.len()
     }
 
     fn push(&mut self, slot: JobSlot) {
-        self.0.push(Entry::Live(Box::new(slot)));
+        self.slots.push_back(Entry::Live(Box::new(slot)));
+    }
+
+    fn entry(&self, j: usize) -> Option<&Entry> {
+        j.checked_sub(self.base).and_then(|k| self.slots.get(k))
     }
 
     /// The job's slot; `None` for an unknown or forgotten job.
     fn get(&self, j: usize) -> Option<&JobSlot> {
-        match self.0.get(j) {
+        match self.entry(j) {
             Some(Entry::Live(s)) => Some(s),
             _ => None,
         }
     }
 
     fn status(&self, j: usize) -> JobStatus {
-        match &self.0[j] {
-            Entry::Live(s) => s.status,
-            Entry::Forgotten(st) => *st,
+        match self.entry(j) {
+            Some(Entry::Live(s)) => s.status,
+            Some(Entry::Forgotten(st)) => *st,
+            None if j < self.base && self.cancelled.contains(&j) => JobStatus::Cancelled,
+            None if j < self.base => JobStatus::Finished,
+            None => panic!("unknown job {j}"),
         }
+    }
+
+    /// Forgets a finished or cancelled job; false for a live or unknown one.
+    fn forget(&mut self, j: usize) -> bool {
+        let Some(k) = j.checked_sub(self.base) else {
+            return false;
+        };
+        match self.slots.get(k) {
+            Some(Entry::Live(s))
+                if matches!(s.status, JobStatus::Finished | JobStatus::Cancelled) =>
+            {
+                self.slots[k] = Entry::Forgotten(s.status);
+            }
+            _ => return false,
+        }
+        while let Some(Entry::Forgotten(st)) = self.slots.front() {
+            if *st == JobStatus::Cancelled {
+                self.cancelled.insert(self.base);
+            }
+            self.slots.pop_front();
+            self.base += 1;
+        }
+        true
     }
 }
 
 impl std::ops::Index<usize> for Jobs {
     type Output = JobSlot;
     fn index(&self, j: usize) -> &JobSlot {
-        match &self.0[j] {
-            Entry::Live(s) => s,
-            Entry::Forgotten(_) => panic!("job {j} was forgotten"),
+        match self.entry(j) {
+            Some(Entry::Live(s)) => s,
+            _ => panic!("job {j} is unknown or forgotten"),
         }
     }
 }
 
 impl std::ops::IndexMut<usize> for Jobs {
     fn index_mut(&mut self, j: usize) -> &mut JobSlot {
-        match &mut self.0[j] {
-            Entry::Live(s) => s,
-            Entry::Forgotten(_) => panic!("job {j} was forgotten"),
+        let k = j.checked_sub(self.base);
+        match k.and_then(|k| self.slots.get_mut(k)) {
+            Some(Entry::Live(s)) => s,
+            _ => panic!("job {j} is unknown or forgotten"),
         }
     }
 }
@@ -314,16 +352,7 @@ impl<A: Allocator> Engine<A> {
     /// [`Engine::job_status`] may be asked about it, and an event naming it is refused.
     /// Returns false (and forgets nothing) for a job still queued or active.
     pub fn forget_job(&mut self, j: JobId) -> bool {
-        match self.jobs.0.get(j as usize) {
-            Some(Entry::Live(s))
-                if matches!(s.status, JobStatus::Finished | JobStatus::Cancelled) =>
-            {
-                let st = s.status;
-                self.jobs.0[j as usize] = Entry::Forgotten(st);
-                true
-            }
-            _ => false,
-        }
+        self.jobs.forget(j as usize)
     }
 
     pub fn job_spec(&self, j: JobId) -> &ElasticSpec {

@@ -4,6 +4,7 @@
 mod report;
 pub mod stack;
 
+use report::Timings;
 pub use report::{percentile, ActionCounts, JobReport, Report};
 
 use crate::engine::{
@@ -219,57 +220,60 @@ struct SimJob {
 
 /// The simulator's jobs by engine id. With a generated workload (`--repeat`,
 /// `--arrivals`) a finished copy is folded into its file job's [`Folded`] and its slot
-/// freed, so that a replay of years holds only the live jobs.
+/// freed; freed slots below every live job are dropped, so that a replay of years holds
+/// about the live jobs only.
 #[derive(Default)]
 struct SimJobs {
-    slots: Vec<Option<Box<SimJob>>>,
-    /// No job below this index is live.
-    first_live: usize,
+    /// Jobs from id `base` on; `None`: folded.
+    slots: std::collections::VecDeque<Option<Box<SimJob>>>,
+    base: usize,
 }
 
 impl SimJobs {
     fn len(&self) -> usize {
-        self.slots.len()
+        self.base + self.slots.len()
     }
 
     fn push(&mut self, s: SimJob) {
-        self.slots.push(Some(Box::new(s)));
+        self.slots.push_back(Some(Box::new(s)));
     }
 
     /// Frees a job's slot, handing its state back.
     fn take(&mut self, j: usize) -> SimJob {
-        let s = *self.slots[j].take().expect("taken once");
-        while self.slots.get(self.first_live).is_some_and(Option::is_none) {
-            self.first_live += 1;
+        let s = *self.slots[j - self.base].take().expect("taken once");
+        while self.slots.front().is_some_and(Option::is_none) {
+            self.slots.pop_front();
+            self.base += 1;
         }
         s
     }
 
     /// The live jobs, in id order.
     fn live(&self) -> impl Iterator<Item = (usize, &SimJob)> {
-        self.slots[self.first_live..]
+        let base = self.base;
+        self.slots
             .iter()
             .enumerate()
-            .filter_map(move |(k, s)| s.as_deref().map(|s| (self.first_live + k, s)))
+            .filter_map(move |(k, s)| s.as_deref().map(|s| (base + k, s)))
     }
 
     fn live_mut(&mut self) -> impl Iterator<Item = &mut SimJob> {
-        self.slots[self.first_live..]
-            .iter_mut()
-            .filter_map(|s| s.as_deref_mut())
+        self.slots.iter_mut().filter_map(|s| s.as_deref_mut())
     }
 }
 
 impl std::ops::Index<usize> for SimJobs {
     type Output = SimJob;
     fn index(&self, j: usize) -> &SimJob {
-        self.slots[j].as_deref().expect("a live job")
+        self.slots[j - self.base].as_deref().expect("a live job")
     }
 }
 
 impl std::ops::IndexMut<usize> for SimJobs {
     fn index_mut(&mut self, j: usize) -> &mut SimJob {
-        self.slots[j].as_deref_mut().expect("a live job")
+        self.slots[j - self.base]
+            .as_deref_mut()
+            .expect("a live job")
     }
 }
 
@@ -488,7 +492,7 @@ struct Sim<'a, A> {
     unused_ns: f64,
     grace_ns: f64,
     counts: Counts,
-    decision_s: Vec<f64>,
+    decision_s: Timings,
     /// Idle node-seconds that the active jobs could hold: the idle count when it is at
     /// least their smallest minimum, capped at the sum of their maxima.
     usable_ns: f64,
@@ -580,7 +584,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
             unused_ns: 0.0,
             grace_ns: 0.0,
             counts: Counts::default(),
-            decision_s: Vec::new(),
+            decision_s: Timings::default(),
             usable_ns: 0.0,
             preempt_loss_ns: 0.0,
             resubmit: Default::default(),
@@ -1078,7 +1082,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
         let took = (hooks.clock)() - c0;
         let decided = self.engine.stats.decisions > before.0;
         if decided {
-            self.decision_s.push(took);
+            self.decision_s.add(took);
         }
         let (mut grown, mut shrunk) = (0u32, 0u32);
         for a in &actions {
@@ -1315,8 +1319,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 });
             }
         }
-        let mut ds = self.decision_s.clone();
-        ds.sort_by(f64::total_cmp);
+        let ds = &self.decision_s;
         let c = &self.counts;
         self.out.report = Report {
             start: format_time(start),
@@ -1363,14 +1366,14 @@ impl<'a, A: Allocator> Sim<'a, A> {
             jct_p95_s: percentile(&jcts, 0.95),
             decisions: self.engine.stats.decisions,
             decisions_kept: self.engine.stats.kept,
-            decision_total_s: ds.iter().sum(),
-            decision_mean_ms: if ds.is_empty() {
+            decision_total_s: ds.sum,
+            decision_mean_ms: if ds.n == 0 {
                 0.0
             } else {
-                1e3 * ds.iter().sum::<f64>() / ds.len() as f64
+                1e3 * ds.sum / ds.n as f64
             },
-            decision_p99_ms: percentile(&ds, 0.99).unwrap_or(0.0) * 1e3,
-            decision_max_ms: ds.last().copied().unwrap_or(0.0) * 1e3,
+            decision_p99_ms: ds.quantile(0.99).unwrap_or(0.0) * 1e3,
+            decision_max_ms: ds.max * 1e3,
             jobs: per_job,
         };
         Ok(self.out)
