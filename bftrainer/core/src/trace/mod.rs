@@ -384,18 +384,6 @@ pub fn parse_node_events<R: BufRead>(
     parse_node_events_with(reader, what, win, Order::Strict).map(|(tr, _)| tr)
 }
 
-/// The first pass over a trace that may be out of order: one streaming pass, no memory
-/// beyond the trace itself, reading the whole file. `None` when a row is out of time
-/// order: read the file again with [`sort_node_events`] (or `parse_node_events_with(..,
-/// Order::Sort)` to hold the whole trace).
-pub fn parse_node_events_if_sorted<R: BufRead>(
-    reader: R,
-    what: &str,
-    win: &TraceWindow,
-) -> Result<Option<(NodeTrace, Sorted)>> {
-    stream(reader, what, win, false, true)
-}
-
 /// One data row of a node-event trace, as read: 16 bytes, so that sorting an unsorted
 /// file costs 16 bytes per row and no copy of the text. Ordered by (t, line): the line
 /// breaks ties, so that sorting keeps file order among rows of one time.
@@ -1117,15 +1105,18 @@ mod tests {
         };
         let (c, _) = parse_node_events_with(shuffled.as_bytes(), "u", &win, Order::Sort).unwrap();
         assert_eq!((c.changes.len(), c.end), (3, 15));
-        // The streaming first pass: the sorted file in one pass, the same trace; the
-        // unsorted one is handed back for sorting, even with a window that ends before
-        // its first row out of order would matter.
-        let (d, sd) = parse_node_events_if_sorted(sorted.as_bytes(), "s", &w)
+        // The streaming first pass: the sorted file's nodes and window; the unsorted one
+        // is handed back for sorting, even with a window that ends before its first row
+        // out of order would matter.
+        let (d, sd) = scan_node_events(sorted.as_bytes(), "s", &w, Order::Sort)
             .unwrap()
             .unwrap();
-        assert_eq!((d, sd), (a, sa));
+        assert_eq!(
+            (d.start, d.end, &d.initial_idle, sd),
+            (a.start, a.end, &a.initial_idle, sa)
+        );
         let late = "time,node,idle\n0,a,0\n10,a,1\n30,a,0\n20,a,1\n";
-        assert!(parse_node_events_if_sorted(late.as_bytes(), "l", &win)
+        assert!(scan_node_events(late.as_bytes(), "l", &win, Order::Sort)
             .unwrap()
             .is_none());
         // With --strict the file is read only to the window's end: the row out of order

@@ -8,15 +8,6 @@ use serde::Serialize;
 use std::io::{BufRead, Write};
 use std::time::Instant;
 
-/// Writes records as JSON lines, one `Record` per line.
-pub fn write_journal(mut w: impl Write, records: &[Record]) -> anyhow::Result<()> {
-    for r in records {
-        journal_line(&mut w, r)?;
-    }
-    w.flush()?;
-    Ok(())
-}
-
 /// One journal record: a JSON line.
 pub fn journal_line(mut w: impl Write, r: &Record) -> std::io::Result<()> {
     serde_json::to_writer(&mut w, r)?;

@@ -28,7 +28,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-pub use output::{print_table, write_csv, write_sizes_csv};
+pub use output::print_table;
 pub use plot::Format as PlotFormat;
 
 /// The committed sample, embedded so that `bftrainer replay` works from any directory.

@@ -1,7 +1,7 @@
 //! Human and machine outputs of a replay: the summary table and the per-step CSV.
 
 use super::{Loaded, Options};
-use bftrainer_core::sim::{JobReport, Report, SizeRecord, StepRecord, Steps, Workload};
+use bftrainer_core::sim::{Report, SizeRecord, StepRecord, Steps, Workload};
 use bftrainer_core::timefmt::format_time;
 use std::io::Write;
 
@@ -278,15 +278,6 @@ pub fn step_row(mut w: impl Write, s: &StepRecord) -> std::io::Result<()> {
     )
 }
 
-/// Writes the per-step log: one row per distinct event time.
-pub fn write_csv(mut w: impl Write, steps: &[StepRecord]) -> std::io::Result<()> {
-    writeln!(w, "{STEPS_HEADER}")?;
-    for s in steps {
-        step_row(&mut w, s)?;
-    }
-    w.flush()
-}
-
 /// The header of the jobs' node counts.
 pub const SIZES_HEADER: &str = "t,time,job,nodes";
 
@@ -294,19 +285,6 @@ pub const SIZES_HEADER: &str = "t,time,job,nodes";
 /// copies of `--repeat` and `--arrivals`).
 pub fn size_row(mut w: impl Write, s: &SizeRecord, job: &str) -> std::io::Result<()> {
     writeln!(w, "{},{job},{}", time_columns(s.t), s.nodes)
-}
-
-/// Writes each job's node count over time: one row per change.
-pub fn write_sizes_csv(
-    mut w: impl Write,
-    sizes: &[SizeRecord],
-    jobs: &[JobReport],
-) -> std::io::Result<()> {
-    writeln!(w, "{SIZES_HEADER}")?;
-    for s in sizes {
-        size_row(&mut w, s, &jobs[s.job as usize].name)?;
-    }
-    w.flush()
 }
 
 #[cfg(test)]
