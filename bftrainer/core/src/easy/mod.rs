@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::trace::swf::{SwfFile, SwfHeader, SwfJob, SwfLog};
-use crate::trace::{NodeChange, NodeEvents, NodeTrace, TraceItem};
+use crate::trace::{Head, NodeChange, NodeEvents, NodeTrace, TraceItem};
 use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
@@ -327,17 +327,13 @@ pub struct EasyEvents<'a> {
 }
 
 impl NodeEvents for EasyEvents<'_> {
-    fn names(&self) -> &[String] {
-        &self.names
-    }
-    fn initial_idle(&self) -> &[bool] {
-        &self.initial
-    }
-    fn start(&self) -> i64 {
-        self.start
-    }
-    fn end(&self) -> i64 {
-        self.end
+    fn head(&self) -> Head<'_> {
+        Head {
+            names: &self.names,
+            initial_idle: &self.initial,
+            start: self.start,
+            end: self.end,
+        }
     }
     fn peek(&mut self) -> Result<Option<TraceItem>> {
         while self.st.out.is_empty() && self.st.step()? {}

@@ -90,29 +90,41 @@ impl TraceItem {
 /// facts a replay needs first (nodes, initial state, window) are known up front; the
 /// events come on demand, in time order, a forecast before the changes of its time.
 pub trait NodeEvents {
-    fn names(&self) -> &[String];
-    fn initial_idle(&self) -> &[bool];
-    fn start(&self) -> i64;
-    /// Last time covered (the last change, or the window's end).
-    fn end(&self) -> i64;
+    /// The facts known up front.
+    fn head(&self) -> Head<'_>;
     /// The next event, left in place.
     fn peek(&mut self) -> Result<Option<TraceItem>>;
     /// The next event, taken.
     fn next(&mut self) -> Result<Option<TraceItem>>;
+
+    fn names(&self) -> &[String] {
+        self.head().names
+    }
+    fn initial_idle(&self) -> &[bool] {
+        self.head().initial_idle
+    }
+    fn start(&self) -> i64 {
+        self.head().start
+    }
+    /// Last time covered (the last change, or the window's end).
+    fn end(&self) -> i64 {
+        self.head().end
+    }
+}
+
+/// What a [`NodeEvents`] stream states before its events: the nodes, their initial
+/// state and the window.
+#[derive(Debug, Clone, Copy)]
+pub struct Head<'a> {
+    pub names: &'a [String],
+    pub initial_idle: &'a [bool],
+    pub start: i64,
+    pub end: i64,
 }
 
 impl<T: NodeEvents + ?Sized> NodeEvents for Box<T> {
-    fn names(&self) -> &[String] {
-        (**self).names()
-    }
-    fn initial_idle(&self) -> &[bool] {
-        (**self).initial_idle()
-    }
-    fn start(&self) -> i64 {
-        (**self).start()
-    }
-    fn end(&self) -> i64 {
-        (**self).end()
+    fn head(&self) -> Head<'_> {
+        (**self).head()
     }
     fn peek(&mut self) -> Result<Option<TraceItem>> {
         (**self).peek()
@@ -123,6 +135,16 @@ impl<T: NodeEvents + ?Sized> NodeEvents for Box<T> {
 }
 
 impl NodeTrace {
+    /// Its nodes, initial state and window.
+    pub fn head(&self) -> Head<'_> {
+        Head {
+            names: &self.names,
+            initial_idle: &self.initial_idle,
+            start: self.start,
+            end: self.end,
+        }
+    }
+
     /// The trace's events in time order (forecasts before the changes of their time).
     pub fn events(&self) -> TraceEvents<'_> {
         TraceEvents {
@@ -160,17 +182,8 @@ pub struct TraceEvents<'a> {
 }
 
 impl NodeEvents for TraceEvents<'_> {
-    fn names(&self) -> &[String] {
-        &self.tr.names
-    }
-    fn initial_idle(&self) -> &[bool] {
-        &self.tr.initial_idle
-    }
-    fn start(&self) -> i64 {
-        self.tr.start
-    }
-    fn end(&self) -> i64 {
-        self.tr.end
+    fn head(&self) -> Head<'_> {
+        self.tr.head()
     }
     fn peek(&mut self) -> Result<Option<TraceItem>> {
         let c = self.tr.changes.get(self.ci);
@@ -257,17 +270,13 @@ impl<S: NodeEvents> Windowed<S> {
 }
 
 impl<S: NodeEvents> NodeEvents for Windowed<S> {
-    fn names(&self) -> &[String] {
-        &self.inner.names()[..self.nodes]
-    }
-    fn initial_idle(&self) -> &[bool] {
-        &self.initial
-    }
-    fn start(&self) -> i64 {
-        self.start
-    }
-    fn end(&self) -> i64 {
-        self.end
+    fn head(&self) -> Head<'_> {
+        Head {
+            names: &self.inner.names()[..self.nodes],
+            initial_idle: &self.initial,
+            start: self.start,
+            end: self.end,
+        }
     }
     fn peek(&mut self) -> Result<Option<TraceItem>> {
         if self.carried.is_some() {
@@ -581,45 +590,84 @@ impl SortedTrace {
     /// The trace's changes, merged from the sorted rows as the replay asks for them.
     pub fn events(&self) -> Result<SortedEvents<'_>> {
         Ok(SortedEvents {
-            tr: self,
-            rows: self.rows.iter()?,
-            b: Builder::new(&self.what, &self.win),
-            next: None,
-            done: false,
+            rows: MergedRows {
+                tr: self,
+                rows: self.rows.iter()?,
+                node: 0,
+            },
+            changes: Changes::new(Builder::new(&self.what, &self.win)),
         })
     }
 }
 
 /// [`NodeEvents`] over a [`SortedTrace`].
 pub struct SortedEvents<'a> {
+    rows: MergedRows<'a>,
+    changes: Changes,
+}
+
+/// The rows of a [`SortedTrace`], merged in order.
+struct MergedRows<'a> {
     tr: &'a SortedTrace,
     rows: extsort::Iter<'a, Row>,
+    /// The last row's node.
+    node: usize,
+}
+
+impl RowSource for MergedRows<'_> {
+    fn next_row(&mut self) -> Result<Option<(i64, bool, u64)>> {
+        let Some(r) = self.rows.next().transpose()? else {
+            return Ok(None);
+        };
+        self.node = r.id();
+        Ok(Some((r.t, r.idle(), u64::from(r.line))))
+    }
+    fn node(&self) -> &str {
+        &self.tr.interned[self.node]
+    }
+}
+
+impl NodeEvents for SortedEvents<'_> {
+    fn head(&self) -> Head<'_> {
+        self.rows.tr.head.head()
+    }
+    fn peek(&mut self) -> Result<Option<TraceItem>> {
+        self.changes.peek(&mut self.rows)
+    }
+    fn next(&mut self) -> Result<Option<TraceItem>> {
+        self.changes.next(&mut self.rows)
+    }
+}
+
+/// Rows in time order, one at a time: (time, idle, file line), and the row's node.
+trait RowSource {
+    fn next_row(&mut self) -> Result<Option<(i64, bool, u64)>>;
+    fn node(&self) -> &str;
+}
+
+/// The changes that rows in time order make, built one ahead of the reader.
+struct Changes {
     b: Builder,
     next: Option<NodeChange>,
     done: bool,
 }
 
-impl NodeEvents for SortedEvents<'_> {
-    fn names(&self) -> &[String] {
-        &self.tr.head.names
+impl Changes {
+    fn new(b: Builder) -> Self {
+        Self {
+            b,
+            next: None,
+            done: false,
+        }
     }
-    fn initial_idle(&self) -> &[bool] {
-        &self.tr.head.initial_idle
-    }
-    fn start(&self) -> i64 {
-        self.tr.head.start
-    }
-    fn end(&self) -> i64 {
-        self.tr.head.end
-    }
-    fn peek(&mut self) -> Result<Option<TraceItem>> {
+
+    fn peek(&mut self, rows: &mut impl RowSource) -> Result<Option<TraceItem>> {
         while self.next.is_none() && !self.done {
-            let Some(r) = self.rows.next().transpose()? else {
+            let Some((t, st, line)) = rows.next_row()? else {
                 self.done = true;
                 break;
             };
-            let node = &self.tr.interned[r.id()];
-            match self.b.push(r.t, node, r.idle(), u64::from(r.line))? {
+            match self.b.push(t, rows.node(), st, line)? {
                 Push::Next => {}
                 Push::Change(c) => self.next = Some(c),
                 Push::Past => self.done = true,
@@ -627,8 +675,9 @@ impl NodeEvents for SortedEvents<'_> {
         }
         Ok(self.next.map(TraceItem::Change))
     }
-    fn next(&mut self) -> Result<Option<TraceItem>> {
-        let item = self.peek()?;
+
+    fn next(&mut self, rows: &mut impl RowSource) -> Result<Option<TraceItem>> {
+        let item = self.peek(rows)?;
         self.next = None;
         Ok(item)
     }
@@ -782,64 +831,59 @@ pub fn scan_node_events<R: BufRead>(
 /// them: the second pass after [`scan_node_events`], whose trace is `head`.
 pub struct CsvEvents<R> {
     head: NodeTrace,
+    rows: FileRows<R>,
+    changes: Changes,
+}
+
+/// The rows of a sorted file, read again: a row out of order means the file changed.
+struct FileRows<R> {
     rows: RowReader<R>,
-    b: Builder,
-    next: Option<NodeChange>,
-    done: bool,
+    node: std::ops::Range<usize>,
     prev_t: i64,
+}
+
+impl<R: BufRead> RowSource for FileRows<R> {
+    fn next_row(&mut self) -> Result<Option<(i64, bool, u64)>> {
+        let Some((t, st, node)) = self.rows.next()? else {
+            return Ok(None);
+        };
+        if t < self.prev_t {
+            return Err(self.rows.lines.err(
+                "rows out of time order on the second read: the file changed during the replay",
+            ));
+        }
+        self.prev_t = t;
+        self.node = node;
+        Ok(Some((t, st, self.rows.lines.line)))
+    }
+    fn node(&self) -> &str {
+        &self.rows.lines.buf[self.node.clone()]
+    }
 }
 
 impl<R: BufRead> CsvEvents<R> {
     pub fn new(reader: R, what: &str, win: &TraceWindow, head: NodeTrace) -> Result<Self> {
         Ok(Self {
             head,
-            rows: RowReader::new(reader, what)?,
-            b: Builder::new(what, win),
-            next: None,
-            done: false,
-            prev_t: i64::MIN,
+            rows: FileRows {
+                rows: RowReader::new(reader, what)?,
+                node: 0..0,
+                prev_t: i64::MIN,
+            },
+            changes: Changes::new(Builder::new(what, win)),
         })
     }
 }
 
 impl<R: BufRead> NodeEvents for CsvEvents<R> {
-    fn names(&self) -> &[String] {
-        &self.head.names
-    }
-    fn initial_idle(&self) -> &[bool] {
-        &self.head.initial_idle
-    }
-    fn start(&self) -> i64 {
-        self.head.start
-    }
-    fn end(&self) -> i64 {
-        self.head.end
+    fn head(&self) -> Head<'_> {
+        self.head.head()
     }
     fn peek(&mut self) -> Result<Option<TraceItem>> {
-        while self.next.is_none() && !self.done {
-            let Some((t, st, node)) = self.rows.next()? else {
-                self.done = true;
-                break;
-            };
-            if t < self.prev_t {
-                return Err(self.rows.lines.err(
-                    "rows out of time order on the second read: the file changed during the replay",
-                ));
-            }
-            self.prev_t = t;
-            let line = self.rows.lines.line;
-            match self.b.push(t, &self.rows.lines.buf[node], st, line)? {
-                Push::Next => {}
-                Push::Change(c) => self.next = Some(c),
-                Push::Past => self.done = true,
-            }
-        }
-        Ok(self.next.map(TraceItem::Change))
+        self.changes.peek(&mut self.rows)
     }
     fn next(&mut self) -> Result<Option<TraceItem>> {
-        let item = self.peek()?;
-        self.next = None;
-        Ok(item)
+        self.changes.next(&mut self.rows)
     }
 }
 
