@@ -26,6 +26,9 @@ pub enum Error {
     /// writable temporary directory).
     #[error("{what}: sorting in a temporary file failed (it needs a writable $TMPDIR, else /tmp, with room for a copy of the records): {cause}")]
     Spill { what: String, cause: std::io::Error },
+    /// An input read while the replay runs failed (e.g. slurmdbd stopped answering).
+    #[error("{what}: {msg}")]
+    Input { what: String, msg: String },
     /// An option out of range or inputs that do not fit together.
     #[error("invalid setting: {0}")]
     Config(String),

@@ -96,94 +96,165 @@ pub fn fragments_from_usage(
     from: i64,
     to: i64,
 ) -> Result<NodeTrace> {
-    if to <= from {
-        return Err(Error::Config(format!(
-            "window end {to} must be after its start {from}"
-        )));
-    }
-    let index: HashMap<&str, u32> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.as_str(), i as u32))
-        .collect();
-    // (time, node, +1 busy / -1 released)
-    let mut deltas: Vec<(i64, u32, i32)> = Vec::new();
-    for (k, r) in records.iter().enumerate() {
-        let Some(s) = r.start else { continue };
-        let e = r.end.unwrap_or(to);
-        if e < s {
-            return Err(Error::Parse {
-                what: "accounting records".into(),
-                line: k as u64 + 1,
-                msg: format!("job {} ends ({e}) before it starts ({s})", r.job_id),
-            });
-        }
-        if e <= from || s >= to || e == s {
-            continue;
-        }
-        let hosts = expand_hostlist(&r.nodelist).map_err(|msg| Error::Parse {
-            what: "accounting records".into(),
-            line: k as u64 + 1,
-            msg: format!("job {}: {msg}", r.job_id),
-        })?;
-        for h in hosts {
-            let Some(&n) = index.get(h.as_str()) else {
-                return Err(Error::Parse {
-                    what: "accounting records".into(),
-                    line: k as u64 + 1,
-                    msg: format!("job {} ran on unknown node {h}", r.job_id),
-                });
-            };
-            deltas.push((s.max(from), n, 1));
-            if e < to {
-                deltas.push((e, n, -1));
-            }
-        }
-    }
-    // Releases before claims at the same time, so back-to-back jobs leave no gap.
-    deltas.sort_unstable_by_key(|&(t, n, d)| (t, d, n));
-    let mut busy = vec![0i32; nodes.len()];
-    let mut i = 0;
-    while i < deltas.len() && deltas[i].0 <= from {
-        busy[deltas[i].1 as usize] += deltas[i].2;
-        i += 1;
-    }
-    let initial_idle: Vec<bool> = busy.iter().map(|&b| b == 0).collect();
+    let mut sweep = Sweep::new(nodes, from, to, records)?;
     let mut changes = Vec::new();
-    let mut touched: Vec<u32> = Vec::new();
-    let mut state = initial_idle.clone();
-    while i < deltas.len() {
-        let t = deltas[i].0;
-        while i < deltas.len() && deltas[i].0 == t {
-            let (_, n, d) = deltas[i];
-            busy[n as usize] += d;
-            touched.push(n);
-            i += 1;
-        }
-        touched.sort_unstable();
-        touched.dedup();
-        for &n in &touched {
-            let idle = busy[n as usize] == 0;
-            if idle != state[n as usize] {
-                state[n as usize] = idle;
-                changes.push(NodeChange {
-                    t,
-                    node: n,
-                    idle,
-                    reclaim_at: None,
-                });
-            }
-        }
-        touched.clear();
-    }
+    sweep.window(records, from, to, &mut changes)?;
     Ok(NodeTrace {
         names: nodes.to_vec(),
         start: from,
         end: to,
-        initial_idle,
+        initial_idle: sweep.initial_idle,
         changes,
         forecasts: Vec::new(),
     })
+}
+
+/// The idle trace of [`fragments_from_usage`] built a read window at a time, so that a
+/// year of accounting is never held: [`Sweep::new`] takes the records of the first
+/// window for the state at `from`; [`Sweep::window`] takes each window's records (every
+/// record overlapping it, read a second wider on either side so that a run ending or
+/// starting on an edge is not lost to how the database compares times; a record that
+/// spans windows comes in each) and emits the changes whose time lies in it. Each event lies in one window, so none is counted
+/// twice, and the changes are those of the whole window at once.
+pub struct Sweep {
+    index: HashMap<String, u32>,
+    from: i64,
+    to: i64,
+    /// Records covering each node now.
+    busy: Vec<i32>,
+    /// Whether each node is idle, as last emitted.
+    state: Vec<bool>,
+    pub initial_idle: Vec<bool>,
+    deltas: Vec<(i64, u32, i32)>,
+    touched: Vec<u32>,
+}
+
+impl Sweep {
+    /// The state at `from` from the records of the first window.
+    pub fn new(nodes: &[String], from: i64, to: i64, first: &[JobUsage]) -> Result<Self> {
+        if to <= from {
+            return Err(Error::Config(format!(
+                "window end {to} must be after its start {from}"
+            )));
+        }
+        let mut sw = Sweep {
+            index: nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.clone(), i as u32))
+                .collect(),
+            from,
+            to,
+            busy: vec![0; nodes.len()],
+            state: Vec::new(),
+            initial_idle: Vec::new(),
+            deltas: Vec::new(),
+            touched: Vec::new(),
+        };
+        // Runs that started by `from` and go on after it hold their nodes at the start.
+        sw.deltas_of(first, |s, _| s <= from, |_| false)?;
+        for &(_, n, d) in &sw.deltas {
+            sw.busy[n as usize] += d;
+        }
+        sw.deltas.clear();
+        sw.initial_idle = sw.busy.iter().map(|&b| b == 0).collect();
+        sw.state = sw.initial_idle.clone();
+        Ok(sw)
+    }
+
+    /// Appends to `out` the changes with a time in [lo, hi) (and after `from`), from
+    /// every record overlapping that window.
+    pub fn window(
+        &mut self,
+        records: &[JobUsage],
+        lo: i64,
+        hi: i64,
+        out: &mut Vec<NodeChange>,
+    ) -> Result<()> {
+        let from = self.from;
+        let inside = move |t: i64| t > from && t >= lo && t < hi;
+        self.deltas_of(records, move |t, _| inside(t), inside)?;
+        // Releases before claims at the same time, so back-to-back jobs leave no gap.
+        self.deltas.sort_unstable_by_key(|&(t, n, d)| (t, d, n));
+        let mut i = 0;
+        while i < self.deltas.len() {
+            let t = self.deltas[i].0;
+            while i < self.deltas.len() && self.deltas[i].0 == t {
+                let (_, n, d) = self.deltas[i];
+                self.busy[n as usize] += d;
+                self.touched.push(n);
+                i += 1;
+            }
+            self.touched.sort_unstable();
+            self.touched.dedup();
+            for &n in &self.touched {
+                let idle = self.busy[n as usize] == 0;
+                if idle != self.state[n as usize] {
+                    self.state[n as usize] = idle;
+                    out.push(NodeChange {
+                        t,
+                        node: n,
+                        idle,
+                        reclaim_at: None,
+                    });
+                }
+            }
+            self.touched.clear();
+        }
+        self.deltas.clear();
+        Ok(())
+    }
+
+    /// The claims (+1 at a run's start, from `from` on) for which `claim(start, end)`
+    /// holds and the releases (-1 at its end, before `to`) for which `release(end)`
+    /// holds, of the runs that overlap [from, to).
+    fn deltas_of(
+        &mut self,
+        records: &[JobUsage],
+        claim: impl Fn(i64, i64) -> bool,
+        release: impl Fn(i64) -> bool,
+    ) -> Result<()> {
+        let (from, to) = (self.from, self.to);
+        for (k, r) in records.iter().enumerate() {
+            let Some(s) = r.start else { continue };
+            let e = r.end.unwrap_or(to);
+            if e < s {
+                return Err(Error::Parse {
+                    what: "accounting records".into(),
+                    line: k as u64 + 1,
+                    msg: format!("job {} ends ({e}) before it starts ({s})", r.job_id),
+                });
+            }
+            if e <= from || s >= to || e == s {
+                continue;
+            }
+            let (c, rel) = (claim(s.max(from), e), e < to && release(e));
+            if !c && !rel {
+                continue;
+            }
+            let hosts = expand_hostlist(&r.nodelist).map_err(|msg| Error::Parse {
+                what: "accounting records".into(),
+                line: k as u64 + 1,
+                msg: format!("job {}: {msg}", r.job_id),
+            })?;
+            for h in hosts {
+                let Some(&n) = self.index.get(h.as_str()) else {
+                    return Err(Error::Parse {
+                        what: "accounting records".into(),
+                        line: k as u64 + 1,
+                        msg: format!("job {} ran on unknown node {h}", r.job_id),
+                    });
+                };
+                if c {
+                    self.deltas.push((s.max(from), n, 1));
+                }
+                if rel {
+                    self.deltas.push((e, n, -1));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -232,6 +303,35 @@ mod tests {
         );
         // (10 + 50) + (10 + 20) node-seconds idle over 100 s.
         assert!((tr.mean_idle() - 0.9).abs() < 1e-12);
+        // Read a window at a time (each window gets the records overlapping it and a
+        // second either side, as the replay asks slurmdbd): the same trace, for any
+        // window length and start.
+        for from in [0, 30, 50] {
+            let whole = fragments_from_usage(&nodes, &recs, from, 100).unwrap();
+            for len in [1, 3, 10, 20, 100] {
+                let overlapping = |w: i64, e: i64| -> Vec<JobUsage> {
+                    let (w, e) = (w - 1, e + 1);
+                    recs.iter()
+                        .filter(|r| r.start.is_some_and(|s| s < e) && r.end.map_or(true, |x| x > w))
+                        .cloned()
+                        .collect()
+                };
+                let first = overlapping(from, (from + len).min(100));
+                let mut sw = Sweep::new(&nodes, from, 100, &first).unwrap();
+                let mut changes = Vec::new();
+                let mut w = from;
+                while w < 100 {
+                    let e = (w + len).min(100);
+                    sw.window(&overlapping(w, e), w, e, &mut changes).unwrap();
+                    w = e;
+                }
+                assert_eq!(
+                    sw.initial_idle, whole.initial_idle,
+                    "from {from}, windows of {len}"
+                );
+                assert_eq!(changes, whole.changes, "from {from}, windows of {len}");
+            }
+        }
         let bad = [u("9", Some(1), Some(2), "zz")];
         assert!(fragments_from_usage(&nodes, &bad, 0, 100)
             .unwrap_err()

@@ -68,6 +68,15 @@ fn cluster_sacct_fragments_match_the_job_record() {
     // Read in windows of 1 s (the job spans several): the same trace.
     let tr1 = trace_from_sacct_windows(t0, t1, &[], 1).unwrap();
     assert_eq!(tr1, tr, "windowed reads change the trace");
+    // From inside the job (the replay's reads start there): its 2 nodes are busy at
+    // the start and idle from its end, read whole or a second at a time.
+    let mid = s + 1;
+    assert!(mid < e, "the job ran [{s}, {e})");
+    let trm = trace_from_sacct(mid, t1, &[]).unwrap();
+    assert_eq!(trm.initial_idle.iter().filter(|&&idle| !idle).count(), 2);
+    let ends: Vec<(i64, bool)> = trm.changes.iter().map(|c| (c.t, c.idle)).collect();
+    assert_eq!(ends, [(e, true), (e, true)]);
+    assert_eq!(trace_from_sacct_windows(mid, t1, &[], 1).unwrap(), trm);
     // Leaving out the job's partition leaves every node idle.
     let part = rec.partition.clone().unwrap();
     let tr2 = trace_from_sacct(t0, t1, &[part]).unwrap();

@@ -115,12 +115,11 @@ fn time_opt(s: &Option<String>, what: &str) -> anyhow::Result<Option<i64>> {
         .transpose()
 }
 
-/// Where a replay's node trace comes from. A sorted file is read again for each replay
-/// of it, as the replay goes, so that no replay holds a whole log; an input that had to
-/// be sorted is sorted in bounded memory (runs on disk past one chunk) and merged again
-/// for each replay; Slurm accounting is held in memory.
+/// Where a replay's node trace comes from. Every source is read again for each replay
+/// of it, as the replay goes, so that no replay holds a whole log: a sorted file from
+/// the file; one that had to be sorted from its sorted runs (on disk past one chunk);
+/// Slurm accounting from slurmdbd, a month at a time.
 enum Source {
-    Memory(NodeTrace),
     /// A node-event file out of time order, sorted.
     Sorted(SortedTrace),
     /// A sorted node-event file; `head` is its first pass (nodes, initial state, window).
@@ -130,6 +129,8 @@ enum Source {
         win: TraceWindow,
         head: NodeTrace,
     },
+    /// Slurm accounting, read from slurmdbd a month at a time on every pass.
+    Sacct(sacct::SacctSource),
     /// An SWF log through the scheduler model, planned by a first pass.
     Swf {
         jobs: Box<dyn JobSource>,
@@ -348,9 +349,8 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
             if let Some(h) = o.hours {
                 let head = match &source {
                     Source::Csv { head, .. } => head,
-                    Source::Memory(tr) => tr,
                     Source::Sorted(tr) => tr.head(),
-                    Source::Swf { .. } => unreachable!("a node-event file"),
+                    Source::Swf { .. } | Source::Sacct(_) => unreachable!("a node-event file"),
                 };
                 let e = head.start.saturating_add((h * 3600.0) as i64);
                 if e < head.end {
@@ -418,10 +418,10 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
             if to <= from {
                 bail!("--from-sacct: END ({b}) must be after START ({a})");
             }
-            let tr = sacct::trace_from_sacct(from, to, exclude)?;
+            let src = sacct::SacctSource::new(from, to, exclude.clone(), sacct::WINDOW_S)?;
             cut.node_limit = o.node_limit;
             (
-                Source::Memory(tr),
+                Source::Sacct(src),
                 format!("slurm accounting {a} .. {b}"),
                 None,
             )
@@ -488,8 +488,8 @@ impl Loaded {
     /// The trace, read from its start as the replay asks for it.
     pub fn events(&self) -> anyhow::Result<Box<dyn NodeEvents + '_>> {
         let raw: Box<dyn NodeEvents + '_> = match &self.source {
-            Source::Memory(tr) => Box::new(tr.events()),
             Source::Sorted(tr) => Box::new(tr.events()?),
+            Source::Sacct(s) => Box::new(s.events()?),
             Source::Csv {
                 input,
                 name,

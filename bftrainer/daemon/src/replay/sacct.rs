@@ -1,83 +1,168 @@
-//! `--from-sacct`: reads the cluster's node list (slurmctld) and the job records of a
-//! window (slurmdbd, a month per read), and rebuilds the idle fragments with
-//! `bftrainer_core::sacct`.
+//! `--from-sacct`: reads the cluster's node list (slurmctld) and, as the replay goes,
+//! the job records of its window from slurmdbd a month at a time, and rebuilds the idle
+//! fragments with `bftrainer_core::sacct::Sweep`: only one month of records is held.
 
 use anyhow::Context;
-use bftrainer_core::sacct::{fragments_from_usage, JobUsage};
-use bftrainer_core::trace::NodeTrace;
+use bftrainer_core::sacct::{JobUsage, Sweep};
+use bftrainer_core::trace::{Head, NodeChange, NodeEvents, NodeTrace, TraceItem};
 use bftrainer_slurm::{AcctQuery, ClusterView, Slurm, SlurmDb};
-use std::collections::HashSet;
+use std::collections::VecDeque;
 
-/// Length of one slurmdbd read: records are fetched a month at a time and reduced at
-/// once to what the fragments need, so a year of accounting never sits in memory whole.
+/// Length of one slurmdbd read.
 pub const WINDOW_S: i64 = 30 * 86_400;
 
 /// Idle trace of every node of the cluster over [from, to) (Unix seconds), from the
 /// accounting records of the jobs that ran then, leaving out jobs of `exclude`
-/// partitions (e.g. the elastic partition, whose nodes were idle to the main scheduler).
+/// partitions (e.g. the elastic partition, whose nodes were idle to the main scheduler),
+/// whole in memory.
 pub fn trace_from_sacct(from: i64, to: i64, exclude: &[String]) -> anyhow::Result<NodeTrace> {
     trace_from_sacct_windows(from, to, exclude, WINDOW_S)
 }
 
-/// As [`trace_from_sacct`], reading slurmdbd `window_s` seconds at a time. A job that
-/// spans windows comes back in each; its runs are kept once (job id and start time).
+/// As [`trace_from_sacct`], reading slurmdbd `window_s` seconds at a time.
 pub fn trace_from_sacct_windows(
     from: i64,
     to: i64,
     exclude: &[String],
     window_s: i64,
 ) -> anyhow::Result<NodeTrace> {
-    anyhow::ensure!(window_s > 0, "the read window must be > 0 s");
-    let slurm = Slurm::init().context("--from-sacct needs libslurm and a readable slurm.conf")?;
-    let mut view = ClusterView::default();
-    view.refresh(&slurm)
-        .context("cannot read the node list from slurmctld")?;
-    let nodes: Vec<String> = view.nodes().iter().map(|n| n.name.clone()).collect();
-    // One slurmdbd often serves several clusters: without naming ours, another
-    // cluster's jobs would come back on nodes this one does not have.
-    let cluster = slurm
-        .cluster_name()
-        .context("cannot read ClusterName from slurmctld")?;
-    let mut db = SlurmDb::connect(&slurm).context("cannot connect to slurmdbd")?;
-    let mut seen: HashSet<(u32, Option<i64>)> = HashSet::new();
-    let (mut records, mut windows) = (0usize, 0u32);
-    let mut usage: Vec<JobUsage> = Vec::new();
-    let mut w = from;
-    while w < to {
-        let w_end = w.saturating_add(window_s).min(to);
+    let src = SacctSource::new(from, to, exclude.to_vec(), window_s)?;
+    Ok(NodeTrace::collect(&mut src.events()?)?)
+}
+
+/// The cluster and window of a `--from-sacct` replay; [`SacctSource::events`] reads the
+/// records each time the trace is read.
+pub struct SacctSource {
+    slurm: Slurm,
+    nodes: Vec<String>,
+    /// One slurmdbd often serves several clusters: without naming ours, another
+    /// cluster's jobs would come back on nodes this one does not have.
+    cluster: String,
+    from: i64,
+    to: i64,
+    exclude: Vec<String>,
+    window_s: i64,
+}
+
+impl SacctSource {
+    /// Reads the node list and the cluster's name from slurmctld.
+    pub fn new(from: i64, to: i64, exclude: Vec<String>, window_s: i64) -> anyhow::Result<Self> {
+        anyhow::ensure!(window_s > 0, "the read window must be > 0 s");
+        let slurm =
+            Slurm::init().context("--from-sacct needs libslurm and a readable slurm.conf")?;
+        let mut view = ClusterView::default();
+        view.refresh(&slurm)
+            .context("cannot read the node list from slurmctld")?;
+        let nodes = view.nodes().iter().map(|n| n.name.clone()).collect();
+        let cluster = slurm
+            .cluster_name()
+            .context("cannot read ClusterName from slurmctld")?;
+        Ok(Self {
+            slurm,
+            nodes,
+            cluster,
+            from,
+            to,
+            exclude,
+            window_s,
+        })
+    }
+
+    /// The trace from its start: connects to slurmdbd and reads the first window (for
+    /// the state at the start); later windows are read when the replay reaches them.
+    pub fn events(&self) -> anyhow::Result<SacctEvents<'_>> {
+        let mut db = SlurmDb::connect(&self.slurm).context("cannot connect to slurmdbd")?;
+        let first_end = self.window_end(self.from);
+        let first = self.read(&mut db, self.from, first_end)?;
+        let mut sweep = Sweep::new(&self.nodes, self.from, self.to, &first)?;
+        let mut changes = Vec::new();
+        sweep.window(&first, self.from, first_end, &mut changes)?;
+        Ok(SacctEvents {
+            src: self,
+            db,
+            sweep,
+            next_w: first_end,
+            buf: changes.into(),
+        })
+    }
+
+    fn window_end(&self, w: i64) -> i64 {
+        w.saturating_add(self.window_s).min(self.to)
+    }
+
+    /// The runs overlapping [w, w_end), less the excluded partitions' jobs. The query
+    /// reaches a second further on either side: a run that ends at `w` or starts just
+    /// before `w_end` is in it whether slurmdbd compares times inclusively or not (the
+    /// sweep uses only the events inside the window).
+    fn read(&self, db: &mut SlurmDb, w: i64, w_end: i64) -> anyhow::Result<Vec<JobUsage>> {
         let q = AcctQuery {
-            start: w,
-            end: Some(w_end),
+            start: w.saturating_sub(1),
+            end: Some(w_end.saturating_add(1)),
             duplicates: true,
-            clusters: vec![cluster.clone()],
+            clusters: vec![self.cluster.clone()],
             ..Default::default()
         };
         let jobs = db
             .jobs(&q)
             .context("cannot read job records from slurmdbd")?;
-        records += jobs.len();
-        windows += 1;
-        for j in jobs {
-            if j.partition
-                .as_ref()
-                .is_some_and(|p| exclude.iter().any(|e| e == p))
-                || !seen.insert((j.job_id, j.start_time))
-            {
-                continue;
-            }
-            usage.push(JobUsage {
+        log::debug!("{} job records for [{w}, {w_end})", jobs.len());
+        Ok(jobs
+            .into_iter()
+            .filter(|j| {
+                !j.partition
+                    .as_ref()
+                    .is_some_and(|p| self.exclude.iter().any(|e| e == p))
+            })
+            .map(|j| JobUsage {
                 job_id: j.job_id.to_string(),
                 start: j.start_time,
                 end: j.end_time,
                 nodelist: j.nodes.unwrap_or_default(),
-            });
-        }
-        w = w_end;
+            })
+            .collect())
     }
-    log::info!(
-        "{records} job records in {windows} reads ({} runs used) on {} nodes",
-        usage.len(),
-        nodes.len()
-    );
-    Ok(fragments_from_usage(&nodes, &usage, from, to)?)
+}
+
+/// The idle trace of a [`SacctSource`], a window of records at a time.
+pub struct SacctEvents<'a> {
+    src: &'a SacctSource,
+    db: SlurmDb,
+    sweep: Sweep,
+    /// The next window to read.
+    next_w: i64,
+    buf: VecDeque<NodeChange>,
+}
+
+impl NodeEvents for SacctEvents<'_> {
+    fn head(&self) -> Head<'_> {
+        Head {
+            names: &self.src.nodes,
+            initial_idle: &self.sweep.initial_idle,
+            start: self.src.from,
+            end: self.src.to,
+        }
+    }
+
+    fn peek(&mut self) -> bftrainer_core::Result<Option<TraceItem>> {
+        while self.buf.is_empty() && self.next_w < self.src.to {
+            let (w, w_end) = (self.next_w, self.src.window_end(self.next_w));
+            let recs = self.src.read(&mut self.db, w, w_end).map_err(|e| {
+                bftrainer_core::Error::Input {
+                    what: "slurm accounting".into(),
+                    msg: format!("{e:#}"),
+                }
+            })?;
+            let mut changes = Vec::new();
+            self.sweep.window(&recs, w, w_end, &mut changes)?;
+            self.buf.extend(changes);
+            self.next_w = w_end;
+        }
+        Ok(self.buf.front().copied().map(TraceItem::Change))
+    }
+
+    fn next(&mut self) -> bftrainer_core::Result<Option<TraceItem>> {
+        let item = self.peek()?;
+        self.buf.pop_front();
+        Ok(item)
+    }
 }
