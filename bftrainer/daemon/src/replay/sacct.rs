@@ -8,8 +8,17 @@ use bftrainer_core::trace::{Head, NodeChange, NodeEvents, NodeTrace, TraceItem};
 use bftrainer_slurm::{AcctQuery, ClusterView, Slurm, SlurmDb};
 use std::collections::VecDeque;
 
-/// Length of one slurmdbd read.
+/// Longest slurmdbd read: a month.
 pub const WINDOW_S: i64 = 30 * 86_400;
+
+/// Job records one read aims at: the next read's window is scaled to the last one's
+/// density (from an hour to [`WINDOW_S`]), so that a busy cluster's month is read in
+/// parts. libslurm hands a read back as one list of full job records (the replay's
+/// peak memory, about 2 KB a record), so this bounds the replay's memory.
+pub const READ_RECORDS: usize = 20_000;
+
+/// The first read's window, before the records' density is known.
+const FIRST_WINDOW_S: i64 = 86_400;
 
 /// Idle trace of every node of the cluster over [from, to) (Unix seconds), from the
 /// accounting records of the jobs that ran then, leaving out jobs of `exclude`
@@ -72,7 +81,8 @@ impl SacctSource {
     /// the state at the start); later windows are read when the replay reaches them.
     pub fn events(&self) -> anyhow::Result<SacctEvents<'_>> {
         let mut db = SlurmDb::connect(&self.slurm).context("cannot connect to slurmdbd")?;
-        let first_end = self.window_end(self.from);
+        let len = FIRST_WINDOW_S.min(self.window_s);
+        let first_end = self.from.saturating_add(len).min(self.to);
         let first = self.read(&mut db, self.from, first_end)?;
         let mut sweep = Sweep::new(&self.nodes, self.from, self.to, &first)?;
         let mut changes = Vec::new();
@@ -82,12 +92,15 @@ impl SacctSource {
             db,
             sweep,
             next_w: first_end,
+            len: self.next_len(len, first.len()),
             buf: changes.into(),
         })
     }
 
-    fn window_end(&self, w: i64) -> i64 {
-        w.saturating_add(self.window_s).min(self.to)
+    /// The next read's window length after a read of `len` seconds gave `n` records.
+    fn next_len(&self, len: i64, n: usize) -> i64 {
+        let scaled = (len as f64 * READ_RECORDS as f64 / n.max(1) as f64) as i64;
+        scaled.clamp(3600.min(self.window_s), self.window_s)
     }
 
     /// The runs overlapping [w, w_end), less the excluded partitions' jobs. The query
@@ -128,8 +141,9 @@ pub struct SacctEvents<'a> {
     src: &'a SacctSource,
     db: SlurmDb,
     sweep: Sweep,
-    /// The next window to read.
+    /// The next window to read, and its length.
     next_w: i64,
+    len: i64,
     buf: VecDeque<NodeChange>,
 }
 
@@ -145,7 +159,10 @@ impl NodeEvents for SacctEvents<'_> {
 
     fn peek(&mut self) -> bftrainer_core::Result<Option<TraceItem>> {
         while self.buf.is_empty() && self.next_w < self.src.to {
-            let (w, w_end) = (self.next_w, self.src.window_end(self.next_w));
+            let (w, w_end) = (
+                self.next_w,
+                self.next_w.saturating_add(self.len).min(self.src.to),
+            );
             let recs = self.src.read(&mut self.db, w, w_end).map_err(|e| {
                 bftrainer_core::Error::Input {
                     what: "slurm accounting".into(),
@@ -156,6 +173,7 @@ impl NodeEvents for SacctEvents<'_> {
             self.sweep.window(&recs, w, w_end, &mut changes)?;
             self.buf.extend(changes);
             self.next_w = w_end;
+            self.len = self.src.next_len(w_end - w, recs.len());
         }
         Ok(self.buf.front().copied().map(TraceItem::Change))
     }
