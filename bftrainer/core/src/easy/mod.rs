@@ -250,6 +250,13 @@ pub struct Plan {
     use_log: bool,
 }
 
+impl Plan {
+    /// The machine's size in nodes (the trace's node count).
+    pub fn nodes(&self) -> usize {
+        self.machine.nodes as usize
+    }
+}
+
 /// Runs the scheduler model over a log for its metrics and window, keeping no trace:
 /// one pass decides the start times (the log's own when `cfg` allows and every job has
 /// one), one runs the model.

@@ -217,6 +217,24 @@ pub struct Cut {
     pub node_limit: Option<usize>,
 }
 
+impl Cut {
+    /// The window (start, end) and node count that a stream of window `[start, end]`
+    /// on `nodes` nodes has through this cut: what [`Windowed`] states, known without
+    /// reading the stream.
+    pub fn window_of(&self, start: i64, end: i64, nodes: usize) -> (i64, i64, usize) {
+        let (mut start, mut end) = (start, end);
+        if let Some(s) = self.start.filter(|&s| s > start) {
+            start = s;
+            end = end.max(s);
+        }
+        if let Some(e) = self.end {
+            end = e.max(start);
+        }
+        let nodes = self.node_limit.unwrap_or(usize::MAX).min(nodes);
+        (start, end.max(start), nodes)
+    }
+}
+
 /// A [`NodeEvents`] stream seen through a [`Cut`].
 pub struct Windowed<S> {
     inner: S,
@@ -231,38 +249,27 @@ pub struct Windowed<S> {
 
 impl<S: NodeEvents> Windowed<S> {
     pub fn new(mut inner: S, cut: Cut) -> Result<Self> {
-        let mut start = inner.start();
-        let mut end = inner.end();
+        let (start, end, nodes) = cut.window_of(inner.start(), inner.end(), inner.names().len());
         let mut initial = inner.initial_idle().to_vec();
         let mut carried = None;
-        if let Some(s) = cut.start.filter(|&s| s > start) {
-            while let Some(item) = inner.peek()?.filter(|i| i.t() <= s) {
+        if start > inner.start() {
+            while let Some(item) = inner.peek()?.filter(|i| i.t() <= start) {
                 inner.next()?;
                 match item {
                     TraceItem::Change(c) => initial[c.node as usize] = c.idle,
-                    TraceItem::Forecast(_, f) => carried = Some(TraceItem::Forecast(s, f)),
+                    TraceItem::Forecast(_, f) => carried = Some(TraceItem::Forecast(start, f)),
                 }
             }
-            start = s;
-            end = end.max(s);
         }
-        let mut until = i64::MAX;
-        if let Some(e) = cut.end {
-            until = e;
-            end = e.max(start);
-            carried = carried.filter(|f| f.t() <= e);
-        }
-        let nodes = cut
-            .node_limit
-            .unwrap_or(usize::MAX)
-            .min(inner.names().len());
+        let until = cut.end.unwrap_or(i64::MAX);
+        carried = carried.filter(|f| f.t() <= until);
         initial.truncate(nodes);
         Ok(Self {
             inner,
             nodes,
             initial,
             start,
-            end: end.max(start),
+            end,
             until,
             carried,
         })

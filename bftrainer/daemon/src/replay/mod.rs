@@ -444,11 +444,8 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
         sched,
         warnings: Vec::new(),
     };
-    let head = {
-        let ev = loaded.events()?;
-        (ev.start(), ev.end(), ev.names().len())
-    };
-    (loaded.start, loaded.end, loaded.nodes) = head;
+    let (start, end, nodes) = loaded.source.window();
+    (loaded.start, loaded.end, loaded.nodes) = loaded.cut.window_of(start, end, nodes);
     if loaded.nodes == 0 {
         bail!("the trace has no nodes");
     }
@@ -482,6 +479,19 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
     loaded.jobs_name = jobs_name;
     loaded.warnings = warnings;
     Ok(loaded)
+}
+
+impl Source {
+    /// The trace's window and node count before any cut, as the first pass found them
+    /// (no input is read again for them).
+    fn window(&self) -> (i64, i64, usize) {
+        match self {
+            Source::Sorted(tr) => (tr.head().start, tr.head().end, tr.head().names.len()),
+            Source::Csv { head, .. } => (head.start, head.end, head.names.len()),
+            Source::Sacct(s) => s.window(),
+            Source::Swf { plan, .. } => (plan.start, plan.end, plan.nodes()),
+        }
+    }
 }
 
 impl Loaded {

@@ -77,6 +77,11 @@ impl SacctSource {
         })
     }
 
+    /// The window [from, to) and the cluster's node count.
+    pub fn window(&self) -> (i64, i64, usize) {
+        (self.from, self.to, self.nodes.len())
+    }
+
     /// The trace from its start: connects to slurmdbd and reads the first window (for
     /// the state at the start); later windows are read when the replay reaches them.
     pub fn events(&self) -> anyhow::Result<SacctEvents<'_>> {
