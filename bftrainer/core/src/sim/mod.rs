@@ -14,7 +14,7 @@ use crate::engine::{
 use crate::error::{Error, Result};
 use crate::timefmt::format_time;
 use crate::trace::jobs::{curve_at, JobRecord};
-use crate::trace::{NodeEvents, NodeTrace, TraceItem};
+use crate::trace::{Head, NodeChange, NodeEvents, NodeTrace, TraceItem};
 use serde::Serialize;
 
 const NONE: u32 = u32::MAX;
@@ -160,6 +160,11 @@ pub trait Recorder {
     fn size(&mut self, s: &SizeRecord, job: &str);
     /// An event sent to the engine, and the actions it returned.
     fn journal(&mut self, r: &Record, actions: &[Action]);
+    /// The trace's head, before the replay starts.
+    fn trace_head(&mut self, _head: Head<'_>) {}
+    /// A change of the trace, as the replay takes it (every change up to the window's
+    /// end, in time order): what reading the trace again would give.
+    fn change(&mut self, _c: &NodeChange) {}
 }
 
 /// Keeps every record: the vectors of [`Outcome`].
@@ -704,6 +709,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
     fn run(mut self, hooks: &mut Hooks<'_>) -> Result<Outcome> {
         let (start, end) = (self.start, (self.end - self.start) as f64);
         let nodes = self.trace.names().len();
+        self.rec.trace_head(self.trace.head());
         for i in 0..nodes {
             let name = self.trace.names()[i].clone();
             self.send(
@@ -970,7 +976,10 @@ impl<'a, A: Allocator> Sim<'a, A> {
         while let Some(item) = self.trace.peek()?.filter(|i| i.t() <= tabs) {
             self.trace.next()?;
             let c = match item {
-                TraceItem::Change(c) => c,
+                TraceItem::Change(c) => {
+                    self.rec.change(&c);
+                    c
+                }
                 TraceItem::Forecast(_, f) => {
                     self.forecasts.push(f);
                     continue;

@@ -1,7 +1,7 @@
 //! Idle fragments of a node trace: each maximal span a node stays idle, bucketed by
 //! duration on a log scale, weighted by node-minutes (can elastic jobs use them?).
 
-use super::{NodeEvents, NodeTrace, TraceItem};
+use super::{Head, NodeChange, NodeEvents, NodeTrace, TraceItem};
 use crate::error::Result;
 
 /// Upper edges of the duration buckets, seconds; the last bucket is open.
@@ -52,31 +52,48 @@ fn bucket_of(d: i64) -> usize {
 }
 
 /// Every maximal idle span of every node within `[trace.start, trace.end]`, clipped at
-/// the window's ends, as (seconds, clipped at start, clipped at end). Repeated idle rows (reclaim updates) do not split a fragment;
-/// zero-length fragments (idle and claimed at the same second) are not counted.
+/// the window's ends, as (seconds, clipped at start, clipped at end). Repeated idle rows
+/// (reclaim updates) do not split a fragment; zero-length fragments (idle and claimed at
+/// the same second) are not counted.
 pub fn fragment_lengths(trace: &mut dyn NodeEvents) -> Result<Vec<(i64, bool, bool)>> {
+    let mut spans = Spans::new(trace.head());
     let mut out = Vec::new();
-    for_each_fragment(trace, |d, s, e| out.push((d, s, e)))?;
+    while let Some(item) = trace.next()? {
+        if let TraceItem::Change(c) = item {
+            spans.change(&c, |d, s, e| out.push((d, s, e)));
+        }
+    }
+    spans.finish(|d, s, e| out.push((d, s, e)));
     Ok(out)
 }
 
-/// Hands each fragment of [`fragment_lengths`] to `f(seconds, clipped at start,
-/// clipped at end)` as the trace is read, in the same order.
-fn for_each_fragment(trace: &mut dyn NodeEvents, mut f: impl FnMut(i64, bool, bool)) -> Result<()> {
-    let (start, end) = (trace.start(), trace.end().max(trace.start()));
-    // Since when each node has been idle (None: busy).
-    let mut since: Vec<Option<i64>> = trace
-        .initial_idle()
-        .iter()
-        .map(|&i| i.then_some(start))
-        .collect();
-    while let Some(item) = trace.next()? {
-        let TraceItem::Change(c) = item else {
-            continue;
-        };
-        let t = c.t.clamp(start, end);
-        let Some(s) = since.get_mut(c.node as usize) else {
-            continue;
+/// The idle spans of a trace as its changes go by: each closed span goes to a callback
+/// `f(seconds, clipped at start, clipped at end)`.
+struct Spans {
+    start: i64,
+    end: i64,
+    /// Since when each node has been idle (None: busy).
+    since: Vec<Option<i64>>,
+}
+
+impl Spans {
+    fn new(head: Head<'_>) -> Self {
+        let start = head.start;
+        Self {
+            start,
+            end: head.end.max(start),
+            since: head
+                .initial_idle
+                .iter()
+                .map(|&i| i.then_some(start))
+                .collect(),
+        }
+    }
+
+    fn change(&mut self, c: &NodeChange, mut f: impl FnMut(i64, bool, bool)) {
+        let t = c.t.clamp(self.start, self.end);
+        let Some(s) = self.since.get_mut(c.node as usize) else {
+            return;
         };
         match (*s, c.idle) {
             (None, true) => *s = Some(t),
@@ -84,24 +101,39 @@ fn for_each_fragment(trace: &mut dyn NodeEvents, mut f: impl FnMut(i64, bool, bo
                 *s = None;
                 // A claim at the very end closes the fragment there: not clipped.
                 if t > from {
-                    f(t - from, from == start, false);
+                    f(t - from, from == self.start, false);
                 }
             }
             _ => {}
         }
     }
-    for from in since.into_iter().flatten() {
-        if end > from {
-            f(end - from, from == start, true);
+
+    /// The spans still open at the window's end.
+    fn finish(self, mut f: impl FnMut(i64, bool, bool)) {
+        for from in self.since.into_iter().flatten() {
+            if self.end > from {
+                f(self.end - from, from == self.start, true);
+            }
         }
     }
-    Ok(())
 }
 
 /// The histogram of `fragment_lengths` by duration (node-minutes per bucket), of a
 /// trace in memory.
 pub fn idle_fragments(trace: &NodeTrace) -> Fragments {
     idle_fragments_of(&mut trace.events()).expect("a trace in memory reads without error")
+}
+
+/// The histogram of `fragment_lengths` by duration (node-minutes per bucket), read as
+/// the trace streams by.
+pub fn idle_fragments_of(trace: &mut dyn NodeEvents) -> Result<Fragments> {
+    let mut counter = FragmentCounter::new(trace.head());
+    while let Some(item) = trace.next()? {
+        if let TraceItem::Change(c) = item {
+            counter.change(&c);
+        }
+    }
+    Ok(counter.finish())
 }
 
 /// Fragment lengths up to a day are counted per second; longer ones by length.
@@ -116,6 +148,14 @@ struct Lengths {
 }
 
 impl Lengths {
+    fn new() -> Self {
+        Self {
+            short: vec![0; DAY_S as usize],
+            long: Default::default(),
+            n: 0,
+        }
+    }
+
     fn add(&mut self, d: i64) {
         if d < DAY_S {
             self.short[d as usize] += 1;
@@ -149,67 +189,103 @@ impl Lengths {
     }
 }
 
-/// The histogram of `fragment_lengths` by duration (node-minutes per bucket), read as
-/// the trace streams by.
-pub fn idle_fragments_of(trace: &mut dyn NodeEvents) -> Result<Fragments> {
-    let mut buckets: Vec<Bucket> = LABELS
-        .iter()
-        .enumerate()
-        .map(|(i, &label)| Bucket {
-            label,
-            lo_s: if i == 0 { 0 } else { EDGES_S[i - 1] },
-            hi_s: EDGES_S.get(i).copied(),
-            fragments: 0,
-            node_min: 0.0,
-        })
-        .collect();
-    let (mut at_start, mut at_end) = (0, 0);
-    let mut lens = Lengths {
-        short: vec![0; DAY_S as usize],
-        long: Default::default(),
-        n: 0,
-    };
-    let mut total = 0i64;
-    for_each_fragment(trace, |d, s, e| {
-        let b = &mut buckets[bucket_of(d)];
+/// The idle fragments of a trace counted by length as its changes go by (whoever reads
+/// the trace hands them on: a replay counts them while it runs), in memory bounded by
+/// the nodes and [`Lengths`].
+pub struct FragmentCounter {
+    spans: Spans,
+    hist: Histogram,
+}
+
+/// The fragments seen so far, by bucket and by length.
+struct Histogram {
+    buckets: Vec<Bucket>,
+    at_start: u64,
+    at_end: u64,
+    lens: Lengths,
+    total: i64,
+}
+
+impl Histogram {
+    fn add(&mut self, d: i64, s: bool, e: bool) {
+        let b = &mut self.buckets[bucket_of(d)];
         b.fragments += 1;
         b.node_min += d as f64 / 60.0;
-        at_start += u64::from(s);
-        at_end += u64::from(e);
-        lens.add(d);
-        total += d;
-    })?;
-    let n = lens.n;
-    let median_s = (n > 0).then(|| {
-        let m = n / 2;
-        if n % 2 == 1 {
-            lens.nth(m) as f64
-        } else {
-            (lens.nth(m - 1) + lens.nth(m)) as f64 / 2.0
+        self.at_start += u64::from(s);
+        self.at_end += u64::from(e);
+        self.lens.add(d);
+        self.total += d;
+    }
+}
+
+impl FragmentCounter {
+    /// The fragments of a trace with this head (window and initial state).
+    pub fn new(head: Head<'_>) -> Self {
+        let buckets = LABELS
+            .iter()
+            .enumerate()
+            .map(|(i, &label)| Bucket {
+                label,
+                lo_s: if i == 0 { 0 } else { EDGES_S[i - 1] },
+                hi_s: EDGES_S.get(i).copied(),
+                fragments: 0,
+                node_min: 0.0,
+            })
+            .collect();
+        Self {
+            spans: Spans::new(head),
+            hist: Histogram {
+                buckets,
+                at_start: 0,
+                at_end: 0,
+                lens: Lengths::new(),
+                total: 0,
+            },
         }
-    });
-    // The shortest length at which the node-seconds of fragments up to it reach half.
-    let weighted_median_s = (total > 0).then(|| {
-        let mut acc = 0i64;
-        let mut last = 0;
-        for (d, c) in lens.iter() {
-            acc += d * c as i64;
-            last = d;
-            if 2 * acc >= total {
-                return d as f64;
+    }
+
+    /// The trace's next change, in time order.
+    pub fn change(&mut self, c: &NodeChange) {
+        let h = &mut self.hist;
+        self.spans.change(c, |d, s, e| h.add(d, s, e));
+    }
+
+    /// The histogram, once the trace has been read to its end.
+    pub fn finish(self) -> Fragments {
+        let mut h = self.hist;
+        self.spans.finish(|d, s, e| h.add(d, s, e));
+        let (n, total, lens) = (h.lens.n, h.total, &h.lens);
+        let median_s = (n > 0).then(|| {
+            let m = n / 2;
+            if n % 2 == 1 {
+                lens.nth(m) as f64
+            } else {
+                (lens.nth(m - 1) + lens.nth(m)) as f64 / 2.0
             }
+        });
+        // The shortest length at which the node-seconds of fragments up to it reach half.
+        let weighted_median_s = (total > 0).then(|| {
+            let mut acc = 0i64;
+            let mut last = 0;
+            for (d, c) in lens.iter() {
+                acc += d * c as i64;
+                last = d;
+                if 2 * acc >= total {
+                    return d as f64;
+                }
+            }
+            last as f64
+        });
+        Fragments {
+            fragments: n,
+            node_min: total as f64 / 60.0,
+            buckets: h.buckets,
+            clipped_at_start: h.at_start,
+            clipped_at_end: h.at_end,
+            median_s,
+            weighted_median_s,
         }
-        last as f64
-    });
-    Ok(Fragments {
-        fragments: n,
-        node_min: total as f64 / 60.0,
-        buckets,
-        clipped_at_start: at_start,
-        clipped_at_end: at_end,
-        median_s,
-        weighted_median_s,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -222,11 +298,7 @@ mod tests {
     fn counted_lengths_are_the_sorted_ones() {
         let mut x = 7u64;
         let mut all = Vec::new();
-        let mut lens = Lengths {
-            short: vec![0; DAY_S as usize],
-            long: Default::default(),
-            n: 0,
-        };
+        let mut lens = Lengths::new();
         for _ in 0..5000 {
             x = x
                 .wrapping_mul(6364136223846793005)

@@ -775,13 +775,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     if let (Some(dir), Some(data)) = (&o.plots, plot) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let files = write_dir_whole(dir, |tmp| {
-            plot::write_all(
-                tmp,
-                data,
-                &out.report,
-                &mut *loaded.events()?,
-                o.plot_format,
-            )
+            plot::write_all(tmp, data, &out.report, o.plot_format)
         })?;
         if !o.json {
             for f in files {
@@ -1034,6 +1028,60 @@ mod replay_tests {
         let (_, g) = replay(&Options { grace: 30.0, ..o });
         conserved(&g.report);
         assert!(g.report.grace_node_h > 0.0);
+    }
+
+    /// The idle fragments the plots count while the replay takes the trace's changes are
+    /// those of the trace read on its own, for both inputs and both stepping modes.
+    #[test]
+    fn fragments_counted_during_the_replay_are_the_traces() {
+        use bftrainer_core::engine::{Action, Record};
+        use bftrainer_core::sim::{Recorder, SizeRecord, StepRecord};
+        use bftrainer_core::trace::fragments::{idle_fragments_of, FragmentCounter};
+        use bftrainer_core::trace::{Head, NodeChange};
+        #[derive(Default)]
+        struct Count(Option<FragmentCounter>);
+        impl Recorder for Count {
+            fn step(&mut self, _: &StepRecord) {}
+            fn size(&mut self, _: &SizeRecord, _: &str) {}
+            fn journal(&mut self, _: &Record, _: &[Action]) {}
+            fn trace_head(&mut self, head: Head<'_>) {
+                self.0 = Some(FragmentCounter::new(head));
+            }
+            fn change(&mut self, c: &NodeChange) {
+                self.0.as_mut().unwrap().change(c);
+            }
+        }
+        let swf = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/data/swf/LLNL-Atlas-2006-2.1-cln.swf.gz");
+        for (input, start) in [
+            (Input::Sample, Some("2021-02-11T01:00:00")),
+            (Input::Swf(swf), Some("2007-01-15T00:00:00")),
+        ] {
+            for steps in [Steps::Exact, Steps::Trace] {
+                let o = Options {
+                    input: input.clone(),
+                    start: start.map(String::from),
+                    hours: Some(5.0),
+                    node_limit: Some(900),
+                    steps,
+                    ..opts()
+                };
+                let l = load(&o).unwrap();
+                let mut rec = Count::default();
+                simulate_loaded(
+                    &l,
+                    &sim_config(&o, Objective::Bftrainer),
+                    Objective::Bftrainer,
+                    &mut |_| {},
+                    &mut rec,
+                )
+                .unwrap();
+                let got = rec.0.unwrap().finish();
+                let want = idle_fragments_of(&mut *l.events().unwrap()).unwrap();
+                assert!(want.fragments > 100, "{input:?}: {}", want.fragments);
+                assert_eq!(got, want, "{input:?} {steps:?}");
+            }
+        }
     }
 
     #[test]

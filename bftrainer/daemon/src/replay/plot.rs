@@ -1,10 +1,11 @@
 //! Plots of a replay (plotters; SVG, PNG or both): idle vs harvested nodes, nodes per
 //! job as a stacked area, cumulative samples, and the idle fragments by duration.
 
+use anyhow::Context;
 use bftrainer_core::sim::stack::{Stack, StackBuilder};
 use bftrainer_core::sim::{Report, SizeRecord, StepRecord};
-use bftrainer_core::trace::fragments::{idle_fragments_of, Fragments};
-use bftrainer_core::trace::NodeEvents;
+use bftrainer_core::trace::fragments::{FragmentCounter, Fragments};
+use bftrainer_core::trace::{Head, NodeChange};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
@@ -139,12 +140,14 @@ struct Point {
 
 /// What the plots need of a replay, gathered as its records come, in memory bounded by
 /// the plots' resolution (not by the replay's length): the step series thinned, the
-/// stacked nodes per job bucketed, the idle fragments counted by length later from the
-/// trace itself.
+/// stacked nodes per job bucketed, the idle fragments counted by length as the replay
+/// takes the trace's changes.
 pub struct PlotData {
     t0: f64,
+    hours: f64,
     points: Thin<Point>,
     stack: StackBuilder,
+    fragments: Option<FragmentCounter>,
 }
 
 impl PlotData {
@@ -152,8 +155,20 @@ impl PlotData {
     pub fn new(start: i64, end: i64) -> Self {
         Self {
             t0: start as f64,
+            hours: (end - start) as f64 / 3600.0,
             points: Thin::new(),
             stack: StackBuilder::new(end as f64, MAX_INTERVALS),
+            fragments: None,
+        }
+    }
+
+    pub fn trace_head(&mut self, head: Head<'_>) {
+        self.fragments = Some(FragmentCounter::new(head));
+    }
+
+    pub fn change(&mut self, c: &NodeChange) {
+        if let Some(f) = &mut self.fragments {
+            f.change(c);
         }
     }
 
@@ -534,17 +549,14 @@ impl Figure for FragmentHistogram {
     }
 }
 
-/// Writes the four plots into `dir` in `format`; returns their paths. `trace` is read
-/// again from its start for the idle fragments.
+/// Writes the four plots into `dir` in `format`; returns their paths.
 pub fn write_all(
     dir: &Path,
     data: PlotData,
     report: &Report,
-    trace: &mut dyn NodeEvents,
     format: Format,
 ) -> anyhow::Result<Vec<PathBuf>> {
     font()?;
-    let (start, trace_end) = (trace.start(), trace.end());
     let t0 = data.t0;
     let h = |t: f64| (t - t0) / 3600.0;
     let points = data.points.finish();
@@ -574,9 +586,13 @@ pub fn write_all(
         x_max,
     };
     emit(dir, "cumulative_samples", format, &fig, &mut files)?;
+    let f = data
+        .fragments
+        .context("the replay handed the plots no trace")?
+        .finish();
     let fig = FragmentHistogram {
-        f: idle_fragments_of(trace)?,
-        hours: (trace_end - start) as f64 / 3600.0,
+        f,
+        hours: data.hours,
     };
     emit(dir, "idle_fragments", format, &fig, &mut files)?;
     Ok(files)

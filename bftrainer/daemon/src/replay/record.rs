@@ -10,7 +10,7 @@ use super::{Loaded, Options};
 use anyhow::Context;
 use bftrainer_core::engine::{Action, Record};
 use bftrainer_core::sim::{Recorder, SizeRecord, StepRecord};
-use bftrainer_core::trace::Scratch;
+use bftrainer_core::trace::{Head, NodeChange, Scratch};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
@@ -183,6 +183,18 @@ impl Recorder for Outputs {
         }
         if let Some(p) = &mut self.plot {
             p.size(s);
+        }
+    }
+
+    fn trace_head(&mut self, head: Head<'_>) {
+        if let Some(p) = &mut self.plot {
+            p.trace_head(head);
+        }
+    }
+
+    fn change(&mut self, c: &NodeChange) {
+        if let Some(p) = &mut self.plot {
+            p.change(c);
         }
     }
 
