@@ -78,6 +78,20 @@ pub fn parse_policy(text: &str, file: &str, base: &Options) -> anyhow::Result<Po
             .map(str::to_string)
             .ok_or_else(|| err(k, format!("expected a string, found {}", v.type_str())))
     };
+    // One of the named values, or an error listing them.
+    fn choice<T: Copy>(s: &str, named: &[(&str, T)]) -> Result<T, String> {
+        named
+            .iter()
+            .find(|(n, _)| *n == s)
+            .map(|&(_, t)| t)
+            .ok_or_else(|| {
+                let names: Vec<&str> = named.iter().map(|(n, _)| *n).collect();
+                format!(
+                    "'{s}' is not allowed; expected one of: {}",
+                    names.join(", ")
+                )
+            })
+    }
     let seconds = |k: &str, v: &toml::Value, min_excl: bool| {
         let x = match v {
             toml::Value::Integer(n) => *n as f64,
@@ -117,28 +131,15 @@ pub fn parse_policy(text: &str, file: &str, base: &Options) -> anyhow::Result<Po
                 _ => return Err(err(k, format!("expected a whole number >= 1, found {v}"))),
             },
             "curve" => {
-                p.curve = match string(k, v)?.as_str() {
-                    "objective" => CurveChoice::File,
-                    "samples" => CurveChoice::Samples,
-                    s => {
-                        return Err(err(
-                            k,
-                            format!("'{s}' is not allowed; expected one of: objective, samples"),
-                        ))
-                    }
-                }
+                let named = [
+                    ("objective", CurveChoice::File),
+                    ("samples", CurveChoice::Samples),
+                ];
+                p.curve = choice(&string(k, v)?, &named).map_err(|m| err(k, m))?;
             }
             "steps" => {
-                p.steps = match string(k, v)?.as_str() {
-                    "exact" => Steps::Exact,
-                    "trace" => Steps::Trace,
-                    s => {
-                        return Err(err(
-                            k,
-                            format!("'{s}' is not allowed; expected one of: exact, trace"),
-                        ))
-                    }
-                }
+                let named = [("exact", Steps::Exact), ("trace", Steps::Trace)];
+                p.steps = choice(&string(k, v)?, &named).map_err(|m| err(k, m))?;
             }
             _ => {
                 return Err(err(
