@@ -211,7 +211,6 @@ struct SimJob {
     n: u32,
     /// Claimed nodes it keeps for the grace period.
     draining: u32,
-    submitted: bool,
     first_admit: Option<f64>,
     finished: Option<f64>,
     node_s: f64,
@@ -637,7 +636,6 @@ impl<'a, A: Allocator> Sim<'a, A> {
             progress: 0.0,
             n: 0,
             draining: 0,
-            submitted: true,
             first_admit: None,
             finished: None,
             node_s: 0.0,
@@ -1283,7 +1281,6 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 overrun_loss_samples: s.overrun_loss,
                 copies: None,
             });
-            let _ = s.submitted;
         }
         jcts.sort_by(f64::total_cmp);
         let live = |f: fn(&SimJob) -> f64| -> f64 { self.jobs.live().map(|(_, s)| f(s)).sum() };

@@ -432,24 +432,14 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
             bail!("--node-limit must be >= 1");
         }
     }
-    let mut loaded = Loaded {
-        source,
-        cut,
-        start: 0,
-        end: 0,
-        nodes: 0,
-        trace_name,
-        jobs: Vec::new(),
-        jobs_name: String::new(),
-        sched,
-        warnings: Vec::new(),
+    let (start, end, nodes) = {
+        let (s, e, n) = source.window();
+        cut.window_of(s, e, n)
     };
-    let (start, end, nodes) = loaded.source.window();
-    (loaded.start, loaded.end, loaded.nodes) = loaded.cut.window_of(start, end, nodes);
-    if loaded.nodes == 0 {
+    if nodes == 0 {
         bail!("the trace has no nodes");
     }
-    let (jobs, jobs_name) = match &o.jobs {
+    let (mut jobs, jobs_name) = match &o.jobs {
         Some(p) => (
             parse_jobs(open(p)?, &p.display().to_string())?,
             p.display().to_string(),
@@ -462,10 +452,9 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
     // Jobs of the original replayer are stamped from its start time; a trace from
     // another time (an SWF log, sacct) gets them shifted to its own start, keeping
     // their spacing.
-    let mut jobs = jobs;
     if let Some(first) = jobs.first().map(|j| j.submit) {
-        if first > loaded.end || jobs.last().is_some_and(|l| l.submit < loaded.start) {
-            let shift = loaded.start - first;
+        if first > end || jobs.last().is_some_and(|l| l.submit < start) {
+            let shift = start - first;
             for j in &mut jobs {
                 j.submit += shift;
             }
@@ -475,10 +464,18 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
     for w in &warnings {
         eprintln!("warning: {w}");
     }
-    loaded.jobs = jobs;
-    loaded.jobs_name = jobs_name;
-    loaded.warnings = warnings;
-    Ok(loaded)
+    Ok(Loaded {
+        source,
+        cut,
+        start,
+        end,
+        nodes,
+        trace_name,
+        jobs,
+        jobs_name,
+        sched,
+        warnings,
+    })
 }
 
 impl Source {
