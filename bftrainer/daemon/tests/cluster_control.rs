@@ -71,20 +71,7 @@ fn cluster_control_status_jobs_nodes_and_lending_verbs() {
         &["-i", "add", "user", "bftuser", "account=proj"],
     )
     .unwrap();
-    let job = l.sbatch_as_user(
-        &[
-            "--elastic=1:4",
-            "-A",
-            "proj",
-            "-J",
-            "train",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "srun sleep 600",
-        ],
-        None,
-    );
+    let job = l.submit_elastic_with("1:4", &["-A", "proj"]);
     l.grown_to_all(job);
     let accounts = l.c.run("squeue", &["-h", "-a", "-o", "%j %a"]).unwrap();
     assert_eq!(

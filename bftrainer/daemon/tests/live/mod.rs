@@ -301,19 +301,16 @@ impl Live {
 
     /// An elastic job of bftuser that runs its work in a step.
     pub fn submit_elastic(&self, spec: &str) -> u32 {
+        self.submit_elastic_with(spec, &[])
+    }
+
+    /// As [`Live::submit_elastic`], with more sbatch options (e.g. `-A ACCOUNT`).
+    pub fn submit_elastic_with(&self, spec: &str, more: &[&str]) -> u32 {
         let elastic = format!("--elastic={spec}");
-        self.sbatch_as_user(
-            &[
-                &elastic,
-                "-J",
-                "train",
-                "-o",
-                "/dev/null",
-                "--wrap",
-                "srun sleep 600",
-            ],
-            None,
-        )
+        let mut args = vec![elastic.as_str()];
+        args.extend_from_slice(more);
+        args.extend_from_slice(&["-J", "train", "-o", "/dev/null", "--wrap", "srun sleep 600"]);
+        self.sbatch_as_user(&args, None)
     }
 
     /// `sbatch --parsable ARGS` as the test user (bftuser), in `dir` if given: the
