@@ -9,11 +9,12 @@ use bftrainer_core::engine::EngineConfig;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub const DAEMON_KEYS: [&str; 11] = [
+pub const DAEMON_KEYS: [&str; 12] = [
     "poll_interval",
     "state_dir",
     "socket",
     "shrink_grace",
+    "shrink_grace_max",
     "admit_timeout",
     "grow_timeout",
     "release_before",
@@ -45,8 +46,11 @@ pub struct Config {
     pub socket: PathBuf,
     /// Where the Prometheus endpoint listens; None: off.
     pub metrics_listen: Option<std::net::SocketAddr>,
-    /// From SIGTERM to a satellite being shrunk until it is cancelled.
+    /// From SIGTERM to a satellite being shrunk until it is cancelled, plus two of the
+    /// job's measured steps (see `shrink_deadline`).
     pub shrink_grace_s: f64,
+    /// The most that the job's steps may stretch `shrink_grace_s` to.
+    pub shrink_grace_max_s: f64,
     /// How long a released core job may take to start before it is held again.
     pub admit_timeout_s: f64,
     /// How long a satellite may take to start before it is cancelled.
@@ -214,6 +218,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         metrics_listen,
         state_dir,
         shrink_grace_s: d.seconds("shrink_grace", 0.0..=3600.0, 10.0)?,
+        shrink_grace_max_s: d.seconds("shrink_grace_max", 0.0..=86_400.0, 600.0)?,
         admit_timeout_s: d.seconds("admit_timeout", 1.0..=3600.0, 30.0)?,
         grow_timeout_s: d.seconds("grow_timeout", 1.0..=3600.0, 30.0)?,
         release_before_s: d.seconds("release_before", 0.0..=3600.0, 30.0)?,
@@ -319,6 +324,9 @@ mod tests {
         assert_eq!(c.elastic_partitions(), ["elastic", "elastic-sat"]);
         assert!(c.core_partition_ok("elastic") && !c.core_partition_ok("elastic-sat"));
         assert_eq!(c.objective, Objective::Bftrainer);
+        assert_eq!((c.shrink_grace_s, c.shrink_grace_max_s), (10.0, 600.0));
+        let c = p("[daemon]\nshrink_grace = 3\nshrink_grace_max = 86400\n").unwrap();
+        assert_eq!((c.shrink_grace_s, c.shrink_grace_max_s), (3.0, 86_400.0));
         let c = p("[daemon]\nstate_dir = \"state\"\n[engine]\ndefault_curve = [[1, 10], [4, 30.5]]\nobjective = \"fairness\"\n").unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/etc/slurm/state"));
         assert_eq!(c.default_curve.unwrap().points, [(1, 10.0), (4, 30.5)]);
@@ -337,6 +345,8 @@ mod tests {
             ("[daemon]\npoll = 1", "/etc/slurm/bftrainer.toml: [daemon] poll: unknown key; allowed keys: poll_interval, state_dir"),
             ("[daemon]\npoll_interval = \"fast\"", "[daemon] poll_interval: expected seconds from 0.05 to 60, found string"),
             ("[daemon]\npoll_interval = 0", "[daemon] poll_interval: 0 is out of range; expected seconds from 0.05 to 60"),
+            ("[daemon]\nshrink_grace_max = 86401", "[daemon] shrink_grace_max: 86401 is out of range; expected seconds from 0 to 86400"),
+            ("[daemon]\nshrink_grace_max = -1", "[daemon] shrink_grace_max: -1 is out of range"),
             ("[engine]\nmax_jobs = 0", "[engine] max_jobs: 0 is out of range; expected a whole number from 1 to 100000"),
             ("[engine]\nobjective = \"best\"", "[engine] objective: 'best' is not allowed; expected one of: bftrainer, efficiency, fairness, remaining-work, reclaim-aware"),
             ("[engine]\nobjective = \"remaining-work\"", "'remaining-work' needs each job's remaining work"),

@@ -130,6 +130,9 @@ struct Core {
     ended: bool,
     /// The runtime's last published rate (samples/s) and size, from the job's Comment.
     rate: Option<(f64, u32)>,
+    /// The runtime's last measured seconds per training step, from the job's Comment
+    /// (0: never measured). Sets how long a shrunk satellite gets to leave.
+    step_s: f64,
     user: Option<String>,
 }
 
@@ -140,6 +143,8 @@ struct SatMemo {
     node: String,
     joined: bool,
     signalled_at: Option<f64>,
+    /// Shrunk: cancelled this long after its SIGTERM (`shrink_deadline`).
+    cancel_after: Option<f64>,
     /// The daemon ended it (shrink, orphan, timeout): its end is not a failure.
     ending: bool,
     preempted: bool,
@@ -1036,6 +1041,7 @@ impl<C: Cluster> Daemon<C> {
                 restarts: j.restart_count,
                 asked_at: f64::NEG_INFINITY,
                 rate: None,
+                step_s: 0.0,
                 ended: false,
                 user: j.user_name.clone(),
             },
@@ -1189,6 +1195,8 @@ impl<C: Cluster> Daemon<C> {
 
     /// The runtime publishes its measured rate in the core job's Comment
     /// ([`RunComment`]): a change of more than 1% (or of size) is a `Progress` event.
+    /// Its measured step time is kept for shrinks (a new run's unmeasured 0 keeps the
+    /// previous run's: the same script).
     fn observe_progress(&mut self, id: u32, j: &Job) {
         let Some(rc) = j.comment.as_deref().and_then(RunComment::parse) else {
             return;
@@ -1196,6 +1204,9 @@ impl<C: Cluster> Daemon<C> {
         let Some(core) = self.cores.get_mut(&id) else {
             return;
         };
+        if rc.step > 0.0 {
+            core.step_s = rc.step;
+        }
         if !core.started || rc.rate <= 0.0 {
             return;
         }
@@ -1669,7 +1680,8 @@ impl<C: Cluster> Daemon<C> {
         now: f64,
     ) -> usize {
         let id = s.job_id;
-        let shrink_grace = self.cfg.shrink_grace_s;
+        let step = self.cores.get(&parent).map_or(0.0, |c| c.step_s);
+        let deadline = shrink_deadline(self.cfg.shrink_grace_s, self.cfg.shrink_grace_max_s, step);
         let memo = self.sats.entry(id).or_default();
         if s.state.base() == JobBase::Pending {
             if memo.ending && memo.signalled_at.is_some_and(|t| now - t < 5.0) {
@@ -1702,9 +1714,18 @@ impl<C: Cluster> Daemon<C> {
         match memo.signalled_at {
             None => {
                 memo.signalled_at = Some(now);
+                memo.cancel_after = Some(deadline);
                 memo.ending = true;
                 self.stats.shrinks += 1;
-                log::info!("shrink job {parent} off {node}: SIGTERM to satellite {id}, cancelled after {shrink_grace} s");
+                let why = if step > 0.0 {
+                    format!(" (steps of {} s)", round1(step))
+                } else {
+                    String::new()
+                };
+                log::info!(
+                    "shrink job {parent} off {node}: SIGTERM to satellite {id}, cancelled after {} s{why}",
+                    round1(deadline)
+                );
                 self.call(
                     |c| c.signal(id, libc::SIGTERM, SignalTarget::StepsOnly),
                     "signal",
@@ -1712,7 +1733,7 @@ impl<C: Cluster> Daemon<C> {
                 );
                 1
             }
-            Some(t) if now - t >= shrink_grace => {
+            Some(t) if now - t >= memo.cancel_after.unwrap_or(self.cfg.shrink_grace_s) => {
                 memo.signalled_at = Some(now);
                 log::info!("cancel satellite {id} of job {parent} on {node} (shrink grace over)");
                 self.call(|c| c.cancel(id), "cancel", id);
@@ -1935,5 +1956,51 @@ impl<C: Cluster> Daemon<C> {
             nodes,
             jobs,
         }
+    }
+}
+
+/// How long a satellite being shrunk gets from its SIGTERM to leave before it is
+/// cancelled: `shrink_grace` plus two training steps, at most `shrink_grace_max` (never
+/// less than `shrink_grace`). The leave flag rides the next gradient all-reduce, so a
+/// SIGTERM just after one is seen at the end of the following step: up to two steps to
+/// the boundary, then `shrink_grace` to commit and exit. `step` 0 (not measured) or not
+/// finite: `shrink_grace` alone.
+fn shrink_deadline(shrink_grace: f64, shrink_grace_max: f64, step: f64) -> f64 {
+    let step = if step.is_finite() && step > 0.0 {
+        step
+    } else {
+        0.0
+    };
+    (shrink_grace + 2.0 * step).min(shrink_grace_max.max(shrink_grace))
+}
+
+/// Seconds for a log line: to 0.1 s, no trailing ".0".
+fn round1(s: f64) -> f64 {
+    (s * 10.0).round() / 10.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shrink_deadline_follows_the_step_time_up_to_the_cap() {
+        // Not measured: shrink_grace alone.
+        assert_eq!(shrink_deadline(10.0, 600.0, 0.0), 10.0);
+        assert_eq!(shrink_deadline(10.0, 600.0, f64::NAN), 10.0);
+        assert_eq!(shrink_deadline(10.0, 600.0, -1.0), 10.0);
+        // 3 s steps: up to two steps to the boundary, then the grace.
+        assert_eq!(shrink_deadline(10.0, 600.0, 3.0), 16.0);
+        // A 1-hour step: the cap.
+        assert_eq!(shrink_deadline(10.0, 600.0, 3600.0), 600.0);
+        assert_eq!(shrink_deadline(10.0, 600.0, f64::INFINITY), 10.0);
+        // A cap below shrink_grace never shortens shrink_grace.
+        assert_eq!(shrink_deadline(30.0, 10.0, 5.0), 30.0);
+        assert_eq!(shrink_deadline(0.0, 0.0, 5.0), 0.0);
+        assert_eq!(
+            (round1(16.0), round1(12.468), round1(0.5)),
+            (16.0, 12.5, 0.5)
+        );
+        assert_eq!(format!("{}", round1(16.0)), "16");
     }
 }
