@@ -3,7 +3,14 @@
 //! the measured throughput (the engine's `Progress` events). Only the job's owner, the
 //! Slurm user and root can set a job's Comment, so this needs no new port.
 //!
-//! `bftrainer-run:v1 coord=HOST:PORT gen=G nodes=N rate=R`
+//! `bftrainer-run:v1 coord=HOST:PORT run=ID start=T gen=G nodes=N rate=R step=S`
+//!
+//! `run` names one run of the job's batch script (a requeued job gets a new one) and
+//! `start` is the job's start time that run saw: a satellite follows `coord` only when
+//! `start` is the job's current start time, and then proves over MUNGE that the
+//! coordinator it reached is this run's (docs/design.md, "Trust"). `step` is the
+//! measured seconds per training step (0: not measured): bftrainerd waits that long,
+//! at least, for a leaving satellite to reach its step boundary.
 
 use std::fmt;
 
@@ -13,20 +20,26 @@ pub const PREFIX: &str = "bftrainer-run:v1";
 pub struct RunComment {
     /// `host:port` of the job's coordinator.
     pub coord: String,
+    /// The run's identifier (hex; empty: a bft-run before run ids).
+    pub run: String,
+    /// The job's start time (Unix seconds) when this run began (0: unknown).
+    pub start: i64,
     /// The current generation (0 before the first).
     pub gen: u64,
     /// Nodes with a worker in the current generation.
     pub nodes: u32,
     /// Measured samples per second at that size (0: not measured yet).
     pub rate: f64,
+    /// Measured seconds per training step (0: not measured yet).
+    pub step: f64,
 }
 
 impl fmt::Display for RunComment {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{PREFIX} coord={} gen={} nodes={} rate={:.1}",
-            self.coord, self.gen, self.nodes, self.rate
+            "{PREFIX} coord={} run={} start={} gen={} nodes={} rate={:.1} step={:.3}",
+            self.coord, self.run, self.start, self.gen, self.nodes, self.rate, self.step
         )
     }
 }
@@ -41,22 +54,27 @@ impl RunComment {
         }
         let mut c = RunComment {
             coord: String::new(),
+            run: String::new(),
+            start: 0,
             gen: 0,
             nodes: 0,
             rate: 0.0,
+            step: 0.0,
         };
+        let non_negative = |v: &str| v.parse().ok().filter(|r: &f64| r.is_finite() && *r >= 0.0);
         for w in words {
             let (k, v) = w.split_once('=')?;
             match k {
                 "coord" => c.coord = v.to_string(),
                 "gen" => c.gen = v.parse().ok()?,
                 "nodes" => c.nodes = v.parse().ok()?,
-                "rate" => {
-                    c.rate = v
-                        .parse()
-                        .ok()
-                        .filter(|r: &f64| r.is_finite() && *r >= 0.0)?
+                "run" if v.len() <= 64 && v.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                    c.run = v.to_string()
                 }
+                "run" => return None,
+                "start" => c.start = v.parse().ok()?,
+                "rate" => c.rate = non_negative(v)?,
+                "step" => c.step = non_negative(v)?,
                 _ => {}
             }
         }
@@ -72,21 +90,28 @@ mod tests {
     fn round_trip_and_foreign_comments() {
         let c = RunComment {
             coord: "10.0.0.7:41234".into(),
+            run: "0a1b".into(),
+            start: 1_795_000_000,
             gen: 12,
             nodes: 3,
             rate: 1234.56,
+            step: 2.5,
         };
         let s = c.to_string();
         assert_eq!(
             s,
-            "bftrainer-run:v1 coord=10.0.0.7:41234 gen=12 nodes=3 rate=1234.6"
+            "bftrainer-run:v1 coord=10.0.0.7:41234 run=0a1b start=1795000000 gen=12 nodes=3 rate=1234.6 step=2.500"
         );
         let back = RunComment::parse(&s).unwrap();
         assert_eq!(
-            (back.coord.as_str(), back.gen, back.nodes),
-            ("10.0.0.7:41234", 12, 3)
+            (back.coord.as_str(), back.run.as_str(), back.start, back.gen, back.nodes),
+            ("10.0.0.7:41234", "0a1b", 1_795_000_000, 12, 3)
         );
         assert!((back.rate - 1234.6).abs() < 1e-9);
+        assert!((back.step - 2.5).abs() < 1e-9);
+        // An older bft-run's comment: no run, start or step.
+        let old = RunComment::parse("bftrainer-run:v1 coord=h:1 gen=2 nodes=1 rate=3.0").unwrap();
+        assert_eq!((old.run.as_str(), old.start, old.step), ("", 0, 0.0));
         assert_eq!(
             RunComment::parse("bftrainer-run:v1 coord=h:1 future=x").map(|c| c.gen),
             Some(0)
@@ -98,6 +123,9 @@ mod tests {
             "bftrainer-run:v1 gen=1",
             "bftrainer-run:v1 coord=h:1 rate=-3",
             "bftrainer-run:v1 coord=h:1 rate=NaN",
+            "bftrainer-run:v1 coord=h:1 step=-1",
+            "bftrainer-run:v1 coord=h:1 run=zz",
+            "bftrainer-run:v1 coord=h:1 start=x",
             "bftrainer-run:v1 coord=h:1 gen=x",
             "bftrainer-run:v1 coord=h:1 junk",
             "bftrainer-run:v2 coord=h:1",

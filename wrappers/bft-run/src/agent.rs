@@ -1,8 +1,11 @@
-//! The per-node agent: joins the coordinator with a MUNGE credential, starts and
-//! watches the node's workers, relays messages, and turns SIGTERM into a graceful leave.
+//! The per-node agent: joins the coordinator with a MUNGE credential and checks the
+//! coordinator's in return, starts and watches the node's workers (heartbeats, a
+//! stopped or silent worker is killed), relays messages, and turns SIGTERM into a
+//! graceful leave.
 
+use crate::coord::AgentOpts;
 use crate::munge::Munge;
-use crate::proto::{self, PROTO};
+use crate::proto::{self, brief, PROTO};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::unix::fs::PermissionsExt;
@@ -10,7 +13,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio::signal::unix::{signal, SignalKind};
@@ -19,8 +22,12 @@ use tokio::sync::mpsc;
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
     pub coord: String,
-    /// The elastic job whose coordinator this is, when known (for messages).
+    /// The elastic job whose coordinator this is, when known: the coordinator must
+    /// answer for it.
     pub coord_job: Option<String>,
+    /// The run of that job the agent means to join, when known (from the Comment, or
+    /// given by the core's bft-run): the coordinator must answer for it.
+    pub coord_run: Option<String>,
     pub node_name: String,
     pub munge: Munge,
     pub slurm_job: Option<String>,
@@ -28,8 +35,6 @@ pub struct AgentOptions {
     pub local_nproc: usize,
     /// The node's GPUs (CUDA_VISIBLE_DEVICES values); worker slot i gets gpus[i % n].
     pub gpus: Vec<String>,
-    pub max_restarts: u32,
-    pub leave_timeout: Duration,
 }
 
 const TAIL_LINES: usize = 20;
@@ -51,10 +56,20 @@ enum Ev {
     /// A worker's connection failed (a malformed line): it hears nothing more.
     WorkerGone(String, String),
     Term,
+    /// Twice a second: heartbeats and the watchdog.
+    Tick,
 }
 
 struct Worker {
     pid: i32,
+    /// When it was last heard from (any message; the library sends one a second).
+    heard: Instant,
+    /// It said hello: from then on it must keep sending.
+    connected: bool,
+    /// Since when /proc says it is stopped (SIGSTOP, a debugger).
+    stopped_since: Option<Instant>,
+    /// Why the agent killed it, for the coordinator's log.
+    killed_why: Option<String>,
     /// In a generation the agent forwarded (it holds state; leaves at a boundary).
     member: bool,
     /// Its place on the node, 0..nproc: BFT_LOCAL_RANK and its GPU. A worker
@@ -77,25 +92,46 @@ pub async fn run(o: AgentOptions) -> i32 {
 }
 
 async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
-    let sock = TcpStream::connect(&o.coord).await.map_err(|e| {
-        let whose = match &o.coord_job {
-            Some(j) => format!("coordinator of job {j}"),
-            None => "coordinator".into(),
-        };
-        (2, format!("{whose} unreachable at {}: {e}", o.coord))
-    })?;
-    let host = sock
-        .local_addr()
-        .map(|a| a.ip().to_string())
-        .unwrap_or_else(|_| "127.0.0.1".into());
-    let (rd, mut wr) = sock.into_split();
-    let mut rd = BufReader::new(rd);
     let lost = |e: String| (2, format!("coordinator at {}: {e}", o.coord));
-    let ch = tokio::time::timeout(Duration::from_secs(20), proto::read_msg(&mut rd))
+    // A coordinator over its cap of unauthenticated connections (a flood) closes new
+    // ones at once: try again for a while.
+    let mut tries = 0;
+    let (host, mut rd, mut wr, ch) = loop {
+        let sock = TcpStream::connect(&o.coord).await.map_err(|e| {
+            let whose = match &o.coord_job {
+                Some(j) => format!("coordinator of job {j}"),
+                None => "coordinator".into(),
+            };
+            (2, format!("{whose} unreachable at {}: {e}", o.coord))
+        })?;
+        let host = sock
+            .local_addr()
+            .map(|a| a.ip().to_string())
+            .unwrap_or_else(|_| "127.0.0.1".into());
+        let (rd, wr) = sock.into_split();
+        let mut rd = BufReader::new(rd);
+        let ch = tokio::time::timeout(
+            Duration::from_secs(20),
+            proto::read_msg_max(&mut rd, proto::MAX_HELLO),
+        )
         .await
-        .map_err(|_| lost("no challenge within 20 s".into()))?
-        .map_err(lost)?
-        .ok_or_else(|| lost("closed the connection".into()))?;
+        .map_err(|_| lost("no challenge within 20 s".into()))?;
+        match ch {
+            Ok(Some(ch)) => break (host, rd, wr, ch),
+            Ok(None) | Err(_) if tries < 60 => {
+                if tries == 0 {
+                    say!(
+                        "bft-run: the coordinator at {} closed the connection before its challenge (busy?); trying again for a minute",
+                        o.coord
+                    );
+                }
+                tries += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Ok(None) => return Err(lost("closed the connection".into())),
+            Err(e) => return Err(lost(e)),
+        }
+    };
     let their = ch.get("proto").and_then(Value::as_u64).unwrap_or(0);
     if proto::t(&ch) != "challenge" || their != PROTO {
         return Err((
@@ -108,15 +144,32 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         ));
     }
     let job = proto::str_field(&ch, "job").map_err(lost)?.to_string();
-    let nonce = proto::str_field(&ch, "nonce").map_err(lost)?.to_string();
+    let run = proto::id_field(&ch, "run").map_err(lost)?.to_string();
+    let nonce = proto::id_field(&ch, "nonce").map_err(lost)?.to_string();
+    let meant = |what: &str, want: &Option<String>, got: &str| -> Result<(), (i32, String)> {
+        match want {
+            Some(w) if w != got => Err((
+                2,
+                format!(
+                    "the party at {} answers for {what} {}, not {what} {w} (a stale address?); not joining it",
+                    o.coord,
+                    brief(got)
+                ),
+            )),
+            _ => Ok(()),
+        }
+    };
+    meant("job", &o.coord_job, &job)?;
+    meant("run", &o.coord_run, &run)?;
+    let anonce = proto::fresh_id();
     let munge = o.munge.clone();
-    let payload = proto::cred_payload(&job, &nonce);
+    let payload = proto::agent_payload(&job, &run, &o.coord, &nonce, &anonce);
     let cred = tokio::task::spawn_blocking(move || munge.encode(&payload))
         .await
         .map_err(|e| (2, e.to_string()))?
         .map_err(|e| (2, e))?;
     let hello = json!({
-        "t": "hello", "proto": PROTO, "cred": cred, "host": host,
+        "t": "hello", "proto": PROTO, "cred": cred, "host": host, "anonce": anonce,
         "node": o.node_name, "slurm_job": o.slurm_job, "nproc": o.local_nproc,
     });
     wr.write_all(proto::line(&hello).as_bytes())
@@ -131,10 +184,49 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         let why = welcome.get("msg").and_then(Value::as_str).unwrap_or("?");
         return Err((
             2,
-            format!("the coordinator at {} refused this agent: {why}", o.coord),
+            format!(
+                "the coordinator at {} refused this agent: {}",
+                o.coord,
+                brief(why)
+            ),
+        ));
+    }
+    // Nothing the welcome says is used before the coordinator has proved, with a
+    // credential of this agent's own uid made for this job, run and connection, that
+    // it is the job's coordinator.
+    let their_cred = proto::str_field(&welcome, "cred")
+        .map_err(lost)?
+        .to_string();
+    let munge = o.munge.clone();
+    let decoded = tokio::task::spawn_blocking(move || munge.decode(&their_cred))
+        .await
+        .map_err(|e| (2, e.to_string()))?;
+    // SAFETY: getuid cannot fail.
+    let me = unsafe { libc::getuid() };
+    let proof = decoded.and_then(|d| {
+        if d.uid != me {
+            Err(format!(
+                "its credential is uid {}'s, not this job owner's ({me})",
+                d.uid
+            ))
+        } else if d.payload != proto::coord_payload(&job, &run, &anonce) {
+            Err("its credential was not made for this job, run and connection".into())
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(why) = proof {
+        return Err((
+            2,
+            format!(
+                "the party at {} is not the coordinator of job {job}: {why}; not running anything it sent",
+                o.coord
+            ),
         ));
     }
     let agent_id = proto::u64_field(&welcome, "agent").map_err(lost)?;
+    let opts = AgentOpts::from_json(welcome.get("opts").unwrap_or(&Value::Null)).map_err(lost)?;
+    proto::set_verbose(opts.verbose || proto::verbose());
     let argv: Vec<String> = welcome
         .get("argv")
         .and_then(Value::as_array)
@@ -161,6 +253,8 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         0 => o.local_nproc.max(1),
         n => n as usize,
     };
+    let hang = Duration::from_secs_f64(opts.hang_timeout);
+    let leave_timeout = Duration::from_secs_f64(opts.leave_timeout);
 
     // The workers' socket, in a directory only this user can enter.
     let dir =
@@ -194,6 +288,18 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
             }
         });
     }
+    {
+        let tx = ev_tx.clone();
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                t.tick().await;
+                if tx.send(Ev::Tick).is_err() {
+                    break;
+                }
+            }
+        });
+    }
     for kind in [SignalKind::terminate(), SignalKind::interrupt()] {
         let tx = ev_tx.clone();
         if let Ok(mut s) = signal(kind) {
@@ -219,6 +325,7 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         sock: sock_path.to_string_lossy().into_owned(),
         host: host.clone(),
         node: o.node_name.clone(),
+        job: job.clone(),
         nproc,
     };
     let mut workers: HashMap<String, Worker> = HashMap::new();
@@ -228,18 +335,12 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         let id = format!("{agent_id}.{next_local}");
         let pid = spawn_worker(&spawn_cfg, &id, slot, &ev_tx).map_err(|e| (1, e))?;
         live.lock().unwrap().insert(id.clone(), false);
-        workers.insert(
-            id,
-            Worker {
-                pid,
-                member: false,
-                slot,
-                done: false,
-            },
-        );
+        workers.insert(id, Worker::new(pid, slot));
         next_local += 1;
     }
-    let mut restarts = 0u32;
+    // Restarts within the last restart window.
+    let mut restarts: VecDeque<Instant> = VecDeque::new();
+    let mut heard_coord = Instant::now();
     let mut last_gen: Option<String> = None;
     let mut end_line: Option<String> = None;
     let mut ending = false;
@@ -275,10 +376,43 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         };
         let Some(ev) = ev else { break };
         if let (true, Ev::Coord(Ok(Some(m)))) = (proto::verbose(), &ev) {
-            say!("bft-run: coordinator -> agent {agent_id}: {m}");
+            if proto::t(m) != "hb" {
+                say!("bft-run: coordinator -> agent {agent_id}: {m}");
+            }
+        }
+        if let Ev::Coord(Ok(Some(_))) = &ev {
+            heard_coord = Instant::now();
         }
         match ev {
+            Ev::Tick => {
+                let _ = wr
+                    .write_all(proto::line(&json!({"t": "hb"})).as_bytes())
+                    .await;
+                if coord_open && !ending && heard_coord.elapsed() > 2 * hang {
+                    say!(
+                        "bft-run: heard nothing from the coordinator at {} for {:.0} s; taking it as lost",
+                        o.coord,
+                        heard_coord.elapsed().as_secs_f64()
+                    );
+                    let _ = ev_tx.send(Ev::Coord(Err("no heartbeat".into())));
+                }
+                watchdog(&mut workers, hang);
+            }
             Ev::Coord(Ok(Some(m))) => match proto::t(&m) {
+                "hb" => {}
+                "abort" => {
+                    let line = proto::line(&m);
+                    for c in conns.values() {
+                        let _ = c.send(line.clone());
+                    }
+                }
+                "kvr" => {
+                    // A store answer for one worker.
+                    let w = m.get("worker").and_then(Value::as_str).unwrap_or("");
+                    if let Some(c) = conns.get(w) {
+                        let _ = c.send(proto::line(&m));
+                    }
+                }
                 "gen" => {
                     let line = proto::line(&m);
                     if let Some(members) = m.get("members").and_then(Value::as_array) {
@@ -305,24 +439,25 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                         kill(w.pid, libc::SIGTERM);
                     }
                     let now = tokio::time::Instant::now();
-                    done_deadline = Some(now + o.leave_timeout);
+                    done_deadline = Some(now + leave_timeout);
                     deadline.get_or_insert(now + Duration::from_secs(5));
                 }
                 "kill" => {
                     // A member the coordinator dropped as hung (silent after a failure):
                     // it dies by a signal, so it is restarted like any such worker.
                     let w = m.get("worker").and_then(Value::as_str).unwrap_or("");
-                    if let Some(w) = workers.get(w) {
+                    if let Some(w) = workers.get_mut(w) {
                         say!(
                             "bft-run: the coordinator dropped worker {} as hung; killing it",
                             m["worker"].as_str().unwrap_or("")
                         );
+                        w.killed_why = Some("dropped by the coordinator as hung".into());
                         kill(w.pid, libc::SIGKILL);
                     }
                 }
                 "error" => say!(
                     "bft-run: the coordinator says: {}",
-                    m.get("msg").and_then(Value::as_str).unwrap_or("?")
+                    brief(m.get("msg").and_then(Value::as_str).unwrap_or("?"))
                 ),
                 _ => {}
             },
@@ -349,6 +484,10 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                 }
             }
             Ev::WorkerConn(id, tx) => {
+                if let Some(w) = workers.get_mut(&id) {
+                    w.connected = true;
+                    w.heard = Instant::now();
+                }
                 // A latecomer learns what the others were told.
                 for l in [&last_gen, &end_line].into_iter().flatten() {
                     let _ = tx.send(l.clone());
@@ -364,12 +503,16 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                 if proto::verbose() {
                     say!("bft-run: worker {id} -> coordinator: {m}");
                 }
-                if proto::t(&m) == "done" {
-                    if let Some(w) = workers.get_mut(&id) {
+                if let Some(w) = workers.get_mut(&id) {
+                    w.heard = Instant::now();
+                    if proto::t(&m) == "done" {
                         w.done = true;
                     }
                 }
-                if matches!(proto::t(&m), "ready" | "progress" | "broken" | "done") {
+                if matches!(
+                    proto::t(&m),
+                    "ready" | "progress" | "broken" | "done" | "kv" | "leave"
+                ) {
                     let mut m = m;
                     m["worker"] = Value::String(id);
                     let _ = wr.write_all(proto::line(&m).as_bytes()).await;
@@ -378,40 +521,49 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
             Ev::Exited(id, code, tail) => {
                 conns.remove(&id);
                 live.lock().unwrap().remove(&id);
-                let slot = workers.remove(&id).map_or(0, |w| w.slot);
-                let msg = json!({"t": "exit", "worker": id, "code": code, "stderr_tail": tail});
+                let (slot, why) = workers
+                    .remove(&id)
+                    .map_or((0, None), |w| (w.slot, w.killed_why));
+                let mut msg = json!({"t": "exit", "worker": id, "code": code, "stderr_tail": tail});
+                if let Some(w) = &why {
+                    msg["why"] = Value::String(w.clone());
+                }
                 let _ = wr.write_all(proto::line(&msg).as_bytes()).await;
                 let killed = code < 0;
-                if killed && !ending && !leaving && restarts < o.max_restarts {
-                    restarts += 1;
+                let window = Duration::from_secs_f64(opts.restart_window);
+                while restarts.front().is_some_and(|t| t.elapsed() > window) {
+                    restarts.pop_front();
+                }
+                if killed && !ending && !leaving && restarts.len() < opts.max_restarts as usize {
+                    restarts.push_back(Instant::now());
                     let nid = format!("{agent_id}.{next_local}");
                     say!(
-                        "bft-run: worker {id} was killed by signal {}; starting {nid} in its place ({restarts} of {} restarts)",
+                        "bft-run: worker {id} was killed by signal {}{}; starting {nid} in its place ({} of {} restarts within {} s)",
                         -code,
-                        o.max_restarts
+                        why.map(|w| format!(" ({w})")).unwrap_or_default(),
+                        restarts.len(),
+                        opts.max_restarts,
+                        opts.restart_window
                     );
                     match spawn_worker(&spawn_cfg, &nid, slot, &ev_tx) {
                         Ok(pid) => {
                             live.lock().unwrap().insert(nid.clone(), false);
-                            workers.insert(
-                                nid,
-                                Worker {
-                                    pid,
-                                    member: false,
-                                    slot,
-                                    done: false,
-                                },
-                            );
+                            workers.insert(nid, Worker::new(pid, slot));
                         }
                         Err(e) => say!("bft-run: cannot restart worker {id}: {e}"),
                     }
                     next_local += 1;
                 } else if killed && !ending && !leaving {
-                    say!(
-                        "bft-run: worker {id} was killed by signal {}; not restarted ({} restarts used)",
+                    let why = format!(
+                        "worker {id} was killed by signal {}; not restarted: {} restarts within {} s already (--max-restarts, --restart-window)",
                         -code,
-                        o.max_restarts
+                        restarts.len(),
+                        opts.restart_window
                     );
+                    say!("bft-run: {why}");
+                    let _ = wr
+                        .write_all(proto::line(&json!({"t": "give_up", "why": why})).as_bytes())
+                        .await;
                 }
             }
             Ev::Term => {
@@ -433,7 +585,7 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                             },
                         );
                     }
-                    deadline = Some(tokio::time::Instant::now() + o.leave_timeout);
+                    deadline = Some(tokio::time::Instant::now() + leave_timeout);
                 }
             }
         }
@@ -443,6 +595,67 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         return Err((1, format!("lost the coordinator at {}", o.coord)));
     }
     Ok(0)
+}
+
+impl Worker {
+    fn new(pid: i32, slot: usize) -> Worker {
+        Worker {
+            pid,
+            heard: Instant::now(),
+            connected: false,
+            stopped_since: None,
+            killed_why: None,
+            member: false,
+            slot,
+            done: false,
+        }
+    }
+}
+
+/// Kills the workers that are hung: stopped (SIGSTOP: state T in /proc) or silent
+/// (no heartbeat from the library's background thread) for longer than `hang`. A
+/// worker still starting (before its hello: importing torch, loading data) is judged
+/// by its process state only.
+fn watchdog(workers: &mut HashMap<String, Worker>, hang: Duration) {
+    let now = Instant::now();
+    for (id, w) in workers.iter_mut() {
+        if w.killed_why.is_some() {
+            continue;
+        }
+        if proc_stopped(w.pid) {
+            w.stopped_since.get_or_insert(now);
+        } else {
+            w.stopped_since = None;
+        }
+        let silent = now - w.heard;
+        let why = match w.stopped_since {
+            Some(t) if now - t > hang || (w.connected && silent > hang) => Some(format!(
+                "stopped (SIGSTOP?), silent for {:.0} s",
+                silent.as_secs_f64()
+            )),
+            None if w.connected && silent > hang => Some(format!(
+                "no heartbeat for {:.0} s (frozen or wedged)",
+                silent.as_secs_f64()
+            )),
+            _ => None,
+        };
+        if let Some(why) = why {
+            say!("bft-run: worker {id} is hung: {why}; killing it");
+            w.killed_why = Some(why);
+            kill(w.pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Whether the process is stopped (`T`) or traced-stopped (`t`), from /proc/PID/stat.
+fn proc_stopped(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name in parentheses, which may hold spaces.
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+        .is_some_and(|st| st == "T" || st == "t")
 }
 
 /// The workers this agent started and has not seen exit; true once one connected (an
@@ -459,6 +672,8 @@ struct SpawnCfg {
     sock: String,
     host: String,
     node: String,
+    /// The elastic job (BFT_JOB: checkpoints are bound to it).
+    job: String,
     nproc: usize,
 }
 
@@ -479,6 +694,7 @@ fn spawn_worker(
         .env("BFT_LOCAL_RANK", slot.to_string())
         .env("BFT_NODE_ADDR", &c.host)
         .env("BFT_NODE_NAME", &c.node)
+        .env("BFT_JOB", &c.job)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -1,22 +1,73 @@
-//! The per-job coordinator: authenticates agents, keeps the membership, announces
+//! The per-job coordinator: authenticates agents (and proves itself to them), keeps
+//! the membership, watches the agents' heartbeats, holds the job's store, announces
 //! generations, publishes the measured rate, and decides when the job is over.
 
+use crate::kv::{self, Kv, Op, Reply};
 use crate::membership::{Gen, Membership, Outcome};
 use crate::munge::{Decoded, Munge};
-use crate::proto::{self, PROTO};
+use crate::proto::{self, brief, PROTO};
 use bftrainer_core::runtime::RunComment;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
+
+/// Connections not authenticated yet, at most: in all, and from one address. Each one
+/// costs an `unmunge`; more wait for others to finish or are closed at once.
+pub const MAX_UNAUTH: usize = 64;
+pub const MAX_UNAUTH_PER_PEER: usize = 8;
+/// Credential checks (`unmunge` processes) running at once.
+const MAX_DECODES: usize = 4;
+
+/// What every agent runs with, satellites included: sent in the welcome, so the
+/// options given to the core's bft-run reach every node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentOpts {
+    pub max_restarts: u32,
+    pub restart_window: f64,
+    pub leave_timeout: f64,
+    pub hang_timeout: f64,
+    pub verbose: bool,
+}
+
+impl AgentOpts {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "max_restarts": self.max_restarts, "restart_window": self.restart_window,
+            "leave_timeout": self.leave_timeout, "hang_timeout": self.hang_timeout,
+            "verbose": self.verbose,
+        })
+    }
+
+    /// The welcome's options; a missing or malformed field is an error (the same
+    /// bft-run runs on every node).
+    pub fn from_json(v: &Value) -> Result<AgentOpts, String> {
+        let num = |k: &str| {
+            v.get(k)
+                .and_then(Value::as_f64)
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| format!("the welcome's options lack a valid {k:?}"))
+        };
+        Ok(AgentOpts {
+            max_restarts: num("max_restarts")?.min(f64::from(u32::MAX)) as u32,
+            restart_window: num("restart_window")?,
+            leave_timeout: num("leave_timeout")?,
+            hang_timeout: num("hang_timeout")?.max(1.0),
+            verbose: v.get("verbose").and_then(Value::as_bool).unwrap_or(false),
+        })
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct CoordConfig {
     /// The Slurm job id, or "local".
     pub job: String,
+    /// This run's identifier (published in the Comment; bound into every credential).
+    pub run: String,
     pub argv: Vec<String>,
     pub cwd: String,
     pub env: BTreeMap<String, String>,
@@ -24,6 +75,11 @@ pub struct CoordConfig {
     pub nproc: usize,
     pub min_workers: usize,
     pub broken_timeout: f64,
+    /// Options for every agent; `hang_timeout` is also how long an agent may be
+    /// silent before it is dropped (frozen node or agent).
+    pub opts: AgentOpts,
+    /// The job's start time this run saw (Unix seconds; 0 outside Slurm).
+    pub start: i64,
     pub munge: Munge,
     /// The job owner's uid: every agent must prove it.
     pub uid: u32,
@@ -36,15 +92,23 @@ pub struct CoordConfig {
 struct AgentRec {
     tx: mpsc::UnboundedSender<String>,
     workers: BTreeSet<String>,
+    host: String,
+    /// When it was last heard from (seconds since the start).
+    seen: f64,
+    /// Closes its connection (it froze or fell silent).
+    kick: Arc<Notify>,
 }
 
-/// The job's rate in samples/s: from rank 0's cumulative `progress` reports within one
-/// generation (an average since its first report there, once 2 s apart); 0 until then.
+/// The job's rate in samples/s and its step time: from rank 0's cumulative `progress`
+/// reports within one generation (an average since its first report there, once 2 s
+/// apart); 0 until then. The step time is kept across generations (it is the
+/// leaving deadline's measure, not a size's).
 #[derive(Debug, Default)]
 struct RateMeter {
     gen: u64,
-    first: Option<(f64, u64)>,
+    first: Option<(f64, u64, u64)>,
     rate: f64,
+    step: f64,
 }
 
 impl RateMeter {
@@ -52,17 +116,19 @@ impl RateMeter {
     fn reset(&mut self, gen: u64) {
         *self = RateMeter {
             gen,
+            step: self.step,
             ..Default::default()
         };
     }
 
-    /// A report at time `now` (seconds); the new rate when there is one to publish.
-    fn report(&mut self, gen: u64, samples: u64, now: f64) -> Option<f64> {
+    /// A report at time `now` (seconds) of the samples and steps so far; the new rate
+    /// when there is one to publish.
+    fn report(&mut self, gen: u64, samples: u64, steps: u64, now: f64) -> Option<f64> {
         if gen != self.gen {
             return None; // late, from a generation already replaced
         }
-        let Some((t0, s0)) = self.first else {
-            self.first = Some((now, samples));
+        let Some((t0, s0, n0)) = self.first else {
+            self.first = Some((now, samples, steps));
             return None;
         };
         let dt = now - t0;
@@ -70,6 +136,9 @@ impl RateMeter {
             return None;
         }
         self.rate = (samples - s0) as f64 / dt;
+        if steps > n0 {
+            self.step = dt / (steps - n0) as f64;
+        }
         Some(self.rate)
     }
 }
@@ -83,6 +152,16 @@ struct Shared {
     /// The members of the last generation announced (for the log's +joined -left).
     last_members: Vec<String>,
     start: Instant,
+    kv: Kv,
+}
+
+/// Unauthenticated connections now, in all and per address.
+#[derive(Default)]
+struct Gate {
+    total: usize,
+    per_peer: HashMap<IpAddr, usize>,
+    /// When a refusal for being over a cap was last logged (one line per 10 s).
+    logged: Option<Instant>,
 }
 
 /// What the coordinator publishes; the caller writes it to the job's Comment.
@@ -91,6 +170,8 @@ pub type CommentTx = std::sync::mpsc::Sender<RunComment>;
 pub struct Coordinator {
     cfg: CoordConfig,
     shared: Mutex<Shared>,
+    gate: Mutex<Gate>,
+    decodes: Semaphore,
     end_tx: watch::Sender<Option<(i32, String)>>,
     comment: Option<Mutex<CommentTx>>,
 }
@@ -170,7 +251,10 @@ impl Coordinator {
                 nodes: 0,
                 last_members: Vec::new(),
                 start: Instant::now(),
+                kv: Kv::default(),
             }),
+            gate: Mutex::new(Gate::default()),
+            decodes: Semaphore::new(MAX_DECODES),
             cfg,
             end_tx,
             comment: comment.map(Mutex::new),
@@ -207,9 +291,12 @@ impl Coordinator {
         if let Some(c) = &self.comment {
             let _ = c.lock().unwrap().send(RunComment {
                 coord: self.cfg.advertised.clone(),
+                run: self.cfg.run.clone(),
+                start: self.cfg.start,
                 gen: s.m.gen(),
                 nodes: s.nodes,
                 rate: s.progress.rate,
+                step: s.progress.step,
             });
         }
     }
@@ -218,6 +305,14 @@ impl Coordinator {
         match out {
             Outcome::Nothing => {}
             Outcome::Announce(g) => self.announce(s, g),
+            Outcome::Abort(gen) => {
+                let line = proto::line(&json!({"t": "abort", "gen": gen}));
+                for a in s.agents.values() {
+                    let _ = a.tx.send(line.clone());
+                }
+                let failed = s.kv.abandon(|g| g == gen);
+                self.answer(s, failed);
+            }
             Outcome::End { code, reason } => {
                 if code == 0 {
                     say!("bft-run: {} {reason}", ts());
@@ -240,8 +335,15 @@ impl Coordinator {
         // until the new generation's progress reports give one; bftrainerd would
         // otherwise record it against the new node count.
         s.progress.reset(g.gen);
+        // Keys of generations that no member can still be entering.
+        s.kv.prune_before(g.gen.saturating_sub(2));
+        if !g.dead.is_empty() {
+            // Setups of the earlier generations wait for members that are gone.
+            let failed = s.kv.abandon(|old| old < g.gen);
+            self.answer(s, failed);
+        }
         let line = proto::line(&json!({
-            "t": "gen", "gen": g.gen, "members": g.members, "store": g.store,
+            "t": "gen", "gen": g.gen, "members": g.members, "dead": g.dead,
         }));
         for a in s.agents.values() {
             let _ = a.tx.send(line.clone());
@@ -249,22 +351,68 @@ impl Coordinator {
         self.publish(s);
     }
 
-    fn progress(&self, s: &mut Shared, gen: u64, samples: u64) {
+    fn progress(&self, s: &mut Shared, gen: u64, samples: u64, steps: u64) {
         let now = s.start.elapsed().as_secs_f64();
-        if s.progress.report(gen, samples, now).is_some() {
+        if s.progress.report(gen, samples, steps, now).is_some() {
             self.publish(s);
         }
     }
 
-    /// Called twice a second: members silent after a failure are dropped; no worker
+    /// Sends the store's answers to the workers that asked.
+    fn answer(&self, s: &Shared, replies: Vec<(kv::Asker, Reply)>) {
+        for ((agent, worker, id), r) in replies {
+            let mut m = json!({"t": "kvr", "worker": worker, "id": id});
+            match r {
+                Reply::Done => {}
+                Reply::Value(v) => m["value"] = Value::String(kv::to_hex(&v)),
+                Reply::Int(n) => m["n"] = json!(n),
+                Reply::Bool(b) => m["found"] = json!(b),
+                Reply::Error(e) => m["err"] = Value::String(e),
+            }
+            if let Some(a) = s.agents.get(&agent) {
+                let _ = a.tx.send(proto::line(&m));
+            }
+        }
+    }
+
+    /// Called twice a second: heartbeats out; agents silent longer than the hang
+    /// timeout dropped (a frozen node or agent); members that did not acknowledge an
+    /// abort dropped as hung; store waits past their deadline answered; no worker
     /// ready in time ends the job.
     pub fn tick(&self) {
         let mut s = self.shared.lock().unwrap();
         let now = s.start.elapsed().as_secs_f64();
+        let hb = proto::line(&json!({"t": "hb"}));
+        for a in s.agents.values() {
+            let _ = a.tx.send(hb.clone());
+        }
+        let frozen: Vec<u64> = s
+            .agents
+            .iter()
+            .filter(|(_, a)| now - a.seen > self.cfg.opts.hang_timeout)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in frozen {
+            if let Some(a) = s.agents.remove(&id) {
+                say!(
+                    "bft-run: {} agent {id} ({}) sent nothing for {:.1} s (frozen or cut off); dropping it and its workers",
+                    ts(),
+                    a.host,
+                    now - a.seen
+                );
+                a.kick.notify_one();
+                s.kv.forget_agent(id);
+                let gone: Vec<String> = a.workers.into_iter().collect();
+                let out = s.m.drop_workers(&gone, true);
+                self.apply(&mut s, out);
+            }
+        }
+        let expired = s.kv.expire(now);
+        self.answer(&s, expired);
         let (silent, out) = s.m.tick(now);
         if !silent.is_empty() {
             say!(
-                "bft-run: {} dropping {} (silent {} s after a failure); their agents kill them",
+                "bft-run: {} dropping {} (no acknowledgement {} s after an abort: hung); their agents kill them",
                 ts(),
                 silent.join(" "),
                 self.cfg.broken_timeout
@@ -290,9 +438,13 @@ impl Coordinator {
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
         loop {
             match listener.accept().await {
-                Ok((sock, _)) => {
+                Ok((sock, addr)) => {
+                    if !self.admit(addr.ip()) {
+                        drop(sock);
+                        continue;
+                    }
                     let me = self.clone();
-                    tokio::spawn(async move { me.connection(sock).await });
+                    tokio::spawn(async move { me.connection(sock, addr.ip()).await });
                 }
                 Err(e) => {
                     say!("bft-run: accept failed: {e}");
@@ -302,44 +454,67 @@ impl Coordinator {
         }
     }
 
-    async fn connection(self: Arc<Self>, sock: TcpStream) {
+    /// Counts a new unauthenticated connection, or refuses it over a cap.
+    fn admit(&self, ip: IpAddr) -> bool {
+        let mut g = self.gate.lock().unwrap();
+        let mine = g.per_peer.get(&ip).copied().unwrap_or(0);
+        if g.total >= MAX_UNAUTH || mine >= MAX_UNAUTH_PER_PEER {
+            if g.logged
+                .map_or(true, |t| t.elapsed() > Duration::from_secs(10))
+            {
+                g.logged = Some(Instant::now());
+                say!(
+                    "bft-run: {} closing connections from {ip}: over {} unauthenticated connections (at most {MAX_UNAUTH} in all, {MAX_UNAUTH_PER_PEER} from one address)",
+                    ts(),
+                    if mine >= MAX_UNAUTH_PER_PEER { mine } else { g.total }
+                );
+            }
+            return false;
+        }
+        g.total += 1;
+        *g.per_peer.entry(ip).or_insert(0) += 1;
+        true
+    }
+
+    fn unadmit(&self, ip: IpAddr) {
+        let mut g = self.gate.lock().unwrap();
+        g.total = g.total.saturating_sub(1);
+        if let Some(n) = g.per_peer.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                g.per_peer.remove(&ip);
+            }
+        }
+    }
+
+    async fn connection(self: Arc<Self>, sock: TcpStream, ip: IpAddr) {
         let peer = sock
             .peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "?".into());
         let (rd, mut wr) = sock.into_split();
         let mut rd = BufReader::new(rd);
-        let nonce = format!("{:032x}", rand::random::<u128>());
-        let challenge =
-            json!({"t": "challenge", "proto": PROTO, "nonce": nonce, "job": self.cfg.job});
-        if wr
-            .write_all(proto::line(&challenge).as_bytes())
-            .await
-            .is_err()
-        {
-            return;
-        }
-        let hello =
-            match tokio::time::timeout(Duration::from_secs(10), proto::read_msg(&mut rd)).await {
-                Ok(Ok(Some(v))) => v,
-                Ok(Ok(None)) => return,
-                Ok(Err(e)) => return refuse(&mut wr, &peer, &e).await,
-                Err(_) => return refuse(&mut wr, &peer, "no hello within 10 s").await,
-            };
-        let (host, nproc) = match self.check_hello(&hello, &nonce).await {
+        let greeted = self.greet(&mut rd, &mut wr).await;
+        self.unadmit(ip);
+        let (host, nproc, mut welcome) = match greeted {
             Ok(x) => x,
-            Err(e) => return refuse(&mut wr, &peer, &e).await,
+            Err(why) => return refuse(&mut wr, &peer, &why).await,
         };
         let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+        let kick = Arc::new(Notify::new());
         let id = {
             let mut s = self.shared.lock().unwrap();
             let id = s.next_agent;
             s.next_agent += 1;
+            let seen = s.start.elapsed().as_secs_f64();
             s.agents.insert(
                 id,
                 AgentRec {
                     tx: tx.clone(),
                     workers: BTreeSet::new(),
+                    host: host.clone(),
+                    seen,
+                    kick: kick.clone(),
                 },
             );
             id
@@ -348,10 +523,7 @@ impl Coordinator {
             "bft-run: {} agent {id} joined from {host} ({nproc} workers)",
             ts()
         );
-        let welcome = json!({
-            "t": "welcome", "proto": PROTO, "agent": id, "argv": self.cfg.argv,
-            "cwd": self.cfg.cwd, "env": self.cfg.env, "nproc": self.cfg.nproc,
-        });
+        welcome["agent"] = json!(id);
         let _ = tx.send(proto::line(&welcome));
         if let Some((code, reason)) = self.end_tx.borrow().clone() {
             let _ = tx.send(proto::line(
@@ -366,7 +538,11 @@ impl Coordinator {
             }
         });
         loop {
-            let msg = match proto::read_msg(&mut rd).await {
+            let msg = tokio::select! {
+                m = proto::read_msg(&mut rd) => m,
+                _ = kick.notified() => break,
+            };
+            let msg = match msg {
                 Ok(Some(m)) => m,
                 Ok(None) => break,
                 Err(e) => {
@@ -388,7 +564,8 @@ impl Coordinator {
                 if self.end_tx.borrow().is_none() {
                     say!("bft-run: {} agent {id} ({host}) is gone", ts());
                 }
-                let out = s.m.drop_workers(&gone);
+                s.kv.forget_agent(id);
+                let out = s.m.drop_workers(&gone, true);
                 self.apply(&mut s, out);
             }
         }
@@ -396,9 +573,58 @@ impl Coordinator {
         let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
     }
 
-    async fn check_hello(&self, hello: &Value, nonce: &str) -> Result<(String, u64), String> {
+    /// Challenge, hello, the agent's credential checked, the welcome made (with this
+    /// coordinator's own credential for the agent to check); the agent's host, its
+    /// worker count and the welcome (without the agent id) when it may come in.
+    async fn greet(
+        &self,
+        rd: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+        wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    ) -> Result<(String, u64, Value), String> {
+        let nonce = proto::fresh_id();
+        let challenge = json!({
+            "t": "challenge", "proto": PROTO, "nonce": nonce,
+            "job": self.cfg.job, "run": self.cfg.run,
+        });
+        wr.write_all(proto::line(&challenge).as_bytes())
+            .await
+            .map_err(|e| format!("write failed: {e}"))?;
+        let hello = match tokio::time::timeout(
+            Duration::from_secs(10),
+            proto::read_msg_max(rd, proto::MAX_HELLO),
+        )
+        .await
+        {
+            Ok(Ok(Some(v))) => v,
+            Ok(Ok(None)) => return Err("closed before its hello".into()),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err("no hello within 10 s".into()),
+        };
+        let (host, nproc, anonce) = self.check_hello(&hello, &nonce).await?;
+        let munge = self.cfg.munge.clone();
+        let payload = proto::coord_payload(&self.cfg.job, &self.cfg.run, &anonce);
+        let cred = tokio::task::spawn_blocking(move || munge.encode(&payload))
+            .await
+            .map_err(|e| format!("credential failed: {e}"))?
+            .map_err(|e| format!("cannot prove this coordinator to the agent: {e}"))?;
+        let welcome = json!({
+            "t": "welcome", "proto": PROTO, "cred": cred, "job": self.cfg.job,
+            "run": self.cfg.run, "argv": self.cfg.argv, "cwd": self.cfg.cwd,
+            "env": self.cfg.env, "nproc": self.cfg.nproc, "opts": self.cfg.opts.to_json(),
+        });
+        Ok((host, nproc, welcome))
+    }
+
+    async fn check_hello(
+        &self,
+        hello: &Value,
+        nonce: &str,
+    ) -> Result<(String, u64, String), String> {
         if proto::t(hello) != "hello" {
-            return Err(format!("expected a hello, got {:?}", proto::t(hello)));
+            return Err(format!(
+                "expected a hello, got {:?}",
+                brief(proto::t(hello))
+            ));
         }
         let proto_v = proto::u64_field(hello, "proto")?;
         if proto_v != PROTO {
@@ -408,54 +634,101 @@ impl Coordinator {
             ));
         }
         let cred = proto::str_field(hello, "cred")?.to_string();
-        let host = proto::str_field(hello, "host")?.to_string();
-        let nproc = hello.get("nproc").and_then(Value::as_u64).unwrap_or(0);
+        let host = proto::str_field(hello, "host")?;
+        if host.len() > 255 || !host.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("the hello's host is not a host name or address".into());
+        }
+        let host = host.to_string();
+        let anonce = proto::id_field(hello, "anonce")?.to_string();
+        let nproc = hello
+            .get("nproc")
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+            .min(1024);
         let munge = self.cfg.munge.clone();
-        let d = tokio::task::spawn_blocking(move || munge.decode(&cred))
-            .await
-            .map_err(|e| format!("credential check failed: {e}"))??;
-        check_cred(&d, self.cfg.uid, &self.cfg.job, nonce)?;
-        Ok((host, nproc))
+        let d = {
+            let _permit = self
+                .decodes
+                .acquire()
+                .await
+                .map_err(|e| format!("credential check failed: {e}"))?;
+            tokio::task::spawn_blocking(move || munge.decode(&cred))
+                .await
+                .map_err(|e| format!("credential check failed: {e}"))??
+        };
+        let want = proto::agent_payload(
+            &self.cfg.job,
+            &self.cfg.run,
+            &self.cfg.advertised,
+            nonce,
+            &anonce,
+        );
+        check_cred(&d, self.cfg.uid, &want)?;
+        Ok((host, nproc, anonce))
     }
 
     fn agent_msg(&self, id: u64, host: &str, msg: &Value) -> Result<(), String> {
-        if proto::verbose() {
+        if proto::verbose() && proto::t(msg) != "hb" {
             say!("bft-run: {} agent {id} ({host}): {msg}", ts());
         }
         let mut s = self.shared.lock().unwrap();
+        let now = s.start.elapsed().as_secs_f64();
+        if let Some(a) = s.agents.get_mut(&id) {
+            a.seen = now;
+        }
         let worker = || -> Result<String, String> {
             let w = proto::str_field(msg, "worker")?;
-            if w.split('.').next() != Some(id.to_string().as_str()) {
-                return Err(format!("worker id {w:?} is not one of agent {id}'s"));
+            if w.split('.').next() != Some(id.to_string().as_str()) || w.len() > 64 {
+                return Err(format!(
+                    "worker id {:?} is not one of agent {id}'s",
+                    brief(w)
+                ));
             }
             Ok(w.to_string())
         };
         let out = match proto::t(msg) {
+            "hb" => Outcome::Nothing,
             "ready" => {
                 let w = worker()?;
-                let store = proto::str_field(msg, "store")?.to_string();
                 if let Some(a) = s.agents.get_mut(&id) {
                     a.workers.insert(w.clone());
                 }
-                s.m.ready(&w, &store)
+                s.m.ready(&w)
             }
             "progress" => {
                 worker()?;
                 let gen = proto::u64_field(msg, "gen")?;
                 let samples = proto::u64_field(msg, "samples")?;
-                self.progress(&mut s, gen, samples);
+                let steps = msg.get("steps").and_then(Value::as_u64).unwrap_or(0);
+                self.progress(&mut s, gen, samples, steps);
                 Outcome::Nothing
             }
             "broken" => {
                 let w = worker()?;
                 let gen = proto::u64_field(msg, "gen")?;
-                let now = s.start.elapsed().as_secs_f64();
                 s.m.broken(&w, gen, now)
             }
             "done" => {
                 let w = worker()?;
                 let gen = proto::u64_field(msg, "gen")?;
                 s.m.done(&w, gen)
+            }
+            "kv" => {
+                let w = worker()?;
+                let rid = proto::u64_field(msg, "id")?;
+                let timeout = msg
+                    .get("timeout")
+                    .and_then(Value::as_f64)
+                    .filter(|t| t.is_finite() && *t > 0.0)
+                    .unwrap_or(300.0)
+                    .min(86_400.0);
+                let asker = (id, w, rid);
+                let replies = match kv_op(msg) {
+                    Ok(op) => s.kv.apply(asker, op, now, timeout),
+                    Err(e) => vec![(asker, Reply::Error(e))],
+                };
+                self.answer(&s, replies);
+                Outcome::Nothing
             }
             "exit" => {
                 let w = worker()?;
@@ -464,21 +737,32 @@ impl Coordinator {
                     a.workers.remove(&w);
                 }
                 let out = s.m.exited(&w, code, &format!("on {host}"));
-                if let Outcome::End { code, reason } = &out {
+                if let Outcome::End { reason, .. } = &out {
                     let tail = msg.get("stderr_tail").and_then(Value::as_str).unwrap_or("");
                     say!(
                         "bft-run: {reason}; last lines of its stderr:\n{}",
                         if tail.is_empty() { "(none)" } else { tail }
                     );
-                    let _ = code;
                 } else if code < 0 && self.end_tx.borrow().is_none() {
+                    let why = msg
+                        .get("why")
+                        .and_then(Value::as_str)
+                        .map(|w| format!(" ({})", brief(w)))
+                        .unwrap_or_default();
                     say!(
-                        "bft-run: {} worker {w} on {host} was killed by signal {}",
+                        "bft-run: {} worker {w} on {host} was killed by signal {}{why}",
                         ts(),
                         -code
                     );
                 }
                 out
+            }
+            "leave" => {
+                // A worker leaves by itself (it got SIGTERM): at its step boundary,
+                // like a leaving node.
+                let w = worker()?;
+                say!("bft-run: {} worker {w} on {host} leaves", ts());
+                s.m.drop_workers(&[w], false)
             }
             "leaving" => {
                 let gone: Vec<String> = s
@@ -487,27 +771,68 @@ impl Coordinator {
                     .map(|a| a.workers.iter().cloned().collect())
                     .unwrap_or_default();
                 say!("bft-run: {} agent {id} ({host}) leaves", ts());
-                s.m.drop_workers(&gone)
+                s.m.drop_workers(&gone, false)
             }
-            other => return Err(format!("unknown message type {other:?}")),
+            "give_up" => {
+                let why = proto::str_field(msg, "why")?;
+                let why = format!("on {host}: {}", why.chars().take(400).collect::<String>());
+                say!("bft-run: {} {why}", ts());
+                s.m.gave_up(why)
+            }
+            other => return Err(format!("unknown message type {:?}", brief(other))),
         };
         self.apply(&mut s, out);
         Ok(())
     }
 }
 
-/// A decoded credential is acceptable when it is the job owner's and was made for
-/// this job and this connection's nonce.
-fn check_cred(d: &Decoded, uid: u32, job: &str, nonce: &str) -> Result<(), String> {
+/// A store request (`kv` message) as an operation.
+fn kv_op(msg: &Value) -> Result<Op, String> {
+    let key = || proto::str_field(msg, "key").map(str::to_string);
+    let bytes = |k: &str| proto::str_field(msg, k).and_then(kv::from_hex);
+    let keys = || -> Result<Vec<String>, String> {
+        msg.get("keys")
+            .and_then(Value::as_array)
+            .ok_or("a kv request lacks \"keys\"")?
+            .iter()
+            .map(|k| {
+                k.as_str()
+                    .map(str::to_string)
+                    .ok_or("a key that is not a string".into())
+            })
+            .collect()
+    };
+    Ok(match proto::str_field(msg, "op")? {
+        "set" => Op::Set(key()?, bytes("value")?),
+        "get" => Op::Get(key()?),
+        "add" => Op::Add(
+            key()?,
+            msg.get("delta")
+                .and_then(Value::as_i64)
+                .ok_or("an add without a whole-number \"delta\"")?,
+        ),
+        "cas" => Op::CompareSet(key()?, bytes("expected")?, bytes("desired")?),
+        "wait" => Op::Wait(keys()?),
+        "check" => Op::Check(keys()?),
+        "delete" => Op::Delete(key()?),
+        "num_keys" => Op::NumKeys,
+        other => return Err(format!("unknown store operation {:?}", brief(other))),
+    })
+}
+
+/// A decoded credential is acceptable when it is the job owner's and its payload is
+/// exactly `want`: this job, this run, this coordinator's address and this
+/// connection's nonce.
+fn check_cred(d: &Decoded, uid: u32, want: &str) -> Result<(), String> {
     if d.uid != uid {
         return Err(format!(
             "refused: a credential of uid {}, this job belongs to uid {uid}",
             d.uid
         ));
     }
-    if d.payload != proto::cred_payload(job, nonce) {
+    if d.payload != want {
         return Err(
-            "refused: the credential was made for another job or connection (its payload is not this connection's challenge)"
+            "refused: the credential was made for another job, run, address or connection (its payload is not this connection's challenge)"
                 .into(),
         );
     }
@@ -528,18 +853,20 @@ mod tests {
     fn the_rate_is_measured_within_the_current_generation() {
         let mut r = RateMeter::default();
         r.reset(3);
-        assert_eq!(r.report(3, 1000, 10.0), None);
-        assert_eq!(r.report(3, 1100, 11.0), None, "under 2 s");
+        assert_eq!(r.report(3, 1000, 10, 10.0), None);
+        assert_eq!(r.report(3, 1100, 11, 11.0), None, "under 2 s");
         assert_eq!(
-            r.report(2, 9999, 12.5),
+            r.report(2, 9999, 99, 12.5),
             None,
             "a late report of generation 2"
         );
-        assert_eq!(r.report(3, 1500, 14.0), Some(125.0));
+        assert_eq!(r.report(3, 1500, 12, 14.0), Some(125.0));
+        assert_eq!(r.step, 2.0, "4 s for 2 steps");
         r.reset(4);
         assert_eq!(r.rate, 0.0, "a new size is not measured yet");
-        assert_eq!(r.report(4, 1600, 15.0), None);
-        assert_eq!(r.report(4, 1500, 18.0), None, "counts never go back");
+        assert_eq!(r.step, 2.0, "the step time is kept");
+        assert_eq!(r.report(4, 1600, 13, 15.0), None);
+        assert_eq!(r.report(4, 1500, 14, 18.0), None, "counts never go back");
     }
 
     #[test]
@@ -554,7 +881,7 @@ mod tests {
         let g = |gen, m: &[&str]| Gen {
             gen,
             members: m.iter().map(|s| s.to_string()).collect(),
-            store: "h:1".into(),
+            dead: Vec::new(),
         };
         let prev: Vec<String> = vec!["1.0".into(), "2.0".into()];
         assert_eq!(
@@ -580,21 +907,58 @@ mod tests {
             uid,
             payload: payload.into(),
         };
-        let good = proto::cred_payload("42", "ab12");
-        assert_eq!(check_cred(&d(1000, &good), 1000, "42", "ab12"), Ok(()));
-        let e = check_cred(&d(0, &good), 1000, "42", "ab12").unwrap_err();
+        let good = proto::agent_payload("42", "r1", "h:7", "ab12", "cd");
+        assert_eq!(check_cred(&d(1000, &good), 1000, &good), Ok(()));
+        let e = check_cred(&d(0, &good), 1000, &good).unwrap_err();
         assert!(
             e.contains("credential of uid 0, this job belongs to uid 1000"),
             "{e}"
         );
         for other in [
-            proto::cred_payload("42", "ffff"),
-            proto::cred_payload("43", "ab12"),
+            proto::agent_payload("42", "r1", "h:7", "ffff", "cd"),
+            proto::agent_payload("43", "r1", "h:7", "ab12", "cd"),
+            proto::agent_payload("42", "r0", "h:7", "ab12", "cd"),
+            proto::agent_payload("42", "r1", "relay:9", "ab12", "cd"),
+            proto::coord_payload("42", "r1", "cd"),
             format!("{good} "),
             String::new(),
         ] {
-            let e = check_cred(&d(1000, &other), 1000, "42", "ab12").unwrap_err();
-            assert!(e.contains("another job or connection"), "{other:?}: {e}");
+            let e = check_cred(&d(1000, &other), 1000, &good).unwrap_err();
+            assert!(e.contains("another job, run"), "{other:?}: {e}");
         }
+    }
+
+    #[test]
+    fn options_travel_in_the_welcome() {
+        let o = AgentOpts {
+            max_restarts: 5,
+            restart_window: 600.0,
+            leave_timeout: 30.0,
+            hang_timeout: 10.0,
+            verbose: true,
+        };
+        assert_eq!(AgentOpts::from_json(&o.to_json()), Ok(o));
+        let e = AgentOpts::from_json(&json!({"max_restarts": -1})).unwrap_err();
+        assert!(e.contains("max_restarts"), "{e}");
+    }
+
+    #[test]
+    fn store_requests_parse_and_bad_ones_say_why() {
+        let op = |v: Value| kv_op(&v);
+        assert_eq!(
+            op(json!({"op": "set", "key": "k", "value": "00ff"})),
+            Ok(Op::Set("k".into(), vec![0, 255]))
+        );
+        assert_eq!(
+            op(json!({"op": "wait", "keys": ["a", "b"]})),
+            Ok(Op::Wait(vec!["a".into(), "b".into()]))
+        );
+        assert!(op(json!({"op": "add", "key": "k"}))
+            .unwrap_err()
+            .contains("delta"));
+        assert!(op(json!({"op": "set", "key": "k", "value": "0"})).is_err());
+        assert!(op(json!({"op": "rm -rf"}))
+            .unwrap_err()
+            .contains("unknown store operation"));
     }
 }

@@ -15,6 +15,7 @@ macro_rules! say {
 
 mod agent;
 mod coord;
+mod kv;
 mod membership;
 mod munge;
 mod proto;
@@ -51,15 +52,26 @@ struct Cli {
     /// allocation's workers).
     #[arg(long, value_name = "N")]
     min_workers: Option<usize>,
-    /// Restarts of workers killed by a signal, per agent.
+    /// Restarts of workers killed by a signal, per agent, within --restart-window.
     #[arg(long, default_value_t = 3)]
     max_restarts: u32,
-    /// Seconds after a failed collective before silent members are dropped.
-    #[arg(long, default_value_t = 5.0)]
+    /// The window of --max-restarts, in seconds: a worker that keeps dying by a
+    /// signal more often than that is not restarted, and the job ends once nobody is
+    /// left.
+    #[arg(long, default_value_t = 600.0, value_parser = seconds)]
+    restart_window: f64,
+    /// Seconds a member may take to acknowledge an abort (its library's background
+    /// thread answers at once, whatever the step time) before it is dropped as hung.
+    #[arg(long, default_value_t = 5.0, value_parser = seconds)]
     broken_timeout: f64,
+    /// Seconds of silence after which a worker (no heartbeat, or stopped) or an agent
+    /// (a frozen or cut-off node) is taken as hung: the bound on noticing a frozen
+    /// peer.
+    #[arg(long, default_value_t = 10.0, value_parser = seconds)]
+    hang_timeout: f64,
     /// Seconds a leaving node's workers get to finish their step, and finished workers
     /// to exit (a final save) once the job is over; then they are killed.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, value_parser = seconds)]
     leave_timeout: f64,
     /// The address agents reach the coordinator at (default: this host's).
     #[arg(long, value_name = "HOST")]
@@ -75,11 +87,24 @@ struct Cli {
     agent: bool,
     #[arg(long, hide = true, value_name = "HOST:PORT")]
     coord: Option<String>,
+    /// (internal) The job and run the coordinator at --coord must answer for.
+    #[arg(long, hide = true, value_name = "JOB")]
+    coord_job: Option<String>,
+    #[arg(long, hide = true, value_name = "RUN")]
+    coord_run: Option<String>,
     #[arg(long, hide = true)]
     node_name: Option<String>,
     /// The training command and its arguments.
     #[arg(last = true, value_name = "CMD")]
     cmd: Vec<String>,
+}
+
+/// A number of seconds: finite and not negative.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds (0 or more)")),
+    }
 }
 
 fn main() {
@@ -102,11 +127,11 @@ fn fail(code: i32, msg: impl std::fmt::Display) -> i32 {
 async fn run(cli: Cli) -> i32 {
     if cli.agent {
         let munge = Munge::from_auth_info(std::env::var("BFT_MUNGE_SOCKET").ok(), None);
-        let job = std::env::var("SLURM_JOB_ID").ok();
         return agent::run(agent_options(
             &cli,
             cli.coord.clone().unwrap_or_default(),
-            job,
+            cli.coord_job.clone(),
+            cli.coord_run.clone(),
             munge,
         ))
         .await;
@@ -130,24 +155,25 @@ fn node_name(cli: &Cli) -> String {
         .unwrap_or_else(hostname)
 }
 
-/// `coord_job`: the elastic job whose coordinator the agent joins, for messages.
+/// `coord_job`, `coord_run`: the elastic job and run whose coordinator the agent
+/// means to join; the coordinator must answer for them.
 fn agent_options(
     cli: &Cli,
     coord: String,
     coord_job: Option<String>,
+    coord_run: Option<String>,
     munge: Munge,
 ) -> agent::AgentOptions {
     let gpus = node_gpus();
     agent::AgentOptions {
         coord,
         coord_job,
+        coord_run,
         node_name: node_name(cli),
         munge,
         slurm_job: std::env::var("SLURM_JOB_ID").ok(),
         local_nproc: cli.nproc_per_node.unwrap_or(gpus.len()).max(1),
         gpus,
-        max_restarts: cli.max_restarts,
-        leave_timeout: Duration::from_secs_f64(cli.leave_timeout.max(0.0)),
     }
 }
 
@@ -234,7 +260,16 @@ async fn join(cli: &Cli, parent: u32) -> i32 {
     let coord = loop {
         let why = match slurm.load_job(parent) {
             Ok(j) => match (j.state.base(), j.comment.as_deref().and_then(RunComment::parse)) {
-                (JobBase::Running, Some(c)) => break c.coord,
+                // Only this run's address: the Comment of a requeued job names the
+                // previous run's coordinator until the new one publishes its own,
+                // and another user may hold that address now.
+                (JobBase::Running, Some(c)) if fresh_comment(&c, j.start_time) => break c,
+                (JobBase::Running, Some(c)) if c.run.is_empty() => format!(
+                    "elastic job {parent}'s Comment names a coordinator without a run id (a bft-run older than this one?); waiting for this run's"
+                ),
+                (JobBase::Running, Some(_)) => format!(
+                    "elastic job {parent}'s Comment still names the coordinator of an earlier start; waiting for this run's"
+                ),
                 (JobBase::Running, None) => format!(
                     "elastic job {parent} has not published its coordinator (coord= in its Comment) yet"
                 ),
@@ -261,7 +296,20 @@ async fn join(cli: &Cli, parent: u32) -> i32 {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
-    agent::run(agent_options(cli, coord, Some(parent.to_string()), munge)).await
+    agent::run(agent_options(
+        cli,
+        coord.coord,
+        Some(parent.to_string()),
+        Some(coord.run),
+        munge,
+    ))
+    .await
+}
+
+/// A Comment a satellite may follow: it carries a run id and was written by the run
+/// that began at the job's current start time.
+fn fresh_comment(c: &RunComment, job_start: Option<i64>) -> bool {
+    !c.run.is_empty() && job_start.is_some_and(|s| s == c.start)
 }
 
 async fn coordinate(cli: &Cli) -> i32 {
@@ -309,11 +357,27 @@ async fn coordinate(cli: &Cli) -> i32 {
         }
     });
     let advertised = format!("{host}:{port}");
+    let run = proto::fresh_id();
     if let Some(f) = &cli.coord_file {
-        if let Err(e) = std::fs::write(f, format!("{advertised}\n")) {
+        if let Err(e) = std::fs::write(f, format!("{advertised} {job} {run}\n")) {
             return fail(1, format!("cannot write {f}: {e}"));
         }
     }
+    // The start time of this run of the job: satellites follow only a Comment with it.
+    let started = match (&slurm, job.parse::<u32>()) {
+        (Some(s), Ok(id)) => match s.load_job(id) {
+            Ok(j) => j.start_time.unwrap_or(0),
+            Err(e) => return fail(1, format!("cannot look up job {job}: {e}")),
+        },
+        _ => 0,
+    };
+    let opts = coord::AgentOpts {
+        max_restarts: cli.max_restarts,
+        restart_window: cli.restart_window,
+        leave_timeout: cli.leave_timeout,
+        hang_timeout: cli.hang_timeout.max(1.0),
+        verbose: cli.verbose,
+    };
     let nodes = match local {
         Some(n) => n,
         None => std::env::var("SLURM_JOB_NUM_NODES")
@@ -335,6 +399,9 @@ async fn coordinate(cli: &Cli) -> i32 {
         nproc: cli.nproc_per_node.unwrap_or(0),
         min_workers: cli.min_workers.unwrap_or(nodes * per_node),
         broken_timeout: cli.broken_timeout,
+        opts,
+        run: run.clone(),
+        start: started,
         munge: munge.clone(),
         // SAFETY: getuid cannot fail.
         uid: unsafe { libc::getuid() },
@@ -352,19 +419,22 @@ async fn coordinate(cli: &Cli) -> i32 {
     let exe = std::env::current_exe()
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "bft-run".into());
-    let mut agent_args = vec!["--agent".to_string(), "--coord".into(), advertised.clone()];
+    // The agents' options come in the welcome; these say whom to trust.
+    let mut agent_args = vec![
+        "--agent".to_string(),
+        "--coord".into(),
+        advertised.clone(),
+        "--coord-job".into(),
+        job.clone(),
+        "--coord-run".into(),
+        run.clone(),
+    ];
     if let Some(n) = cli.nproc_per_node {
         agent_args.extend(["--nproc-per-node".into(), n.to_string()]);
     }
     if cli.verbose {
         agent_args.push("-v".into());
     }
-    agent_args.extend([
-        "--max-restarts".into(),
-        cli.max_restarts.to_string(),
-        "--leave-timeout".into(),
-        cli.leave_timeout.to_string(),
-    ]);
     let mut children = Vec::new();
     let spawn = |mut cmd: tokio::process::Command| {
         if let Some(s) = &munge.socket {
@@ -544,6 +614,26 @@ mod tests {
     }
 
     #[test]
+    fn satellites_follow_only_this_runs_comment() {
+        let c = |run: &str, start| RunComment {
+            coord: "h:1".into(),
+            run: run.into(),
+            start,
+            gen: 1,
+            nodes: 1,
+            rate: 0.0,
+            step: 0.0,
+        };
+        assert!(fresh_comment(&c("ab", 100), Some(100)));
+        assert!(
+            !fresh_comment(&c("ab", 100), Some(200)),
+            "an earlier start's"
+        );
+        assert!(!fresh_comment(&c("", 100), Some(100)), "no run id");
+        assert!(!fresh_comment(&c("ab", 100), None));
+    }
+
+    #[test]
     fn visible_devices_lists() {
         assert_eq!(parse_visible_devices("0,1, 3"), vec!["0", "1", "3"]);
         assert_eq!(parse_visible_devices("GPU-a1b2"), vec!["GPU-a1b2"]);
@@ -558,6 +648,9 @@ mod tests {
         assert_eq!(cli.local, Some(2));
         assert_eq!(cli.cmd, vec!["python3", "-u", "x.py"]);
         assert_eq!((cli.max_restarts, cli.broken_timeout), (3, 5.0));
+        assert_eq!((cli.hang_timeout, cli.restart_window), (10.0, 600.0));
+        let e = Cli::try_parse_from(["bft-run", "--hang-timeout=-1", "--", "x"]).unwrap_err();
+        assert!(e.to_string().contains("not a number of seconds"), "{e}");
         let e = Cli::try_parse_from(["bft-run", "--join", "5", "--local", "1"]).unwrap_err();
         assert!(e.to_string().contains("cannot be used with"), "{e}");
         assert!(

@@ -4,9 +4,12 @@
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
-/// The protocol version agents and coordinators must share.
-pub const PROTO: u64 = 1;
+/// The protocol version agents and coordinators must share (2: mutual MUNGE
+/// authentication bound to the run, heartbeats, the coordinator's store).
+pub const PROTO: u64 = 2;
 pub const MAX_LINE: usize = 1 << 20;
+/// The most a peer may send before it has authenticated (the hello).
+pub const MAX_HELLO: usize = 16 << 10;
 
 /// Writes `line` and a newline to stderr in one write. The coordinator and the agents
 /// share the job's output file, and `eprintln!` writes a formatted line in pieces that
@@ -37,15 +40,61 @@ pub fn verbose() -> bool {
     VERBOSE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The payload an agent's MUNGE credential carries: binds it to one job and one
-/// connection (the coordinator's nonce).
-pub fn cred_payload(job: &str, nonce: &str) -> String {
-    format!("bftrainer-run:v1 job={job} nonce={nonce}")
+/// The payload of an agent's MUNGE credential: binds it to one job, one run of that
+/// job, the address the agent dialled (a relay at another address is refused) and
+/// the coordinator's nonce of this connection; `anonce` is the agent's own nonce, which
+/// the coordinator's answer must carry.
+pub fn agent_payload(job: &str, run: &str, to: &str, nonce: &str, anonce: &str) -> String {
+    format!("bftrainer-run:v2 agent job={job} run={run} to={to} nonce={nonce} anonce={anonce}")
+}
+
+/// The payload of the coordinator's MUNGE credential in its welcome: proves that the
+/// coordinator runs as the job's owner, for this job and run, on this connection.
+pub fn coord_payload(job: &str, run: &str, anonce: &str) -> String {
+    format!("bftrainer-run:v2 coord job={job} run={run} anonce={anonce}")
+}
+
+/// A fresh random identifier (nonces, run ids): 128 bits in hex.
+pub fn fresh_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// An identifier a peer sent: hex, 1 to 64 digits.
+pub fn is_id(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Text from a peer made fit for a log line: printable ASCII only, at most 80
+/// characters (a peer's words are never echoed whole into the job's output).
+pub fn brief(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .take(80)
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect();
+    if s.chars().count() > 80 {
+        out.push_str("...");
+    }
+    out
 }
 
 /// Reads one line (without the newline). `Ok(None)` at end of stream; an error for a
 /// line over [`MAX_LINE`], bad UTF-8 or bad JSON, or a JSON value without a string `t`.
 pub async fn read_msg<R: AsyncBufRead + Unpin>(r: &mut R) -> Result<Option<Value>, String> {
+    read_msg_max(r, MAX_LINE).await
+}
+
+/// As [`read_msg`], with a smaller limit (an unauthenticated peer's hello).
+pub async fn read_msg_max<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    max: usize,
+) -> Result<Option<Value>, String> {
     let mut buf = Vec::new();
     loop {
         let avail = r
@@ -63,8 +112,8 @@ pub async fn read_msg<R: AsyncBufRead + Unpin>(r: &mut R) -> Result<Option<Value
             Some(i) => (&avail[..i], Some(i + 1)),
             None => (avail, None),
         };
-        if buf.len() + chunk.len() > MAX_LINE {
-            return Err(format!("a line over {MAX_LINE} bytes"));
+        if buf.len() + chunk.len() > max {
+            return Err(format!("a line over {max} bytes"));
         }
         buf.extend_from_slice(chunk);
         let used = done.unwrap_or(avail.len());
@@ -76,7 +125,13 @@ pub async fn read_msg<R: AsyncBufRead + Unpin>(r: &mut R) -> Result<Option<Value
 }
 
 pub fn parse(line: &[u8]) -> Result<Value, String> {
-    let v: Value = serde_json::from_slice(line).map_err(|e| format!("not a JSON line: {e}"))?;
+    let v: Value = serde_json::from_slice(line).map_err(|e| {
+        format!(
+            "not a JSON line (error at line {} column {})",
+            e.line(),
+            e.column()
+        )
+    })?;
     if !v.get("t").is_some_and(Value::is_string) {
         return Err("a message without a string field \"t\"".into());
     }
@@ -100,13 +155,28 @@ pub fn t(v: &Value) -> &str {
 pub fn str_field<'a>(v: &'a Value, k: &str) -> Result<&'a str, String> {
     v.get(k)
         .and_then(Value::as_str)
-        .ok_or_else(|| format!("message {:?} lacks the string field {k:?}", t(v)))
+        .ok_or_else(|| format!("message {:?} lacks the string field {k:?}", brief(t(v))))
+}
+
+/// A string field that must be an identifier ([`is_id`]).
+pub fn id_field<'a>(v: &'a Value, k: &str) -> Result<&'a str, String> {
+    let s = str_field(v, k)?;
+    if !is_id(s) {
+        return Err(format!(
+            "message {:?}: field {k:?} must be 1 to 64 hex digits",
+            brief(t(v))
+        ));
+    }
+    Ok(s)
 }
 
 pub fn u64_field(v: &Value, k: &str) -> Result<u64, String> {
-    v.get(k)
-        .and_then(Value::as_u64)
-        .ok_or_else(|| format!("message {:?} lacks the whole-number field {k:?}", t(v)))
+    v.get(k).and_then(Value::as_u64).ok_or_else(|| {
+        format!(
+            "message {:?} lacks the whole-number field {k:?}",
+            brief(t(v))
+        )
+    })
 }
 
 #[cfg(test)]
@@ -159,6 +229,25 @@ mod tests {
         let v = parse(br#"{"t":"gen","gen":"x"}"#).unwrap();
         assert!(u64_field(&v, "gen").unwrap_err().contains("\"gen\""));
         assert!(str_field(&v, "store").unwrap_err().contains("\"store\""));
-        assert_eq!(cred_payload("7", "ab"), "bftrainer-run:v1 job=7 nonce=ab");
+        assert_eq!(
+            agent_payload("7", "r1", "h:1", "ab", "cd"),
+            "bftrainer-run:v2 agent job=7 run=r1 to=h:1 nonce=ab anonce=cd"
+        );
+        assert_eq!(
+            coord_payload("7", "r1", "cd"),
+            "bftrainer-run:v2 coord job=7 run=r1 anonce=cd"
+        );
+        let v = parse(br#"{"t":"hello","anonce":"xyz","n":"ab01"}"#).unwrap();
+        assert!(id_field(&v, "anonce").unwrap_err().contains("hex digits"));
+        assert_eq!(id_field(&v, "n"), Ok("ab01"));
+        assert!(is_id(&fresh_id()) && fresh_id() != fresh_id());
+    }
+
+    #[test]
+    fn peer_text_is_cut_and_made_printable() {
+        assert_eq!(brief("ok text"), "ok text");
+        assert_eq!(brief("a\u{1b}[2Jb\n"), "a?[2Jb?");
+        let long = "x".repeat(500);
+        assert_eq!(brief(&long).len(), 83);
     }
 }

@@ -183,6 +183,7 @@ fn a_failing_worker_fails_the_job_with_its_code_and_stderr_tail() {
 struct Coord {
     child: Child,
     addr: String,
+    run: String,
 }
 
 impl Drop for Coord {
@@ -207,14 +208,14 @@ fn sleeping_coordinator(m: &Munged, dir: &Path) -> Coord {
     let mut c = Coord {
         child,
         addr: String::new(),
+        run: String::new(),
     };
     let t = Instant::now();
     loop {
-        if let Ok(s) = std::fs::read_to_string(&f) {
-            if s.ends_with('\n') {
-                c.addr = s.trim().to_string();
-                return c;
-            }
+        if let Some((addr, _job, run)) = read_coord_file(&f) {
+            c.addr = addr;
+            c.run = run;
+            return c;
         }
         assert!(
             t.elapsed() < Duration::from_secs(10),
@@ -224,10 +225,22 @@ fn sleeping_coordinator(m: &Munged, dir: &Path) -> Coord {
     }
 }
 
+/// `--coord-file`: `HOST:PORT JOB RUN`, once written whole.
+fn read_coord_file(f: &Path) -> Option<(String, String, String)> {
+    let s = std::fs::read_to_string(f).ok()?;
+    if !s.ends_with('\n') {
+        return None;
+    }
+    let mut w = s.split_whitespace().map(str::to_string);
+    Some((w.next()?, w.next()?, w.next()?))
+}
+
 struct Conn {
     s: TcpStream,
     r: BufReader<TcpStream>,
     nonce: String,
+    run: String,
+    addr: String,
     proto: u64,
 }
 
@@ -244,6 +257,8 @@ fn connect(addr: &str) -> Conn {
         s,
         r,
         nonce: v["nonce"].as_str().unwrap().to_string(),
+        run: v["run"].as_str().unwrap().to_string(),
+        addr: addr.to_string(),
         proto: v["proto"].as_u64().unwrap(),
     }
 }
@@ -258,13 +273,18 @@ impl Conn {
     }
 
     fn hello(&mut self, cred: &str, proto: u64) -> serde_json::Value {
-        let h = serde_json::json!({"t": "hello", "proto": proto, "cred": cred, "host": "127.0.0.1", "nproc": 1});
+        let h = serde_json::json!({"t": "hello", "proto": proto, "cred": cred, "host": "127.0.0.1", "nproc": 1, "anonce": "a1"});
         self.send(&h.to_string())
+    }
+
+    /// The payload a genuine agent of this connection signs.
+    fn payload(&self) -> String {
+        payload(&self.run, &self.addr, &self.nonce)
     }
 }
 
-fn payload(nonce: &str) -> String {
-    format!("bftrainer-run:v1 job=local nonce={nonce}")
+fn payload(run: &str, to: &str, nonce: &str) -> String {
+    format!("bftrainer-run:v2 agent job=local run={run} to={to} nonce={nonce} anonce=a1")
 }
 
 #[test]
@@ -280,7 +300,7 @@ fn forged_agents_are_refused_and_the_coordinator_keeps_serving() {
         .is_ok_and(|s| s.success());
     if other_user {
         let mut a = connect(&c.addr);
-        let cred = m.cred(Some("bftuser"), &payload(&a.nonce));
+        let cred = m.cred(Some("bftuser"), &a.payload());
         let r = a.hello(&cred, a.proto);
         assert_eq!(r["t"], "error", "{r}");
         assert!(
@@ -296,13 +316,10 @@ fn forged_agents_are_refused_and_the_coordinator_keeps_serving() {
     // Our own credential, made for another connection's nonce, then replayed on that one.
     let mut a = connect(&c.addr);
     let mut b = connect(&c.addr);
-    let cred = m.cred(None, &payload(&a.nonce));
+    let cred = m.cred(None, &a.payload());
     let r = b.hello(&cred, b.proto);
     assert!(
-        r["msg"]
-            .as_str()
-            .unwrap()
-            .contains("another job or connection"),
+        r["msg"].as_str().unwrap().contains("another job, run"),
         "{r}"
     );
     let r = a.hello(&cred, a.proto);
@@ -310,10 +327,24 @@ fn forged_agents_are_refused_and_the_coordinator_keeps_serving() {
         r["msg"].as_str().unwrap().contains("replayed credential"),
         "{r}"
     );
+    // A relayed challenge: the agent dialled another address (the relay's), or
+    // joined an earlier run of the job (a stale address).
+    for (run, to) in [(c.run.as_str(), "10.9.9.9:4444"), ("00ff", c.addr.as_str())] {
+        let mut r_conn = connect(&c.addr);
+        let cred = m.cred(None, &payload(run, to, &r_conn.nonce));
+        let r = r_conn.hello(&cred, r_conn.proto);
+        assert!(
+            r["msg"]
+                .as_str()
+                .unwrap()
+                .contains("another job, run, address"),
+            "{r}"
+        );
+    }
 
     // Another protocol version, and garbage.
     let mut d = connect(&c.addr);
-    let cred = m.cred(None, &payload(&d.nonce));
+    let cred = m.cred(None, &d.payload());
     let r = d.hello(&cred, 99);
     assert!(
         r["msg"].as_str().unwrap().contains("version mismatch"),
@@ -326,12 +357,186 @@ fn forged_agents_are_refused_and_the_coordinator_keeps_serving() {
         "{r}"
     );
 
-    // A genuine one is still welcome.
+    // A hello over the unauthenticated size limit.
+    let mut big = connect(&c.addr);
+    let r = big.send(&format!(
+        "{{\"t\":\"hello\",\"x\":\"{}\"}}",
+        "a".repeat(20_000)
+    ));
+    assert!(
+        r["msg"].as_str().unwrap().contains("over 16384 bytes"),
+        "{r}"
+    );
+
+    // A genuine one is still welcome, and the coordinator proves itself in it.
     let mut f = connect(&c.addr);
-    let cred = m.cred(None, &payload(&f.nonce));
+    let cred = m.cred(None, &f.payload());
     let r = f.hello(&cred, f.proto);
     assert_eq!(r["t"], "welcome", "{r}");
     assert_eq!(r["argv"][0], "sleep");
+    assert!(
+        r["cred"].as_str().is_some_and(|c| c.starts_with("MUNGE:")),
+        "{r}"
+    );
+}
+
+#[test]
+fn a_flood_of_connections_is_capped_and_a_genuine_agent_still_gets_in() {
+    let Some(m) = munged() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let c = sleeping_coordinator(&m, tmp.path());
+    // 200 connections that never say hello: at most 8 from one address are kept (each
+    // would cost an unmunge); the rest are closed at once.
+    let flood: Vec<TcpStream> = (0..200)
+        .filter_map(|_| TcpStream::connect(&c.addr).ok())
+        .collect();
+    let mut open = 0;
+    for s in &flood {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut line = String::new();
+        if BufReader::new(s).read_line(&mut line).is_ok_and(|n| n > 0) {
+            open += 1;
+        }
+    }
+    assert!(open <= 8, "{open} flood connections got a challenge");
+    drop(flood);
+    // The genuine agent: its slot frees as soon as the flood's connections close.
+    let t = Instant::now();
+    let mut f = loop {
+        let s = TcpStream::connect(&c.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut probe = BufReader::new(s.try_clone().unwrap());
+        let mut line = String::new();
+        if probe.read_line(&mut line).is_ok_and(|n| n > 0) {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            break Conn {
+                s,
+                r: probe,
+                nonce: v["nonce"].as_str().unwrap().to_string(),
+                run: v["run"].as_str().unwrap().to_string(),
+                addr: c.addr.clone(),
+                proto: v["proto"].as_u64().unwrap(),
+            };
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "never let back in");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let cred = m.cred(None, &f.payload());
+    let r = f.hello(&cred, f.proto);
+    assert_eq!(r["t"], "welcome", "{r}");
+}
+
+/// A fake coordinator at an address the agent was told about: its challenge names
+/// `job`/`run` and its welcome carries `cred` and the command `touch PWNED`.
+fn fake_coordinator(
+    job: &str,
+    run: &str,
+    cred: impl FnOnce(&str) -> String + Send + 'static,
+) -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let (job, run) = (job.to_string(), run.to_string());
+    std::thread::spawn(move || {
+        let Ok((s, _)) = l.accept() else { return };
+        let mut w = s.try_clone().unwrap();
+        let ch = serde_json::json!({"t": "challenge", "proto": 2, "nonce": "ab", "job": job, "run": run});
+        let _ = writeln!(w, "{ch}");
+        let mut line = String::new();
+        if BufReader::new(s).read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let hello: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let anonce = hello["anonce"].as_str().unwrap_or("").to_string();
+        let welcome = serde_json::json!({
+            "t": "welcome", "proto": 2, "agent": 1, "cred": cred(&anonce),
+            "argv": ["touch", "PWNED"], "cwd": "/tmp", "env": {}, "nproc": 1,
+            "opts": {"max_restarts": 0, "restart_window": 1, "leave_timeout": 1, "hang_timeout": 10},
+        });
+        let _ = writeln!(w, "{welcome}");
+        std::thread::sleep(Duration::from_secs(5));
+    });
+    addr
+}
+
+#[test]
+fn an_agent_runs_nothing_for_a_party_that_is_not_its_coordinator() {
+    let Some(m) = munged() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let pwned = Path::new("/tmp/PWNED");
+    let _ = std::fs::remove_file(pwned);
+    let agent = |addr: &str, job: &str, run: &str| {
+        let o = m
+            .bft()
+            .args([
+                "--agent",
+                "--coord",
+                addr,
+                "--coord-job",
+                job,
+                "--coord-run",
+                run,
+            ])
+            .current_dir(tmp.path())
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        text(&o)
+    };
+    // Another user listens where the job's coordinator was (a stale address): it
+    // cannot make a credential of the owner's uid; one of its own is refused.
+    let other_user = Command::new("runuser")
+        .args(["-u", "bftuser", "--", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if other_user {
+        let sock = m.socket();
+        let addr = fake_coordinator("7", "0a", move |anonce| {
+            let out = Command::new("runuser")
+                .args(["-u", "bftuser", "--", "munge", "-S"])
+                .arg(&sock)
+                .args([
+                    "-s",
+                    &format!("bftrainer-run:v2 coord job=7 run=0a anonce={anonce}"),
+                ])
+                .output()
+                .unwrap();
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        });
+        let out = agent(&addr, "7", "0a");
+        assert!(out.contains("is not the coordinator of job 7"), "{out}");
+        assert!(out.contains("not this job owner's"), "{out}");
+    } else {
+        eprintln!("SKIPPED the other-uid coordinator: cannot run munge as bftuser");
+    }
+    // The owner's own credential, but made for another connection (replayed from a
+    // real coordinator's welcome): refused.
+    let sock = m.socket();
+    let addr = fake_coordinator("7", "0a", move |_| {
+        let out = Command::new("munge")
+            .arg("-S")
+            .arg(&sock)
+            .args(["-s", "bftrainer-run:v2 coord job=7 run=0a anonce=ffff"])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    });
+    let out = agent(&addr, "7", "0a");
+    assert!(
+        out.contains("not made for this job, run and connection"),
+        "{out}"
+    );
+    // A party answering for an earlier run (the stale Comment's) or another job: the
+    // agent does not even send its credential.
+    let addr = fake_coordinator("7", "0b", |_| String::new());
+    let out = agent(&addr, "7", "0a");
+    assert!(out.contains("answers for run 0b, not run 0a"), "{out}");
+    let addr = fake_coordinator("8", "0a", |_| String::new());
+    let out = agent(&addr, "7", "0a");
+    assert!(out.contains("answers for job 8, not job 7"), "{out}");
+    assert!(
+        !pwned.exists() && !tmp.path().join("PWNED").exists(),
+        "the fake coordinator's command ran"
+    );
 }
 
 #[test]
@@ -357,7 +562,7 @@ fn an_agent_of_another_version_says_so() {
         text(&o)
     );
     assert!(
-        text(&o).contains("protocol 99, this agent 1"),
+        text(&o).contains("protocol 99, this agent 2"),
         "{}",
         text(&o)
     );
@@ -554,22 +759,29 @@ fn a_hand_started_agent_grows_the_job_and_leaves_on_sigterm() {
         }
     };
     wait_for("the coordinator's address", &|| {
-        std::fs::read_to_string(&coord_file).is_ok_and(|s| s.ends_with('\n'))
+        read_coord_file(&coord_file).is_some()
     });
-    let addr = std::fs::read_to_string(&coord_file)
-        .unwrap()
-        .trim()
-        .to_string();
+    let (addr, job, run) = read_coord_file(&coord_file).unwrap();
     wait_for("generation 1", &|| {
         worker_logs(&logs)
             .get("1.0")
-            .is_some_and(|l| l.contains("gen 1 1.0"))
+            .is_some_and(|l| l.contains("gen 1 1.0 dead="))
     });
     // Started by hand, like a satellite's agent: its workers get the welcome's command
     // and environment (TEST_DIR and TEST_* came from the core's bft-run).
     let mut extra = Guard(Some(
         m.bft()
-            .args(["--agent", "--coord", &addr, "--node-name", "extra"])
+            .args([
+                "--agent",
+                "--coord",
+                &addr,
+                "--coord-job",
+                &job,
+                "--coord-run",
+                &run,
+                "--node-name",
+                "extra",
+            ])
             .env_remove("TEST_DIR")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -579,7 +791,7 @@ fn a_hand_started_agent_grows_the_job_and_leaves_on_sigterm() {
     wait_for("generation 2 with the extra agent's worker", &|| {
         worker_logs(&logs)
             .get("2.0")
-            .is_some_and(|l| l.contains("gen 2 1.0 2.0"))
+            .is_some_and(|l| l.contains("gen 2 1.0 2.0 dead="))
     });
     // SAFETY: signalling our own child.
     unsafe { libc::kill(extra.get().id() as i32, libc::SIGTERM) };
@@ -633,7 +845,7 @@ fn a_member_silent_after_a_failure_is_dropped_killed_and_restarted() {
     let logs = worker_logs(tmp.path());
     assert_eq!(o.status.code(), Some(0), "{all}\n{logs:?}");
     assert!(
-        all.contains("dropping 2.0 (silent 1 s after a failure)"),
+        all.contains("dropping 2.0 (no acknowledgement 1 s after an abort: hung)"),
         "{all}"
     );
     assert!(
@@ -641,7 +853,9 @@ fn a_member_silent_after_a_failure_is_dropped_killed_and_restarted() {
         "{all}"
     );
     assert!(
-        all.contains("worker 2.0 was killed by signal 9; starting 2.1"),
+        all.contains(
+            "worker 2.0 was killed by signal 9 (dropped by the coordinator as hung); starting 2.1"
+        ),
         "{all}"
     );
     assert!(
@@ -680,4 +894,42 @@ fn each_worker_gets_one_of_the_nodes_visible_gpus() {
         "{logs:?}"
     );
     assert!(all.contains("generation 1: 2 workers on 1 nodes"), "{all}");
+}
+
+#[test]
+fn stopped_and_silent_workers_are_killed_within_the_hang_timeout_and_restarted() {
+    let Some(m) = munged() else { return };
+    for (var, why) in [
+        ("TEST_STOP", "stopped (SIGSTOP?)"),
+        ("TEST_NO_HEARTBEAT", "no heartbeat for"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = Instant::now();
+        let o = run_local(
+            &m,
+            tmp.path(),
+            &["--local", "2", "--hang-timeout", "2"],
+            &[
+                ("TEST_FINISH_AT", "3"),
+                ("TEST_FINISH_SIZE", "2"),
+                (var, "2.0"),
+            ],
+        )
+        .output()
+        .unwrap();
+        let all = text(&o);
+        let logs = worker_logs(tmp.path());
+        assert_eq!(o.status.code(), Some(0), "{var}: {all}\n{logs:?}");
+        assert!(all.contains(&format!("worker 2.0 is hung: {why}")), "{all}");
+        assert!(
+            all.contains("worker 2.0 was killed by signal 9 ("),
+            "the restart says why: {all}"
+        );
+        assert!(
+            all.contains("generation 2: 1 workers on 1 nodes (-2.0)"),
+            "{all}"
+        );
+        assert!(logs["2.1"].contains("done"), "{logs:?}");
+        check_quick(t);
+    }
 }

@@ -6,12 +6,16 @@ Behaviour, from the environment (bft-run passes the user's variables through):
                                         >= G with >= N members that lists this worker
   TEST_SUICIDE=ID     the worker ID kills itself with SIGKILL in its first generation
   TEST_BROKEN=ID      the worker ID reports `broken` for its first generation
-  TEST_SILENT=ID      the worker ID hangs (reads nothing more) in its first generation
+  TEST_SILENT=ID      the worker ID hangs (reads nothing more, so acknowledges no abort)
+                      in its first generation; its heartbeat thread goes on
+  TEST_NO_HEARTBEAT=ID  the worker ID sends no heartbeats (the agent kills it as hung)
+  TEST_STOP=ID        the worker ID stops itself (SIGSTOP) in its first generation
   TEST_AFTER_DONE=S   after `done`, spend S seconds "saving" before exiting
   TEST_PROBE=1        first say hello as an id the agent did not start, later again
                       as itself on a second connection; log both refusals
 SIGTERM: exit 0 (a graceful leave). A generation that no longer lists a worker that
-was a member: exit 0 (it left). `end`: exit 0.
+was a member: exit 0 (it left). `end`: exit 0. `abort` of its generation: it answers
+`broken` at once, as the library's background thread does. A heartbeat every 0.5 s.
 """
 
 import json
@@ -19,6 +23,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 
 wid = os.environ["BFT_WORKER_ID"]
@@ -43,9 +48,22 @@ sock.connect(os.environ["BFT_AGENT_SOCK"])
 f = sock.makefile("rw")
 
 
+lock = threading.Lock()
+
+
 def send(msg):
-    f.write(json.dumps(msg) + "\n")
-    f.flush()
+    with lock:
+        f.write(json.dumps(msg) + "\n")
+        f.flush()
+
+
+def heartbeat():
+    while True:
+        try:
+            send({"t": "hb", "worker": wid})
+        except (OSError, ValueError):
+            return
+        time.sleep(0.5)
 
 
 
@@ -63,18 +81,21 @@ probing = os.environ.get("TEST_PROBE") == "1"
 if probing:
     probe("9.9")
 send({"t": "hello", "worker": wid})
+if os.environ.get("TEST_NO_HEARTBEAT") != wid:
+    threading.Thread(target=heartbeat, daemon=True).start()
 log("start local_rank=%s cuda=%s" % (os.environ["BFT_LOCAL_RANK"], os.environ.get("CUDA_VISIBLE_DEVICES", "-")))
 if probing:
     time.sleep(0.2)  # the agent has registered our own hello by now
     probe(wid)
-send({"t": "ready", "worker": wid, "store": "127.0.0.1:%d" % (20000 + os.getpid() % 20000)})
+send({"t": "ready", "worker": wid})
 member = False
+current = 0
 for line in f:
     m = json.loads(line)
     t = m["t"]
     if t == "gen":
         gen, members = m["gen"], m["members"]
-        log("gen %d %s store=%s" % (gen, " ".join(members), m["store"]))
+        log("gen %d %s dead=%s" % (gen, " ".join(members), ",".join(m.get("dead", []))))
         if wid not in members:
             if member:
                 log("left")
@@ -82,8 +103,12 @@ for line in f:
             continue  # not admitted yet
         first = not member
         member = True
+        current = gen
         if first and os.environ.get("TEST_SUICIDE") == wid:
             os.kill(os.getpid(), signal.SIGKILL)
+        if first and os.environ.get("TEST_STOP") == wid:
+            log("stopping")
+            os.kill(os.getpid(), signal.SIGSTOP)
         if first and os.environ.get("TEST_SILENT") == wid:
             log("hanging")
             time.sleep(600)
@@ -99,6 +124,10 @@ for line in f:
             time.sleep(float(os.environ.get("TEST_AFTER_DONE", "0")))
             log("saved")
             sys.exit(0)
+    elif t == "abort":
+        log("abort %d" % m["gen"])
+        if m["gen"] == current:
+            send({"t": "broken", "worker": wid, "gen": m["gen"]})
     elif t == "end":
         log("end %s" % m["code"])
         sys.exit(0)
