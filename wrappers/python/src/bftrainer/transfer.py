@@ -1,0 +1,409 @@
+"""Sending the committed state to the members that lack it, once a process group forms.
+
+``sync()`` is called by every member right after a new process group forms. The
+members compare their committed steps (one small all-gather); the lowest rank holding
+the newest commit sends it, point to point, to each member that does not hold it;
+members that already hold it do nothing else. Nothing received is unpickled: the state
+travels as a JSON header describing its tree (plain values in the JSON, tensors by
+dtype and shape) followed by each tensor's bytes.
+
+The same rules decide what a state may hold everywhere (commits, checkpoints, the
+wire): see ``walk``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple, Union
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from .state import State
+
+Key = Union[str, int]
+Path = Tuple[Key, ...]
+Wait = Callable[[Any, str], None]
+
+ALLOWED = (
+    "None, bool, int, float, str, torch tensors, and lists, tuples and dicts (with str or int keys) of these"
+)
+_FORMAT = 1
+_MAX_HEADER = 1 << 30  # bytes; a header longer than this is a corrupt length
+_WINDOW = 256 << 20  # bytes of tensors in flight before the oldest transfer is waited for
+
+
+class StateTransferError(ValueError):
+    """The state could not be sent (it holds something the format does not carry) or
+    what arrived is not a state. Not a peer failure: the job stops with this error."""
+
+
+def _is_tensor(x: Any) -> bool:
+    torch = sys.modules.get("torch")  # no torch imported: no tensor can exist
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _where(root: str, path: Path) -> str:
+    return root + "".join(f"[{k!r}]" for k in path)
+
+
+def _refuse(root: str, path: Path, what: str) -> TypeError:
+    return TypeError(
+        f"{_where(root, path)} is {what}: a training state may hold only {ALLOWED}; "
+        "give the object state_dict()/load_state_dict() methods and pass it as an extra, "
+        "or keep it out of State"
+    )
+
+
+def _scalar(x: Any, root: str, path: Path) -> Any:
+    """A plain value as its base type (numpy.float64, IntEnum... become float, int)."""
+    if x is None or type(x) in (bool, int, float, str):
+        return x
+    if isinstance(x, float):
+        return float(x)
+    if isinstance(x, int) and not isinstance(x, bool):
+        return int(x)
+    if isinstance(x, str):
+        return str(x)
+    raise _refuse(root, path, f"a {type(x).__module__}.{type(x).__qualname__}")
+
+
+def walk(x: Any, root: str, tensor: Callable[[Any, Path], Any], path: Path = ()) -> Any:
+    """Rebuild the tree ``x`` (its containers are new, its plain values shared), with
+    every tensor replaced by ``tensor(t, path)``. Refuses, naming the place, anything
+    that is not one of ``ALLOWED``: what this accepts is exactly what a commit keeps, a
+    checkpoint holds (``torch.load(weights_only=True)`` reads it back) and ``sync``
+    sends."""
+    if _is_tensor(x):
+        import torch
+
+        if x.layout != torch.strided:
+            raise _refuse(root, path, f"a {x.layout} tensor (only dense tensors are supported)")
+        return tensor(x, path)
+    t = type(x)
+    if t is dict or t is OrderedDict:
+        out = t()
+        for k, v in x.items():
+            if type(k) not in (str, int):
+                raise _refuse(root, path, f"a dict with a {type(k).__name__} key {k!r} (keys must be str or int)")
+            out[k] = walk(v, root, tensor, path + (k,))
+        meta = getattr(x, "_metadata", None)  # module versions of a model's state_dict()
+        if t is OrderedDict and isinstance(meta, dict):
+            out._metadata = walk(meta, root, tensor, path + ("_metadata",))  # type: ignore[attr-defined]
+        return out
+    if t is list:
+        return [walk(v, root, tensor, path + (i,)) for i, v in enumerate(x)]
+    if t is tuple:
+        return tuple(walk(v, root, tensor, path + (i,)) for i, v in enumerate(x))
+    return _scalar(x, root, path)
+
+
+def copy_tree(x: Any, root: str, device: Any = None) -> Any:
+    """A copy of ``x`` that shares no tensor storage with it: tensors are cloned on their
+    own device, or copied to ``device`` when given."""
+    if device is None:
+        return walk(x, root, lambda t, _: t.detach().clone())
+    return walk(x, root, lambda t, _: t.detach().to(device, copy=True))
+
+
+# -- wire format ---------------------------------------------------------------------
+#
+# The header is UTF-8 JSON: {"format": 1, "tree": NODE, "tensors": [DESC...]}.
+# NODE is None, a bool, an int, a finite float, a str, a JSON list (a Python list), or
+# an object with one key: {"t": [NODE...]} a tuple, {"d": [[KEY, NODE]...]} a dict
+# (KEY a str or an int, kept as it was), {"f": "nan" | "inf" | "-inf"} a float JSON
+# cannot write, {"T": i} the i-th tensor. DESC is {"path": [KEY...], "dtype": "float32",
+# "shape": [...], "host": bool} (host: the tensor lived on the CPU at the sender).
+# The tensors follow the header, in order, each as its bytes (C-contiguous); a tensor
+# that two places share (tied weights) is sent once.
+
+
+def encode(tree: Any, root: str = "state") -> Tuple[bytes, List[Any], List[Path]]:
+    """The header of ``tree``, the tensors to send after it in order, and their paths."""
+    tensors: List[Any] = []
+    paths: List[Path] = []
+    descs: List[Dict[str, Any]] = []
+    seen: Dict[Tuple[Any, ...], int] = {}
+
+    def tensor(t: Any, path: Path) -> Dict[str, int]:
+        key = (t.device, t.dtype, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+        if t.numel() > 0 and key in seen:
+            return {"T": seen[key]}
+        i = len(tensors)
+        seen[key] = i
+        tensors.append(t.detach())
+        paths.append(path)
+        descs.append(
+            {"path": list(path), "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "host": t.device.type == "cpu"}
+        )
+        return {"T": i}
+
+    def enc(x: Any, path: Path) -> Any:
+        if _is_tensor(x):
+            return walk(x, root, tensor, path)  # checks the layout, then tensor()
+        t = type(x)
+        if t is dict or t is OrderedDict:
+            items = []
+            for k, v in x.items():
+                if type(k) not in (str, int):
+                    raise _refuse(root, path, f"a dict with a {type(k).__name__} key {k!r} (keys must be str or int)")
+                items.append([k, enc(v, path + (k,))])
+            return {"d": items}
+        if t is list:
+            return [enc(v, path + (i,)) for i, v in enumerate(x)]
+        if t is tuple:
+            return {"t": [enc(v, path + (i,)) for i, v in enumerate(x)]}
+        v = _scalar(x, root, path)
+        if isinstance(v, float) and not math.isfinite(v):
+            return {"f": repr(v)}
+        return v
+
+    body = enc(tree, ())
+    header = json.dumps({"format": _FORMAT, "tree": body, "tensors": descs}, allow_nan=False, separators=(",", ":"))
+    return header.encode("utf-8"), tensors, paths
+
+
+class _Desc:
+    __slots__ = ("path", "dtype", "shape", "host")
+
+    def __init__(self, path: Path, dtype: Any, shape: Tuple[int, ...], host: bool) -> None:
+        self.path, self.dtype, self.shape, self.host = path, dtype, shape, host
+
+
+def _bad(what: str) -> StateTransferError:
+    return StateTransferError(f"the state received is malformed: {what}")
+
+
+def parse_header(data: bytes) -> Tuple[Any, List[_Desc]]:
+    """The header's tree (tensors still as {"T": i}) and its tensor descriptions,
+    checked: dtypes must name torch dtypes, shapes non-negative ints."""
+    import torch
+
+    try:
+        h = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise _bad(f"the header is not JSON ({e})") from None
+    if not isinstance(h, dict) or h.get("format") != _FORMAT or not isinstance(h.get("tensors"), list):
+        raise _bad(f"unknown header format {h.get('format') if isinstance(h, dict) else type(h).__name__!r}")
+    descs = []
+    for d in h["tensors"]:
+        if not isinstance(d, dict):
+            raise _bad("a tensor description is not an object")
+        dtype = getattr(torch, str(d.get("dtype")), None)
+        shape = d.get("shape")
+        path = d.get("path")
+        if not isinstance(dtype, torch.dtype):
+            raise _bad(f"unknown dtype {d.get('dtype')!r}")
+        if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+            raise _bad(f"bad shape {shape!r}")
+        if not isinstance(path, list) or not all(type(k) in (str, int) for k in path):
+            raise _bad(f"bad path {path!r}")
+        descs.append(_Desc(tuple(path), dtype, tuple(shape), bool(d.get("host"))))
+    return h.get("tree"), descs
+
+
+def build(node: Any, tensors: List[Any]) -> Any:
+    """The Python tree of a header's ``node``, with ``tensors`` in place of {"T": i}."""
+    if node is None or type(node) in (bool, int, float, str):
+        return node
+    if type(node) is list:
+        return [build(v, tensors) for v in node]
+    if type(node) is dict and len(node) == 1:
+        (tag, v), = node.items()
+        if tag == "T" and type(v) is int and 0 <= v < len(tensors):
+            return tensors[v]
+        if tag == "t" and type(v) is list:
+            return tuple(build(x, tensors) for x in v)
+        if tag == "f" and v in ("nan", "inf", "-inf"):
+            return float(v)
+        if tag == "d" and type(v) is list:
+            out: Dict[Key, Any] = {}
+            for item in v:
+                if type(item) is not list or len(item) != 2 or type(item[0]) not in (str, int):
+                    raise _bad(f"a dict entry {item!r:.80}")
+                out[item[0]] = build(item[1], tensors)
+            return out
+    raise _bad(f"unknown node {node!r:.80}")
+
+
+def decode(header: bytes, tensors: List[Any]) -> Any:
+    """``encode``'s inverse, for tests and tools: the tree with ``tensors`` in place."""
+    tree, descs = parse_header(header)
+    if len(descs) != len(tensors):
+        raise _bad(f"{len(descs)} tensors described, {len(tensors)} given")
+    return build(tree, tensors)
+
+
+# -- sync --------------------------------------------------------------------------
+
+
+def _bytes(t: Any) -> Any:
+    """A uint8 view of contiguous ``t``: every dtype travels as its bytes."""
+    import torch
+
+    return t.view(-1).view(torch.uint8)
+
+
+class _Window:
+    """Transfers in flight, waited for oldest first once more than _WINDOW bytes are
+    outstanding (so temporary copies stay bounded), and all at ``drain``."""
+
+    def __init__(self, wait: Wait) -> None:
+        self.wait = wait
+        self.pending: Deque[Tuple[Any, str, int, Any]] = deque()
+        self.bytes = 0
+
+    def post(self, work: Any, what: str, nbytes: int, keep: Any = None) -> None:
+        self.pending.append((work, what, nbytes, keep))
+        self.bytes += nbytes
+        while self.bytes > _WINDOW and len(self.pending) > 1:
+            self._pop()
+
+    def _pop(self) -> None:
+        work, what, nbytes, _ = self.pending.popleft()
+        self.wait(work, what)
+        self.bytes -= nbytes
+
+    def drain(self) -> None:
+        while self.pending:
+            self._pop()
+
+
+def _device(device: Any) -> Any:
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def sync(state: State, rank: int, world: int, device: Any, wait: Wait) -> None:
+    """Make every member's state the newest commit among them. Called by every member
+    right after a new process group (the default group: ``rank`` of ``world``) forms;
+    ``device`` is where communication buffers live (None: the CPU; the GPU for NCCL);
+    ``wait(work, what)`` waits for one asynchronous operation (and raises if a peer dies
+    meanwhile).
+
+    The members all-gather (committed step, step, whole) as int64. The lowest rank
+    holding the highest commit sends it to every member whose commit differs; members
+    that hold it do nothing else. If no member holds a commit (a new job, or every
+    member lost its own), the rank with a whole model and the highest step (the lowest
+    such) sends to all others, and every member then commits what it holds. The
+    receiver drops its optimizer state, takes model tensors straight into its model
+    when dtype, shape and device match (when all do, the model's ``load_state_dict``
+    is not called), and the rest in new tensors on ``device`` (those that lived on the
+    sender's CPU, like Adam's step counts, are moved to the CPU); it commits what it
+    received. Until then it holds no commit (``committed_step = -1``): a transfer cut
+    short leaves it to receive again, or to roll back from its CPU copy."""
+    import torch
+    import torch.distributed as dist
+
+    dev = _device(device)
+    mine = torch.tensor([state.committed_step, state.step, 1 if state._intact else 0], dtype=torch.int64, device=dev)
+    table_t = [torch.empty_like(mine) for _ in range(world)]
+    wait(dist.all_gather(table_t, mine, async_op=True), "the members' committed steps")
+    table = [tuple(int(v) for v in t.tolist()) for t in table_t]
+    committed = [row[0] for row in table]
+    top = max(committed)
+    if top >= 0:
+        if all(c == top for c in committed):
+            return
+        src = committed.index(top)
+        receivers = [r for r, c in enumerate(committed) if c != top]
+    else:
+        whole = [r for r, row in enumerate(table) if row[2]]
+        if not whole:
+            raise StateTransferError(
+                "no member holds a commit or a whole model (every one was interrupted while receiving the state): "
+                "the training state is lost; start the job again from its checkpoint"
+            )
+        src = max(whole, key=lambda r: (table[r][1], -r))
+        receivers = [r for r in range(world) if r != src]
+    if rank == src:
+        if receivers:
+            _send(state, receivers, dev, wait)
+        if top < 0:
+            state.save()
+    elif rank in receivers:
+        _receive(state, src, dev, wait)
+        if top >= 0 and state.step != top:
+            raise StateTransferError(f"rank {src} sent the state of step {state.step}, not its commit {top}")
+        state.save()
+
+
+def _send(state: State, receivers: List[int], dev: Any, wait: Wait) -> None:
+    import torch
+    import torch.distributed as dist
+
+    try:
+        header, tensors, paths = encode(state._payload())
+    except (TypeError, ValueError):
+        refusal = torch.tensor([-1], dtype=torch.int64, device=dev)
+        for r in receivers:
+            wait(dist.isend(refusal, r), f"the refusal to rank {r}")
+        raise
+    length = torch.tensor([len(header)], dtype=torch.int64, device=dev)
+    head = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(dev)
+    window = _Window(wait)
+    for r in receivers:
+        window.post(dist.isend(length, r), f"the state's header length to rank {r}", 8, length)
+        window.post(dist.isend(head, r), f"the state's header to rank {r}", len(header), head)
+    for t, path in zip(tensors, paths):
+        if t.numel() == 0:
+            continue
+        buf = _bytes(t.to(dev).contiguous())
+        for r in receivers:
+            window.post(dist.isend(buf, r), f"{_where('state', path)} to rank {r}", buf.numel(), buf)
+    window.drain()
+
+
+def _receive(state: State, src: int, dev: Any, wait: Wait) -> None:
+    import torch
+    import torch.distributed as dist
+
+    state._receiving()
+    length = torch.empty(1, dtype=torch.int64, device=dev)
+    wait(dist.irecv(length, src), f"the state's header length from rank {src}")
+    n = int(length.item())
+    if n < 0:
+        raise StateTransferError(f"rank {src} could not send its state (its own error says why)")
+    if n > _MAX_HEADER:
+        raise _bad(f"a header of {n} bytes")
+    head = torch.empty(n, dtype=torch.uint8, device=dev)
+    wait(dist.irecv(head, src), f"the state's header from rank {src}")
+    tree, descs = parse_header(bytes(head.cpu().tolist()))
+    live: Dict[str, Any] = dict(state.model.state_dict()) if state.model is not None else {}
+    if state.optimizer is not None:
+        state.optimizer.state.clear()  # replaced by what arrives: do not hold both
+    window = _Window(wait)
+    tensors: List[Any] = []
+    for d in descs:
+        target: Optional[torch.Tensor] = None
+        if len(d.path) == 2 and d.path[0] == "model" and d.path[1] in live:
+            t = live[d.path[1]]
+            if t.dtype == d.dtype and tuple(t.shape) == d.shape and t.device == dev and t.is_contiguous():
+                target = t
+        if target is None:
+            target = torch.empty(d.shape, dtype=d.dtype, device=dev)
+        tensors.append(target)
+        if target.numel() > 0:
+            buf = _bytes(target)
+            window.post(dist.irecv(buf, src), f"{_where('state', d.path)} from rank {src}", buf.numel())
+    window.drain()
+    for i, d in enumerate(descs):
+        if d.host and tensors[i].device.type != "cpu" and d.path[:1] != ("model",):
+            tensors[i] = tensors[i].cpu()
+    d_tree = build(tree, tensors)
+    if not isinstance(d_tree, dict):
+        raise _bad("the state is not a dict")
+    model = d_tree.get("model")
+    in_place = (
+        isinstance(model, dict)
+        and set(model) == set(live)
+        and all(model[k] is live[k] for k in live)
+    )
+    state._load(d_tree, model_loaded=in_place)
