@@ -1,5 +1,6 @@
 """A stand-in for bft-run's agent and coordinator, driven by the test: workers connect
-to its Unix socket exactly as to a real agent; the test decides the generations."""
+to its Unix socket exactly as to a real agent; the test decides the generations and may
+abort one. It holds the job's store as the coordinator does (``kv`` requests)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class FakeAgent:
         self.procs: Dict[str, subprocess.Popen] = {}
         self.gen = 0
         self.last_gen: Optional[Dict[str, Any]] = None
+        self.kv: Dict[str, bytes] = {}
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -54,8 +56,50 @@ class FakeAgent:
                     if self.last_gen is not None:
                         self._send(c, self.last_gen)
                 elif msg["t"] == "ready":
-                    self.ready[msg["worker"]] = msg["store"]
+                    self.ready[msg["worker"]] = "coord"
+                elif msg["t"] == "kv":
+                    threading.Thread(target=self._kv, args=(c, msg), daemon=True).start()
                 self.lock.notify_all()
+
+    def _kv(self, c: socket.socket, m: Dict[str, Any]) -> None:
+        """One store request, with TCPStore's semantics (get and wait block)."""
+        op, key = m["op"], m.get("key", "")
+        r: Dict[str, Any] = {"t": "kvr", "worker": m["worker"], "id": m["id"]}
+        with self.lock:
+            if op in ("get", "wait"):
+                keys = [key] if op == "get" else m["keys"]
+                deadline = time.monotonic() + float(m.get("timeout", 300))
+                while not all(k in self.kv for k in keys):
+                    if time.monotonic() > deadline:
+                        r["err"] = f"timed out waiting for key(s) {keys}"
+                        break
+                    self.lock.wait(0.05)
+                else:
+                    if op == "get":
+                        r["value"] = self.kv[key].hex()
+            elif op == "set":
+                self.kv[key] = bytes.fromhex(m["value"])
+            elif op == "add":
+                n = int(self.kv.get(key, b"0")) + int(m["delta"])
+                self.kv[key] = str(n).encode()
+                r["n"] = n
+            elif op == "cas":
+                exp, des = bytes.fromhex(m["expected"]), bytes.fromhex(m["desired"])
+                cur = self.kv.get(key)
+                if (cur is None and exp == b"") or cur == exp:
+                    self.kv[key] = des
+                    cur = des
+                elif cur is None:
+                    cur = exp
+                r["value"] = cur.hex()
+            elif op == "check":
+                r["found"] = all(k in self.kv for k in m["keys"])
+            elif op == "delete":
+                r["found"] = self.kv.pop(key, None) is not None
+            elif op == "num_keys":
+                r["n"] = len(self.kv)
+            self.lock.notify_all()
+            self._send(c, r)
 
     def _send(self, c: socket.socket, msg: Dict[str, Any]) -> None:
         try:
@@ -64,7 +108,7 @@ class FakeAgent:
             pass
 
     def spawn(self, worker: str, args: List[str], log: str) -> subprocess.Popen:
-        env = dict(os.environ, BFT_AGENT_SOCK=self.path, BFT_WORKER_ID=worker, BFT_NODE_ADDR="127.0.0.1")
+        env = dict(os.environ, BFT_AGENT_SOCK=self.path, BFT_WORKER_ID=worker, BFT_NODE_ADDR="127.0.0.1", BFT_JOB="fake")
         p = subprocess.Popen(
             [sys.executable, EXAMPLE, *args],
             env=env,
@@ -86,14 +130,20 @@ class FakeAgent:
     def wait_ready(self, workers: List[str], timeout: float = 60.0) -> None:
         self.wait_for(lambda: all(w in self.ready for w in workers), timeout, f"ready {workers}")
 
-    def announce(self, members: List[str]) -> int:
+    def announce(self, members: List[str], dead: Optional[List[str]] = None) -> int:
         with self.lock:
             self.gen += 1
-            msg = {"t": "gen", "gen": self.gen, "members": members, "store": self.ready[members[0]]}
+            msg = {"t": "gen", "gen": self.gen, "members": members, "dead": dead or []}
             self.last_gen = msg
             for c in list(self.conns.values()):
                 self._send(c, msg)
             return self.gen
+
+    def abort(self, gen: int) -> None:
+        """As the coordinator does at a member's first ``broken`` report."""
+        with self.lock:
+            for c in list(self.conns.values()):
+                self._send(c, {"t": "abort", "gen": gen})
 
     def count(self, t: str, **match: Any) -> int:
         with self.lock:

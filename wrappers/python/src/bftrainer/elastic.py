@@ -1,9 +1,12 @@
 """Generations, process groups and the run wrapper.
 
 The coordinator (in bft-run) announces generations; the workers switch together at a
-step boundary. The gradient all-reduce carries two extra numbers (this rank's sample
-count and "a newer generation was announced"), so steady state costs no collective
-beyond the one training needs. See docs/design.md, "Elastic runtime".
+step boundary. Beside the gradient all-reduce, each step all-reduces one small float64
+tensor (this rank's sample count and "a newer generation was announced"), issued at
+the same time. Every collective is asynchronous and waited for on the host
+(``_wait``): when the coordinator says a member of the generation failed, or aborts
+it, the wait gives up at once instead of hanging until a timeout. See docs/design.md,
+"Elastic runtime".
 """
 
 from __future__ import annotations
@@ -14,10 +17,10 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Dict, Iterable, Optional, TypeVar
+from typing import Any, Callable, Iterable, List, Optional, TypeVar
 
-from . import _agent
-from .state import State, from_bytes, to_bytes
+from . import _agent, transfer
+from .state import State
 
 T = TypeVar("T")
 
@@ -43,7 +46,15 @@ def _is_peer_failure(e: BaseException) -> bool:
         text = str(e)
         return any(
             s in text
-            for s in ("gloo", "Gloo", "NCCL", "Connection closed by peer", "Connection reset by peer", "Socket Timeout")
+            for s in (
+                "gloo",
+                "Gloo",
+                "NCCL",
+                "Connection closed by peer",
+                "Connection reset by peer",
+                "Socket Timeout",
+                "was abandoned (a member failed)",
+            )
         )
     return False
 
@@ -55,37 +66,30 @@ class _Runtime:
         self.gen = 0
         self.rank = 0
         self.world = 1
-        self.store_addr = ""
-        self._own_store: Any = None
-        self._stores: Dict[str, Any] = {}
+        self.members: List[str] = []
+        self._store: Any = None
         self._flag: Optional[float] = None
         self._last_progress = 0.0
-        self.pg_timeout = float(os.environ.get("BFT_PG_TIMEOUT", "60"))
+        # The store's and process groups' timeout: a safety net only; failures are
+        # noticed through the coordinator (heartbeats, aborts) within seconds.
+        self.pg_timeout = float(os.environ.get("BFT_PG_TIMEOUT", "1800"))
         self.backend = os.environ.get("BFT_BACKEND", "")
         self.sigterm = False
         self.device: Any = None
+        # A gradient all-reduce of this step succeeded: the optimizer may have stepped
+        # since the last commit, so a failure now cannot roll back in place.
+        self.dirty = False
+        # Process groups given up on after a failure: kept referenced, never destroyed
+        # here (a collective stuck on a frozen peer would block the destructor).
+        self._abandoned: List[Any] = []
 
     # -- process group -------------------------------------------------------------
 
-    def start_store(self) -> None:
-        import torch.distributed as dist
-
-        addr = os.environ.get("BFT_NODE_ADDR", "127.0.0.1")
-        self._own_store = dist.TCPStore(
-            addr, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=self.pg_timeout)
-        )
-        self.store_addr = f"{addr}:{self._own_store.port}"
-        self._stores[self.store_addr] = self._own_store
-
-    def _store(self, addr: str) -> Any:
-        import torch.distributed as dist
-
-        if addr not in self._stores:
-            host, _, port = addr.rpartition(":")
-            self._stores[addr] = dist.TCPStore(
-                host, int(port), is_master=False, timeout=datetime.timedelta(seconds=self.pg_timeout)
-            )
-        return self._stores[addr]
+    def store(self) -> Any:
+        if self._store is None:
+            assert self.agent is not None
+            self._store = _agent.store_class()(self.agent, self.pg_timeout)
+        return self._store
 
     def _pick_backend(self) -> str:
         import torch
@@ -98,42 +102,27 @@ class _Runtime:
 
     def _rendezvous(self, g: _agent.Generation) -> bool:
         """Agree with the other members whether generation ``g`` forms: every member
-        arrives (a counter in rank 0's store), then one compare-and-set decides "go";
-        a member that sees a newer generation first decides "abandon" instead, and all
-        follow the one decision. Without this, members that picked different
-        generations (a newer one announced meanwhile) would wait for each other until
-        the process-group timeout."""
+        arrives (a counter in the coordinator's store), then one compare-and-set
+        decides "go"; a member that sees a newer generation first decides "abandon"
+        instead, and all follow the one decision. Members still in a long step arrive
+        when it ends; nobody here judges them by time (liveness is the coordinator's:
+        a dead or frozen member makes it announce a newer generation)."""
         agent = self.agent
         assert agent is not None
         prefix = f"g{g.gen}/"
-        try:
-            store = self._store(g.store)
-            store.add(prefix + "arrived", 1)
-            said_broken = False
-            start = time.monotonic()
-            while True:
-                if store.check([prefix + "decision"]):
-                    return bool(store.get(prefix + "decision") == b"go")
-                if store.add(prefix + "arrived", 0) >= len(g.members):
-                    return bool(store.compare_set(prefix + "decision", "", "go") == b"go")
-                if agent.latest > g.gen:
-                    return bool(store.compare_set(prefix + "decision", "", "abandon") == b"go")
-                agent.check()
-                waited = time.monotonic() - start
-                if waited > 2.0 and not said_broken:
-                    # A member does not come: let the coordinator re-form without it.
-                    agent.send({"t": "broken", "worker": self.worker, "gen": g.gen})
-                    said_broken = True
-                if waited > self.pg_timeout:
-                    raise _agent.AgentError(f"generation {g.gen} did not form within {self.pg_timeout:.0f} s")
-                time.sleep(0.005)
-        except RuntimeError as e:
-            if isinstance(e, _agent.AgentError):
-                raise
-            # Rank 0's store is gone (it died): wait for the next generation.
-            self._stores.pop(g.store, None)
-            agent.wait(lambda: agent.latest > g.gen, self.pg_timeout, f"a generation after {g.gen}")
-            return False
+        store = self.store()
+        store.add(prefix + "arrived", 1)
+        pause = 0.001
+        while True:
+            if store.check([prefix + "decision"]):
+                return bool(store.get(prefix + "decision") == b"go")
+            if store.add(prefix + "arrived", 0) >= len(g.members):
+                return bool(store.compare_set(prefix + "decision", "", "go") == b"go")
+            if agent.latest > g.gen:
+                return bool(store.compare_set(prefix + "decision", "", "abandon") == b"go")
+            agent.check()
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def enter(self, g: _agent.Generation, state: State) -> None:
         """Enter generation ``g`` (this worker is a member), or the newest one after it
@@ -141,19 +130,16 @@ class _Runtime:
         the same."""
         agent = self.agent
         assert agent is not None
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self.teardown()
         while not self._rendezvous(g):
             g = agent.newer_than(g.gen)
             if self.worker not in g.members:
                 if self.sigterm:
                     self.leave()
-                agent.send({"t": "ready", "worker": self.worker, "store": self.store_addr})
+                agent.send({"t": "ready", "worker": self.worker})
                 g = self._member_generation(g.gen)
         self._init(g)
-        self._sync(state)
+        transfer.sync(state, self.rank, self.world, self.device, _wait)
         state.on_reset()
 
     def _member_generation(self, after: int) -> _agent.Generation:
@@ -176,30 +162,19 @@ class _Runtime:
             local = int(os.environ.get("BFT_LOCAL_RANK", "0"))
             torch.cuda.set_device(local % max(1, torch.cuda.device_count()))
             self.device = torch.device("cuda", torch.cuda.current_device())
+        # The generation is current before the group forms: an abort of it during the
+        # setup is acknowledged at once.
+        assert self.agent is not None
+        self.agent.current_gen = g.gen
+        self.gen, self.rank, self.world, self.members = g.gen, rank, len(g.members), list(g.members)
         dist.init_process_group(
             backend,
-            store=dist.PrefixStore(f"g{g.gen}/pg", self._store(g.store)),
+            store=dist.PrefixStore(f"g{g.gen}/pg", self.store()),
             rank=rank,
             world_size=len(g.members),
             timeout=datetime.timedelta(seconds=self.pg_timeout),
         )
-        self.gen, self.rank, self.world = g.gen, rank, len(g.members)
         self._flag = None
-
-    def _sync(self, state: State) -> None:
-        import torch.distributed as dist
-
-        steps: list = [None] * self.world
-        dist.all_gather_object(steps, state.committed_step)
-        top = max(steps)
-        if top >= 0 and all(s == top for s in steps):
-            return  # every member holds the same commit: nothing to send
-        src = steps.index(top)
-        payload = [to_bytes(state.committed() or state.state_dict()) if self.rank == src else None]
-        dist.broadcast_object_list(payload, src=src, device=self.device)
-        if state.committed_step != top:
-            state.load_state_dict(from_bytes(payload[0]))
-            state.save()
 
     # -- membership ------------------------------------------------------------------
 
@@ -210,11 +185,12 @@ class _Runtime:
         assert agent is not None
         g = agent.newer_than(after)
         if self.worker not in g.members:
-            agent.send({"t": "ready", "worker": self.worker, "store": self.store_addr})
+            agent.send({"t": "ready", "worker": self.worker})
             g = self._member_generation(g.gen)
         self.enter(g, state)
 
     def after_commit(self, state: State) -> None:
+        self.dirty = False
         agent = self.agent
         if agent is None:
             return
@@ -227,29 +203,42 @@ class _Runtime:
             self._flag = None
         else:
             t = torch.tensor([1.0 if agent.latest > self.gen else 0.0], device=self.device)
-            _collective(dist.all_reduce, t)
+            _wait(dist.all_reduce(t, async_op=True), "the switch flag")
             changed = t.item() > 0
         if changed:
             t = torch.tensor([agent.latest], dtype=torch.int64, device=self.device)
-            _collective(dist.all_reduce, t, op=dist.ReduceOp.MAX)
+            _wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True), "the next generation's number")
             target = int(t.item())
-            g = agent.generation(target, timeout=self.pg_timeout)
+            g = agent.generation(target)
             if self.worker not in g.members:
                 self.leave()
             self.enter(g, state)
         if self.rank == 0 and time.monotonic() - self._last_progress >= PROGRESS_EVERY_S:
             self._last_progress = time.monotonic()
-            agent.send({"t": "progress", "worker": self.worker, "gen": self.gen, "samples": state.samples})
+            agent.send(
+                {"t": "progress", "worker": self.worker, "gen": self.gen, "samples": state.samples, "steps": state.step}
+            )
 
     def teardown(self) -> None:
-        """Destroy the process group and everything that still refers to it."""
-        import gc
-
+        """Leave the current process group without waiting on it: after a failure a
+        collective may still be stuck on a frozen peer (NCCL: the communicator is
+        aborted; gloo: its thread ends when the peer's sockets close or at the
+        timeout)."""
         import torch.distributed as dist
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        gc.collect()
+        if not dist.is_initialized():
+            return
+        pg = dist.group.WORLD
+        if self._pick_backend() == "nccl":
+            abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+            if abort is not None:
+                try:
+                    abort(pg)
+                except Exception as e:  # noqa: BLE001 - best effort; say so
+                    print(f"bftrainer: aborting the NCCL communicator failed: {e}", file=sys.stderr, flush=True)
+        self._abandoned.append(pg)
+        del self._abandoned[:-4]
+        dist.destroy_process_group()
 
     def leave(self) -> None:
         """Not in the new generation: the step is committed, so leave without a rollback."""
@@ -270,13 +259,37 @@ def _rt() -> _Runtime:
     return _RT
 
 
-def _collective(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def _wait(work: Any, what: str) -> None:
+    """Wait for an asynchronous collective on the host, giving up with PeerFailure as
+    soon as the coordinator says this generation cannot complete it (a member died,
+    froze or left without warning, or the generation was aborted). NCCL returns
+    from an aborted operation with garbage: its result is never used after that."""
+    rt = _rt()
+    agent = rt.agent
+    pause = 0.0001
+    while not work.is_completed():
+        if agent is not None:
+            why = agent.failed(rt.gen, rt.members)
+            if why is not None:
+                raise PeerFailure(f"{what}: {why}")
+            agent.check()
+        time.sleep(pause)
+        pause = min(pause * 2, 0.002)
     try:
-        return fn(*args, **kwargs)
+        work.wait()
     except RuntimeError as e:
         if _is_peer_failure(e):
-            raise PeerFailure(str(e)) from e
+            raise PeerFailure(f"{what}: {e}") from e
         raise
+
+
+def _check_alive(what: str) -> None:
+    """Before a collective: a generation already known to be broken is not entered."""
+    rt = _rt()
+    if rt.agent is not None:
+        why = rt.agent.failed(rt.gen, rt.members)
+        if why is not None:
+            raise PeerFailure(f"{what}: {why}")
 
 
 def _after_commit(state: State) -> None:
@@ -305,8 +318,10 @@ def worker_id() -> str:
 def allreduce_gradients(params: Iterable[Any], n_local: int) -> int:
     """Average the gradients over all ranks, weighted by each rank's sample count
     (``n_local`` may be 0 on a rank whose slice of the step is empty: it contributes
-    zero). Returns the samples of the whole step. One flat all-reduce, which also
-    carries the "new generation announced" flag that ``commit()`` reads."""
+    zero). Returns the samples of the whole step. One flat all-reduce of the
+    gradients and, beside it, one of a float64 pair (the sample count and the "new
+    generation announced" flag that ``commit()`` reads: counts never ride in the
+    gradients' dtype, where bf16 would round them)."""
     import torch
     import torch.distributed as dist
 
@@ -316,16 +331,21 @@ def allreduce_gradients(params: Iterable[Any], n_local: int) -> int:
     rt = _rt()
     if not dist.is_initialized():
         return n_local
+    _check_alive("the gradient all-reduce")
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ps]
     seen = 1.0 if rt.agent is not None and rt.agent.latest > rt.gen else 0.0
-    flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor([1.0, seen], dtype=grads[0].dtype, device=grads[0].device)])
-    flat[:-2].mul_(float(n_local))
-    flat[-2] = float(n_local)
-    _collective(dist.all_reduce, flat)
-    total = float(flat[-2].item())
-    rt._flag = float(flat[-1].item())
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    flat.mul_(float(n_local))
+    meta = torch.tensor([float(n_local), seen], dtype=torch.float64, device=flat.device)
+    w1 = dist.all_reduce(flat, async_op=True)
+    w2 = dist.all_reduce(meta, async_op=True)
+    _wait(w1, "the gradient all-reduce")
+    _wait(w2, "the gradient all-reduce")
+    total = float(meta[0].item())
+    rt._flag = float(meta[1].item())
+    rt.dirty = True
     if total > 0:
-        flat[:-2].div_(total)
+        flat.div_(total)
     offset = 0
     for p in ps:
         n = p.numel()
@@ -353,18 +373,21 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 flush=True,
             )
             state.load_checkpoint()
-            return func(state, *args, **kwargs)
+            result = func(state, *args, **kwargs)
+            state.wait_checkpoint()
+            return result
         agent = rt.agent
 
         def on_term(signum: int, frame: Any) -> None:
-            # The agent turns SIGTERM into a graceful leave at the next step boundary.
+            # A graceful leave at the next step boundary: the coordinator leaves this
+            # worker out of the next generation (told from the heartbeat thread).
             rt.sigterm = True
+            agent.request_leave()
 
         signal.signal(signal.SIGTERM, on_term)
         try:
             state.load_checkpoint()
-            rt.start_store()
-            agent.send({"t": "ready", "worker": rt.worker, "store": rt.store_addr})
+            agent.send({"t": "ready", "worker": rt.worker})
             join_after: Optional[int] = 0
             while True:
                 failure = ""
@@ -373,6 +396,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                         rt.join(state, join_after)
                         join_after = None
                     result = func(state, *args, **kwargs)
+                    state.wait_checkpoint()
                     agent.send({"t": "done", "worker": rt.worker, "gen": rt.gen})
                     return result
                 except Exception as e:
@@ -389,9 +413,10 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                     file=sys.stderr,
                     flush=True,
                 )
-                state.restore()
+                state.restore(dirty=rt.dirty)
+                rt.dirty = False
                 rt.teardown()
-                agent.send({"t": "broken", "worker": rt.worker, "gen": rt.gen})
+                agent.broken(rt.gen)
                 join_after = rt.gen
         except _agent.JobEnded as e:
             raise SystemExit(0 if e.code == 0 else 1) from None

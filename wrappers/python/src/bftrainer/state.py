@@ -334,10 +334,6 @@ class State:
             d.update({k: v for k, v in self._snap.items() if k not in ("groups", "rng")})
         return d
 
-    def committed(self) -> Optional[Dict[str, Any]]:
-        """Transitional (see to_bytes below): the commit to send, if any."""
-        return self._payload() if self.committed_step >= 0 else None
-
     def _receiving(self) -> None:
         """A transfer into this state begins: until it completes there is no commit."""
         self.committed_step = -1
@@ -517,26 +513,3 @@ def _set_rng_state(s: Dict[str, Any]) -> None:
         import numpy
 
         numpy.random.set_state(s["numpy"])
-
-
-# Transitional, for the committed elastic.py whose _sync still broadcasts the state with
-# these and State.committed(): remove all three once elastic.py calls transfer.sync.
-
-
-def to_bytes(d: Dict[str, Any]) -> bytes:
-    import io
-
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(d, buf)
-    return buf.getvalue()
-
-
-def from_bytes(b: bytes) -> Dict[str, Any]:
-    """Weights-only: nothing received executes code."""
-    import io
-
-    import torch
-
-    return torch.load(io.BytesIO(b), map_location="cpu", weights_only=True)

@@ -323,58 +323,70 @@ def sync(state: State, rank: int, world: int, device: Any, wait: Wait) -> None:
             )
         src = max(whole, key=lambda r: (table[r][1], -r))
         receivers = [r for r in range(world) if r != src]
-    if rank == src:
-        if receivers:
-            _send(state, receivers, dev, wait)
-        if top < 0:
+    # The sender and the receivers only, in a group of their own: members that hold
+    # the commit take no part. (Gloo's point-to-point operations cannot be waited for
+    # with a deadline: a group's broadcast can, and it reaches only the newcomers.)
+    sub = dist.new_group([src] + receivers) if receivers else None
+    try:
+        if rank == src:
+            if receivers:
+                _send(state, sub, src, dev, wait)
+            if top < 0:
+                state.save()
+        elif rank in receivers:
+            _receive(state, sub, src, dev, wait)
+            if top >= 0 and state.step != top:
+                raise StateTransferError(f"rank {src} sent the state of step {state.step}, not its commit {top}")
             state.save()
-    elif rank in receivers:
-        _receive(state, src, dev, wait)
-        if top >= 0 and state.step != top:
-            raise StateTransferError(f"rank {src} sent the state of step {state.step}, not its commit {top}")
-        state.save()
+    finally:
+        if sub is not None and rank in [src] + receivers:
+            dist.destroy_process_group(sub)
 
 
-def _send(state: State, receivers: List[int], dev: Any, wait: Wait) -> None:
+def _send(state: State, sub: Any, src: int, dev: Any, wait: Wait) -> None:
+    """Broadcasts the state from ``src`` (this rank) over ``sub`` (it and the receivers)."""
     import torch
     import torch.distributed as dist
+
+    def bcast(t: Any) -> Any:
+        return dist.broadcast(t, src=src, group=sub, async_op=True)
 
     try:
         header, tensors, paths = encode(state._payload())
     except (TypeError, ValueError):
         refusal = torch.tensor([-1], dtype=torch.int64, device=dev)
-        for r in receivers:
-            wait(dist.isend(refusal, r), f"the refusal to rank {r}")
+        wait(bcast(refusal), "the refusal to the receivers")
         raise
     length = torch.tensor([len(header)], dtype=torch.int64, device=dev)
     head = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(dev)
     window = _Window(wait)
-    for r in receivers:
-        window.post(dist.isend(length, r), f"the state's header length to rank {r}", 8, length)
-        window.post(dist.isend(head, r), f"the state's header to rank {r}", len(header), head)
+    window.post(bcast(length), "the state's header length", 8, length)
+    window.post(bcast(head), "the state's header", len(header), head)
     for t, path in zip(tensors, paths):
         if t.numel() == 0:
             continue
         buf = _bytes(t.to(dev).contiguous())
-        for r in receivers:
-            window.post(dist.isend(buf, r), f"{_where('state', path)} to rank {r}", buf.numel(), buf)
+        window.post(bcast(buf), f"{_where('state', path)}", buf.numel(), buf)
     window.drain()
 
 
-def _receive(state: State, src: int, dev: Any, wait: Wait) -> None:
+def _receive(state: State, sub: Any, src: int, dev: Any, wait: Wait) -> None:
     import torch
     import torch.distributed as dist
 
+    def bcast(t: Any) -> Any:
+        return dist.broadcast(t, src=src, group=sub, async_op=True)
+
     state._receiving()
     length = torch.empty(1, dtype=torch.int64, device=dev)
-    wait(dist.irecv(length, src), f"the state's header length from rank {src}")
+    wait(bcast(length), f"the state's header length from rank {src}")
     n = int(length.item())
     if n < 0:
         raise StateTransferError(f"rank {src} could not send its state (its own error says why)")
     if n > _MAX_HEADER:
         raise _bad(f"a header of {n} bytes")
     head = torch.empty(n, dtype=torch.uint8, device=dev)
-    wait(dist.irecv(head, src), f"the state's header from rank {src}")
+    wait(bcast(head), f"the state's header from rank {src}")
     tree, descs = parse_header(bytes(head.cpu().tolist()))
     live: Dict[str, Any] = dict(state.model.state_dict()) if state.model is not None else {}
     if state.optimizer is not None:
@@ -392,7 +404,7 @@ def _receive(state: State, src: int, dev: Any, wait: Wait) -> None:
         tensors.append(target)
         if target.numel() > 0:
             buf = _bytes(target)
-            window.post(dist.irecv(buf, src), f"{_where('state', d.path)} from rank {src}", buf.numel())
+            window.post(bcast(buf), f"{_where('state', d.path)} from rank {src}", buf.numel())
     window.drain()
     for i, d in enumerate(descs):
         if d.host and tensors[i].device.type != "cpu" and d.path[:1] != ("model",):
