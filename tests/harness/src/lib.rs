@@ -24,6 +24,9 @@ use std::time::{Duration, Instant};
 
 /// The non-root user every cluster has, for tests that submit on behalf of someone.
 pub const TEST_USER: &str = "bftuser";
+/// A second ordinary user (`cluster up` creates it): the attacker of tests where one
+/// user must not reach another's jobs.
+pub const OTHER_USER: &str = "bftuser2";
 
 /// Set to `1` to leave the cluster of each test running after it ends (to poke at it
 /// with sinfo/sacct); the fixture prints its `SLURM_CONF` and how to stop it.

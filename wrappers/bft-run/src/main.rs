@@ -235,13 +235,26 @@ fn own_address() -> String {
         .to_string()
 }
 
+/// Variables each agent sets for its own workers (or that belong to this bft-run):
+/// never passed from the coordinator. The library's settings (BFT_PG_TIMEOUT,
+/// BFT_BACKEND, BFT_TRACE...) are passed like any other variable of the user's.
+const AGENT_SET_VARS: &[&str] = &[
+    "BFT_AGENT_SOCK",
+    "BFT_WORKER_ID",
+    "BFT_LOCAL_RANK",
+    "BFT_NODE_ADDR",
+    "BFT_NODE_NAME",
+    "BFT_JOB",
+    "BFT_MUNGE_SOCKET",
+];
+
 /// The environment workers get: ours without Slurm's and bft-run's own variables and
 /// without the node's device binding (each agent sets its own node's).
 fn worker_env(vars: impl Iterator<Item = (String, String)>) -> BTreeMap<String, String> {
     vars.filter(|(k, _)| {
         (!k.starts_with("SLURM_") || k == "SLURM_CONF")
             && !k.starts_with("SLURMD_")
-            && !k.starts_with("BFT_")
+            && !AGENT_SET_VARS.contains(&k.as_str())
             && !agent::NODE_LOCAL_VARS.contains(&k.as_str())
     })
     .collect()
@@ -601,6 +614,8 @@ mod tests {
             "SLURM_CONF=/etc/slurm.conf",
             "SLURMD_NODENAME=n1",
             "BFT_MUNGE_SOCKET=/m",
+            "BFT_WORKER_ID=1.0",
+            "BFT_PG_TIMEOUT=90",
             "CUDA_VISIBLE_DEVICES=0,1",
             "ROCR_VISIBLE_DEVICES=0",
         ]
@@ -610,7 +625,7 @@ mod tests {
         });
         let env = worker_env(vars.into_iter());
         let keys: Vec<&str> = env.keys().map(String::as_str).collect();
-        assert_eq!(keys, vec!["PATH", "PYTHONPATH", "SLURM_CONF"]);
+        assert_eq!(keys, vec!["BFT_PG_TIMEOUT", "PATH", "PYTHONPATH", "SLURM_CONF"]);
     }
 
     #[test]

@@ -26,6 +26,34 @@ T = TypeVar("T")
 
 PROGRESS_EVERY_S = 1.0
 
+# A trace of the runtime's phases, for debugging and fault-injection tests: with
+# BFT_TRACE=PATH every worker appends "time worker pid gen rank phase" at the start
+# of each step's all-reduce ("step"), of each rebuild ("rebuild"), of each state
+# transfer it sends or receives ("transfer"), and once a generation is entered
+# ("entered"). BFT_TRACE_PAUSE="phase=seconds,..." makes workers wait that long at
+# those points, so that a test can hit a short phase (a rebuild, a transfer) with a
+# fault. Neither is meant for production runs.
+_TRACE = os.environ.get("BFT_TRACE", "")
+_PAUSE = {
+    k: float(v)
+    for k, _, v in (p.partition("=") for p in os.environ.get("BFT_TRACE_PAUSE", "").split(",") if "=" in p)
+}
+
+
+def trace(phase: str) -> None:
+    if not _TRACE and not _PAUSE:
+        return
+    if _TRACE:
+        rt = _rt()
+        line = f"{time.time():.6f} {rt.worker} {os.getpid()} {rt.gen} {rt.rank} {phase}\n"
+        fd = os.open(_TRACE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    if phase in _PAUSE:
+        time.sleep(_PAUSE[phase])
+
 
 class PeerFailure(RuntimeError):
     """A collective failed because a peer went away; the run wrapper rolls back."""
@@ -131,6 +159,7 @@ class _Runtime:
         agent = self.agent
         assert agent is not None
         self.teardown()
+        trace("rebuild")
         while not self._rendezvous(g):
             g = agent.newer_than(g.gen)
             if self.worker not in g.members:
@@ -140,6 +169,7 @@ class _Runtime:
                 g = self._member_generation(g.gen)
         self._init(g)
         transfer.sync(state, self.rank, self.world, self.device, _wait)
+        trace("entered")
         state.on_reset()
 
     def _member_generation(self, after: int) -> _agent.Generation:
@@ -331,6 +361,7 @@ def allreduce_gradients(params: Iterable[Any], n_local: int) -> int:
     rt = _rt()
     if not dist.is_initialized():
         return n_local
+    trace("step")
     _check_alive("the gradient all-reduce")
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ps]
     seen = 1.0 if rt.agent is not None and rt.agent.latest > rt.gen else 0.0

@@ -327,6 +327,10 @@ def sync(state: State, rank: int, world: int, device: Any, wait: Wait) -> None:
     # the commit take no part. (Gloo's point-to-point operations cannot be waited for
     # with a deadline: a group's broadcast can, and it reaches only the newcomers.)
     sub = dist.new_group([src] + receivers) if receivers else None
+    if rank == src or rank in receivers:
+        from .elastic import trace
+
+        trace("transfer")
     try:
         if rank == src:
             if receivers:
