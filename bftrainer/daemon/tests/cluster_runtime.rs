@@ -5,6 +5,11 @@
 //! -9, and finishes: the loss ends low and every sample was used exactly once per
 //! epoch. Forged joins (another uid, a replayed or misdirected credential) are refused.
 //!
+//! A second test is another user's attack on that job: after a requeue the Comment
+//! still names the old coordinator's address; bftuser2 listens there, floods the new
+//! coordinator and writes to its store without authenticating; the requeued job's
+//! satellites never reach the impostor and the job trains on unharmed.
+//!
 //! Needs the virtualenv of scripts/python-env (`make test` makes it; BFT_VENV names it).
 
 mod live;
@@ -16,6 +21,7 @@ use live::{Live, GRACE_TIME_S};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -105,9 +111,9 @@ fn satellite_workers(core: u32) -> Vec<u32> {
     pids
 }
 
-/// One agent-side handshake by hand: read the challenge, send `hello` with `cred`,
-/// return the coordinator's answer line.
-fn handshake(addr: &str, cred: impl FnOnce(&str) -> String) -> serde_json::Value {
+/// One agent-side handshake by hand: read the challenge, send `hello` with
+/// `cred(nonce, run)`, return the coordinator's answer line.
+fn handshake(addr: &str, cred: impl FnOnce(&str, &str) -> String) -> serde_json::Value {
     let s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
@@ -115,8 +121,9 @@ fn handshake(addr: &str, cred: impl FnOnce(&str) -> String) -> serde_json::Value
     r.read_line(&mut line).unwrap();
     let ch: serde_json::Value = serde_json::from_str(&line).unwrap();
     assert_eq!(ch["t"], "challenge", "{line}");
+    let cred = cred(ch["nonce"].as_str().unwrap(), ch["run"].as_str().unwrap());
     let hello = serde_json::json!({
-        "t": "hello", "proto": ch["proto"], "cred": cred(ch["nonce"].as_str().unwrap()),
+        "t": "hello", "proto": ch["proto"], "cred": cred, "anonce": "a1",
         "host": "127.0.0.1", "slurm_job": null, "nproc": 1,
     });
     (&s).write_all(format!("{hello}\n").as_bytes()).unwrap();
@@ -220,17 +227,20 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
         "root's agent joined bftuser's job: {err}"
     );
     let mut stolen = String::new();
-    let a = handshake(&c.coord, |nonce| {
+    let a = handshake(&c.coord, |nonce, run| {
         // A credential of the right user made for another connection's nonce.
         stolen = munge_as(
             &user,
             &munge_socket,
-            &format!("bftrainer-run:v1 job={job} nonce={nonce}x"),
+            &format!(
+                "bftrainer-run:v2 agent job={job} run={run} to={} nonce={nonce}0 anonce=a1",
+                c.coord
+            ),
         );
         stolen.clone()
     });
     assert_eq!(a["t"], "error", "{a}");
-    let b = handshake(&c.coord, |_| stolen.clone());
+    let b = handshake(&c.coord, |_, _| stolen.clone());
     assert_eq!(b["t"], "error", "a replayed credential was accepted: {b}");
     assert!(b.to_string().contains("replay"), "{b}");
 
@@ -303,4 +313,160 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
         "{said}"
     );
     eprintln!("{said}");
+}
+
+/// bftuser2's stand-in coordinator at a stale address: answers every connection with a
+/// challenge for `job` and `run` and logs what the peer sent (a hello would mean an
+/// agent of the job followed the stale address).
+const IMPOSTOR: &str = r#"
+import json, os, socket, sys, time
+host, port, job, run, log = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+t = time.time()
+while True:
+    try:
+        s.bind((host, port)); break
+    except OSError:
+        if time.time() - t > 60: raise
+        time.sleep(0.2)
+s.listen(16)
+open(log, "a").write("listening\n")
+while True:
+    c, _ = s.accept()
+    c.settimeout(5)
+    c.sendall((json.dumps({"t": "challenge", "proto": 2, "nonce": "ab", "job": job, "run": run}) + "\n").encode())
+    try:
+        line = c.makefile().readline()
+    except OSError:
+        line = ""
+    open(log, "a").write(("hello " if line else "nothing ") + line[:80].strip() + "\n")
+    c.close()
+"#;
+
+#[test]
+fn cluster_runtime_another_user_cannot_reach_a_requeued_job_through_its_old_address() {
+    let venv = venv();
+    let bft = bft_run();
+    let setup = live::setup_join("bftatk", "", "", &|_| {
+        format!("{} --join {{parent}}", bft.display())
+    });
+    let mut l = Live::from_setup(setup);
+    l.spawn();
+    let user = bftrainer_testcluster::TEST_USER.to_string();
+    let attacker = bftrainer_testcluster::OTHER_USER.to_string();
+    let work = l.dir.join("work");
+    let lair = l.dir.join("attacker");
+    for (d, who) in [(&work, &user), (&lair, &attacker)] {
+        std::fs::create_dir_all(d).unwrap();
+        assert!(Command::new("chown").arg(who).arg(d).status().unwrap().success());
+    }
+    let _show = ShowOutput(work.clone());
+    let script = work.join("train.sbatch");
+    let repo = repo();
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n#SBATCH -J train\n#SBATCH -o {work}/job.out\n#SBATCH --open-mode=append\n\
+             export PYTHONPATH={repo}/wrappers/python/src\n\
+             exec {bft} -- {venv}/bin/python {repo}/wrappers/python/examples/train.py \
+             --samples 2048 --batch 16 --epochs 4 --step-sleep 0.1 \
+             --log-dir {work}/samples.${{SLURM_RESTART_COUNT:-0}}\n",
+            work = work.display(),
+            repo = repo.display(),
+            bft = bft.display(),
+            venv = venv.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let job = l.sbatch_as_user(&["--elastic=1:2", script.to_str().unwrap()], Some(&work));
+    let first = l.wait(120, "the runtime to train on 2 nodes", || {
+        comment(&l, job).filter(|c| c.nodes == 2)
+    });
+    assert!(!first.run.is_empty() && first.start > 0, "{first}");
+
+    // The job is requeued: its Comment keeps the old coordinator's address until the
+    // next run publishes its own. bftuser2 takes that address.
+    let rc = l.c.run("scontrol", &["requeue", &job.to_string()]);
+    assert!(rc.is_ok(), "{rc:?}");
+    let (host, port) = first.coord.rsplit_once(':').unwrap();
+    let log = lair.join("impostor.log");
+    let mut impostor = Command::new("runuser")
+        .args(["-u", &attacker, "--", "python3", "-c", IMPOSTOR, host, port])
+        .arg(job.to_string())
+        .arg(&first.run)
+        .arg(&log)
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    struct Kill<'a>(&'a mut std::process::Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            // SAFETY: signalling the process group we made for runuser and python.
+            unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+            let _ = self.0.wait();
+        }
+    }
+    let _k = Kill(&mut impostor);
+    l.wait(90, "the impostor to hold the old address", || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|s| s.contains("listening"))
+    });
+
+    // The next run: a new run id and start time; it grows to 2 nodes again.
+    let second = l.wait(240, "the requeued job to train on 2 nodes in a new run", || {
+        comment(&l, job).filter(|c| c.run != first.run && c.nodes == 2)
+    });
+    assert_ne!(second.start, first.start, "{second}");
+
+    // bftuser2 against the new coordinator: a store write and a flood, unauthenticated.
+    let s = TcpStream::connect(&second.coord).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    (&s).write_all(b"{\"t\":\"kv\",\"op\":\"set\",\"key\":\"g1/decision\",\"value\":\"00\",\"worker\":\"1.0\",\"id\":1}\n")
+        .unwrap();
+    line.clear();
+    r.read_line(&mut line).unwrap();
+    assert!(line.contains("expected a hello"), "{line}");
+    let flood = Command::new("runuser")
+        .args(["-u", &attacker, "--", "python3", "-c"])
+        .arg(
+            "import socket,sys\nh,p=sys.argv[1].rsplit(':',1)\nsocks=[]\nfor i in range(300):\n    try:\n        socks.append(socket.create_connection((h,int(p)),timeout=2))\n    except OSError:\n        pass\nimport time; time.sleep(3)\nprint(len(socks))",
+        )
+        .arg(&second.coord)
+        .output()
+        .unwrap();
+    assert!(flood.status.success(), "{}", String::from_utf8_lossy(&flood.stderr));
+
+    // The job is unharmed: it finishes, every sample once per epoch in the last run.
+    l.wait(400, "the elastic job to complete", || {
+        let s = l.state_of(job);
+        (!["RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED"].contains(&s.as_str()))
+            .then_some(())
+    });
+    let text = job_out(&work);
+    assert_eq!(l.state_of(job), "COMPLETED", "job output:\n{text}");
+    let check = Command::new(venv.join("bin/python"))
+        .arg(repo.join("wrappers/python/tests/check_samples.py"))
+        .arg(work.join("samples.1"))
+        .args(["2048", "4"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stdout).to_string()
+        + &String::from_utf8_lossy(&check.stderr);
+    assert!(check.status.success(), "sample check failed: {said}");
+    let seen = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !seen.contains("hello "),
+        "an agent of the job followed the stale address to the impostor:\n{seen}"
+    );
+    assert!(
+        text.contains("closing connections from"),
+        "the flood was not capped:\n{text}"
+    );
+    eprintln!("impostor saw: {seen:?}\n{said}");
 }

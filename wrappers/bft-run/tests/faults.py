@@ -118,6 +118,7 @@ def main() -> int:
     extras: List[subprocess.Popen] = []
     faults: List[Dict] = []
     targets: List[str] = []
+    leavers: List[str] = []
     ok = False
     try:
         while not os.path.exists(coord_file) or not open(coord_file).read().endswith("\n"):
@@ -156,9 +157,12 @@ def main() -> int:
                 # newcomer joins (and the oldest extra agent leaves, gracefully, to
                 # keep the world small).
                 newcomer()
-                live = [p for p in extras[:-1] if p.poll() is None]
+                live = [i for i, p in enumerate(extras[:-1]) if p.poll() is None]
                 if len(live) > 1:
-                    live[0].send_signal(signal.SIGTERM)
+                    extras[live[0]].send_signal(signal.SIGTERM)
+                    # Its agent id (the core's are 1 and 2): a worker of a leaving agent
+                    # that is not a member yet is stopped at once, by design.
+                    leavers.append(f"{live[0] + 3}.")
 
             def latest_row(worker: str):
                 return max((x for x in trace.rows if x[1] == worker), key=lambda x: x[0])
@@ -208,6 +212,14 @@ def main() -> int:
                 lambda: any(x[5] == "step" and x[3] > gen and x[0] > at for x in trace.rows),
                 f"training to go on after {sig} of {w} ({target}, {phase})",
             )
+            if sig == "TERM" and target != "newcomer":
+                # The worker left for good: a newcomer keeps the world at two.
+                newcomer()
+                agent_of = str(len(extras) + 2) + "."
+                wait_for(
+                    lambda: any(x[5] == "entered" and x[1].startswith(agent_of) for x in trace.rows),
+                    "a newcomer in place of the leaver",
+                )
             if sig in ("KILL", "STOP"):
                 agent_of = w.split(".")[0] + "."
                 wait_for(
@@ -224,9 +236,6 @@ def main() -> int:
 
             wait_for(quiet, "a quiet membership")
             del since
-            if sig == "TERM" and target != "newcomer":
-                # The worker left for good: a newcomer keeps the world at two.
-                newcomer()
         rc = core.wait(timeout=900)
         for p in extras:
             try:
@@ -250,13 +259,15 @@ def main() -> int:
             if not seen:
                 raise AssertionError(f"no sign that {w} was noticed ({sig})")
             f["detected_s"] = round(min(seen) - f["at"], 3)
-            bound = HANG + 3.0 if sig == "STOP" else 5.0 + step
+            # Loose enough for a loaded CI machine; docs/benchmarks.md has the figures.
+            bound = HANG + 6.0 if sig == "STOP" else 8.0 + step
             if f["detected_s"] > bound:
                 raise AssertionError(f"{w} ({sig}) noticed after {f['detected_s']} s, over {bound} s")
             print("FAULT " + json.dumps(f), flush=True)
         victims = set(re.findall(r"worker (\d+\.\d+) on \S+ was killed by signal", log))
         victims |= set(re.findall(r"dropping ((?:\d+\.\d+ ?)+) \(", log))
         innocent = {v for vs in victims for v in vs.split()} - set(targets)
+        innocent = {v for v in innocent if not any(v.startswith(p) for p in leavers)}
         if innocent:
             raise AssertionError(f"healthy workers were killed or dropped: {sorted(innocent)}")
         sys.path.insert(0, CHECK)
