@@ -27,6 +27,7 @@ p.add_argument("--log-dir", default=None, help="write each rank's samples per st
 p.add_argument("--checkpoint-dir", default=None, help="checkpoint here every --checkpoint-every commits")
 p.add_argument("--checkpoint-every", type=int, default=0)
 p.add_argument("--timeline", default=None, help="rank 0 appends 'time step world generation' per step here")
+p.add_argument("--report-rss", action="store_true", help="every rank prints its peak RSS at the end (benchmarks)")
 args = p.parse_args()
 
 # The data: y = a nonlinear function of x, the same on every worker (fixed seed).
@@ -89,6 +90,10 @@ def train(state):
         final = torch.nn.functional.mse_loss(model(X), Y).item()
     if bftrainer.rank() == 0:
         print(f"final loss {final:.5f} after {state.step} steps, {state.samples} samples", flush=True)
+    if args.report_rss:
+        import resource
+
+        print(f"rss {bftrainer.rank()} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f}", flush=True)
 
 
 train(state)
