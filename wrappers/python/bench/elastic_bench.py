@@ -159,12 +159,13 @@ def native_events(bft: str, py: str, d: str, munge: str, rounds: int):
                             env=e, stdout=subprocess.DEVNULL, stderr=errlog)
     while not (os.path.exists(coord_file) and open(coord_file).read().endswith("\n")):
         time.sleep(0.05)
-    coord = open(coord_file).read().strip()
+    coord, job, run = open(coord_file).read().split()
     wait_for(tl, lambda t: len(t) > 100, 120, "training to start")
     marks = []
 
     def extra(name: str) -> subprocess.Popen:
-        return subprocess.Popen([bft, "--agent", "--coord", coord, "--node-name", name], env=e,
+        return subprocess.Popen([bft, "--agent", "--coord", coord, "--coord-job", job, "--coord-run", run,
+                                 "--node-name", name], env=e,
                                 stdout=subprocess.DEVNULL, stderr=errlog, start_new_session=True)
 
     try:
