@@ -29,6 +29,15 @@ use std::time::{Duration, Instant};
 const SAMPLES: usize = 4096;
 const EPOCHS: usize = 10;
 
+/// The main test's step time and data: 0.05 s steps by default; `BFT_TEST_STEP=5` runs
+/// it with 5 s steps (and less data, one epoch: a few minutes), as issue 19 asks.
+fn step_and_data() -> (String, usize, usize) {
+    match std::env::var("BFT_TEST_STEP") {
+        Ok(s) if s.parse::<f64>().is_ok_and(|v| v >= 1.0) => (s, 2048, 1),
+        _ => ("0.05".into(), SAMPLES, EPOCHS),
+    }
+}
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
@@ -178,13 +187,14 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     let _show = ShowOutput(work.clone());
     let script = work.join("train.sbatch");
     let repo = repo();
+    let (step, samples, epochs) = step_and_data();
     std::fs::write(
         &script,
         format!(
             "#!/bin/bash\n#SBATCH -J train\n#SBATCH -o {work}/job.out\n\
              export PYTHONPATH={repo}/wrappers/python/src\n\
              exec {bft} -- {venv}/bin/python {repo}/wrappers/python/examples/train.py \
-             --samples {SAMPLES} --batch 16 --epochs {EPOCHS} --step-sleep 0.05 --log-dir {work}/samples\n",
+             --samples {samples} --batch 16 --epochs {epochs} --step-sleep {step} --log-dir {work}/samples\n",
             work = work.display(),
             repo = repo.display(),
             bft = bft.display(),
@@ -298,18 +308,20 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
         .and_then(|r| r.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no final loss in the output:\n{text}"));
-    assert!(loss < 0.1, "final loss {loss}:\n{text}");
+    // One short epoch (the 5 s variant) does not get as far as ten.
+    let good = if epochs > 1 { 0.1 } else { 0.5 };
+    assert!(loss < good, "final loss {loss}:\n{text}");
     let check = Command::new(venv.join("bin/python"))
         .arg(repo.join("wrappers/python/tests/check_samples.py"))
         .arg(work.join("samples"))
-        .args([SAMPLES.to_string(), EPOCHS.to_string()])
+        .args([samples.to_string(), epochs.to_string()])
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&check.stdout).to_string()
         + &String::from_utf8_lossy(&check.stderr);
     assert!(check.status.success(), "sample check failed: {said}");
     assert!(
-        said.contains(&format!("{} samples", SAMPLES * EPOCHS)),
+        said.contains(&format!("{} samples", samples * epochs)),
         "{said}"
     );
     eprintln!("{said}");

@@ -268,7 +268,10 @@ class _Runtime:
                     print(f"bftrainer: aborting the NCCL communicator failed: {e}", file=sys.stderr, flush=True)
         self._abandoned.append(pg)
         del self._abandoned[:-4]
-        dist.destroy_process_group()
+        try:
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001 - an aborted group may refuse; it is left anyway
+            print(f"bftrainer: leaving the old process group: {e}", file=sys.stderr, flush=True)
 
     def leave(self) -> None:
         """Not in the new generation: the step is committed, so leave without a rollback."""
