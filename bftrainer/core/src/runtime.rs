@@ -104,7 +104,13 @@ mod tests {
         );
         let back = RunComment::parse(&s).unwrap();
         assert_eq!(
-            (back.coord.as_str(), back.run.as_str(), back.start, back.gen, back.nodes),
+            (
+                back.coord.as_str(),
+                back.run.as_str(),
+                back.start,
+                back.gen,
+                back.nodes
+            ),
             ("10.0.0.7:41234", "0a1b", 1_795_000_000, 12, 3)
         );
         assert!((back.rate - 1234.6).abs() < 1e-9);

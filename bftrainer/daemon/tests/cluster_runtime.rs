@@ -155,6 +155,48 @@ fn munge_as(user: &str, socket: &Path, payload: &str) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+/// Writes `work`/train.sbatch (bft-run over examples/train.py with `train_args`, more
+/// `#SBATCH` lines in `sbatch_lines`) and submits it as bftuser with `elastic`.
+fn submit_training(
+    l: &Live,
+    work: &Path,
+    elastic: &str,
+    sbatch_lines: &str,
+    train_args: &str,
+) -> u32 {
+    let script = work.join("train.sbatch");
+    let repo = repo();
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n#SBATCH -J train\n#SBATCH -o {work}/job.out\n{sbatch_lines}\
+             export PYTHONPATH={repo}/wrappers/python/src\n\
+             exec {bft} -- {venv}/bin/python {repo}/wrappers/python/examples/train.py {train_args}\n",
+            work = work.display(),
+            repo = repo.display(),
+            bft = bft_run().display(),
+            venv = venv().display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    l.sbatch_as_user(&[elastic, script.to_str().unwrap()], Some(work))
+}
+
+/// check_samples.py over a run's sample logs: every sample once per epoch. Its report.
+fn check_samples(dir: &Path, samples: usize, epochs: usize) -> String {
+    let check = Command::new(venv().join("bin/python"))
+        .arg(repo().join("wrappers/python/tests/check_samples.py"))
+        .arg(dir)
+        .args([samples.to_string(), epochs.to_string()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stdout).to_string()
+        + &String::from_utf8_lossy(&check.stderr);
+    assert!(check.status.success(), "sample check failed: {said}");
+    said
+}
+
 /// Prints the job's output if the test fails (the directory goes with the test).
 struct ShowOutput(PathBuf);
 
@@ -168,7 +210,7 @@ impl Drop for ShowOutput {
 
 #[test]
 fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
-    let venv = venv();
+    venv(); // fails at once, naming scripts/python-env, when torch is missing
     let bft = bft_run();
     let setup = live::setup_join("bftrt", "", "", &|_| {
         format!("{} --join {{parent}}", bft.display())
@@ -185,25 +227,17 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
         .unwrap();
     assert!(status.success());
     let _show = ShowOutput(work.clone());
-    let script = work.join("train.sbatch");
-    let repo = repo();
     let (step, samples, epochs) = step_and_data();
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/bash\n#SBATCH -J train\n#SBATCH -o {work}/job.out\n\
-             export PYTHONPATH={repo}/wrappers/python/src\n\
-             exec {bft} -- {venv}/bin/python {repo}/wrappers/python/examples/train.py \
-             --samples {samples} --batch 16 --epochs {epochs} --step-sleep {step} --log-dir {work}/samples\n",
-            work = work.display(),
-            repo = repo.display(),
-            bft = bft.display(),
-            venv = venv.display(),
+    let job = submit_training(
+        &l,
+        &work,
+        "--elastic=1:4",
+        "",
+        &format!(
+            "--samples {samples} --batch 16 --epochs {epochs} --step-sleep {step} --log-dir {}/samples",
+            work.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let job = l.sbatch_as_user(&["--elastic=1:4", script.to_str().unwrap()], Some(&work));
+    );
 
     // 1. Starts on 1 node, grows to 4: the runtime publishes 4 nodes in generation.
     let c = l.wait(120, "the runtime to train on 4 nodes", || {
@@ -311,15 +345,7 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     // One short epoch (the 5 s variant) does not get as far as ten.
     let good = if epochs > 1 { 0.1 } else { 0.5 };
     assert!(loss < good, "final loss {loss}:\n{text}");
-    let check = Command::new(venv.join("bin/python"))
-        .arg(repo.join("wrappers/python/tests/check_samples.py"))
-        .arg(work.join("samples"))
-        .args([samples.to_string(), epochs.to_string()])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&check.stdout).to_string()
-        + &String::from_utf8_lossy(&check.stderr);
-    assert!(check.status.success(), "sample check failed: {said}");
+    let said = check_samples(&work.join("samples"), samples, epochs);
     assert!(
         said.contains(&format!("{} samples", samples * epochs)),
         "{said}"
@@ -358,7 +384,7 @@ while True:
 
 #[test]
 fn cluster_runtime_another_user_cannot_reach_a_requeued_job_through_its_old_address() {
-    let venv = venv();
+    venv(); // fails at once, naming scripts/python-env, when torch is missing
     let bft = bft_run();
     let setup = live::setup_join("bftatk", "", "", &|_| {
         format!("{} --join {{parent}}", bft.display())
@@ -371,28 +397,24 @@ fn cluster_runtime_another_user_cannot_reach_a_requeued_job_through_its_old_addr
     let lair = l.dir.join("attacker");
     for (d, who) in [(&work, &user), (&lair, &attacker)] {
         std::fs::create_dir_all(d).unwrap();
-        assert!(Command::new("chown").arg(who).arg(d).status().unwrap().success());
+        assert!(Command::new("chown")
+            .arg(who)
+            .arg(d)
+            .status()
+            .unwrap()
+            .success());
     }
     let _show = ShowOutput(work.clone());
-    let script = work.join("train.sbatch");
-    let repo = repo();
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/bash\n#SBATCH -J train\n#SBATCH -o {work}/job.out\n#SBATCH --open-mode=append\n\
-             export PYTHONPATH={repo}/wrappers/python/src\n\
-             exec {bft} -- {venv}/bin/python {repo}/wrappers/python/examples/train.py \
-             --samples 2048 --batch 16 --epochs 4 --step-sleep 0.1 \
-             --log-dir {work}/samples.${{SLURM_RESTART_COUNT:-0}}\n",
-            work = work.display(),
-            repo = repo.display(),
-            bft = bft.display(),
-            venv = venv.display(),
+    let job = submit_training(
+        &l,
+        &work,
+        "--elastic=1:2",
+        "#SBATCH --open-mode=append\n",
+        &format!(
+            "--samples 2048 --batch 16 --epochs 4 --step-sleep 0.1 --log-dir {}/samples.${{SLURM_RESTART_COUNT:-0}}",
+            work.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let job = l.sbatch_as_user(&["--elastic=1:2", script.to_str().unwrap()], Some(&work));
+    );
     let first = l.wait(120, "the runtime to train on 2 nodes", || {
         comment(&l, job).filter(|c| c.nodes == 2)
     });
@@ -428,9 +450,11 @@ fn cluster_runtime_another_user_cannot_reach_a_requeued_job_through_its_old_addr
     });
 
     // The next run: a new run id and start time; it grows to 2 nodes again.
-    let second = l.wait(240, "the requeued job to train on 2 nodes in a new run", || {
-        comment(&l, job).filter(|c| c.run != first.run && c.nodes == 2)
-    });
+    let second = l.wait(
+        240,
+        "the requeued job to train on 2 nodes in a new run",
+        || comment(&l, job).filter(|c| c.run != first.run && c.nodes == 2),
+    );
     assert_ne!(second.start, first.start, "{second}");
 
     // bftuser2 against the new coordinator: a store write and a flood, unauthenticated.
@@ -452,25 +476,28 @@ fn cluster_runtime_another_user_cannot_reach_a_requeued_job_through_its_old_addr
         .arg(&second.coord)
         .output()
         .unwrap();
-    assert!(flood.status.success(), "{}", String::from_utf8_lossy(&flood.stderr));
+    assert!(
+        flood.status.success(),
+        "{}",
+        String::from_utf8_lossy(&flood.stderr)
+    );
 
     // The job is unharmed: it finishes, every sample once per epoch in the last run.
     l.wait(400, "the elastic job to complete", || {
         let s = l.state_of(job);
-        (!["RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED"].contains(&s.as_str()))
-            .then_some(())
+        (![
+            "RUNNING",
+            "PENDING",
+            "CONFIGURING",
+            "COMPLETING",
+            "REQUEUED",
+        ]
+        .contains(&s.as_str()))
+        .then_some(())
     });
     let text = job_out(&work);
     assert_eq!(l.state_of(job), "COMPLETED", "job output:\n{text}");
-    let check = Command::new(venv.join("bin/python"))
-        .arg(repo.join("wrappers/python/tests/check_samples.py"))
-        .arg(work.join("samples.1"))
-        .args(["2048", "4"])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&check.stdout).to_string()
-        + &String::from_utf8_lossy(&check.stderr);
-    assert!(check.status.success(), "sample check failed: {said}");
+    let said = check_samples(&work.join("samples.1"), 2048, 4);
     let seen = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
         !seen.contains("hello "),

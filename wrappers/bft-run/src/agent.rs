@@ -38,6 +38,7 @@ pub struct AgentOptions {
 }
 
 const TAIL_LINES: usize = 20;
+const TAIL_LINE_MAX: usize = 400;
 
 /// Variables that describe this node, not the job: the coordinator does not pass its
 /// own to the workers; each agent gives its workers the node's (CUDA_VISIBLE_DEVICES
@@ -95,8 +96,28 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
     let lost = |e: String| (2, format!("coordinator at {}: {e}", o.coord));
     // A coordinator over its cap of unauthenticated connections (a flood) closes new
     // ones at once: try again for a while.
-    let mut tries = 0;
-    let (host, mut rd, mut wr, ch) = loop {
+    // SAFETY: getuid cannot fail.
+    let me = unsafe { libc::getuid() };
+    let mut tries = 0u32;
+    // Closed without a word (before the challenge or the welcome): the coordinator is
+    // busy or flooded and closed this unauthenticated connection; try again.
+    let again = |tries: &mut u32| -> Option<Duration> {
+        if *tries >= 100 {
+            return None;
+        }
+        if *tries == 0 {
+            say!(
+                "bft-run: the coordinator at {} closed the connection before its welcome (busy, or flooded?); trying again for five minutes",
+                o.coord
+            );
+        }
+        *tries += 1;
+        // 0.1 s, doubling up to 5 s: about five minutes in all.
+        Some(Duration::from_secs_f64(
+            (0.1 * 2f64.powi((*tries).min(6) as i32)).min(5.0),
+        ))
+    };
+    let (host, mut rd, mut wr, job, run, anonce, welcome) = loop {
         let sock = TcpStream::connect(&o.coord).await.map_err(|e| {
             let whose = match &o.coord_job {
                 Some(j) => format!("coordinator of job {j}"),
@@ -108,7 +129,7 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
             .local_addr()
             .map(|a| a.ip().to_string())
             .unwrap_or_else(|_| "127.0.0.1".into());
-        let (rd, wr) = sock.into_split();
+        let (rd, mut wr) = sock.into_split();
         let mut rd = BufReader::new(rd);
         let ch = tokio::time::timeout(
             Duration::from_secs(20),
@@ -116,70 +137,77 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         )
         .await
         .map_err(|_| lost("no challenge within 20 s".into()))?;
-        match ch {
-            Ok(Some(ch)) => break (host, rd, wr, ch),
-            Ok(None) | Err(_) if tries < 60 => {
-                if tries == 0 {
-                    say!(
-                        "bft-run: the coordinator at {} closed the connection before its challenge (busy?); trying again for a minute",
-                        o.coord
-                    );
+        let ch = match ch {
+            Ok(Some(ch)) => ch,
+            Ok(None) | Err(_) => match again(&mut tries) {
+                Some(p) => {
+                    tokio::time::sleep(p).await;
+                    continue;
                 }
-                tries += 1;
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            Ok(None) => return Err(lost("closed the connection".into())),
-            Err(e) => return Err(lost(e)),
-        }
-    };
-    let their = ch.get("proto").and_then(Value::as_u64).unwrap_or(0);
-    if proto::t(&ch) != "challenge" || their != PROTO {
-        return Err((
-            2,
-            format!(
-                "version mismatch: the coordinator at {} speaks protocol {their}, this agent {PROTO} (bft-run {}); use the same bft-run on every node",
-                o.coord,
-                env!("CARGO_PKG_VERSION")
-            ),
-        ));
-    }
-    let job = proto::str_field(&ch, "job").map_err(lost)?.to_string();
-    let run = proto::id_field(&ch, "run").map_err(lost)?.to_string();
-    let nonce = proto::id_field(&ch, "nonce").map_err(lost)?.to_string();
-    let meant = |what: &str, want: &Option<String>, got: &str| -> Result<(), (i32, String)> {
-        match want {
-            Some(w) if w != got => Err((
+                None => return Err(lost("closed the connection".into())),
+            },
+        };
+        let their = ch.get("proto").and_then(Value::as_u64).unwrap_or(0);
+        if proto::t(&ch) != "challenge" || their != PROTO {
+            return Err((
                 2,
                 format!(
-                    "the party at {} answers for {what} {}, not {what} {w} (a stale address?); not joining it",
+                    "version mismatch: the coordinator at {} speaks protocol {their}, this agent {PROTO} (bft-run {}); use the same bft-run on every node",
                     o.coord,
-                    brief(got)
+                    env!("CARGO_PKG_VERSION")
                 ),
-            )),
-            _ => Ok(()),
+            ));
+        }
+        let job = proto::str_field(&ch, "job").map_err(lost)?.to_string();
+        let run = proto::id_field(&ch, "run").map_err(lost)?.to_string();
+        let nonce = proto::id_field(&ch, "nonce").map_err(lost)?.to_string();
+        let meant = |what: &str, want: &Option<String>, got: &str| -> Result<(), (i32, String)> {
+            match want {
+                Some(w) if w != got => Err((
+                    2,
+                    format!(
+                        "the party at {} answers for {what} {}, not {what} {w} (a stale address?); not joining it",
+                        o.coord,
+                        brief(got)
+                    ),
+                )),
+                _ => Ok(()),
+            }
+        };
+        meant("job", &o.coord_job, &job)?;
+        meant("run", &o.coord_run, &run)?;
+        let anonce = proto::fresh_id();
+        let munge = o.munge.clone();
+        let payload = proto::agent_payload(&job, &run, &o.coord, &nonce, &anonce);
+        let cred = tokio::task::spawn_blocking(move || munge.encode(&payload, me))
+            .await
+            .map_err(|e| (2, e.to_string()))?
+            .map_err(|e| (2, e))?;
+        let hello = json!({
+            "t": "hello", "proto": PROTO, "cred": cred, "host": host, "anonce": anonce,
+            "node": o.node_name, "slurm_job": o.slurm_job, "nproc": o.local_nproc,
+        });
+        if wr.write_all(proto::line(&hello).as_bytes()).await.is_err() {
+            if let Some(p) = again(&mut tries) {
+                tokio::time::sleep(p).await;
+                continue;
+            }
+            return Err(lost("closed the connection".into()));
+        }
+        let welcome = tokio::time::timeout(Duration::from_secs(60), proto::read_msg(&mut rd))
+            .await
+            .map_err(|_| lost("no answer to hello within 60 s".into()))?;
+        match welcome {
+            Ok(Some(w)) => break (host, rd, wr, job, run, anonce, w),
+            Ok(None) | Err(_) => match again(&mut tries) {
+                Some(p) => {
+                    tokio::time::sleep(p).await;
+                    continue;
+                }
+                None => return Err(lost("closed the connection".into())),
+            },
         }
     };
-    meant("job", &o.coord_job, &job)?;
-    meant("run", &o.coord_run, &run)?;
-    let anonce = proto::fresh_id();
-    let munge = o.munge.clone();
-    let payload = proto::agent_payload(&job, &run, &o.coord, &nonce, &anonce);
-    let cred = tokio::task::spawn_blocking(move || munge.encode(&payload))
-        .await
-        .map_err(|e| (2, e.to_string()))?
-        .map_err(|e| (2, e))?;
-    let hello = json!({
-        "t": "hello", "proto": PROTO, "cred": cred, "host": host, "anonce": anonce,
-        "node": o.node_name, "slurm_job": o.slurm_job, "nproc": o.local_nproc,
-    });
-    wr.write_all(proto::line(&hello).as_bytes())
-        .await
-        .map_err(|e| lost(e.to_string()))?;
-    let welcome = tokio::time::timeout(Duration::from_secs(60), proto::read_msg(&mut rd))
-        .await
-        .map_err(|_| lost("no answer to hello within 60 s".into()))?
-        .map_err(lost)?
-        .ok_or_else(|| lost("closed the connection".into()))?;
     if proto::t(&welcome) == "error" {
         let why = welcome.get("msg").and_then(Value::as_str).unwrap_or("?");
         return Err((
@@ -201,8 +229,6 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
     let decoded = tokio::task::spawn_blocking(move || munge.decode(&their_cred))
         .await
         .map_err(|e| (2, e.to_string()))?;
-    // SAFETY: getuid cannot fail.
-    let me = unsafe { libc::getuid() };
     let proof = decoded.and_then(|d| {
         if d.uid != me {
             Err(format!(
@@ -737,14 +763,26 @@ fn spawn_worker(
         let id = id.to_string();
         let tail = tail.clone();
         tokio::spawn(async move {
-            let mut lines = BufReader::new(e).lines();
-            while let Ok(Some(l)) = lines.next_line().await {
+            // Bytes, not text: a line that is not UTF-8 must not stop the reading (the
+            // worker's next write would fail on a closed pipe).
+            let mut r = BufReader::new(e);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                match r.read_until(b'\n', &mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                let l = String::from_utf8_lossy(&buf);
+                let l = l.trim_end_matches(['\n', '\r']);
                 say!("[{id}] {l}");
+                // The tail travels to the coordinator: each line at most TAIL_LINE_MAX
+                // bytes, so that the message stays far under the line limit.
                 let mut t = tail.lock().unwrap();
                 if t.len() == TAIL_LINES {
                     t.pop_front();
                 }
-                t.push_back(l);
+                t.push_back(proto::clip(l, TAIL_LINE_MAX));
             }
         })
     });

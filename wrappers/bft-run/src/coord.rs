@@ -155,12 +155,14 @@ struct Shared {
     kv: Kv,
 }
 
-/// Unauthenticated connections now, in all and per address.
+/// Unauthenticated connections now, oldest first: over a cap, the oldest (of that
+/// address, or in all) is closed to make room, so that idle connections cannot keep a
+/// genuine agent out.
 #[derive(Default)]
 struct Gate {
-    total: usize,
-    per_peer: HashMap<IpAddr, usize>,
-    /// When a refusal for being over a cap was last logged (one line per 10 s).
+    open: std::collections::VecDeque<(u64, IpAddr, Arc<Notify>)>,
+    next: u64,
+    /// When an eviction was last logged (one line per 10 s).
     logged: Option<Instant>,
 }
 
@@ -310,7 +312,7 @@ impl Coordinator {
                 for a in s.agents.values() {
                     let _ = a.tx.send(line.clone());
                 }
-                let failed = s.kv.abandon(|g| g == gen);
+                let failed = s.kv.abort(gen);
                 self.answer(s, failed);
             }
             Outcome::End { code, reason } => {
@@ -335,11 +337,9 @@ impl Coordinator {
         // until the new generation's progress reports give one; bftrainerd would
         // otherwise record it against the new node count.
         s.progress.reset(g.gen);
-        // Keys of generations that no member can still be entering.
-        s.kv.prune_before(g.gen.saturating_sub(2));
         if !g.dead.is_empty() {
             // Setups of the earlier generations wait for members that are gone.
-            let failed = s.kv.abandon(|old| old < g.gen);
+            let failed = s.kv.abandon_below(g.gen);
             self.answer(s, failed);
         }
         let line = proto::line(&json!({
@@ -439,10 +439,6 @@ impl Coordinator {
         loop {
             match listener.accept().await {
                 Ok((sock, addr)) => {
-                    if !self.admit(addr.ip()) {
-                        drop(sock);
-                        continue;
-                    }
                     let me = self.clone();
                     tokio::spawn(async move { me.connection(sock, addr.ip()).await });
                 }
@@ -454,37 +450,43 @@ impl Coordinator {
         }
     }
 
-    /// Counts a new unauthenticated connection, or refuses it over a cap.
-    fn admit(&self, ip: IpAddr) -> bool {
+    /// Counts a new unauthenticated connection; over a cap, closes the oldest one of
+    /// the same address (or the oldest of all) to make room. Its id and the signal
+    /// that closes it.
+    fn admit(&self, ip: IpAddr) -> (u64, Arc<Notify>) {
         let mut g = self.gate.lock().unwrap();
-        let mine = g.per_peer.get(&ip).copied().unwrap_or(0);
-        if g.total >= MAX_UNAUTH || mine >= MAX_UNAUTH_PER_PEER {
-            if g.logged
-                .map_or(true, |t| t.elapsed() > Duration::from_secs(10))
-            {
-                g.logged = Some(Instant::now());
-                say!(
-                    "bft-run: {} closing connections from {ip}: over {} unauthenticated connections (at most {MAX_UNAUTH} in all, {MAX_UNAUTH_PER_PEER} from one address)",
-                    ts(),
-                    if mine >= MAX_UNAUTH_PER_PEER { mine } else { g.total }
-                );
+        let mine = g.open.iter().filter(|(_, a, _)| *a == ip).count();
+        let evict = if mine >= MAX_UNAUTH_PER_PEER {
+            g.open.iter().position(|(_, a, _)| *a == ip)
+        } else if g.open.len() >= MAX_UNAUTH {
+            Some(0)
+        } else {
+            None
+        };
+        if let Some(i) = evict {
+            if let Some((_, who, kick)) = g.open.remove(i) {
+                kick.notify_one();
+                if g.logged
+                    .map_or(true, |t| t.elapsed() > Duration::from_secs(10))
+                {
+                    g.logged = Some(Instant::now());
+                    say!(
+                        "bft-run: {} closing connections from {who} that did not authenticate: over {} unauthenticated connections (at most {MAX_UNAUTH} in all, {MAX_UNAUTH_PER_PEER} from one address)",
+                        ts(),
+                        if mine >= MAX_UNAUTH_PER_PEER { mine } else { g.open.len() + 1 }
+                    );
+                }
             }
-            return false;
         }
-        g.total += 1;
-        *g.per_peer.entry(ip).or_insert(0) += 1;
-        true
+        g.next += 1;
+        let id = g.next;
+        let kick = Arc::new(Notify::new());
+        g.open.push_back((id, ip, kick.clone()));
+        (id, kick)
     }
 
-    fn unadmit(&self, ip: IpAddr) {
-        let mut g = self.gate.lock().unwrap();
-        g.total = g.total.saturating_sub(1);
-        if let Some(n) = g.per_peer.get_mut(&ip) {
-            *n -= 1;
-            if *n == 0 {
-                g.per_peer.remove(&ip);
-            }
-        }
+    fn unadmit(&self, id: u64) {
+        self.gate.lock().unwrap().open.retain(|(i, _, _)| *i != id);
     }
 
     async fn connection(self: Arc<Self>, sock: TcpStream, ip: IpAddr) {
@@ -494,8 +496,15 @@ impl Coordinator {
             .unwrap_or_else(|_| "?".into());
         let (rd, mut wr) = sock.into_split();
         let mut rd = BufReader::new(rd);
-        let greeted = self.greet(&mut rd, &mut wr).await;
-        self.unadmit(ip);
+        let (gate_id, evicted) = self.admit(ip);
+        // The whole greeting (the credential checks' queue included) within 10 s.
+        let greeted = tokio::select! {
+            r = tokio::time::timeout(Duration::from_secs(10), self.greet(&mut rd, &mut wr)) => {
+                r.unwrap_or_else(|_| Err("no hello within 10 s".into()))
+            }
+            _ = evicted.notified() => return,
+        };
+        self.unadmit(gate_id);
         let (host, nproc, mut welcome) = match greeted {
             Ok(x) => x,
             Err(why) => return refuse(&mut wr, &peer, &why).await,
@@ -589,21 +598,16 @@ impl Coordinator {
         wr.write_all(proto::line(&challenge).as_bytes())
             .await
             .map_err(|e| format!("write failed: {e}"))?;
-        let hello = match tokio::time::timeout(
-            Duration::from_secs(10),
-            proto::read_msg_max(rd, proto::MAX_HELLO),
-        )
-        .await
-        {
-            Ok(Ok(Some(v))) => v,
-            Ok(Ok(None)) => return Err("closed before its hello".into()),
-            Ok(Err(e)) => return Err(e),
-            Err(_) => return Err("no hello within 10 s".into()),
+        let hello = match proto::read_msg_max(rd, proto::MAX_HELLO).await {
+            Ok(Some(v)) => v,
+            Ok(None) => return Err("closed before its hello".into()),
+            Err(e) => return Err(e),
         };
         let (host, nproc, anonce) = self.check_hello(&hello, &nonce).await?;
         let munge = self.cfg.munge.clone();
         let payload = proto::coord_payload(&self.cfg.job, &self.cfg.run, &anonce);
-        let cred = tokio::task::spawn_blocking(move || munge.encode(&payload))
+        let owner = self.cfg.uid;
+        let cred = tokio::task::spawn_blocking(move || munge.encode(&payload, owner))
             .await
             .map_err(|e| format!("credential failed: {e}"))?
             .map_err(|e| format!("cannot prove this coordinator to the agent: {e}"))?;
@@ -738,10 +742,13 @@ impl Coordinator {
                 }
                 let out = s.m.exited(&w, code, &format!("on {host}"));
                 if let Outcome::End { reason, .. } = &out {
-                    let tail = msg.get("stderr_tail").and_then(Value::as_str).unwrap_or("");
+                    let tail = proto::clip(
+                        msg.get("stderr_tail").and_then(Value::as_str).unwrap_or(""),
+                        16 << 10,
+                    );
                     say!(
                         "bft-run: {reason}; last lines of its stderr:\n{}",
-                        if tail.is_empty() { "(none)" } else { tail }
+                        if tail.is_empty() { "(none)" } else { &tail }
                     );
                 } else if code < 0 && self.end_tx.borrow().is_none() {
                     let why = msg

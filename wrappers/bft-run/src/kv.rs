@@ -51,6 +51,10 @@ pub struct Kv {
     map: HashMap<String, Vec<u8>>,
     bytes: usize,
     waiters: Vec<Waiter>,
+    /// Generations below this one are abandoned (a member failed after they were
+    /// announced), and these too (aborted): a request on their keys fails at once.
+    abandoned_below: u64,
+    aborted: std::collections::BTreeSet<u64>,
 }
 
 impl Kv {
@@ -59,6 +63,21 @@ impl Kv {
     /// (this request's, and those of waiters the op released).
     pub fn apply(&mut self, asker: Asker, op: Op, now: f64, timeout: f64) -> Vec<(Asker, Reply)> {
         let mut out = Vec::new();
+        if let Some(g) = self.gone_gen(&op) {
+            out.push((
+                asker,
+                Reply::Error(format!("generation {g} was abandoned (a member failed)")),
+            ));
+            return out;
+        }
+        // A generation that formed: every member has left the setups of the earlier
+        // ones, whose keys can go.
+        let formed = match &op {
+            Op::CompareSet(k, _, d) if d.as_slice() == b"go" => k
+                .strip_suffix("/decision")
+                .and_then(|g| key_gen(&format!("{g}/"))),
+            _ => None,
+        };
         let wrote = match op {
             Op::Set(k, v) => match self.put(k, v) {
                 Ok(()) => {
@@ -161,7 +180,37 @@ impl Kv {
         if wrote {
             self.release(&mut out);
         }
+        if let Some(g) = formed.filter(|_| wrote) {
+            self.prune_before(g);
+        }
         out
+    }
+
+    /// The abandoned generation whose key (a `get` or `wait`) `op` asks for.
+    fn gone_gen(&self, op: &Op) -> Option<u64> {
+        let keys: Vec<&String> = match op {
+            Op::Get(k) => vec![k],
+            Op::Wait(ks) => ks.iter().collect(),
+            _ => return None,
+        };
+        keys.iter()
+            .filter_map(|k| key_gen(k))
+            .find(|g| *g < self.abandoned_below || self.aborted.contains(g))
+    }
+
+    /// Marks generation `gen` aborted and answers the waiters on its keys.
+    pub fn abort(&mut self, gen: u64) -> Vec<(Asker, Reply)> {
+        self.aborted.insert(gen);
+        while self.aborted.len() > 64 {
+            self.aborted.pop_first();
+        }
+        self.abandon(|g| g == gen)
+    }
+
+    /// Marks every generation below `gen` abandoned and answers their waiters.
+    pub fn abandon_below(&mut self, gen: u64) -> Vec<(Asker, Reply)> {
+        self.abandoned_below = self.abandoned_below.max(gen);
+        self.abandon(|g| g < gen)
     }
 
     fn put(&mut self, k: String, v: Vec<u8>) -> Result<(), String> {
@@ -223,7 +272,7 @@ impl Kv {
     /// Answers with an error the waiters on keys of the generations `gone` says are
     /// abandoned (a member failed): a process-group setup blocked on a dead member's
     /// key gives up at once instead of at its timeout.
-    pub fn abandon(&mut self, gone: impl Fn(u64) -> bool) -> Vec<(Asker, Reply)> {
+    fn abandon(&mut self, gone: impl Fn(u64) -> bool) -> Vec<(Asker, Reply)> {
         let mut out = Vec::new();
         self.waiters.retain(|w| {
             let Some(g) = w.keys.iter().find_map(|k| key_gen(k)).filter(|g| gone(*g)) else {
@@ -374,23 +423,48 @@ mod tests {
         kv.apply(who(4), Op::Wait(vec!["x".into()]), 0.0, 5.0);
         kv.forget_agent(1);
         assert!(kv.expire(100.0).is_empty());
-        // A setup waiting on a key of an abandoned generation is told at once.
+        // A setup waiting on a key of an abandoned generation is told at once, and so
+        // is one that asks later.
         kv.apply(who(5), Op::Get("g3/pg/rank1".into()), 0.0, 5.0);
         kv.apply(who(6), Op::Get("g4/pg/rank1".into()), 0.0, 5.0);
-        let out = kv.abandon(|g| g <= 3);
+        let out = kv.abandon_below(4);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].0, who(5));
         assert!(matches!(&out[0].1, Reply::Error(m) if m.contains("generation 3 was abandoned")));
+        let late = one(kv.apply(who(7), Op::Wait(vec!["g2/x".into()]), 0.0, 5.0));
+        assert!(matches!(late, Reply::Error(m) if m.contains("generation 2 was abandoned")));
+        let out = kv.abort(4);
+        assert_eq!(out.len(), 1, "the waiter on g4");
+        let late = one(kv.apply(who(8), Op::Get("g4/y".into()), 0.0, 5.0));
+        assert!(matches!(late, Reply::Error(_)));
+        assert!(
+            kv.apply(who(9), Op::Get("g5/y".into()), 0.0, 5.0)
+                .is_empty(),
+            "g5 is alive"
+        );
     }
 
     #[test]
-    fn old_generations_are_pruned_and_size_is_capped() {
+    fn old_generations_are_pruned_once_a_newer_one_formed_and_size_is_capped() {
         let mut kv = Kv::default();
         for k in ["g1/a", "g2/pg/x", "g3/b", "other"] {
             kv.apply(who(1), Op::Set(k.into(), vec![0; 10]), 0.0, 5.0);
         }
-        kv.prune_before(3);
-        assert_eq!(kv.len(), 2);
+        // "abandon" decides nothing: nothing goes.
+        kv.apply(
+            who(2),
+            Op::CompareSet("g3/decision".into(), vec![], b"abandon".to_vec()),
+            0.0,
+            5.0,
+        );
+        assert_eq!(kv.len(), 5);
+        kv.apply(
+            who(2),
+            Op::CompareSet("g4/decision".into(), vec![], b"go".to_vec()),
+            0.0,
+            5.0,
+        );
+        assert_eq!(kv.len(), 2, "g4/decision and other");
         let big = vec![0u8; MAX_BYTES];
         let e = one(kv.apply(who(2), Op::Set("big".into(), big), 0.0, 5.0));
         assert!(matches!(e, Reply::Error(m) if m.contains("full")));

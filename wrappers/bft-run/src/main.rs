@@ -625,7 +625,10 @@ mod tests {
         });
         let env = worker_env(vars.into_iter());
         let keys: Vec<&str> = env.keys().map(String::as_str).collect();
-        assert_eq!(keys, vec!["BFT_PG_TIMEOUT", "PATH", "PYTHONPATH", "SLURM_CONF"]);
+        assert_eq!(
+            keys,
+            vec!["BFT_PG_TIMEOUT", "PATH", "PYTHONPATH", "SLURM_CONF"]
+        );
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub struct Membership {
     finished_gen: Option<u64>,
     /// Why an agent stopped restarting its workers (ends the job once nobody is left).
     gave_up: Option<String>,
+    /// Generations aborted so far (each is aborted once).
+    aborted: BTreeSet<u64>,
     ended: bool,
 }
 
@@ -66,6 +68,7 @@ impl Membership {
             done: BTreeSet::new(),
             finished_gen: None,
             gave_up: None,
+            aborted: BTreeSet::new(),
             ended: false,
         }
     }
@@ -173,7 +176,15 @@ impl Membership {
     /// it rolls back and waits. The first report aborts the generation; once every
     /// member has reported, the members (and the newcomers) form a new generation.
     pub fn broken(&mut self, w: &str, gen: u64, now: f64) -> Outcome {
-        if gen != self.gen || !self.is_member(w) || self.ended || self.finished_gen.is_some() {
+        if self.ended || self.finished_gen.is_some() {
+            return Outcome::Nothing;
+        }
+        if gen < self.gen {
+            // A failure in an older generation some members may still be in (a newer
+            // one was announced meanwhile): they must give it up too.
+            return self.abort_old(w, gen);
+        }
+        if gen != self.gen || !self.is_member(w) {
             return Outcome::Nothing;
         }
         self.broken.insert(w.to_string());
@@ -185,6 +196,23 @@ impl Membership {
             return self.announce(members);
         }
         if first {
+            self.aborted.insert(gen);
+            Outcome::Abort(gen)
+        } else {
+            Outcome::Nothing
+        }
+    }
+
+    /// An abort of the older generation `gen`, once, if `w` was one of its members.
+    fn abort_old(&mut self, w: &str, gen: u64) -> Outcome {
+        let was = self
+            .history
+            .get(&gen)
+            .is_some_and(|m| m.iter().any(|x| x == w));
+        if was && self.aborted.insert(gen) {
+            while self.aborted.len() > 64 {
+                self.aborted.pop_first();
+            }
             Outcome::Abort(gen)
         } else {
             Outcome::Nothing
@@ -261,6 +289,20 @@ impl Membership {
             };
         }
         // Killed by a signal: a rollback for the others; its agent may restart it.
+        if !self.is_member(w) {
+            // A leaver that died before its step boundary: the generation it was
+            // leaving is still in its last collectives, which will not complete.
+            let last = self
+                .history
+                .iter()
+                .rev()
+                .find(|(_, m)| m.iter().any(|x| x == w))
+                .map(|(g, _)| *g);
+            if let Some(g) = last.filter(|g| *g < self.gen) {
+                self.pending.retain(|p| p != w);
+                return self.abort_old(w, g);
+            }
+        }
         self.drop_workers(&[w.to_string()], true)
     }
 
@@ -367,6 +409,25 @@ mod tests {
             (g.gen, names(&g), g.dead.len()),
             (3, vec!["a.0", "b.0", "d.0"], 0)
         );
+    }
+
+    #[test]
+    fn failures_in_an_older_generation_abort_it_once() {
+        let mut m = Membership::new(1, 5.0);
+        ann(m.ready("a.0"));
+        ann(m.ready("b.0")); // gen 2: a b
+        ann(m.ready("c.0")); // gen 3: a b c, while a and b may still be in gen 2
+        assert_eq!(m.broken("a.0", 2, 1.0), Outcome::Abort(2));
+        assert_eq!(m.broken("b.0", 2, 1.0), Outcome::Nothing, "once");
+        assert_eq!(
+            m.broken("c.0", 1, 1.0),
+            Outcome::Nothing,
+            "c was not in gen 1"
+        );
+        assert_eq!(m.gen(), 3, "no change of membership");
+        // b leaves (gen 4: a c) and dies before its step boundary: gen 3 is aborted.
+        ann(m.drop_workers(&ids(&["b.0"]), false));
+        assert_eq!(m.exited("b.0", -9, "on b"), Outcome::Abort(3));
     }
 
     #[test]

@@ -38,11 +38,14 @@ impl Munge {
         c
     }
 
-    /// A credential of this process's uid carrying `payload`.
-    pub fn encode(&self, payload: &str) -> Result<String, String> {
+    /// A credential of this process's uid carrying `payload`, that only a process of
+    /// uid `decoder` can decode (`munge --restrict-uid`): handed to an impostor, it is
+    /// of no use to it, nor to slurmctld (which would otherwise take it as the owner's
+    /// credential on an RPC).
+    pub fn encode(&self, payload: &str, decoder: u32) -> Result<String, String> {
         let out = self
             .cmd("munge")
-            .args(["-s", payload])
+            .args(["-u", &decoder.to_string(), "-s", payload])
             .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("cannot run munge: {e} (is the munge package installed?)"))?;

@@ -84,6 +84,18 @@ pub fn brief(s: &str) -> String {
     out
 }
 
+/// At most `max` bytes of `s` (cut at a character boundary, "..." added when cut).
+pub fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
 /// Reads one line (without the newline). `Ok(None)` at end of stream; an error for a
 /// line over [`MAX_LINE`], bad UTF-8 or bad JSON, or a JSON value without a string `t`.
 pub async fn read_msg<R: AsyncBufRead + Unpin>(r: &mut R) -> Result<Option<Value>, String> {
@@ -249,5 +261,7 @@ mod tests {
         assert_eq!(brief("a\u{1b}[2Jb\n"), "a?[2Jb?");
         let long = "x".repeat(500);
         assert_eq!(brief(&long).len(), 83);
+        assert_eq!(clip("héllo", 2), "h...");
+        assert_eq!(clip("abc", 3), "abc");
     }
 }

@@ -26,9 +26,8 @@ const ALL: &[&str] = &[
 ];
 
 fn matrix(step: &str, signal: &str, plan: &[&str]) {
-    let venv = PathBuf::from(
-        std::env::var("BFT_VENV").unwrap_or_else(|_| "/opt/bftrainer-venv".into()),
-    );
+    let venv =
+        PathBuf::from(std::env::var("BFT_VENV").unwrap_or_else(|_| "/opt/bftrainer-venv".into()));
     let python = venv.join("bin/python");
     assert!(
         python.exists(),
@@ -49,7 +48,10 @@ fn matrix(step: &str, signal: &str, plan: &[&str]) {
         o.status.success() && out.contains("MATRIX OK"),
         "the failure matrix failed ({step} s steps, SIG{signal}):\n{out}"
     );
-    for l in out.lines().filter(|l| l.starts_with("FAULT ") || l.starts_with("samples ok")) {
+    for l in out
+        .lines()
+        .filter(|l| l.starts_with("FAULT ") || l.starts_with("samples ok"))
+    {
         eprintln!("{l}");
     }
 }
@@ -71,15 +73,27 @@ fn faults_at_50ms_steps_sigterm() {
 
 #[test]
 fn faults_at_5s_steps_sigkill() {
-    matrix("5", "KILL", &["worker:step", "rank0:rebuild", "newcomer:transfer"]);
+    matrix(
+        "5",
+        "KILL",
+        &["worker:step", "rank0:rebuild", "newcomer:transfer"],
+    );
 }
 
 #[test]
 fn faults_at_5s_steps_sigstop() {
-    matrix("5", "STOP", &["rank0:step", "newcomer:rebuild", "worker:transfer"]);
+    matrix(
+        "5",
+        "STOP",
+        &["rank0:step", "newcomer:rebuild", "worker:transfer"],
+    );
 }
 
 #[test]
 fn faults_at_5s_steps_sigterm() {
-    matrix("5", "TERM", &["newcomer:step", "worker:rebuild", "rank0:transfer"]);
+    matrix(
+        "5",
+        "TERM",
+        &["newcomer:step", "worker:rebuild", "rank0:transfer"],
+    );
 }

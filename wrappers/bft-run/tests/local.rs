@@ -385,42 +385,29 @@ fn a_flood_of_connections_is_capped_and_a_genuine_agent_still_gets_in() {
     let Some(m) = munged() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let c = sleeping_coordinator(&m, tmp.path());
-    // 200 connections that never say hello: at most 8 from one address are kept (each
-    // would cost an unmunge); the rest are closed at once.
+    // 200 connections that never say hello: at most 8 from one address stay open
+    // (each would cost an unmunge); the oldest are closed to make room.
     let flood: Vec<TcpStream> = (0..200)
         .filter_map(|_| TcpStream::connect(&c.addr).ok())
         .collect();
+    std::thread::sleep(Duration::from_millis(500));
     let mut open = 0;
     for s in &flood {
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut r = BufReader::new(s);
         let mut line = String::new();
-        if BufReader::new(s).read_line(&mut line).is_ok_and(|n| n > 0) {
+        // The challenge, then end of stream when it was closed; a timeout when open.
+        let _ = r.read_line(&mut line);
+        line.clear();
+        if matches!(r.read_line(&mut line), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut)
+        {
             open += 1;
         }
     }
-    assert!(open <= 8, "{open} flood connections got a challenge");
-    drop(flood);
-    // The genuine agent: its slot frees as soon as the flood's connections close.
-    let t = Instant::now();
-    let mut f = loop {
-        let s = TcpStream::connect(&c.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut probe = BufReader::new(s.try_clone().unwrap());
-        let mut line = String::new();
-        if probe.read_line(&mut line).is_ok_and(|n| n > 0) {
-            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-            break Conn {
-                s,
-                r: probe,
-                nonce: v["nonce"].as_str().unwrap().to_string(),
-                run: v["run"].as_str().unwrap().to_string(),
-                addr: c.addr.clone(),
-                proto: v["proto"].as_u64().unwrap(),
-            };
-        }
-        assert!(t.elapsed() < Duration::from_secs(30), "never let back in");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    assert!(open <= 8, "{open} flood connections are still open");
+    // The genuine agent gets in while the flood's connections are held.
+    let mut f = connect(&c.addr);
     let cred = m.cred(None, &f.payload());
     let r = f.hello(&cred, f.proto);
     assert_eq!(r["t"], "welcome", "{r}");
@@ -432,10 +419,11 @@ fn fake_coordinator(
     job: &str,
     run: &str,
     cred: impl FnOnce(&str) -> String + Send + 'static,
-) -> String {
+) -> (String, std::sync::mpsc::Receiver<String>) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let (job, run) = (job.to_string(), run.to_string());
+    let (got, heard) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let Ok((s, _)) = l.accept() else { return };
         let mut w = s.try_clone().unwrap();
@@ -446,6 +434,7 @@ fn fake_coordinator(
             return;
         }
         let hello: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let _ = got.send(hello["cred"].as_str().unwrap_or("").to_string());
         let anonce = hello["anonce"].as_str().unwrap_or("").to_string();
         let welcome = serde_json::json!({
             "t": "welcome", "proto": 2, "agent": 1, "cred": cred(&anonce),
@@ -455,7 +444,7 @@ fn fake_coordinator(
         let _ = writeln!(w, "{welcome}");
         std::thread::sleep(Duration::from_secs(5));
     });
-    addr
+    (addr, heard)
 }
 
 #[test]
@@ -490,7 +479,7 @@ fn an_agent_runs_nothing_for_a_party_that_is_not_its_coordinator() {
         .is_ok_and(|s| s.success());
     if other_user {
         let sock = m.socket();
-        let addr = fake_coordinator("7", "0a", move |anonce| {
+        let (addr, heard) = fake_coordinator("7", "0a", move |anonce| {
             let out = Command::new("runuser")
                 .args(["-u", "bftuser", "--", "munge", "-S"])
                 .arg(&sock)
@@ -505,13 +494,31 @@ fn an_agent_runs_nothing_for_a_party_that_is_not_its_coordinator() {
         let out = agent(&addr, "7", "0a");
         assert!(out.contains("is not the coordinator of job 7"), "{out}");
         assert!(out.contains("not this job owner's"), "{out}");
+        // The credential the agent sent it is of no use to it: only the owner's uid
+        // can decode it (not slurmctld either, which would take it for the owner's).
+        let cred = heard.recv_timeout(Duration::from_secs(10)).unwrap();
+        let mut un = Command::new("runuser")
+            .args(["-u", "bftuser", "--", "unmunge", "-S"])
+            .arg(m.socket())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        un.stdin.take().unwrap().write_all(cred.as_bytes()).unwrap();
+        let o = un.wait_with_output().unwrap();
+        assert!(
+            !o.status.success(),
+            "another uid decoded the agent's credential: {}",
+            text(&o)
+        );
     } else {
         eprintln!("SKIPPED the other-uid coordinator: cannot run munge as bftuser");
     }
     // The owner's own credential, but made for another connection (replayed from a
     // real coordinator's welcome): refused.
     let sock = m.socket();
-    let addr = fake_coordinator("7", "0a", move |_| {
+    let (addr, _) = fake_coordinator("7", "0a", move |_| {
         let out = Command::new("munge")
             .arg("-S")
             .arg(&sock)
@@ -527,10 +534,10 @@ fn an_agent_runs_nothing_for_a_party_that_is_not_its_coordinator() {
     );
     // A party answering for an earlier run (the stale Comment's) or another job: the
     // agent does not even send its credential.
-    let addr = fake_coordinator("7", "0b", |_| String::new());
+    let (addr, _) = fake_coordinator("7", "0b", |_| String::new());
     let out = agent(&addr, "7", "0a");
     assert!(out.contains("answers for run 0b, not run 0a"), "{out}");
-    let addr = fake_coordinator("8", "0a", |_| String::new());
+    let (addr, _) = fake_coordinator("8", "0a", |_| String::new());
     let out = agent(&addr, "7", "0a");
     assert!(out.contains("answers for job 8, not job 7"), "{out}");
     assert!(

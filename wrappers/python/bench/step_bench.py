@@ -99,7 +99,7 @@ def rss(cmd, env, what: str):
 
 def memory(bft: str, py: str, munge: str, hidden: int):
     state_mb = (16 * hidden + hidden + hidden + 1) * 4 * 2 / 1e6  # params + SGD momentum
-    model = ["--hidden", str(hidden), "--batch", "8", "--samples", "640", "--epochs", "1"]
+    model = ["--hidden", str(hidden), "--batch", "8", "--samples", "640", "--epochs", "1", "--lr", "0.0001"]
     with socket.socket() as so:
         so.bind(("127.0.0.1", 0))
         port = so.getsockname()[1]
@@ -138,7 +138,7 @@ def main() -> None:
                 log(f"memory: model + SGD momentum {state_mb:.0f} MB; peak RSS per worker: DDP "
                     f"{', '.join(f'{x:.0f}' for x in ddp)} MB, bft-run {', '.join(f'{x:.0f}' for x in ours)} MB; "
                     f"bft-run / DDP = {max(ours) / max(ddp):.3f} (worst rank against worst rank)")
-            for s in [float(x) for x in args.steps.split(",")]:
+            for s in [float(x) for x in args.steps.split(",") if x]:
                 ev = events(args.bft_run, args.python, d, m.sock, s, args.hang_timeout)
                 parts = []
                 for kind in ("join", "leave", "kill -9", "SIGSTOP"):

@@ -85,9 +85,13 @@ def train(state):
         if bftrainer.rank() == 0:
             print(f"epoch {state.sampler.epoch} done at step {state.step}, world {bftrainer.world_size()}, "
                   f"rank-0 loss {state.last_loss:.4f}", flush=True)
-    # The loss of the final model on the whole data set, the same on every rank.
+    # The loss of the final model on the whole data set, the same on every rank (in
+    # batches: a wide model's activations of the whole set would not fit).
     with torch.no_grad():
-        final = torch.nn.functional.mse_loss(model(X), Y).item()
+        final = sum(
+            torch.nn.functional.mse_loss(model(X[i : i + args.batch]), Y[i : i + args.batch], reduction="sum").item()
+            for i in range(0, len(X), args.batch)
+        ) / len(X)
     if bftrainer.rank() == 0:
         print(f"final loss {final:.5f} after {state.step} steps, {state.samples} samples", flush=True)
     if args.report_rss:

@@ -125,9 +125,12 @@ class AgentClient:
                     break
         except (OSError, ValueError) as e:
             reason = f"agent connection failed: {e}"
-        with self._cond:
-            self._closed = reason
-            self._cond.notify_all()
+        except Exception as e:  # noqa: BLE001 - a bad message must not leave waiters hanging
+            reason = f"agent connection failed: {type(e).__name__}: {e}"
+        finally:
+            with self._cond:
+                self._closed = self._closed or reason
+                self._cond.notify_all()
 
     def _handle(self, msg: Dict[str, Any]) -> None:
         t = msg.get("t")
@@ -147,7 +150,9 @@ class AgentClient:
             elif t == "abort":
                 gen = int(msg["gen"])
                 self.aborted.add(gen)
-                if gen == self.current_gen and gen not in self._acked:
+                # Acknowledged when it is this worker's generation or one it is entering
+                # (the coordinator ignores an acknowledgement from a non-member).
+                if gen >= self.current_gen and gen not in self._acked:
                     self._acked.add(gen)
                     ack = gen
             elif t == "kvr":
@@ -160,7 +165,10 @@ class AgentClient:
         if ack is not None:
             # At once, from this thread: the coordinator drops members that do not
             # acknowledge within --broken-timeout, and a long step must not look hung.
-            self.send({"t": "broken", "worker": self.worker, "gen": ack})
+            try:
+                self.send({"t": "broken", "worker": self.worker, "gen": ack})
+            except AgentError:
+                pass  # the connection is gone: the reader ends next
 
     def broken(self, gen: int) -> None:
         """Report that a collective of ``gen`` failed here (once per generation)."""

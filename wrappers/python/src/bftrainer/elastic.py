@@ -137,6 +137,8 @@ class _Runtime:
         a dead or frozen member makes it announce a newer generation)."""
         agent = self.agent
         assert agent is not None
+        # From here an abort of ``g`` concerns this worker: acknowledged at once.
+        agent.current_gen = max(agent.current_gen, g.gen)
         prefix = f"g{g.gen}/"
         store = self.store()
         store.add(prefix + "arrived", 1)
