@@ -367,6 +367,8 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
     // Restarts within the last restart window.
     let mut restarts: VecDeque<Instant> = VecDeque::new();
     let mut heard_coord = Instant::now();
+    // The job's measured seconds per step (from the coordinator's heartbeats).
+    let mut step_time = 0.0f64;
     let mut last_gen: Option<String> = None;
     let mut end_line: Option<String> = None;
     let mut ending = false;
@@ -425,7 +427,13 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                 watchdog(&mut workers, hang);
             }
             Ev::Coord(Ok(Some(m))) => match proto::t(&m) {
-                "hb" => {}
+                "hb" => {
+                    if let Some(x) = m.get("step").and_then(Value::as_f64) {
+                        if x.is_finite() && x >= 0.0 {
+                            step_time = x.min(86_400.0);
+                        }
+                    }
+                }
                 "abort" => {
                     let line = proto::line(&m);
                     for c in conns.values() {
@@ -611,7 +619,10 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                             },
                         );
                     }
-                    deadline = Some(tokio::time::Instant::now() + leave_timeout);
+                    // Two steps (the flag rides the next all-reduce) and a margin, at
+                    // least --leave-timeout.
+                    let two_steps = Duration::from_secs_f64(2.0 * step_time + 5.0);
+                    deadline = Some(tokio::time::Instant::now() + leave_timeout.max(two_steps));
                 }
             }
         }

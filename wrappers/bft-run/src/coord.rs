@@ -382,7 +382,9 @@ impl Coordinator {
     pub fn tick(&self) {
         let mut s = self.shared.lock().unwrap();
         let now = s.start.elapsed().as_secs_f64();
-        let hb = proto::line(&json!({"t": "hb"}));
+        // The measured step time rides the heartbeat: a leaving agent gives its workers
+        // two steps to reach their boundary, not less than --leave-timeout.
+        let hb = proto::line(&json!({"t": "hb", "step": s.progress.step}));
         for a in s.agents.values() {
             let _ = a.tx.send(hb.clone());
         }
