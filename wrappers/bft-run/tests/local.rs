@@ -940,3 +940,122 @@ fn stopped_and_silent_workers_are_killed_within_the_hang_timeout_and_restarted()
         check_quick(t);
     }
 }
+
+/// The pids whose parent is `parent`.
+fn children(parent: u32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit(')')
+                        .next()?
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse::<u32>()
+                        .ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+#[test]
+fn a_frozen_node_is_dropped_within_the_hang_timeout() {
+    let Some(m) = munged() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let coord_file = tmp.path().join("coord");
+    let t = Instant::now();
+    let core = Guard(Some(
+        run_local(
+            &m,
+            &logs,
+            &[
+                "--local",
+                "1",
+                "--min-workers",
+                "1",
+                "--hang-timeout",
+                "2",
+                "--coord-file",
+                coord_file.to_str().unwrap(),
+            ],
+            &[("TEST_FINISH_AT", "3"), ("TEST_FINISH_SIZE", "1")],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    ));
+    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
+        let t = Instant::now();
+        while !f() {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "waited 30 s for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_for("the coordinator's address", &|| {
+        read_coord_file(&coord_file).is_some()
+    });
+    let (addr, job, run) = read_coord_file(&coord_file).unwrap();
+    let mut extra = Guard(Some(
+        m.bft()
+            .args([
+                "--agent",
+                "--coord",
+                &addr,
+                "--coord-job",
+                &job,
+                "--coord-run",
+                &run,
+            ])
+            .args(["--node-name", "frozen"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    wait_for("generation 2 with the extra node", &|| {
+        worker_logs(&logs)
+            .get("2.0")
+            .is_some_and(|l| l.contains("gen 2 1.0 2.0"))
+    });
+    // The whole node freezes: its agent and its worker (no TCP reset, no exit).
+    let agent_pid = extra.get().id();
+    let frozen = Instant::now();
+    for pid in children(agent_pid).into_iter().chain([agent_pid as i32]) {
+        // SAFETY: signalling processes this test started.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+    }
+    let out = core.take().wait_with_output().unwrap();
+    let noticed = frozen.elapsed();
+    for pid in children(agent_pid).into_iter().chain([agent_pid as i32]) {
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let _ = extra.get().wait();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(
+        all.contains("agent 2 (127.0.0.1) sent nothing for"),
+        "{all}"
+    );
+    assert!(
+        all.contains("generation 3: 1 workers on 1 nodes (-2.0)"),
+        "{all}"
+    );
+    // The bound is 2 s (+ a tick); the job then finishes at once.
+    assert!(
+        noticed < Duration::from_secs(15),
+        "noticed after {noticed:?}"
+    );
+    check_quick(t);
+}

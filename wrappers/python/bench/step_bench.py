@@ -30,7 +30,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from elastic_bench import REPO, TRAIN, Munged, env_with_lib, log, pauses, steps_at, timeline, wait_for  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SMALL = ["--hidden", "256", "--batch", "32", "--samples", "100000000", "--epochs", "1"]
+SMALL = ["--hidden", "256", "--batch", "32", "--samples", "2000000", "--epochs", "1"]
+
+
+def node_pids(agent: int):
+    """The agent and its workers (each worker is in a process group of its own)."""
+    pids = [agent]
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                stat = open(f"/proc/{p}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == agent:
+                pids.append(int(p))
+    return pids
 
 
 def coord_of(path: str):
@@ -74,10 +88,13 @@ def events(bft: str, py: str, d: str, munge: str, step: float, hang: float):
             wait_for(tl, lambda t: steps_at(3, t0)(t) > n, 600, "scale-out")
             marks.append("join")
             t0 = time.time()
-            os.killpg(b.pid, sig)
+            # The whole node: the agent and its workers, as when a node dies or freezes.
+            for pid in node_pids(b.pid):
+                os.kill(pid, sig)
             wait_for(tl, lambda t: steps_at(2, t0)(t) > n, 600, f"recovery after {kind}")
             marks.append(kind)
-            os.killpg(b.pid, signal.SIGKILL)
+            for pid in node_pids(b.pid):
+                os.kill(pid, signal.SIGKILL)
             b.wait()
     finally:
         os.killpg(main.pid, signal.SIGKILL)
