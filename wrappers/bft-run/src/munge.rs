@@ -76,6 +76,10 @@ impl Munge {
             .map_err(|e| format!("unmunge failed: {e}"))?;
         parse_unmunge(&String::from_utf8_lossy(&out.stdout)).map_err(|why| {
             let err = String::from_utf8_lossy(&out.stderr);
+            if err.contains("Unauthorized credential") {
+                // munge -u: the maker meant it for another uid.
+                return "a credential that only another uid may decode (made by another user than this job's owner)".to_string();
+            }
             if err.trim().is_empty() {
                 why
             } else {
@@ -98,6 +102,12 @@ pub fn parse_unmunge(out: &str) -> Result<Decoded, String> {
         Some(15) => return Err("expired credential".into()),
         Some(16) => return Err("credential from the future (clock skew)".into()),
         Some(17) => return Err("replayed credential".into()),
+        Some(18) => {
+            return Err(
+                "a credential that only another uid may decode (made by another user than this job's owner)"
+                    .into(),
+            )
+        }
         Some(s) => return Err(format!("invalid credential (munge status {s})")),
         None => return Err("invalid credential".into()),
     }
@@ -141,6 +151,8 @@ mod tests {
         );
         let replay = ok.replace("STATUS:          0", "STATUS:          17");
         assert_eq!(parse_unmunge(&replay), Err("replayed credential".into()));
+        let other = ok.replace("STATUS:          0", "STATUS:          18");
+        assert!(parse_unmunge(&other).unwrap_err().contains("another uid"));
         assert!(parse_unmunge("").unwrap_err().contains("invalid"));
         assert!(parse_unmunge("STATUS: 0\n\nx").unwrap_err().contains("UID"));
     }
