@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 TRAIN = os.path.join(REPO, "wrappers", "python", "examples", "train.py")
 CHECK = os.path.join(REPO, "wrappers", "python", "tests")
-HANG = 3.0  # --hang-timeout of these jobs (seconds)
+HANG = 5.0  # --hang-timeout of these jobs (seconds): short, but not so short that a loaded machine starves a heartbeat
 SAMPLES, EPOCHS = 768, 2
 
 
