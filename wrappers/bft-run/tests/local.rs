@@ -454,17 +454,7 @@ fn an_agent_runs_nothing_for_a_party_that_is_not_its_coordinator() {
     let pwned = Path::new("/tmp/PWNED");
     let _ = std::fs::remove_file(pwned);
     let agent = |addr: &str, job: &str, run: &str| {
-        let o = m
-            .bft()
-            .args([
-                "--agent",
-                "--coord",
-                addr,
-                "--coord-job",
-                job,
-                "--coord-run",
-                run,
-            ])
+        let o = agent_cmd(&m, addr, job, run)
             .current_dir(tmp.path())
             .output()
             .unwrap();
@@ -728,26 +718,25 @@ fn a_worker_killed_by_a_signal_is_restarted_in_its_slot_and_rejoins() {
     check_quick(t);
 }
 
-#[test]
-fn a_hand_started_agent_grows_the_job_and_leaves_on_sigterm() {
-    let Some(m) = munged() else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    std::fs::create_dir(&logs).unwrap();
-    let coord_file = tmp.path().join("coord");
-    let t = Instant::now();
+/// A core bft-run of one local agent (min-workers 1; `more` arguments, the stand-in
+/// worker finishing in generation 3) writing its address to a file; and that
+/// address, job and run once written.
+fn core_with_address(m: &Munged, logs: &Path, more: &[&str]) -> (Guard, String, String, String) {
+    let coord_file = logs.parent().unwrap().join("coord");
+    let mut args = vec![
+        "--local",
+        "1",
+        "--min-workers",
+        "1",
+        "--coord-file",
+        coord_file.to_str().unwrap(),
+    ];
+    args.extend_from_slice(more);
     let core = Guard(Some(
         run_local(
-            &m,
-            &logs,
-            &[
-                "--local",
-                "1",
-                "--min-workers",
-                "1",
-                "--coord-file",
-                coord_file.to_str().unwrap(),
-            ],
+            m,
+            logs,
+            &args,
             &[("TEST_FINISH_AT", "3"), ("TEST_FINISH_SIZE", "1")],
         )
         .stdout(Stdio::piped())
@@ -755,20 +744,61 @@ fn a_hand_started_agent_grows_the_job_and_leaves_on_sigterm() {
         .spawn()
         .unwrap(),
     ));
-    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
-        let t = Instant::now();
-        while !f() {
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "waited 20 s for {what}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
-    wait_for("the coordinator's address", &|| {
+    wait_until("the coordinator's address", &|| {
         read_coord_file(&coord_file).is_some()
     });
     let (addr, job, run) = read_coord_file(&coord_file).unwrap();
+    (core, addr, job, run)
+}
+
+/// `bft-run --agent` for the coordinator at `addr` of `job`'s run `run`.
+fn agent_cmd(m: &Munged, addr: &str, job: &str, run: &str) -> Command {
+    let mut c = m.bft();
+    c.args([
+        "--agent",
+        "--coord",
+        addr,
+        "--coord-job",
+        job,
+        "--coord-run",
+        run,
+    ]);
+    c
+}
+
+/// An agent started by hand, as a satellite's is, named `node`.
+fn hand_agent(m: &Munged, addr: &str, job: &str, run: &str, node: &str) -> Guard {
+    Guard(Some(
+        agent_cmd(m, addr, job, run)
+            .args(["--node-name", node])
+            .env_remove("TEST_DIR")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ))
+}
+
+fn wait_until(what: &str, f: &dyn Fn() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "waited 30 s for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_hand_started_agent_grows_the_job_and_leaves_on_sigterm() {
+    let Some(m) = munged() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let t = Instant::now();
+    let (core, addr, job, run) = core_with_address(&m, &logs, &[]);
+    let wait_for = wait_until;
     wait_for("generation 1", &|| {
         worker_logs(&logs)
             .get("1.0")
@@ -776,25 +806,7 @@ fn a_hand_started_agent_grows_the_job_and_leaves_on_sigterm() {
     });
     // Started by hand, like a satellite's agent: its workers get the welcome's command
     // and environment (TEST_DIR and TEST_* came from the core's bft-run).
-    let mut extra = Guard(Some(
-        m.bft()
-            .args([
-                "--agent",
-                "--coord",
-                &addr,
-                "--coord-job",
-                &job,
-                "--coord-run",
-                &run,
-                "--node-name",
-                "extra",
-            ])
-            .env_remove("TEST_DIR")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    ));
+    let mut extra = hand_agent(&m, &addr, &job, &run, "extra");
     wait_for("generation 2 with the extra agent's worker", &|| {
         worker_logs(&logs)
             .get("2.0")
@@ -833,30 +845,13 @@ fn a_hand_started_agent_grows_the_job_and_leaves_on_sigterm() {
 #[test]
 fn a_member_silent_after_a_failure_is_dropped_killed_and_restarted() {
     let Some(m) = munged() else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let t = Instant::now();
-    let o = run_local(
+    let (all, logs) = worker_2_0_replaced(
         &m,
-        tmp.path(),
-        &["--local", "2", "--broken-timeout", "1"],
-        &[
-            ("TEST_FINISH_AT", "3"),
-            ("TEST_FINISH_SIZE", "2"),
-            ("TEST_BROKEN", "1.0"),
-            ("TEST_SILENT", "2.0"),
-        ],
-    )
-    .output()
-    .unwrap();
-    let all = text(&o);
-    let logs = worker_logs(tmp.path());
-    assert_eq!(o.status.code(), Some(0), "{all}\n{logs:?}");
-    assert!(
-        all.contains("dropping 2.0 (no acknowledgement 1 s after an abort: hung)"),
-        "{all}"
+        &["--broken-timeout", "1"],
+        &[("TEST_BROKEN", "1.0"), ("TEST_SILENT", "2.0")],
     );
     assert!(
-        all.contains("generation 2: 1 workers on 1 nodes (-2.0)"),
+        all.contains("dropping 2.0 (no acknowledgement 1 s after an abort: hung)"),
         "{all}"
     );
     assert!(
@@ -865,13 +860,41 @@ fn a_member_silent_after_a_failure_is_dropped_killed_and_restarted() {
         ),
         "{all}"
     );
+    assert!(logs["2.0"].contains("hanging"), "{logs:?}");
+}
+
+/// `--local 2` with the stand-in worker (finishing in generation 3 at 2 workers), more
+/// `args` and `env`, where worker 2.0 is lost and replaced by 2.1: checks the job
+/// finished through generation 2 without 2.0 and generation 3 with 2.1; its output
+/// and the workers' logs.
+fn worker_2_0_replaced(
+    m: &Munged,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (String, std::collections::BTreeMap<String, String>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = Instant::now();
+    let mut all_args = vec!["--local", "2"];
+    all_args.extend_from_slice(args);
+    let mut all_env = vec![("TEST_FINISH_AT", "3"), ("TEST_FINISH_SIZE", "2")];
+    all_env.extend_from_slice(env);
+    let o = run_local(m, tmp.path(), &all_args, &all_env)
+        .output()
+        .unwrap();
+    let all = text(&o);
+    let logs = worker_logs(tmp.path());
+    assert_eq!(o.status.code(), Some(0), "{env:?}: {all}\n{logs:?}");
+    assert!(
+        all.contains("generation 2: 1 workers on 1 nodes (-2.0)"),
+        "{all}"
+    );
     assert!(
         all.contains("generation 3: 2 workers on 2 nodes (+2.1)"),
         "{all}"
     );
-    assert!(logs["2.0"].contains("hanging"), "{logs:?}");
     assert!(logs["2.1"].contains("done"), "{logs:?}");
     check_quick(t);
+    (all, logs)
 }
 
 #[test]
@@ -910,34 +933,12 @@ fn stopped_and_silent_workers_are_killed_within_the_hang_timeout_and_restarted()
         ("TEST_STOP", "stopped (SIGSTOP?)"),
         ("TEST_NO_HEARTBEAT", "no heartbeat for"),
     ] {
-        let tmp = tempfile::tempdir().unwrap();
-        let t = Instant::now();
-        let o = run_local(
-            &m,
-            tmp.path(),
-            &["--local", "2", "--hang-timeout", "2"],
-            &[
-                ("TEST_FINISH_AT", "3"),
-                ("TEST_FINISH_SIZE", "2"),
-                (var, "2.0"),
-            ],
-        )
-        .output()
-        .unwrap();
-        let all = text(&o);
-        let logs = worker_logs(tmp.path());
-        assert_eq!(o.status.code(), Some(0), "{var}: {all}\n{logs:?}");
+        let (all, _) = worker_2_0_replaced(&m, &["--hang-timeout", "2"], &[(var, "2.0")]);
         assert!(all.contains(&format!("worker 2.0 is hung: {why}")), "{all}");
         assert!(
             all.contains("worker 2.0 was killed by signal 9 ("),
             "the restart says why: {all}"
         );
-        assert!(
-            all.contains("generation 2: 1 workers on 1 nodes (-2.0)"),
-            "{all}"
-        );
-        assert!(logs["2.1"].contains("done"), "{logs:?}");
-        check_quick(t);
     }
 }
 
@@ -969,60 +970,10 @@ fn a_frozen_node_is_dropped_within_the_hang_timeout() {
     let tmp = tempfile::tempdir().unwrap();
     let logs = tmp.path().join("logs");
     std::fs::create_dir(&logs).unwrap();
-    let coord_file = tmp.path().join("coord");
     let t = Instant::now();
-    let core = Guard(Some(
-        run_local(
-            &m,
-            &logs,
-            &[
-                "--local",
-                "1",
-                "--min-workers",
-                "1",
-                "--hang-timeout",
-                "2",
-                "--coord-file",
-                coord_file.to_str().unwrap(),
-            ],
-            &[("TEST_FINISH_AT", "3"), ("TEST_FINISH_SIZE", "1")],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap(),
-    ));
-    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
-        let t = Instant::now();
-        while !f() {
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "waited 30 s for {what}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
-    wait_for("the coordinator's address", &|| {
-        read_coord_file(&coord_file).is_some()
-    });
-    let (addr, job, run) = read_coord_file(&coord_file).unwrap();
-    let mut extra = Guard(Some(
-        m.bft()
-            .args([
-                "--agent",
-                "--coord",
-                &addr,
-                "--coord-job",
-                &job,
-                "--coord-run",
-                &run,
-            ])
-            .args(["--node-name", "frozen"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    ));
+    let (core, addr, job, run) = core_with_address(&m, &logs, &["--hang-timeout", "2"]);
+    let wait_for = wait_until;
+    let mut extra = hand_agent(&m, &addr, &job, &run, "frozen");
     wait_for("generation 2 with the extra node", &|| {
         worker_logs(&logs)
             .get("2.0")
