@@ -276,12 +276,18 @@ class _Runtime:
             print(f"bftrainer: leaving the old process group: {e}", file=sys.stderr, flush=True)
 
     def leave(self) -> None:
-        """Not in the new generation: the step is committed, so leave without a rollback."""
+        """Not in the new generation: the step is committed, so leave without a rollback.
+        At once: a group left after an earlier failure may still hold a collective stuck
+        on a dead peer, and its destructor at interpreter exit would wait for it (the
+        agent would kill this worker as hung). Output is flushed; atexit handlers and
+        the like do not run for a leaver."""
         import torch.distributed as dist
 
-        if dist.is_initialized():
+        if dist.is_initialized() and not self._abandoned:
             dist.destroy_process_group()
-        raise SystemExit(0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 _RT: Optional[_Runtime] = None
