@@ -649,8 +649,9 @@ impl Worker {
     }
 }
 
-/// Kills the workers that are hung: stopped (SIGSTOP: state T in /proc) or silent
-/// (no heartbeat from the library's background thread) for longer than `hang`. A
+/// Kills the workers that are hung: stopped (SIGSTOP: state T in /proc) for longer than
+/// `hang`, or running but silent (no heartbeat from the library's background thread)
+/// for longer than 3 x `hang`. A
 /// worker still starting (before its hello: importing torch, loading data) is judged
 /// by its process state only.
 fn watchdog(workers: &mut HashMap<String, Worker>, hang: Duration) {
@@ -670,7 +671,10 @@ fn watchdog(workers: &mut HashMap<String, Worker>, hang: Duration) {
                 "stopped (SIGSTOP?), silent for {:.0} s",
                 silent.as_secs_f64()
             )),
-            None if w.connected && silent > hang => Some(format!(
+            // Running but silent: its interpreter does not run the heartbeat thread
+            // (wedged), or a loaded machine starves it. A longer bound than for a
+            // stopped process, so that load alone does not kill a healthy worker.
+            None if w.connected && silent > 3 * hang => Some(format!(
                 "no heartbeat for {:.0} s (frozen or wedged)",
                 silent.as_secs_f64()
             )),
