@@ -89,13 +89,18 @@ fn job_out(work: &Path) -> String {
     std::fs::read_to_string(work.join("job.out")).unwrap_or_default()
 }
 
-/// Worker processes (train.py) of satellites, not of the core job `core`.
-fn satellite_workers(core: u32) -> Vec<u32> {
+/// Worker processes (train.py) of satellites, not of the core job `core`, of this
+/// test's job: they run in `work` (other tests' clusters number their jobs from 1 too).
+fn satellite_workers(core: u32, work: &Path) -> Vec<u32> {
+    let work = work.canonicalize().unwrap();
     let mut pids = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
+        if std::fs::read_link(format!("/proc/{pid}/cwd")).ok() != Some(work.clone()) {
+            continue;
+        }
         let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         if !String::from_utf8_lossy(&cmd).contains("examples/train.py") {
             continue;
@@ -317,7 +322,7 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
         let b = comment(&l, job)?;
         (a.gen == b.gen && b.nodes == 4).then_some(())
     });
-    let victims = satellite_workers(job);
+    let victims = satellite_workers(job, &work);
     assert!(!victims.is_empty(), "no satellite worker found");
     let rc = Command::new("kill")
         .args(["-9", &victims[0].to_string()])
