@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from elastic_bench import REPO, TRAIN, Munged, env_with_lib, log, pauses, steps_at, timeline, wait_for  # noqa: E402
+from elastic_bench import REPO, TRAIN, Munged, env_with_lib, free_port, log, pauses, steps_at, timeline, wait_for  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL = ["--hidden", "256", "--batch", "32", "--samples", "2000000", "--epochs", "1"]
@@ -108,7 +107,7 @@ def events(bft: str, py: str, d: str, munge: str, step: float, hang: float):
 
 def rss(cmd, env, what: str):
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    vals = [float(l.split()[-1]) for l in (out.stdout + out.stderr).splitlines() if " rss " in f" {l}" or l.startswith("rss ")]
+    vals = [float(l.split()[-1]) for l in (out.stdout + out.stderr).splitlines() if " rss " in f" {l}"]
     if not vals:
         sys.exit(f"{what} printed no rss:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
     return vals
@@ -117,9 +116,7 @@ def rss(cmd, env, what: str):
 def memory(bft: str, py: str, munge: str, hidden: int):
     state_mb = (16 * hidden + hidden + hidden + 1) * 4 * 2 / 1e6  # params + SGD momentum
     model = ["--hidden", str(hidden), "--batch", "8", "--samples", "640", "--epochs", "1", "--lr", "0.0001"]
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        port = so.getsockname()[1]
+    port = free_port()
     procs = []
     for r in range(2):
         e = env_with_lib()
