@@ -25,14 +25,22 @@ demo: deps
 	./scripts/demo
 
 # The runtime's tests need torch: scripts/python-env makes (or reuses) a virtualenv.
+# The Rust tests run on every supported Slurm release (scripts/test-releases): all of
+# them on the host's (22.05), and the integration tests again on 24.11 and 26.05, each
+# built and run inside a Debian root (scripts/slurm-root; made once, cached under
+# /var/tmp). `make test RELEASES=` runs the host's only; `RELEASES=26.05` one root.
+RELEASES ?= 24.11 26.05
+
 test: build
 	venv=$$(scripts/python-env) && \
 	  PYTHONPATH=$(CURDIR)/wrappers/python/src $$venv/bin/python -m pytest -q wrappers/python && \
-	  BFT_VENV=$$venv $(CARGO) nextest run --workspace --no-fail-fast $(NEXTEST_ARGS)
+	  BFT_VENV=$$venv BFT_TEST_RELEASES="$(RELEASES)" NEXTEST_ARGS="$(NEXTEST_ARGS)" scripts/test-releases
 
-# A cluster in ./.cluster to work against by hand: eval "$$(make -s cluster-up)".
+# A cluster in ./.cluster to work against by hand: eval "$$(make -s cluster-up)";
+# `make -s cluster-up SLURM=26.05` starts one of another release (from its Debian root).
+SLURM ?=
 cluster-up: deps-system
-	@tests/cluster/cluster up --dir .cluster
+	@tests/cluster/cluster up --dir .cluster $(if $(SLURM),--slurm $(SLURM))
 
 cluster-down:
 	tests/cluster/cluster down --dir .cluster

@@ -91,6 +91,11 @@ pub struct Options {
     pub name: Option<String>,
     /// Longest wait for all nodes to become idle.
     pub up_timeout: Duration,
+    /// The Slurm release to run (`cluster up --slurm`): "22.05" (the host's packages),
+    /// "24.11" or "26.05" (Debian roots, scripts/slurm-root). Default: `BFT_SLURM_RELEASE`
+    /// if set, else the release this process runs with (the root's when the tests run
+    /// inside one, as `make test` does for 24.11 and 26.05).
+    pub slurm: Option<String>,
 }
 
 impl Default for Options {
@@ -101,6 +106,7 @@ impl Default for Options {
             bftrainer_conf: None,
             name: None,
             up_timeout: Duration::from_secs(60),
+            slurm: std::env::var("BFT_SLURM_RELEASE").ok().filter(|v| !v.is_empty()),
         }
     }
 }
@@ -170,6 +176,9 @@ impl Cluster {
         }
         if let Some(p) = &opts.bftrainer_conf {
             cmd.arg("--bftrainer-conf").arg(p);
+        }
+        if let Some(v) = &opts.slurm {
+            cmd.arg("--slurm").arg(v);
         }
         let out = run_script(&mut cmd)?;
         if !out.status.success() {
