@@ -7,6 +7,9 @@ export PATH := $(or $(CARGO_HOME),$(HOME)/.cargo)/bin:$(PATH)
 CARGO ?= cargo
 # Extra arguments for nextest, e.g. `make test NEXTEST_ARGS="-p bftrainer-testcluster"`.
 NEXTEST_ARGS ?=
+# The Slurm release for `make demo` and `make cluster-up`: empty for the host's (22.05),
+# or 24.11 / 26.05, run from a Debian root (scripts/slurm-root).
+SLURM ?=
 
 .PHONY: deps deps-system build demo test install cluster-up cluster-down
 
@@ -20,9 +23,17 @@ build: deps
 	$(CARGO) build --workspace --all-targets
 
 # The replay of the committed sample, then the live cluster with the plugins loaded.
+# `make demo SLURM=26.05` (or 24.11) builds for that release and runs the whole demo
+# inside its Debian root (scripts/slurm-root); plain `make demo` uses the host's Slurm.
+DEMO_CRATES := -p bftrainer-daemon -p bft-run -p job_submit_bftrainer -p spank_bftrainer
 demo: deps
-	$(CARGO) build --release -p bftrainer-daemon -p bft-run -p job_submit_bftrainer -p spank_bftrainer
+ifeq ($(SLURM),)
+	$(CARGO) build --release $(DEMO_CRATES)
 	./scripts/demo
+else
+	venv=$$(scripts/python-env) && BFT_VENV=$$venv CARGO_TARGET_DIR=$(CURDIR)/target/slurm-$(SLURM) \
+	  scripts/slurm-root run $(SLURM) bash -c 'cargo build --release $(DEMO_CRATES) && ./scripts/demo'
+endif
 
 # The runtime's tests need torch: scripts/python-env makes (or reuses) a virtualenv.
 # The Rust tests run on every supported Slurm release (scripts/test-releases): all of
@@ -38,7 +49,6 @@ test: build
 
 # A cluster in ./.cluster to work against by hand: eval "$$(make -s cluster-up)";
 # `make -s cluster-up SLURM=26.05` starts one of another release (from its Debian root).
-SLURM ?=
 cluster-up: deps-system
 	@tests/cluster/cluster up --dir .cluster $(if $(SLURM),--slurm $(SLURM))
 

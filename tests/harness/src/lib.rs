@@ -257,12 +257,44 @@ impl Cluster {
         self.dir.join("work")
     }
 
-    /// `program` with `SLURM_CONF` set and the work dir as its working directory.
+    /// `program` with `SLURM_CONF` set and the work dir as its working directory. For a
+    /// cluster of another release started from the host, `DIR/bin` (that release's client
+    /// commands, run through its root's loader) comes first on `PATH`.
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
         let mut c = Command::new(program);
         c.env("SLURM_CONF", &self.slurm_conf)
             .current_dir(self.work_dir());
+        let bin = self.dir.join("bin");
+        if bin.is_dir() {
+            let mut path = std::ffi::OsString::from(&bin);
+            if let Some(old) = std::env::var_os("PATH") {
+                path.push(":");
+                path.push(old);
+            }
+            c.env("PATH", path);
+        }
         c
+    }
+
+    /// The Slurm version the cluster runs (`24.11.5`), as `cluster up` recorded it.
+    pub fn slurm_version(&self) -> Result<String, Error> {
+        let path = self.dir.join("cluster.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
+            what: "cannot read",
+            path: path.clone(),
+            source,
+        })?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Output {
+            command: format!("reading {}", path.display()),
+            output: e.to_string(),
+        })?;
+        v.get("slurm")
+            .and_then(|s| s.as_str())
+            .map(str::to_string)
+            .ok_or_else(|| Error::Output {
+                command: format!("reading {}", path.display()),
+                output: "no \"slurm\" field".into(),
+            })
     }
 
     /// Like [`Cluster::command`], but run as [`TEST_USER`].

@@ -175,6 +175,84 @@ fn cluster_runs_jobs_of_the_test_user() {
     assert_eq!(rows[0][1..4], [TEST_USER, "elastic", "COMPLETED"]);
 }
 
+/// The release a cluster started with default options runs: inside a Debian root (as
+/// `make test` runs the integration tests for 24.11 and 26.05) the root's, else the
+/// host's. `BFT_SLURM_ROOT_VERSION` is set by scripts/slurm-root.
+fn expected_release() -> String {
+    if let Ok(v) = std::env::var("BFT_SLURM_ROOT_VERSION") {
+        return v;
+    }
+    let out = std::process::Command::new("slurmctld")
+        .arg("-V")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = text.split_whitespace().nth(1).unwrap_or_default();
+    v.split('.').take(2).collect::<Vec<_>>().join(".")
+}
+
+/// Every cluster runs the release its test was built for: a test built in the 26.05
+/// root must not meet a 22.05 slurmctld, or "passed on 26.05" would mean nothing.
+#[test]
+fn cluster_runs_the_release_of_its_tests() {
+    let c = start(1);
+    let v = c.slurm_version().unwrap();
+    assert!(
+        v.starts_with(&format!("{}.", expected_release())),
+        "cluster runs Slurm {v}, the tests run with {}",
+        expected_release()
+    );
+    let out = c.run("scontrol", &["-V"]).unwrap();
+    assert!(out.contains(&v), "scontrol -V says {out:?}, cluster.json {v}");
+}
+
+/// A cluster of another release started from the host (`cluster up --slurm`): its
+/// daemons run inside that release's Debian root, and the host's shell reaches it through
+/// DIR/bin, that release's client commands run by its own loader, as any user. Only on
+/// the host: a root reaches no other root. The release is the last of
+/// `BFT_TEST_RELEASES` (`make test`), 26.05 if unset; with it set but empty (host only),
+/// no root is wanted and this test checks nothing more than the one above.
+#[test]
+fn cluster_of_another_release_from_the_host() {
+    if std::env::var_os("BFT_SLURM_ROOT_VERSION").is_some() {
+        return;
+    }
+    let release = match std::env::var("BFT_TEST_RELEASES") {
+        Ok(list) => match list.split_whitespace().last() {
+            Some(r) => r.to_string(),
+            None => return,
+        },
+        Err(_) => "26.05".to_string(),
+    };
+    let c = Cluster::start(Options {
+        nodes: 2,
+        slurm: Some(release.clone()),
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("a Slurm {release} cluster did not start: {e}"));
+    let v = c.slurm_version().unwrap();
+    assert!(v.starts_with(&format!("{release}.")), "asked for {release}, runs {v}");
+    // The wrappers, not the host's 22.05 commands, answer.
+    let out = c.run("sbatch", &["--version"]).unwrap();
+    assert!(out.contains(&v), "sbatch --version: {out:?}");
+    let out = c
+        .command_as_test_user("sbatch")
+        .unwrap()
+        .args(["--parsable", "-N2", "--wrap", "srun -l id -un"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let job: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    c.wait_for_state(job, &["COMPLETED"], Duration::from_secs(60))
+        .unwrap();
+    let text = std::fs::read_to_string(c.work_dir().join(format!("slurm-{job}.out"))).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort();
+    assert_eq!(lines, [format!("0: {TEST_USER}"), format!("1: {TEST_USER}")]);
+    let rows = sacct(&c, job);
+    assert_eq!(rows[0][1..], [TEST_USER, "batch", "COMPLETED", "n[1-2]"]);
+}
+
 #[test]
 fn cluster_two_at_once_are_independent() {
     let a = start(1);
