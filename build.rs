@@ -1,11 +1,25 @@
 //! Generates the raw Slurm FFI from the headers installed on this machine.
 //! Also exports SLURM_VERSION_NUMBER and turns `#define X SLURM_BIT(n)` into consts.
+//! API differences between Slurm releases become `slurm_ge_MAJOR_MINOR` cfgs, set here
+//! and passed to dependents (DEP_SLURM_CFGS / DEP_SLURM_ALL_CFGS) through `links`.
 
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 const HEADERS: [&str; 3] = ["slurm/slurm.h", "slurm/slurmdb.h", "slurm/spank.h"];
+/// Releases that changed an API this project uses; each gives the cfg
+/// `slurm_ge_MAJOR_MINOR`, set when the headers are that release or newer (what changed
+/// in each: `compat` in src/lib.rs and docs/admin.md).
+const RELEASE_CFGS: [(u32, u32); 7] = [
+    (23, 2),
+    (23, 11),
+    (24, 5),
+    (24, 11),
+    (25, 5),
+    (25, 11),
+    (26, 5),
+];
 const PACKAGE_HINT: &str =
     "install the Debian package `libslurm-dev` (apt-get install libslurm-dev), \
      or set SLURM_INCLUDE_DIR to the directory that contains slurm/slurm.h";
@@ -36,6 +50,20 @@ fn main() {
     let version = read_version(&inc.join("slurm/slurm_version.h"));
     println!("cargo:rustc-env=SLURM_VERSION_NUMBER={version}");
     println!("cargo:version_number={version}");
+    let (mut all, mut active) = (Vec::new(), Vec::new());
+    for (major, minor) in RELEASE_CFGS {
+        let name = format!("slurm_ge_{major}_{minor:02}");
+        println!("cargo::rustc-check-cfg=cfg({name})");
+        if version >= (major << 16 | minor << 8) {
+            println!("cargo:rustc-cfg={name}");
+            active.push(name.clone());
+        }
+        all.push(name);
+    }
+    // For dependents' build scripts: DEP_SLURM_CFGS (set) and DEP_SLURM_ALL_CFGS (known,
+    // for their check-cfg), so a plugin's FFI agrees with slurm-sys on every release.
+    println!("cargo:cfgs={}", active.join(","));
+    println!("cargo:all_cfgs={}", all.join(","));
 
     let wrapper = "#include <stdint.h>\n#include <stdbool.h>\n#include <slurm/slurm.h>\n\
                    #include <slurm/slurmdb.h>\n#include <slurm/spank.h>\n";
@@ -49,8 +77,8 @@ fn main() {
         .header_contents("slurm_wrapper.h", wrapper)
         .clang_arg(format!("-I{}", inc.display()))
         .allowlist_file(&public)
-        // Not public API: declared by hand in src/lib.rs with 22.05's exact signatures.
-        .blocklist_function("slurm_xcalloc|slurm_xfree|slurm_xfree_ptr|slurm_xstrdup|slurm_job_reason_string|slurm_job_state_string|slurm_node_state_string_complete")
+        // Not public API: declared by hand in src/lib.rs with each release's signatures.
+        .blocklist_function("slurm_xcalloc|slurm_xfree|slurm_xfree_ptr|slurm_xstrdup|slurm_job_reason_string|slurm_job_state_reason_string|slurm_job_state_string|slurm_node_state_string_complete")
         .default_enum_style(bindgen::EnumVariation::Consts)
         .prepend_enum_name(false)
         .derive_default(true)

@@ -9,6 +9,9 @@
 )]
 #![allow(clippy::all)]
 #![allow(unsafe_op_in_unsafe_fn)]
+// bindgen's bitfield accessors transmute bool/enum bitfields (24.11's and 26.05's
+// headers have some); older compilers do not know the lint's name.
+#![allow(unknown_lints, unnecessary_transmutes)]
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 
@@ -66,17 +69,287 @@ extern "C" {
 }
 
 // Name tables that libslurm exports but the public headers do not declare
-// (src/common/slurm_protocol_defs.h of 22.05). They are how scontrol/squeue print
-// states and reasons; re-implementing the ~200 pending reasons by hand would drift.
-//   char *job_reason_string(enum job_state_reason inx);   static string
+// (src/common/slurm_protocol_defs.h of 22.05; same signatures in 24.11 and 26.05).
+// They are how scontrol/squeue print states and reasons; re-implementing the ~200
+// pending reasons by hand would drift.
 //   char *job_state_string(uint32_t inx);                 static string, flags win
 //   char *node_state_string_complete(uint32_t inx);       xmalloc'd: free with xfree
 // And the destructor slurm.h tells callers of slurm_job_will_run2 to use but does not
-// declare:
+// declare (same signature in 22.05, 24.11, 26.05):
 //   void slurm_free_will_run_response_msg(will_run_response_msg_t *msg);
+// The reason table moved in 24.05 (src/common/job_state_reason.h); use
+// `compat::job_reason_string`, which picks the right one.
+//   up to 23.11: char *job_reason_string(enum job_state_reason inx);
+//   from 24.05:  const char *job_state_reason_string(enum job_state_reason inx);
 extern "C" {
     pub fn slurm_free_will_run_response_msg(msg: *mut will_run_response_msg_t);
+    #[cfg(not(slurm_ge_24_05))]
     pub fn slurm_job_reason_string(inx: job_state_reason) -> *mut std::os::raw::c_char;
+    #[cfg(slurm_ge_24_05)]
+    pub fn slurm_job_state_reason_string(inx: job_state_reason) -> *const std::os::raw::c_char;
     pub fn slurm_job_state_string(inx: u32) -> *mut std::os::raw::c_char;
     pub fn slurm_node_state_string_complete(inx: u32) -> *mut std::os::raw::c_char;
+}
+
+/// One spelling, for every supported release (22.05, 24.11, 26.05), of the calls and
+/// fields whose shape changed between releases. Version-dependent code lives here and
+/// only here (the `slurm_ge_*` cfgs come from build.rs); callers stay cfg-free.
+/// Everything calling libslurm needs the `link` feature (or a host that has it loaded).
+pub mod compat {
+    use super::*;
+    use std::os::raw::{c_char, c_int};
+
+    /// A `List` / `list_t *`: `typedef struct xlist *List` up to 24.05, `typedef struct
+    /// xlist list_t` (used as `list_t *`) from 23.02, `List` removed in 24.11.
+    pub type List = *mut xlist;
+
+    /// A `hostlist_t` handle: a pointer typedef up to 23.02, a struct typedef used as
+    /// `hostlist_t *` from 23.11. The pointer type is the same in both.
+    pub type Hostlist = *mut hostlist;
+
+    /// Slurm's error code of the last failed call on this thread. `slurm_get_errno()`
+    /// up to 24.05 (which returns errno); 24.11 removed it and documents errno.
+    pub fn errno() -> c_int {
+        #[cfg(not(slurm_ge_24_11))]
+        // SAFETY: reads this thread's errno.
+        return unsafe { slurm_get_errno() };
+        #[cfg(slurm_ge_24_11)]
+        return std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    }
+
+    /// Slurm's static text for a job state reason ("Priority", "Resources"...), or NULL.
+    ///
+    /// # Safety
+    /// libslurm is loaded (link feature).
+    pub unsafe fn job_reason_string(reason: job_state_reason) -> *const c_char {
+        #[cfg(not(slurm_ge_24_05))]
+        return unsafe { slurm_job_reason_string(reason) }.cast_const();
+        #[cfg(slurm_ge_24_05)]
+        return unsafe { slurm_job_state_reason_string(reason) };
+    }
+
+    /// Frees what `slurm_load_ctl_conf` returned: `slurm_free_ctl_conf` up to 25.11,
+    /// renamed `slurm_free_conf` in 26.05.
+    ///
+    /// # Safety
+    /// `conf` came from `slurm_load_ctl_conf` and is freed once.
+    pub unsafe fn free_ctl_conf(conf: *mut slurm_conf_t) {
+        #[cfg(not(slurm_ge_26_05))]
+        unsafe { slurm_free_ctl_conf(conf) };
+        #[cfg(slurm_ge_26_05)]
+        unsafe { slurm_free_conf(conf) };
+    }
+
+    /// CPUs allocated on a node (from `slurm_load_node`). Up to 24.11 the select
+    /// plugin's opaque `select_nodeinfo` (SELECT_NODEDATA_SUBCNT of
+    /// NODE_STATE_ALLOCATED, a uint16_t), `None` when the plugin does not report it;
+    /// 25.05 moved it into `node_info_t.alloc_cpus`.
+    ///
+    /// # Safety
+    /// `node` is a record of a live node_info_msg_t; libslurm is loaded.
+    pub unsafe fn node_alloc_cpus(node: &node_info_t) -> Option<u16> {
+        #[cfg(not(slurm_ge_25_05))]
+        return unsafe {
+            select_u64(
+                node.select_nodeinfo,
+                SELECT_NODEDATA_SUBCNT,
+                NODE_STATE_ALLOCATED,
+            )
+        }
+        .map(|v| v as u16);
+        #[cfg(slurm_ge_25_05)]
+        return Some(node.alloc_cpus);
+    }
+
+    /// Memory allocated on a node, MiB: select_nodeinfo's SELECT_NODEDATA_MEM_ALLOC (a
+    /// uint64_t) up to 24.11, `node_info_t.alloc_memory` from 25.05.
+    ///
+    /// # Safety
+    /// As for [`node_alloc_cpus`].
+    pub unsafe fn node_alloc_memory(node: &node_info_t) -> Option<u64> {
+        #[cfg(not(slurm_ge_25_05))]
+        return unsafe {
+            select_u64(
+                node.select_nodeinfo,
+                SELECT_NODEDATA_MEM_ALLOC,
+                NODE_STATE_ALLOCATED,
+            )
+        };
+        #[cfg(slurm_ge_25_05)]
+        return Some(node.alloc_memory);
+    }
+
+    #[cfg(not(slurm_ge_25_05))]
+    unsafe fn select_u64(info: *mut dynamic_plugin_data_t, what: u32, state: u32) -> Option<u64> {
+        if info.is_null() {
+            return None;
+        }
+        // Zeroed and wider than any field the plugin writes (u16/u64, little-endian),
+        // so a narrower write still reads back correctly.
+        let mut v: u64 = 0;
+        // SAFETY: info comes from a live node message; v outlives the call.
+        let rc = unsafe {
+            slurm_get_select_nodeinfo(info, what as _, state as _, (&mut v as *mut u64).cast())
+        };
+        (rc == SLURM_SUCCESS as i32).then_some(v)
+    }
+
+    /// A job's id in a job_desc_msg_t (the job to update): `job_id` up to 25.05,
+    /// `step_id.job_id` from 25.11 (which added the SLUID beside it).
+    pub fn job_desc_job_id(desc: &job_desc_msg_t) -> u32 {
+        #[cfg(not(slurm_ge_25_11))]
+        return desc.job_id;
+        #[cfg(slurm_ge_25_11)]
+        return desc.step_id.job_id;
+    }
+
+    /// Sets the job a job_desc_msg_t names (see [`job_desc_job_id`]).
+    pub fn set_job_desc_job_id(desc: &mut job_desc_msg_t, job_id: u32) {
+        #[cfg(not(slurm_ge_25_11))]
+        {
+            desc.job_id = job_id;
+        }
+        #[cfg(slurm_ge_25_11)]
+        {
+            desc.step_id.job_id = job_id;
+        }
+    }
+
+    /// The id of a submitted job: `job_id` up to 25.05, `step_id.job_id` from 25.11.
+    pub fn submit_response_job_id(resp: &submit_response_msg_t) -> u32 {
+        #[cfg(not(slurm_ge_25_11))]
+        return resp.job_id;
+        #[cfg(slurm_ge_25_11)]
+        return resp.step_id.job_id;
+    }
+
+    /// The whole job `job_id`, as 26.05's job calls take it: SLURM_STEP_ID_INITIALIZER
+    /// (sluid 0, the rest NO_VAL) with the job id set, as slurm.h's own
+    /// SLURM_BACKWARD_COMPAT wrappers build it.
+    #[cfg(slurm_ge_26_05)]
+    fn whole_job(job_id: u32) -> slurm_step_id_t {
+        slurm_step_id_t {
+            sluid: 0,
+            job_id,
+            step_het_comp: NO_VAL,
+            step_id: NO_VAL,
+        }
+    }
+
+    /// `slurm_kill_job` by job id (26.05 takes a slurm_step_id_t).
+    ///
+    /// # Safety
+    /// libslurm is loaded and initialised.
+    pub unsafe fn kill_job(job_id: u32, signal: u16, flags: u16) -> c_int {
+        #[cfg(not(slurm_ge_26_05))]
+        return unsafe { slurm_kill_job(job_id, signal, flags) };
+        #[cfg(slurm_ge_26_05)]
+        return unsafe { slurm_kill_job(whole_job(job_id), signal, flags) };
+    }
+
+    /// `slurm_requeue` by job id (26.05 takes a slurm_step_id_t).
+    ///
+    /// # Safety
+    /// As for [`kill_job`].
+    pub unsafe fn requeue(job_id: u32, flags: u32) -> c_int {
+        #[cfg(not(slurm_ge_26_05))]
+        return unsafe { slurm_requeue(job_id, flags) };
+        #[cfg(slurm_ge_26_05)]
+        return unsafe { slurm_requeue(whole_job(job_id), flags) };
+    }
+
+    /// `slurm_load_job` by job id (26.05 takes a slurm_step_id_t).
+    ///
+    /// # Safety
+    /// As for [`kill_job`]; `resp` receives a message to free with
+    /// `slurm_free_job_info_msg`.
+    pub unsafe fn load_job(resp: *mut *mut job_info_msg_t, job_id: u32, show_flags: u16) -> c_int {
+        #[cfg(not(slurm_ge_26_05))]
+        return unsafe { slurm_load_job(resp, job_id, show_flags) };
+        #[cfg(slurm_ge_26_05)]
+        return unsafe { slurm_load_job(resp, whole_job(job_id), show_flags) };
+    }
+}
+
+/// Which Slurm release is which: comparisons and messages shared by the daemon and
+/// the plugins (pure; no libslurm needed).
+pub mod release {
+    /// libslurm's API_CURRENT per release series (Slurm's META; libslurm.so.N and
+    /// `slurm_api_version() >> 16`, API_AGE being 0 in all of them), so the release a
+    /// running libslurm belongs to can be named.
+    const API_OF_RELEASE: [((u32, u32), u32); 8] = [
+        ((22, 5), 38),
+        ((23, 2), 39),
+        ((23, 11), 40),
+        ((24, 5), 41),
+        ((24, 11), 42),
+        ((25, 5), 43),
+        ((25, 11), 44),
+        ((26, 5), 45),
+    ];
+
+    /// "24.11.5" for 0x180b05.
+    pub fn format(version: u32) -> String {
+        format!(
+            "{}.{:02}.{}",
+            version >> 16,
+            (version >> 8) & 0xff,
+            version & 0xff
+        )
+    }
+
+    /// "24.11" for 0x180b05.
+    pub fn series(version: u32) -> String {
+        format!("{}.{:02}", version >> 16, (version >> 8) & 0xff)
+    }
+
+    /// Parses "24.11.5" (as in slurm_conf_t.version, `scontrol -V` without the
+    /// package name) into 0x180b05; a missing micro is 0, anything after it ignored.
+    pub fn parse(text: &str) -> Option<u32> {
+        let text = text.trim();
+        let text = text.strip_prefix("slurm ").unwrap_or(text);
+        let mut it = text.split(['.', '-']);
+        let major: u32 = it.next()?.trim().parse().ok()?;
+        let minor: u32 = it.next()?.trim().parse().ok()?;
+        let micro: u32 = match it.next() {
+            Some(m) => m
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .unwrap_or(0),
+            None => 0,
+        };
+        (major <= 0xff && minor <= 0xff && micro <= 0xff)
+            .then_some(major << 16 | minor << 8 | micro)
+    }
+
+    /// Same major.minor: the same protocol, ABI and struct layouts.
+    pub fn same_series(a: u32, b: u32) -> bool {
+        a >> 8 == b >> 8
+    }
+
+    /// libslurm's API_CURRENT for the release series of `version`, if known.
+    pub fn api_of(version: u32) -> Option<u32> {
+        let key = (version >> 16, (version >> 8) & 0xff);
+        API_OF_RELEASE.iter().find(|(r, _)| *r == key).map(|(_, a)| *a)
+    }
+
+    /// "24.11" for API 42, if known.
+    pub fn series_of_api(api: u32) -> Option<String> {
+        API_OF_RELEASE
+            .iter()
+            .find(|(_, a)| *a == api)
+            .map(|((major, minor), _)| format!("{major}.{minor:02}"))
+    }
+
+    /// Words for the release of a running libslurm whose `slurm_api_version()` is
+    /// `api_version`: "Slurm 24.11 (libslurm API 42)".
+    pub fn describe_api(api_version: i64) -> String {
+        let api = (api_version >> 16) as u32;
+        match series_of_api(api) {
+            Some(s) => format!("Slurm {s} (libslurm API {api})"),
+            None => format!("a Slurm release unknown to this build (libslurm API {api})"),
+        }
+    }
 }

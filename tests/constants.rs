@@ -147,15 +147,18 @@ fn version_exported_by_build_script_matches_header() {
         slurm_sys::SLURM_VERSION_NUMBER_BUILT,
         slurm_sys::SLURM_VERSION_NUMBER
     );
-    // This project targets 22.05; the bit layout below is the one of that release.
-    assert_eq!(
-        slurm_sys::SLURM_VERSION_NUMBER >> 8,
-        0x1605,
-        "Slurm 22.05 headers"
+    // The releases this project supports: 22.05, 24.11, 26.05.
+    let v = slurm_sys::SLURM_VERSION_NUMBER;
+    assert!(
+        [(22, 5), (24, 11), (26, 5)]
+            .iter()
+            .any(|&(major, minor)| slurm_sys::slurm_version_num(major, minor, 0) >> 8 == v >> 8),
+        "Slurm {} is not a supported release",
+        slurm_sys::release::format(v)
     );
     assert_eq!(
-        slurm_sys::slurm_version_num(22, 5, 8) >> 8,
-        slurm_sys::SLURM_VERSION_NUMBER >> 8
+        slurm_sys::release::parse(&slurm_sys::release::format(v)),
+        Some(v)
     );
 }
 
@@ -203,4 +206,54 @@ fn allocator_round_trip() {
             slurm_sys::slurm_xcalloc(0, 8, true, false, c"t".as_ptr(), 1, c"t".as_ptr()).is_null()
         );
     }
+}
+
+/// The release table names the installed libslurm: slurm_api_version() (libslurm's
+/// API_CURRENT) is the one listed for the release of the headers. The plugins rely on
+/// this to recognise the release of the process that loads them.
+#[cfg(feature = "link")]
+#[test]
+fn api_number_of_the_installed_libslurm_is_known() {
+    let api = unsafe { slurm_sys::slurm_api_version() };
+    assert_eq!(
+        Some((api >> 16) as u32),
+        slurm_sys::release::api_of(slurm_sys::SLURM_VERSION_NUMBER_BUILT),
+        "slurm_api_version() = {api:#x}"
+    );
+}
+
+/// The hand-declared name tables and destructor resolve in the installed libslurm with
+/// the signatures src/lib.rs gives them.
+#[cfg(feature = "link")]
+#[test]
+fn undeclared_exports_resolve() {
+    use std::ffi::CStr;
+    unsafe {
+        let p = slurm_sys::compat::job_reason_string(slurm_sys::WAIT_PRIORITY);
+        assert_eq!(CStr::from_ptr(p).to_str().unwrap(), "Priority");
+        let p = slurm_sys::slurm_job_state_string(slurm_sys::JOB_RUNNING);
+        assert_eq!(CStr::from_ptr(p).to_str().unwrap(), "RUNNING");
+        let p = slurm_sys::slurm_node_state_string_complete(slurm_sys::NODE_STATE_IDLE);
+        assert_eq!(CStr::from_ptr(p).to_str().unwrap(), "IDLE");
+        let mut v = p.cast::<std::os::raw::c_void>();
+        slurm_sys::slurm_xfree(&mut v);
+        // NULL is a no-op (checked in the source of all three releases).
+        slurm_sys::slurm_free_will_run_response_msg(std::ptr::null_mut());
+    }
+}
+
+#[test]
+fn release_numbers_format_and_parse() {
+    use slurm_sys::release;
+    assert_eq!(release::format(0x18_0b_05), "24.11.5");
+    assert_eq!(release::series(0x1a_05_05), "26.05");
+    assert_eq!(release::parse("22.05.8"), Some(0x16_05_08));
+    assert_eq!(release::parse("24.11.0-0rc1"), Some(0x18_0b_00));
+    assert_eq!(release::parse("26.05"), Some(0x1a_05_00));
+    assert_eq!(release::parse("x.y"), None);
+    assert!(release::same_series(0x16_05_08, 0x16_05_02));
+    assert!(!release::same_series(0x16_05_08, 0x18_0b_05));
+    assert_eq!(release::api_of(0x18_0b_05), Some(42));
+    assert_eq!(release::series_of_api(45).as_deref(), Some("26.05"));
+    assert_eq!(release::describe_api(38 << 16), "Slurm 22.05 (libslurm API 38)");
 }
