@@ -99,8 +99,7 @@ impl SlurmDb {
         let mut flags: u16 = 0;
         // SAFETY: flags outlives the call; the result is owned by SlurmDb.
         let conn = unsafe { slurm_sys::slurmdb_connection_get(&mut flags) };
-        // SAFETY: reads this thread's errno.
-        let errno = unsafe { slurm_sys::slurm_get_errno() };
+        let errno = slurm_sys::compat::errno();
         // When slurmdbd cannot be reached, the slurmdbd plugin still hands back a
         // connection object and reports the failure in errno only (sacct checks errno,
         // not the pointer, for this reason). Take it as the failure it is.
@@ -164,7 +163,7 @@ impl SlurmDb {
             db_flags: slurm_sys::SLURMDB_JOB_FLAG_NOTSET as u32,
             ..Default::default()
         };
-        let mut strs = |items: Vec<String>, what: &'static str| -> Result<slurm_sys::List> {
+        let mut strs = |items: Vec<String>, what: &'static str| -> Result<slurm_sys::compat::List> {
             if items.is_empty() {
                 return Ok(std::ptr::null_mut());
             }

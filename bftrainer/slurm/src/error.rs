@@ -23,6 +23,10 @@ pub enum Error {
     /// would otherwise exit the process on a missing file).
     #[error("Slurm configuration: {0}")]
     Config(String),
+    /// slurmctld runs another Slurm release than the libslurm this was built against
+    /// (the message names both and how to fix it).
+    #[error("{0}")]
+    Release(String),
     /// An argument we refuse to send to Slurm; says what was wrong and what is allowed.
     #[error("invalid {what}: {why}")]
     InvalidArgument {
@@ -47,6 +51,12 @@ impl Error {
         self.code() == Some(slurm_sys::ESLURM_INVALID_JOB_ID as i32)
     }
 
+    /// True when slurmctld could not read our messages or we its: it runs another
+    /// release (the message says so).
+    pub fn is_protocol_error(&self) -> bool {
+        self.code().is_some_and(is_protocol_error)
+    }
+
     /// True when the job already finished (ESLURM_ALREADY_DONE).
     pub fn is_already_done(&self) -> bool {
         self.code() == Some(slurm_sys::ESLURM_ALREADY_DONE as i32)
@@ -59,12 +69,17 @@ impl Error {
         }
     }
 
-    /// Builds the error for `code` with Slurm's own text.
+    /// Builds the error for `code` with Slurm's own text, plus what a protocol error
+    /// usually means (a controller of another release).
     pub(crate) fn from_code(call: &'static str, code: i32) -> Error {
+        let mut message = strerror(code);
+        if let Some(hint) = protocol_hint(code, slurm_sys::SLURM_VERSION_NUMBER_BUILT) {
+            message = format!("{message}; {hint}");
+        }
         Error::Slurm {
             call,
             code,
-            message: strerror(code),
+            message,
         }
     }
 }
@@ -83,6 +98,54 @@ pub fn strerror(code: i32) -> String {
     }
 }
 
+/// Slurm's codes for a message the other side could not read: what a client and a
+/// slurmctld more than two releases apart get (or one built for a release that
+/// changed the wire format within the protocol version window).
+fn is_protocol_error(code: i32) -> bool {
+    [
+        slurm_sys::SLURM_PROTOCOL_VERSION_ERROR,
+        slurm_sys::ESLURM_PROTOCOL_INCOMPLETE_PACKET,
+    ]
+    .iter()
+    .any(|&c| c as i32 == code)
+}
+
+/// For a protocol error: names the release we were built for and the fix.
+pub(crate) fn protocol_hint(code: i32, built: u32) -> Option<String> {
+    is_protocol_error(code).then(|| {
+        format!(
+            "slurmctld does not speak the protocol of Slurm {} that this program was built \
+             against: it runs another release; rebuild with `make install` against the \
+             running release",
+            slurm_sys::release::format(built)
+        )
+    })
+}
+
+/// Compares the release slurmctld reports (slurm_conf_t.version, e.g. "24.11.5") with
+/// the one we were built against; `Err` names both when the major.minor differ (the
+/// micro may differ: the protocol and the structs are those of the release series).
+pub(crate) fn check_release(built: u32, controller: &str) -> Result<(), String> {
+    let Some(running) = slurm_sys::release::parse(controller) else {
+        return Err(format!(
+            "slurmctld reports the version `{controller}`, which is not MAJOR.MINOR.MICRO; \
+             this program was built against Slurm {}",
+            slurm_sys::release::format(built)
+        ));
+    };
+    if slurm_sys::release::same_series(built, running) {
+        return Ok(());
+    }
+    Err(format!(
+        "slurmctld runs Slurm {}, but this program was built against Slurm {} (libslurm of \
+         {}): rebuild with `make install` against the running release {}",
+        slurm_sys::release::format(running),
+        slurm_sys::release::format(built),
+        slurm_sys::release::series(built),
+        slurm_sys::release::series(running),
+    ))
+}
+
 /// Clears errno before a call, so a failure that does not set it is not blamed on a
 /// stale value from an earlier call on this thread.
 pub(crate) fn clear_errno() {
@@ -93,8 +156,7 @@ pub(crate) fn clear_errno() {
 /// The error of a call that returned `rc != SLURM_SUCCESS`. Most calls return -1 and
 /// set errno; some return the error code itself.
 pub(crate) fn last_error(call: &'static str, rc: i32) -> Error {
-    // SAFETY: reads this thread's errno.
-    let errno = unsafe { slurm_sys::slurm_get_errno() };
+    let errno = slurm_sys::compat::errno();
     let code = if errno != 0 {
         errno
     } else if rc > 0 {
@@ -111,5 +173,44 @@ pub(crate) fn check(call: &'static str, rc: i32) -> Result<()> {
         Ok(())
     } else {
         Err(last_error(call, rc))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const V22_05_8: u32 = 0x16_05_08;
+
+    #[test]
+    fn same_series_passes_whatever_the_micro() {
+        assert_eq!(check_release(V22_05_8, "22.05.8"), Ok(()));
+        assert_eq!(check_release(V22_05_8, "22.05.11"), Ok(()));
+    }
+
+    #[test]
+    fn another_series_names_both_releases_and_the_fix() {
+        let e = check_release(V22_05_8, "24.11.5").unwrap_err();
+        assert!(e.contains("slurmctld runs Slurm 24.11.5"), "{e}");
+        assert!(e.contains("built against Slurm 22.05.8"), "{e}");
+        assert!(e.contains("make install"), "{e}");
+        let e = check_release(0x1a_05_05, "25.11.1").unwrap_err();
+        assert!(e.contains("25.11.1") && e.contains("26.05.5"), "{e}");
+    }
+
+    #[test]
+    fn unparsable_versions_are_refused_with_ours_named() {
+        let e = check_release(V22_05_8, "garbage").unwrap_err();
+        assert!(e.contains("`garbage`") && e.contains("22.05.8"), "{e}");
+    }
+
+    #[test]
+    fn protocol_errors_get_the_release_hint() {
+        let code = slurm_sys::SLURM_PROTOCOL_VERSION_ERROR as i32;
+        let hint = protocol_hint(code, 0x18_0b_05).unwrap();
+        assert!(hint.contains("Slurm 24.11.5") && hint.contains("make install"), "{hint}");
+        assert_eq!(protocol_hint(slurm_sys::ESLURM_INVALID_JOB_ID as i32, 0x18_0b_05), None);
+        let e = Error::from_code("slurm_load_ctl_conf", code);
+        assert!(e.to_string().contains("another release"), "{e}");
     }
 }

@@ -113,7 +113,7 @@ macro_rules! owned_msg {
 pub(crate) use owned_msg;
 
 /// Owns a hostlist_t; destroyed on drop.
-struct Hostlist(slurm_sys::hostlist_t);
+struct Hostlist(slurm_sys::compat::Hostlist);
 
 impl Drop for Hostlist {
     fn drop(&mut self) {
@@ -232,7 +232,7 @@ impl Drop for XString {
 }
 
 /// Owns a Slurm `List`; destroyed (with its items, via the List's destructor) on drop.
-pub(crate) struct List(pub(crate) slurm_sys::List);
+pub(crate) struct List(pub(crate) slurm_sys::compat::List);
 
 impl List {
     /// A new list whose items are xmalloc'd and freed with xfree.
@@ -286,7 +286,7 @@ impl Drop for List {
 ///
 /// # Safety
 /// `l` is NULL or a live List for the duration of the call.
-pub(crate) unsafe fn for_each_borrowed(l: slurm_sys::List, f: impl FnMut(*mut c_void)) {
+pub(crate) unsafe fn for_each_borrowed(l: slurm_sys::compat::List, f: impl FnMut(*mut c_void)) {
     // ManuallyDrop, not mem::forget after the loop: if `f` panics, unwinding must not
     // destroy a list that its owner (a Slurm response) frees again later.
     let borrowed = std::mem::ManuallyDrop::new(List(l));

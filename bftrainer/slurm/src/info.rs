@@ -306,29 +306,17 @@ fn records<'a, T>(ptr: *const T, count: u32) -> &'a [T] {
     }
 }
 
-fn select_u64(info: *mut slurm_sys::dynamic_plugin_data_t, what: u32, state: u32) -> Option<u64> {
-    if info.is_null() {
-        return None;
-    }
-    // Zeroed and wider than any field the plugin writes (u16/u64, little-endian), so a
-    // narrower write still reads back correctly.
-    let mut v: u64 = 0;
-    // SAFETY: info comes from a live node message; v outlives the call.
-    let rc = unsafe {
-        slurm_sys::slurm_get_select_nodeinfo(
-            info,
-            what as _,
-            state as _,
-            (&mut v as *mut u64).cast(),
-        )
-    };
-    (rc == slurm_sys::SLURM_SUCCESS as i32).then_some(v)
-}
+/// Owns a slurm_conf_t from slurm_load_ctl_conf.
+struct ConfMsg(*mut slurm_sys::slurm_conf_t);
 
-owned_msg!(
-    /// Owns a slurm_conf_t from slurm_load_ctl_conf.
-    ConfMsg, slurm_conf_t, slurm_free_ctl_conf
-);
+impl Drop for ConfMsg {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: allocated by slurm_load_ctl_conf for this guard, freed only here.
+            unsafe { slurm_sys::compat::free_ctl_conf(self.0) };
+        }
+    }
+}
 
 impl Slurm {
     /// `f` of slurmctld's configuration (`slurm_load_ctl_conf`).
@@ -351,6 +339,22 @@ impl Slurm {
         // SAFETY: the field is NULL or a C string owned by the message.
         self.ctl_conf(|c| unsafe { opt_string(c.cluster_name) })?
             .ok_or_else(|| crate::Error::from_code("slurm_load_ctl_conf", slurm_sys::SLURM_ERROR))
+    }
+
+    /// The release slurmctld runs, as it reports it ("24.11.5"), if it says.
+    pub fn controller_version(&self) -> Result<Option<String>> {
+        // SAFETY: the field is NULL or a C string owned by the message.
+        self.ctl_conf(|c| unsafe { opt_string(c.version) })
+    }
+
+    /// Refuses a slurmctld of another release series (major.minor) than the libslurm
+    /// this program was built against: `Error::Release` names both and the fix. A
+    /// controller too far apart to answer at all gives `Error::Slurm` with the same
+    /// advice (see [`crate::Error`]).
+    pub fn check_controller_release(&self) -> Result<()> {
+        let running = self.controller_version()?.unwrap_or_default();
+        crate::error::check_release(slurm_sys::SLURM_VERSION_NUMBER_BUILT, &running)
+            .map_err(crate::Error::Release)
     }
 
     /// SlurmUser's uid as slurmctld reports it: the one non-root user Slurm treats as
@@ -448,7 +452,7 @@ impl Slurm {
         clear_errno();
         // SAFETY: msg.0 receives a message owned by the guard.
         let rc =
-            unsafe { slurm_sys::slurm_load_job(&mut msg.0, job_id, slurm_sys::SHOW_ALL as u16) };
+            unsafe { slurm_sys::compat::load_job(&mut msg.0, job_id, slurm_sys::SHOW_ALL as u16) };
         if rc != slurm_sys::SLURM_SUCCESS as i32 {
             return Err(last_error("slurm_load_job", rc));
         }
@@ -475,18 +479,9 @@ fn convert_node(n: &slurm_sys::node_info_t) -> Node {
             state: NodeState(n.node_state),
             partitions: comma_list(n.partitions),
             cpus: n.cpus,
-            alloc_cpus: select_u64(
-                n.select_nodeinfo,
-                slurm_sys::SELECT_NODEDATA_SUBCNT,
-                slurm_sys::NODE_STATE_ALLOCATED,
-            )
-            .map(|v| v as u16),
+            alloc_cpus: slurm_sys::compat::node_alloc_cpus(n),
             real_memory_mb: n.real_memory,
-            alloc_memory_mb: select_u64(
-                n.select_nodeinfo,
-                slurm_sys::SELECT_NODEDATA_MEM_ALLOC,
-                slurm_sys::NODE_STATE_ALLOCATED,
-            ),
+            alloc_memory_mb: slurm_sys::compat::node_alloc_memory(n),
             free_memory_mb: opt_u64(n.free_mem),
             gpus: gres.as_deref().map(gpu_count).unwrap_or(0),
             gres,
@@ -528,7 +523,9 @@ fn convert_partition(p: &slurm_sys::partition_info_t) -> Result<Partition> {
         total_cpus: p.total_cpus,
         total_nodes: p.total_nodes,
         up,
-        is_default: u32::from(p.flags) & slurm_sys::PART_FLAG_DEFAULT != 0,
+        // A uint16_t and a plain 0x0001 in 22.05, a uint32_t and SLURM_BIT(0) (u64 here)
+        // from 24.05: widen both.
+        is_default: u64::from(p.flags) & slurm_sys::PART_FLAG_DEFAULT as u64 != 0,
     })
 }
 

@@ -121,6 +121,11 @@ pub fn config_path() -> PathBuf {
 /// SLURM_VERSION_NUMBER of the headers this crate was built against (0xMMmmuu).
 pub const SLURM_VERSION: u32 = slurm_sys::SLURM_VERSION_NUMBER;
 
+/// The Slurm release this crate was built against, e.g. "24.11.5".
+pub fn built_release() -> String {
+    slurm_sys::release::format(slurm_sys::SLURM_VERSION_NUMBER_BUILT)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

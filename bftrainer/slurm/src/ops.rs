@@ -123,7 +123,7 @@ struct DescBuilder {
 
 impl std::fmt::Debug for Desc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Desc(job {})", self.msg.job_id)
+        write!(f, "Desc(job {})", slurm_sys::compat::job_desc_job_id(&self.msg))
     }
 }
 
@@ -284,7 +284,7 @@ fn batch_desc(job: &BatchJob) -> Result<Desc> {
 
 fn update_desc(job_id: u32, u: &JobUpdate) -> Result<Desc> {
     let mut b = DescBuilder::new();
-    b.msg.job_id = job_id;
+    slurm_sys::compat::set_job_desc_job_id(&mut b.msg, job_id);
     b.msg.req_nodes = b.opt("node_list", &u.node_list)?;
     b.msg.comment = b.opt("comment", &u.comment)?;
     b.msg.admin_comment = b.opt("admin_comment", &u.admin_comment)?;
@@ -338,7 +338,7 @@ impl Slurm {
         let r = unsafe { resp.0.as_ref() }
             .ok_or_else(|| Error::from_code("slurm_submit_batch_job", slurm_sys::SLURM_ERROR))?;
         Ok(Submitted {
-            job_id: r.job_id,
+            job_id: slurm_sys::compat::submit_response_job_id(r),
             // SAFETY: NULL or a valid string in the response.
             user_message: unsafe { opt_string(r.job_submit_user_msg) },
         })
@@ -429,7 +429,7 @@ impl Slurm {
         clear_errno();
         // SAFETY: plain values.
         check("slurm_kill_job", unsafe {
-            slurm_sys::slurm_kill_job(job_id, sig, flags)
+            slurm_sys::compat::kill_job(job_id, sig, flags)
         })
     }
 
@@ -438,7 +438,7 @@ impl Slurm {
         clear_errno();
         // SAFETY: plain values.
         check("slurm_kill_job", unsafe {
-            slurm_sys::slurm_kill_job(job_id, libc::SIGKILL as u16, 0)
+            slurm_sys::compat::kill_job(job_id, libc::SIGKILL as u16, 0)
         })
     }
 
@@ -453,7 +453,7 @@ impl Slurm {
         clear_errno();
         // SAFETY: plain values.
         check("slurm_requeue", unsafe {
-            slurm_sys::slurm_requeue(job_id, flags)
+            slurm_sys::compat::requeue(job_id, flags)
         })
     }
 }

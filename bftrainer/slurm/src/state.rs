@@ -226,7 +226,7 @@ pub(crate) fn reason_name(reason: u32) -> String {
     // SAFETY: returns a pointer to a static string (or NULL); unknown values are
     // mapped by Slurm to "?".
     unsafe {
-        let p = slurm_sys::slurm_job_reason_string(reason as slurm_sys::job_state_reason);
+        let p = slurm_sys::compat::job_reason_string(reason as slurm_sys::job_state_reason);
         if p.is_null() {
             format!("reason {reason}")
         } else {

@@ -29,11 +29,30 @@ pub fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Refuses to start against a slurmctld of another release than the libslurm we were
+/// built with: struct layouts and the protocol are per release. A controller that
+/// cannot be reached now is only a warning (the poll loop reports it as it goes).
+fn check_controller_release(slurm: &bftrainer_slurm::Slurm) -> anyhow::Result<()> {
+    match slurm.check_controller_release() {
+        Ok(()) => Ok(()),
+        Err(e @ bftrainer_slurm::Error::Release(_)) => Err(anyhow::anyhow!("{e}")),
+        Err(e) if e.is_protocol_error() => Err(anyhow::anyhow!("{e}")),
+        Err(e) => {
+            log::warn!(
+                "cannot check slurmctld's release now ({e}); built against Slurm {}",
+                bftrainer_slurm::built_release()
+            );
+            Ok(())
+        }
+    }
+}
+
 /// Runs the daemon in the foreground until SIGTERM/SIGINT.
 pub fn run(config_path: &Path) -> anyhow::Result<()> {
     let cfg = config::load(config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let lock = Lock::acquire(&cfg.state_dir)?;
     let slurm = bftrainer_slurm::Slurm::init().context("libslurm")?;
+    check_controller_release(&slurm)?;
     // Root and SlurmUser may use the admin verbs.
     let mut admins = vec![0u32];
     match slurm.slurm_user_id() {
