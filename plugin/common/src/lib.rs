@@ -18,6 +18,7 @@ pub const SLURM_SUCCESS: c_int = 0;
 type LogFn = unsafe extern "C" fn(*const c_char, ...);
 type XstrdupFn = unsafe extern "C" fn(*const c_char) -> *mut c_char;
 type XfreeFn = unsafe extern "C" fn(*mut *mut c_void);
+type ApiVersionFn = unsafe extern "C" fn() -> std::ffi::c_long;
 
 struct Host {
     error: Option<LogFn>,
@@ -27,6 +28,7 @@ struct Host {
     debug2: Option<LogFn>,
     xstrdup: Option<XstrdupFn>,
     xfree: Option<XfreeFn>,
+    api_version: Option<ApiVersionFn>,
 }
 
 fn lookup(name: &CStr) -> Option<*mut c_void> {
@@ -53,6 +55,9 @@ fn host() -> &'static Host {
                     .map(|p| std::mem::transmute::<*mut c_void, XstrdupFn>(p)),
                 xfree: lookup(c"slurm_xfree")
                     .map(|p| std::mem::transmute::<*mut c_void, XfreeFn>(p)),
+                // `long slurm_api_version(void)` (slurm.h, every release).
+                api_version: lookup(c"slurm_api_version")
+                    .map(|p| std::mem::transmute::<*mut c_void, ApiVersionFn>(p)),
             }
         }
     })
@@ -111,6 +116,50 @@ impl Logger {
     }
     pub fn debug2(self, msg: &str) {
         log(Level::Debug2, &format!("{}: {msg}", self.0));
+    }
+}
+
+/// Why a plugin built for Slurm `built` (SLURM_VERSION_NUMBER) must not run in a host
+/// whose libslurm reports `slurm_api_version()` = `running_api`, or `None` when it
+/// may. Slurm exports no release number to plugins, but the libslurm API number
+/// (API_CURRENT, one per release series) identifies the series; within a series Slurm's
+/// own loader checks the rest (the micro for job_submit, nothing more for SPANK).
+pub fn release_mismatch(plugin: &str, built: u32, running_api: i64) -> Option<String> {
+    use slurm_sys::release;
+    let expected = release::api_of(built);
+    let running = (running_api >> 16) as u32;
+    if expected == Some(running) {
+        return None;
+    }
+    let ours = match expected {
+        Some(api) => format!("Slurm {} (libslurm API {api})", release::format(built)),
+        None => format!("Slurm {}", release::format(built)),
+    };
+    Some(format!(
+        "{plugin} was built for {ours} but this process runs {}: refusing to load; \
+         rebuild and reinstall it with `make install` against the running Slurm release",
+        release::describe_api(running_api)
+    ))
+}
+
+/// Checks the running Slurm against the release the plugin was built for; on a
+/// mismatch logs why (Slurm's log and stderr, which slurmctld -D and sbatch show) and
+/// returns false. Outside Slurm (no libslurm loaded) there is nothing to check.
+pub fn release_ok(log: Logger, built: u32) -> bool {
+    let Some(f) = host().api_version else {
+        return true;
+    };
+    // SAFETY: slurm_api_version takes nothing and returns a long.
+    let api = unsafe { f() };
+    match release_mismatch(log.0, built, api) {
+        None => true,
+        Some(msg) => {
+            log.error(&msg);
+            if host().error.is_some() {
+                eprintln!("error: {msg}");
+            }
+            false
+        }
     }
 }
 
@@ -281,6 +330,33 @@ mod tests {
             v[3]
         });
         assert_eq!(rc, -7);
+    }
+
+    #[test]
+    fn the_same_release_series_loads() {
+        // 22.05 (API 38), 24.11 (API 42), 26.05 (API 45): slurm_api_version() packs
+        // (API_CURRENT - API_AGE, API_AGE, API_REVISION) like SLURM_VERSION_NUM.
+        assert_eq!(release_mismatch("x", 0x16_05_08, 38 << 16), None);
+        assert_eq!(release_mismatch("x", 0x18_0b_05, 42 << 16), None);
+        assert_eq!(release_mismatch("x", 0x1a_05_05, 45 << 16), None);
+    }
+
+    #[test]
+    fn another_release_is_refused_with_both_named() {
+        let m = release_mismatch("job_submit/bftrainer", 0x16_05_08, 42 << 16).unwrap();
+        assert!(m.starts_with("job_submit/bftrainer was built for Slurm 22.05.8"), "{m}");
+        assert!(m.contains("runs Slurm 24.11 (libslurm API 42)"), "{m}");
+        assert!(m.contains("make install"), "{m}");
+        let m = release_mismatch("spank/bftrainer", 0x1a_05_05, 50 << 16).unwrap();
+        assert!(m.contains("unknown to this build (libslurm API 50)"), "{m}");
+        assert!(m.contains("26.05.5"), "{m}");
+        // A release the table does not know is never taken for a match.
+        assert!(release_mismatch("x", 0x1b_05_00, 46 << 16).is_some());
+    }
+
+    #[test]
+    fn nothing_to_check_outside_slurm() {
+        assert!(release_ok(LOG, 0x01_02_03));
     }
 
     #[test]

@@ -1,7 +1,14 @@
-//! The exported job_submit/bftrainer symbols (Slurm 22.05 contract) and the copying of
-//! fields between Slurm's structs and the pure policy. Everything enters through guard().
+//! The exported job_submit/bftrainer symbols (the contract of the Slurm release built
+//! against: 22.05, 24.11 or 26.05) and the copying of fields between Slurm's structs
+//! and the pure policy. Everything enters through guard().
 //!
 //! Compiled out of unit tests: these symbols only resolve inside slurmctld.
+//!
+//! Threads: from 23.02 slurmctld may run job_submit/job_modify of different RPCs at
+//! once. All shared state is behind a Mutex (STATE, STATS) or a OnceLock; no lock is
+//! held while another is taken, none across a call into Slurm other than its logger
+//! and allocator (which take only their own locks), and a poisoned lock is recovered
+//! (the data is whole: every write is a single assignment).
 
 #![allow(non_upper_case_globals)]
 
@@ -27,18 +34,62 @@ pub static plugin_version: u32 = slurm_sys::SLURM_VERSION_NUMBER;
 
 const LOG: Logger = Logger("job_submit/bftrainer");
 
-/// Slurm's JOB_MAGIC (src/slurmctld/slurmctld.h): checked before trusting the layout.
+/// Slurm's JOB_MAGIC (src/slurmctld/slurmctld.h up to 23.11, src/common/job_record.h
+/// from 24.05; the same value in 22.05, 24.11, 26.05): checked before trusting the
+/// layout.
 const JOB_MAGIC: u32 = 0xf0b7_392c;
 
-/// The first fields of slurmctld's private `struct job_record` in 22.05 (magic,
-/// account, admin_comment), which the header marks "DO NOT ALPHABETIZE". Only
-/// admin_comment is read, and only after the magic matches.
+/// The first fields of slurmctld's private `struct job_record` (magic, account,
+/// admin_comment), which the header marks "DO NOT ALPHABETIZE"; checked against
+/// slurm-22-05-8-1's src/slurmctld/slurmctld.h and slurm-24-11-5-1's
+/// src/common/job_record.h. Only admin_comment is read, and only after the magic
+/// matches.
+#[cfg(not(slurm_ge_25_11))]
 #[repr(C)]
 struct JobRecordPrefix {
     magic: u32,
     account: *mut c_char,
     admin_comment: *mut c_char,
 }
+
+/// From 25.11 (checked against the slurm-26.05 branch's src/common/job_record.h) the
+/// record opens with `slurm_step_id_t step_id` ("DO NOT REORDER": slurmctld casts the
+/// record to it), then magic, account, admin_comment. step_id.job_id names the job.
+#[cfg(slurm_ge_25_11)]
+#[repr(C)]
+struct JobRecordPrefix {
+    step_id: slurm_sys::slurm_step_id_t,
+    magic: u32,
+    account: *mut c_char,
+    admin_comment: *mut c_char,
+}
+
+impl JobRecordPrefix {
+    /// "job 42 (tagged '...')" where the record holds the id, else "the job tagged '...'".
+    fn describe(&self, tag: &str) -> String {
+        #[cfg(slurm_ge_25_11)]
+        return format!("job {} (tagged '{tag}')", self.step_id.job_id);
+        // 22.05 fills neither job_id nor job_id_str of the update for `scontrol
+        // update`, and job_id sits deep in its private job record.
+        #[cfg(not(slurm_ge_25_11))]
+        return format!("the job tagged '{tag}'");
+    }
+}
+
+/// Runs when slurmctld dlopens the plugin, before Slurm compares plugin_version with
+/// its own (and so before a refused plugin could say why): logs a clear error when
+/// the running Slurm is another release than the one this was built for. init() then
+/// refuses, for the case Slurm's check lets through.
+extern "C" fn on_load() {
+    guard(LOG, "load", SLURM_ERROR, || {
+        common::release_ok(LOG, slurm_sys::SLURM_VERSION_NUMBER_BUILT);
+        SLURM_SUCCESS
+    });
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
 
 struct State {
     policy: Policy,
@@ -112,7 +163,16 @@ fn describe(p: &Policy) -> String {
 
 #[no_mangle]
 pub extern "C" fn init() -> c_int {
-    guard(LOG, "init", SLURM_ERROR, || match load() {
+    guard(LOG, "init", SLURM_ERROR, || {
+        if !common::release_ok(LOG, slurm_sys::SLURM_VERSION_NUMBER_BUILT) {
+            return SLURM_ERROR;
+        }
+        init_inner()
+    })
+}
+
+fn init_inner() -> c_int {
+    match load() {
         Ok(st) => {
             LOG.info(&describe(&st.policy));
             *state() = Some(st);
@@ -122,17 +182,20 @@ pub extern "C" fn init() -> c_int {
             LOG.error(&format!("init failed: {e}"));
             SLURM_ERROR
         }
-    })
+    }
 }
 
 #[no_mangle]
 pub extern "C" fn fini() -> c_int {
     guard(LOG, "fini", SLURM_ERROR, || {
-        let mut stats = STATS.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = stats.take_summary() {
-            LOG.info(&s);
+        {
+            let mut stats = STATS.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(s) = stats.take_summary() {
+                LOG.info(&s);
+            }
+            stats.reset();
         }
-        stats.reset();
+        // Never both locks at once: no lock order to get wrong.
         *state() = None;
         SLURM_SUCCESS
     })
@@ -231,15 +294,8 @@ unsafe fn submit_inner(
         Verdict::Untouched => SLURM_SUCCESS,
         Verdict::Reject(msg, c) => {
             LOG.info(&format!("rejected a job of uid {uid}: {msg}"));
-            if !err_msg.is_null() {
-                if let Some(p) = common::xstrdup(&msg) {
-                    // SAFETY: err_msg is Slurm's out-parameter; it xfrees what we put there.
-                    unsafe {
-                        common::xfree(&mut *err_msg);
-                        *err_msg = p;
-                    }
-                }
-            }
+            // SAFETY: err_msg is Slurm's out-parameter (job_submit's contract).
+            unsafe { tell_user(err_msg, &msg) };
             code(c)
         }
         Verdict::Elastic(r) => {
@@ -282,7 +338,9 @@ unsafe fn submit_inner(
 }
 
 /// # Safety
-/// Called by slurmctld with a valid job_desc and job record (22.05 signature: no err_msg).
+/// Called by slurmctld with a valid job_desc and job record (22.05 signature: no
+/// err_msg; src/slurmctld/job_submit.c).
+#[cfg(not(slurm_ge_23_02))]
 #[no_mangle]
 pub unsafe extern "C" fn job_modify(
     job_desc: *mut job_desc_msg_t,
@@ -291,11 +349,51 @@ pub unsafe extern "C" fn job_modify(
 ) -> c_int {
     guard(LOG, "job_modify", SLURM_ERROR, || {
         // SAFETY: per the contract above.
-        unsafe { modify_inner(job_desc, job_ptr, submit_uid) }
+        unsafe { modify_inner(job_desc, job_ptr, submit_uid, std::ptr::null_mut()) }
     })
 }
 
-unsafe fn modify_inner(job_desc: *mut job_desc_msg_t, job_ptr: *mut c_void, uid: u32) -> c_int {
+/// # Safety
+/// Called by slurmctld with a valid job_desc, job record and err_msg (23.02 added
+/// `char **err_msg`, which slurmctld xfrees and shows the user; the same in 24.11 and
+/// 26.05's src/interfaces/job_submit.c).
+#[cfg(slurm_ge_23_02)]
+#[no_mangle]
+pub unsafe extern "C" fn job_modify(
+    job_desc: *mut job_desc_msg_t,
+    job_ptr: *mut c_void,
+    submit_uid: u32,
+    err_msg: *mut *mut c_char,
+) -> c_int {
+    guard(LOG, "job_modify", SLURM_ERROR, || {
+        // SAFETY: per the contract above.
+        unsafe { modify_inner(job_desc, job_ptr, submit_uid, err_msg) }
+    })
+}
+
+/// Hands `msg` to the user through Slurm's `err_msg` out-parameter (NULL: none).
+///
+/// # Safety
+/// `err_msg` is NULL or Slurm's out-parameter, holding NULL or an xmalloc'd string.
+unsafe fn tell_user(err_msg: *mut *mut c_char, msg: &str) {
+    if err_msg.is_null() {
+        return;
+    }
+    if let Some(p) = common::xstrdup(msg) {
+        // SAFETY: per the contract above; Slurm xfrees what we put there.
+        unsafe {
+            common::xfree(&mut *err_msg);
+            *err_msg = p;
+        }
+    }
+}
+
+unsafe fn modify_inner(
+    job_desc: *mut job_desc_msg_t,
+    job_ptr: *mut c_void,
+    uid: u32,
+    err_msg: *mut *mut c_char,
+) -> c_int {
     let Some(jd) = (unsafe { job_desc.as_ref() }) else {
         return SLURM_SUCCESS;
     };
@@ -308,14 +406,14 @@ unsafe fn modify_inner(job_desc: *mut job_desc_msg_t, job_ptr: *mut c_void, uid:
     let record = job_ptr as *const JobRecordPrefix;
     // SAFETY: job_ptr is slurmctld's job_record_t; the prefix is read only after the
     // magic cookie confirms the layout.
-    let current = unsafe {
+    let (current, record) = unsafe {
         match record.as_ref() {
-            Some(r) if r.magic == JOB_MAGIC => common::bytes(r.admin_comment),
+            Some(r) if r.magic == JOB_MAGIC => (common::bytes(r.admin_comment), Some(r)),
             Some(r) => {
                 LOG.error(&format!("job_modify: job record magic {:#x} is not {JOB_MAGIC:#x}; not checking this update", r.magic));
                 return SLURM_SUCCESS;
             }
-            None => None,
+            None => (None, None),
         }
     };
     // SAFETY: fields of a valid job_desc_msg_t.
@@ -341,14 +439,21 @@ unsafe fn modify_inner(job_desc: *mut job_desc_msg_t, job_ptr: *mut c_void, uid:
                     slurm_sys::ESLURM_INVALID_PARTITION_NAME as c_int,
                 ),
             };
-            // 22.05 fills neither job_id nor job_id_str here for `scontrol update`, and
-            // job_id sits deep in the private job record: name the job by its tag.
             let tag = current
                 .map(|b| String::from_utf8_lossy(b).into_owned())
                 .unwrap_or_default();
-            LOG.info(&format!(
-                "refused an update by uid {uid} of the job tagged '{tag}': it {what}"
-            ));
+            let job = match record {
+                Some(r) => r.describe(&tag),
+                None => format!("the job tagged '{tag}'"),
+            };
+            LOG.info(&format!("refused an update by uid {uid} of {job}: it {what}"));
+            // SAFETY: err_msg is NULL (22.05) or Slurm's out-parameter.
+            unsafe {
+                tell_user(
+                    err_msg,
+                    &format!("job_submit/bftrainer: refused: this update {what}"),
+                )
+            };
             rc
         }
     }

@@ -31,6 +31,21 @@ static REQUEST: Mutex<Option<ElasticSpec>> = Mutex::new(None);
 
 const USAGE: &CStr = c"elastic job on MIN to MAX nodes, grown onto idle nodes and shrunk by bftrainerd; keys: up=SECONDS, down=SECONDS (rescale costs), profile=NAME (throughput curve). Example: --elastic=2:16,up=30";
 
+/// Runs when the host (sbatch, srun, salloc, slurmstepd) dlopens the plugin, before
+/// Slurm compares plugin_version's major.minor with its own and refuses a mismatch
+/// with a terse line: says which releases differ and how to fix it. The hooks then
+/// refuse too (slurm_spank_init), for a host that lets the plugin through.
+extern "C" fn on_load() {
+    guard(LOG, "load", ERR, || {
+        common::release_ok(LOG, sys::SLURM_VERSION_NUMBER_BUILT);
+        OK
+    });
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
 fn request() -> std::sync::MutexGuard<'static, Option<ElasticSpec>> {
     REQUEST.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -68,6 +83,9 @@ extern "C" fn elastic_cb(_val: c_int, optarg: *const c_char, remote: c_int) -> c
 #[no_mangle]
 pub extern "C" fn slurm_spank_init(sp: sys::spank_t, _ac: c_int, _av: *mut *mut c_char) -> c_int {
     guard(LOG, "slurm_spank_init", ERR, || {
+        if !common::release_ok(LOG, sys::SLURM_VERSION_NUMBER_BUILT) {
+            return ERR;
+        }
         let ctx = context();
         if ctx != sys::S_CTX_LOCAL && ctx != sys::S_CTX_ALLOCATOR && ctx != sys::S_CTX_REMOTE {
             return OK;
