@@ -154,7 +154,8 @@ pub fn release_ok(log: Logger, built: u32) -> bool {
     match release_mismatch(log.0, built, api) {
         None => true,
         Some(msg) => {
-            log.error(&msg);
+            // The message names the plugin itself: no Logger prefix.
+            self::log(Level::Error, &msg);
             if host().error.is_some() {
                 eprintln!("error: {msg}");
             }
