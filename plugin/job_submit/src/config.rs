@@ -127,6 +127,92 @@ pub fn load(path: &Path, lookup_uid: &dyn Fn(&str) -> Option<u32>) -> Result<Pol
     parse(&text, path, lookup_uid)
 }
 
+/// Where the plugin keeps a copy of the last bftrainer.toml that loaded: in slurmctld's
+/// StateSaveLocation, which only SlurmUser writes.
+pub fn last_good_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("bftrainer-job_submit.last-good.toml")
+}
+
+/// Keeps `text` (a file that just loaded) as the last good policy, written beside and
+/// renamed over the old copy, readable by SlurmUser only. Unchanged text is not
+/// rewritten.
+pub fn save_last_good(state_dir: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let dst = last_good_path(state_dir);
+    if std::fs::read_to_string(&dst).is_ok_and(|old| old == text) {
+        return Ok(());
+    }
+    let tmp = state_dir.join(".bftrainer-job_submit.last-good.toml.new");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &dst)
+}
+
+/// What [`load_or_last_good`] read.
+#[derive(Debug)]
+pub struct Loaded {
+    pub policy: Policy,
+    /// The file was broken, so `policy` is the last good copy's; this says what was wrong.
+    pub fell_back: Option<ConfigError>,
+    /// The file loaded but no copy of it could be kept (the fallback will be older).
+    pub warning: Option<ConfigError>,
+}
+
+/// The policy of `path`; when that file is broken and a last good copy exists in
+/// `state_dir`, the copy's policy and the error that made us fall back to it.
+///
+/// Why: from Slurm 23.11 `scontrol reconfigure` starts slurmctld anew, which runs the
+/// plugin's init() again, and an init() that fails there is fatal to slurmctld. So a
+/// broken edit must never fail init once a policy has loaded on this controller.
+pub fn load_or_last_good(
+    path: &Path,
+    state_dir: Option<&Path>,
+    lookup_uid: &dyn Fn(&str) -> Option<u32>,
+) -> Result<Loaded, ConfigError> {
+    let loaded = std::fs::read_to_string(path)
+        .map_err(|e| {
+            ConfigError(format!(
+                "{}: cannot read the bftrainer config: {e}; write it (see conf/bftrainer.toml) \
+                 or point BFTRAINER_CONFIG at it",
+                path.display()
+            ))
+        })
+        .and_then(|text| parse(&text, path, lookup_uid).map(|p| (p, text)));
+    match loaded {
+        Ok((policy, text)) => {
+            // A copy we cannot write only costs the fallback later: say so, go on.
+            let warning = state_dir.and_then(|dir| {
+                save_last_good(dir, &text).err().map(|e| {
+                    ConfigError(format!(
+                        "could not keep a copy of {} as {}: {e}",
+                        path.display(),
+                        last_good_path(dir).display()
+                    ))
+                })
+            });
+            Ok(Loaded { policy, fell_back: None, warning })
+        }
+        Err(e) => {
+            let Some(text) = state_dir.and_then(|d| std::fs::read_to_string(last_good_path(d)).ok())
+            else {
+                return Err(e);
+            };
+            // Parsed as the original file, so profile_dir and messages stay the same.
+            match parse(&text, path, lookup_uid) {
+                Ok(policy) => Ok(Loaded { policy, fell_back: Some(e), warning: None }),
+                Err(_) => Err(e),
+            }
+        }
+    }
+}
+
 /// Checks config text; `path` is only used in messages and to resolve `profile_dir`.
 pub fn parse(
     text: &str,
@@ -261,6 +347,50 @@ mod tests {
 
     fn p(text: &str) -> Result<Policy, String> {
         parse(text, Path::new("/etc/slurm/bftrainer.toml"), &users).map_err(|e| e.0)
+    }
+
+    /// A broken edit falls back to the last file that loaded (kept 0600 in the state
+    /// directory); with no copy yet, or a copy that no longer parses, it is an error.
+    #[test]
+    fn a_broken_file_falls_back_to_the_last_good_copy() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("bftrainer.toml");
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+
+        // Broken before anything loaded: an error, no copy.
+        std::fs::write(&conf, "[policy]\nmax_nodes = -1\n").unwrap();
+        let e = load_or_last_good(&conf, Some(&state), &users).unwrap_err();
+        assert!(e.0.contains("max_nodes"), "{e:?}");
+        assert!(!last_good_path(&state).exists());
+
+        std::fs::write(&conf, "[policy]\nmax_nodes = 4\n").unwrap();
+        let l = load_or_last_good(&conf, Some(&state), &users).unwrap();
+        assert_eq!(l.policy.max_nodes, Some(4));
+        assert!(l.fell_back.is_none() && l.warning.is_none());
+        let mode = std::fs::metadata(last_good_path(&state)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+
+        std::fs::write(&conf, "[policy]\nmax_nodes = -1\n").unwrap();
+        let l = load_or_last_good(&conf, Some(&state), &users).unwrap();
+        assert_eq!(l.policy.max_nodes, Some(4));
+        assert_eq!(l.policy.path, conf);
+        assert!(l.fell_back.unwrap().0.contains("max_nodes"));
+        // Without a state directory there is nothing to fall back to.
+        assert!(load_or_last_good(&conf, None, &users).is_err());
+        // A missing file falls back too.
+        std::fs::remove_file(&conf).unwrap();
+        let l = load_or_last_good(&conf, Some(&state), &users).unwrap();
+        assert!(l.fell_back.unwrap().0.contains("cannot read"));
+        // A corrupt copy is no fallback.
+        std::fs::write(last_good_path(&state), "not toml [").unwrap();
+        assert!(load_or_last_good(&conf, Some(&state), &users).is_err());
+
+        // A state directory that cannot be written: the file still loads, with a warning.
+        std::fs::write(&conf, "").unwrap();
+        let l = load_or_last_good(&conf, Some(&dir.path().join("missing")), &users).unwrap();
+        assert!(l.warning.unwrap().0.contains("could not keep a copy"));
     }
 
     #[test]

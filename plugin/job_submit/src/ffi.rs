@@ -135,13 +135,27 @@ fn config_path() -> std::path::PathBuf {
     config::locate(env.as_deref(), slurm_conf_path.as_deref())
 }
 
-fn load() -> Result<State, config::ConfigError> {
+/// slurmctld's StateSaveLocation, where the last good policy is kept.
+fn state_dir() -> Option<std::path::PathBuf> {
+    slurm_conf()
+        // SAFETY: state_save_location is null or slurmctld's configured path.
+        .and_then(|c| unsafe { common::bytes(c.state_save_location) })
+        .filter(|b| !b.is_empty())
+        .map(|b| std::path::PathBuf::from(String::from_utf8_lossy(b).into_owned()))
+}
+
+/// The policy, falling back to the last good copy when the file is broken.
+fn load() -> Result<(State, config::Loaded), config::ConfigError> {
     let path = config_path();
-    let policy = config::load(&path, &config::uid_of)?;
-    Ok(State {
-        policy,
+    let loaded = config::load_or_last_good(&path, state_dir().as_deref(), &config::uid_of)?;
+    let st = State {
+        policy: loaded.policy.clone(),
         conf_stamp: conf_stamp(),
-    })
+    };
+    if let Some(w) = &loaded.warning {
+        LOG.error(&format!("{w}"));
+    }
+    Ok((st, loaded))
 }
 
 fn describe(p: &Policy) -> String {
@@ -173,7 +187,15 @@ pub extern "C" fn init() -> c_int {
 
 fn init_inner() -> c_int {
     match load() {
-        Ok(st) => {
+        Ok((st, loaded)) => {
+            if let Some(why) = loaded.fell_back {
+                // From 23.11, `scontrol reconfigure` runs init() in a new slurmctld, and a
+                // failed init() there is fatal: keep running on the last good policy.
+                LOG.error(&format!(
+                    "init: {why}; using the last policy that loaded on this controller (kept \
+                     in StateSaveLocation) until the file is fixed and `scontrol reconfigure` is run"
+                ));
+            }
             LOG.info(&describe(&st.policy));
             *state() = Some(st);
             SLURM_SUCCESS
@@ -209,13 +231,17 @@ fn refresh(st: &mut State) {
         return;
     }
     match load() {
+        Ok((_, config::Loaded { fell_back: Some(why), .. })) => {
+            LOG.error(&format!("reconfigure: keeping the previous policy: {why}"));
+            st.conf_stamp = stamp;
+        }
         // slurmctld also bumps the stamp once right after start-up, so an unchanged
         // policy is only worth a verbose line.
-        Ok(new) if new.policy == st.policy => {
+        Ok((new, _)) if new.policy == st.policy => {
             LOG.verbose("reconfigure: policy unchanged");
             *st = new;
         }
-        Ok(new) => {
+        Ok((new, _)) => {
             LOG.info(&format!("reconfigure: {}", describe(&new.policy)));
             *st = new;
         }
