@@ -189,7 +189,13 @@ fn cluster_acct_equals_sacct_and_refuses_bad_input() {
     let v = acct_json(&l, t0, t1);
     let j = &v["jobs"][0];
     assert_eq!(j["max_nodes"], 4, "{j:#}");
-    assert_eq!(j["core_runs"], 1);
+    // The regular job took satellites' nodes only: the core ran once.
+    assert_eq!(
+        j["core_runs"],
+        1,
+        "{j:#}\nbftrainerd's log:\n{}",
+        l.log_text()
+    );
     // Satellites that held a node: sacct's satellite rows with time in the window (the
     // 3 of the first growth and those of the growth back, at least 5).
     let sats = of_job(&rows, job)
@@ -198,8 +204,13 @@ fn cluster_acct_equals_sacct_and_refuses_bad_input() {
         .count();
     assert!(sats >= 5, "{rows:#?}");
     assert_eq!(j["satellites"], sats, "{j:#}");
-    assert_eq!(
-        j["preemptions"], 2,
+    // The regular job took two satellites' nodes. From 24.11 it can end up on a third:
+    // Slurm keeps it pending until the two preempted satellites have completed, and
+    // meanwhile its plan may name another satellite's node, which bftrainerd then gives
+    // back ahead of it; acct counts that satellite too (a regular job took its node).
+    let p = j["preemptions"].as_u64().unwrap();
+    assert!(
+        p == 2 || (p == 3 && !l.c.slurm_version().unwrap().starts_with("22.")),
         "the regular job took two satellites' nodes: {j:#}\n{rows:#?}"
     );
     let mean = j["mean_nodes"].as_f64().unwrap();

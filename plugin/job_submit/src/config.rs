@@ -197,16 +197,25 @@ pub fn load_or_last_good(
                     ))
                 })
             });
-            Ok(Loaded { policy, fell_back: None, warning })
+            Ok(Loaded {
+                policy,
+                fell_back: None,
+                warning,
+            })
         }
         Err(e) => {
-            let Some(text) = state_dir.and_then(|d| std::fs::read_to_string(last_good_path(d)).ok())
+            let Some(text) =
+                state_dir.and_then(|d| std::fs::read_to_string(last_good_path(d)).ok())
             else {
                 return Err(e);
             };
             // Parsed as the original file, so profile_dir and messages stay the same.
             match parse(&text, path, lookup_uid) {
-                Ok(policy) => Ok(Loaded { policy, fell_back: Some(e), warning: None }),
+                Ok(policy) => Ok(Loaded {
+                    policy,
+                    fell_back: Some(e),
+                    warning: None,
+                }),
                 Err(_) => Err(e),
             }
         }
@@ -369,7 +378,10 @@ mod tests {
         let l = load_or_last_good(&conf, Some(&state), &users).unwrap();
         assert_eq!(l.policy.max_nodes, Some(4));
         assert!(l.fell_back.is_none() && l.warning.is_none());
-        let mode = std::fs::metadata(last_good_path(&state)).unwrap().permissions().mode();
+        let mode = std::fs::metadata(last_good_path(&state))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
 
         std::fs::write(&conf, "[policy]\nmax_nodes = -1\n").unwrap();

@@ -231,7 +231,13 @@ fn refresh(st: &mut State) {
         return;
     }
     match load() {
-        Ok((_, config::Loaded { fell_back: Some(why), .. })) => {
+        Ok((
+            _,
+            config::Loaded {
+                fell_back: Some(why),
+                ..
+            },
+        )) => {
             LOG.error(&format!("reconfigure: keeping the previous policy: {why}"));
             st.conf_stamp = stamp;
         }
@@ -472,7 +478,9 @@ unsafe fn modify_inner(
                 Some(r) => r.describe(&tag),
                 None => format!("the job tagged '{tag}'"),
             };
-            LOG.info(&format!("refused an update by uid {uid} of {job}: it {what}"));
+            LOG.info(&format!(
+                "refused an update by uid {uid} of {job}: it {what}"
+            ));
             // SAFETY: err_msg is NULL (22.05) or Slurm's out-parameter.
             unsafe {
                 tell_user(

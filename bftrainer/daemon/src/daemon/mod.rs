@@ -615,11 +615,16 @@ impl<C: Cluster> Daemon<C> {
                 foreign_busy.insert(n);
             }
         }
+        // Each pending regular job's planned nodes, kept whole: a plan that runs over a
+        // core's node is not acted on early (below).
+        let mut plans: Vec<Vec<String>> = Vec::new();
         for (expr, start) in foreign_planned {
-            for n in self.expand(&expr) {
-                let e = forecast.entry(n).or_insert(start as f64);
+            let nodes = self.expand(&expr);
+            for n in &nodes {
+                let e = forecast.entry(n.clone()).or_insert(start as f64);
                 *e = e.min(start as f64);
             }
+            plans.push(nodes);
         }
         let uid_of: HashMap<u32, u32> = jobs.iter().map(|j| (j.job_id, j.user_id)).collect();
         for (i, j) in jobs.iter().enumerate() {
@@ -688,10 +693,12 @@ impl<C: Cluster> Daemon<C> {
                     pending_parts.extend(p.split(',').map(str::to_string));
                 }
                 if let (Some(expr), Some(start)) = (j.sched_nodes.clone(), j.expected_start()) {
-                    for n in self.expand(&expr) {
-                        let e = forecast.entry(n).or_insert(start as f64);
+                    let nodes = self.expand(&expr);
+                    for n in &nodes {
+                        let e = forecast.entry(n.clone()).or_insert(start as f64);
                         *e = e.min(start as f64);
                     }
+                    plans.push(nodes);
                 }
             }
         }
@@ -699,13 +706,58 @@ impl<C: Cluster> Daemon<C> {
         // Core nodes are not released early on a forecast: losing one requeues the
         // whole job, and a pending job's planned nodes may change (measured: a 1-node
         // job planned on a core's node while Slurm preempted a satellite for it).
-        let core_nodes: HashSet<String> = self
+        let mut core_nodes: HashSet<String> = self
             .cores
             .values()
             .filter(|c| !c.ended)
             .flat_map(|c| self.engine.job_anchors(c.jid).iter())
             .map(|&n| self.nodes[n as usize].name.clone())
             .collect();
+        // ... and where Slurm says the cores run, whatever the engine holds.
+        for &i in cores_seen.values() {
+            if is_running(&jobs[i]) {
+                if let Some(e) = &jobs[i].nodes {
+                    core_nodes.extend(self.expand(e));
+                }
+            }
+        }
+        // Nor are the other nodes of a plan that includes a core's node: freeing them
+        // would only help Slurm start the job there, requeueing the core. Slurm's own
+        // preemption picks satellites first (their partition's lower PriorityTier);
+        // measured on 24.11 and 26.05, whose plan for a 2-node job named a satellite's
+        // node and the core's while Slurm was preempting two other satellites for it.
+        // A plan that cannot fit beside the cores (a job as large as the partition) has
+        // to preempt one anyway: its other nodes are released ahead as usual.
+        let non_core = self
+            .cluster
+            .nodes()
+            .iter()
+            .filter(|n| n.partitions.iter().any(|p| parts.contains(p)))
+            .filter(|n| !core_nodes.contains(&n.name))
+            .count();
+        // While Slurm preempts elastic jobs for a regular job (or just did: their nodes
+        // are reclaimed), it has chosen the nodes; the pending job's plan can still name
+        // others (24.11 and 26.05 keep it pending until the preempted jobs completed),
+        // and releasing those too would only shrink the elastic job for nothing.
+        let preempting = !self.reclaimed.is_empty()
+            || jobs
+                .iter()
+                .any(|j| is_running(j) && j.preempt_time.is_some());
+        let steers = |p: &[String]| p.len() <= non_core && p.iter().any(|n| core_nodes.contains(n));
+        let mut steered: HashSet<String> =
+            plans.into_iter().filter(|p| steers(p)).flatten().collect();
+        // Nodes backfill flagged PLANNED without a plan we can read (sched_nodes unset)
+        // count as one plan.
+        let flagged: Vec<String> = self
+            .cluster
+            .nodes()
+            .iter()
+            .filter(|n| n.state.is_planned() && !forecast.contains_key(&n.name))
+            .map(|n| n.name.clone())
+            .collect();
+        if steers(&flagged) {
+            steered.extend(flagged);
+        }
         // Nodes.
         let mut cluster_nodes: Vec<(String, Option<Class>, Why)> = Vec::new();
         for n in self.cluster.nodes() {
@@ -771,7 +823,9 @@ impl<C: Cluster> Daemon<C> {
                 match r {
                     Some(t)
                         if t <= now + self.cfg.release_before_s
-                            && !core_nodes.contains(&n.name) =>
+                            && !core_nodes.contains(&n.name)
+                            && !steered.contains(&n.name)
+                            && !preempting =>
                     {
                         (Some(Class::Claimed), Why::Planned)
                     }
@@ -1544,11 +1598,21 @@ impl<C: Cluster> Daemon<C> {
         let core = &self.cores[&id];
         let recently = now - core.asked_at < 5.0;
         let anchor_names = self.names(anchors);
+        // Where an admission pins the core: its anchors, or with none (the engine
+        // re-planned this cycle) the first of its nodes, never an empty list, which would
+        // let Slurm start the core anywhere, on a node the engine lends as a satellite's
+        // (seen on 24.11 and 26.05: a regular job then requeued the unprotected core).
+        let pin: &[NodeId] = if anchors.is_empty() && !want.is_empty() {
+            &want[..1]
+        } else {
+            anchors
+        };
+        let pin_names = self.names(pin);
         if j.state.base() == JobBase::Pending {
             // Re-planned while its admission is in flight: take it back before Slurm
             // starts it on nodes the engine has since given elsewhere.
             let stale =
-                core.admit_at.is_some() && core.pinned.as_deref() != Some(anchor_names.as_str());
+                core.admit_at.is_some() && core.pinned.as_deref() != Some(pin_names.as_str());
             if want.is_empty() || core.admit_at.is_none() && !j.is_held() || stale {
                 let c = self.cores.get_mut(&id).unwrap();
                 if stale {
@@ -1573,7 +1637,7 @@ impl<C: Cluster> Daemon<C> {
                 return 0;
             }
             if core.admit_at.is_none() && j.is_held() {
-                let names = self.names(anchors);
+                let names = pin_names;
                 let up = JobUpdate {
                     node_list: Some(names.clone()),
                     ..Default::default()
@@ -1581,10 +1645,10 @@ impl<C: Cluster> Daemon<C> {
                 log::info!(
                     "admit job {id} (user {}) on {names}{}",
                     j.user_name.as_deref().unwrap_or("?"),
-                    if want.len() > anchors.len() {
+                    if want.len() > pin.len() {
                         format!(
                             ", {} more node(s) by satellites once it runs",
-                            want.len() - anchors.len()
+                            want.len() - pin.len()
                         )
                     } else {
                         String::new()
