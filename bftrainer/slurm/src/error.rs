@@ -100,11 +100,14 @@ pub fn strerror(code: i32) -> String {
 
 /// Slurm's codes for a message the other side could not read: what a client and a
 /// slurmctld more than two releases apart get (or one built for a release that
-/// changed the wire format within the protocol version window).
+/// changed the wire format within the protocol version window). "Unexpected message"
+/// is what a 22.05 libslurm gets from a 24.11 slurmctld (measured): its auth plugin,
+/// loaded from the cluster's PluginDir, is of the other release and refuses to load.
 fn is_protocol_error(code: i32) -> bool {
     [
         slurm_sys::SLURM_PROTOCOL_VERSION_ERROR,
         slurm_sys::ESLURM_PROTOCOL_INCOMPLETE_PACKET,
+        slurm_sys::SLURM_UNEXPECTED_MSG_ERROR,
     ]
     .iter()
     .any(|&c| c as i32 == code)
