@@ -135,9 +135,13 @@ pub mod compat {
     /// `conf` came from `slurm_load_ctl_conf` and is freed once.
     pub unsafe fn free_ctl_conf(conf: *mut slurm_conf_t) {
         #[cfg(not(slurm_ge_26_05))]
-        unsafe { slurm_free_ctl_conf(conf) };
+        unsafe {
+            slurm_free_ctl_conf(conf)
+        };
         #[cfg(slurm_ge_26_05)]
-        unsafe { slurm_free_conf(conf) };
+        unsafe {
+            slurm_free_conf(conf)
+        };
     }
 
     /// CPUs allocated on a node (from `slurm_load_node`). Up to 24.11 the select
@@ -332,7 +336,10 @@ pub mod release {
     /// libslurm's API_CURRENT for the release series of `version`, if known.
     pub fn api_of(version: u32) -> Option<u32> {
         let key = (version >> 16, (version >> 8) & 0xff);
-        API_OF_RELEASE.iter().find(|(r, _)| *r == key).map(|(_, a)| *a)
+        API_OF_RELEASE
+            .iter()
+            .find(|(r, _)| *r == key)
+            .map(|(_, a)| *a)
     }
 
     /// "24.11" for API 42, if known.

@@ -255,5 +255,8 @@ fn release_numbers_format_and_parse() {
     assert!(!release::same_series(0x16_05_08, 0x18_0b_05));
     assert_eq!(release::api_of(0x18_0b_05), Some(42));
     assert_eq!(release::series_of_api(45).as_deref(), Some("26.05"));
-    assert_eq!(release::describe_api(38 << 16), "Slurm 22.05 (libslurm API 38)");
+    assert_eq!(
+        release::describe_api(38 << 16),
+        "Slurm 22.05 (libslurm API 38)"
+    );
 }

@@ -163,18 +163,19 @@ impl SlurmDb {
             db_flags: slurm_sys::SLURMDB_JOB_FLAG_NOTSET as u32,
             ..Default::default()
         };
-        let mut strs = |items: Vec<String>, what: &'static str| -> Result<slurm_sys::compat::List> {
-            if items.is_empty() {
-                return Ok(std::ptr::null_mut());
-            }
-            let mut l = List::new_xfree();
-            for it in &items {
-                l.push_str(what, it)?;
-            }
-            let p = l.0;
-            lists.push(l);
-            Ok(p)
-        };
+        let mut strs =
+            |items: Vec<String>, what: &'static str| -> Result<slurm_sys::compat::List> {
+                if items.is_empty() {
+                    return Ok(std::ptr::null_mut());
+                }
+                let mut l = List::new_xfree();
+                for it in &items {
+                    l.push_str(what, it)?;
+                }
+                let p = l.0;
+                lists.push(l);
+                Ok(p)
+            };
         // slurmdbd matches states by number, as sacct sends them.
         cond.state_list = strs(q.states.iter().map(|s| s.0.to_string()).collect(), "state")?;
         cond.userid_list = strs(q.user_ids.iter().map(u32::to_string).collect(), "user id")?;

@@ -211,8 +211,14 @@ mod tests {
     fn protocol_errors_get_the_release_hint() {
         let code = slurm_sys::SLURM_PROTOCOL_VERSION_ERROR as i32;
         let hint = protocol_hint(code, 0x18_0b_05).unwrap();
-        assert!(hint.contains("Slurm 24.11.5") && hint.contains("make install"), "{hint}");
-        assert_eq!(protocol_hint(slurm_sys::ESLURM_INVALID_JOB_ID as i32, 0x18_0b_05), None);
+        assert!(
+            hint.contains("Slurm 24.11.5") && hint.contains("make install"),
+            "{hint}"
+        );
+        assert_eq!(
+            protocol_hint(slurm_sys::ESLURM_INVALID_JOB_ID as i32, 0x18_0b_05),
+            None
+        );
         let e = Error::from_code("slurm_load_ctl_conf", code);
         assert!(e.to_string().contains("another release"), "{e}");
     }

@@ -123,7 +123,11 @@ struct DescBuilder {
 
 impl std::fmt::Debug for Desc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Desc(job {})", slurm_sys::compat::job_desc_job_id(&self.msg))
+        write!(
+            f,
+            "Desc(job {})",
+            slurm_sys::compat::job_desc_job_id(&self.msg)
+        )
     }
 }
 

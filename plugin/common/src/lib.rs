@@ -345,7 +345,10 @@ mod tests {
     #[test]
     fn another_release_is_refused_with_both_named() {
         let m = release_mismatch("job_submit/bftrainer", 0x16_05_08, 42 << 16).unwrap();
-        assert!(m.starts_with("job_submit/bftrainer was built for Slurm 22.05.8"), "{m}");
+        assert!(
+            m.starts_with("job_submit/bftrainer was built for Slurm 22.05.8"),
+            "{m}"
+        );
         assert!(m.contains("runs Slurm 24.11 (libslurm API 42)"), "{m}");
         assert!(m.contains("make install"), "{m}");
         let m = release_mismatch("spank/bftrainer", 0x1a_05_05, 50 << 16).unwrap();

@@ -106,7 +106,9 @@ impl Default for Options {
             bftrainer_conf: None,
             name: None,
             up_timeout: Duration::from_secs(60),
-            slurm: std::env::var("BFT_SLURM_RELEASE").ok().filter(|v| !v.is_empty()),
+            slurm: std::env::var("BFT_SLURM_RELEASE")
+                .ok()
+                .filter(|v| !v.is_empty()),
         }
     }
 }

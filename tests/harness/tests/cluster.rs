@@ -203,7 +203,10 @@ fn cluster_runs_the_release_of_its_tests() {
         expected_release()
     );
     let out = c.run("scontrol", &["-V"]).unwrap();
-    assert!(out.contains(&v), "scontrol -V says {out:?}, cluster.json {v}");
+    assert!(
+        out.contains(&v),
+        "scontrol -V says {out:?}, cluster.json {v}"
+    );
 }
 
 /// A cluster of another release started from the host (`cluster up --slurm`): its
@@ -231,7 +234,10 @@ fn cluster_of_another_release_from_the_host() {
     })
     .unwrap_or_else(|e| panic!("a Slurm {release} cluster did not start: {e}"));
     let v = c.slurm_version().unwrap();
-    assert!(v.starts_with(&format!("{release}.")), "asked for {release}, runs {v}");
+    assert!(
+        v.starts_with(&format!("{release}.")),
+        "asked for {release}, runs {v}"
+    );
     // The wrappers, not the host's 22.05 commands, answer.
     let out = c.run("sbatch", &["--version"]).unwrap();
     assert!(out.contains(&v), "sbatch --version: {out:?}");
@@ -241,14 +247,21 @@ fn cluster_of_another_release_from_the_host() {
         .args(["--parsable", "-N2", "--wrap", "srun -l id -un"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let job: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     c.wait_for_state(job, &["COMPLETED"], Duration::from_secs(60))
         .unwrap();
     let text = std::fs::read_to_string(c.work_dir().join(format!("slurm-{job}.out"))).unwrap();
     let mut lines: Vec<&str> = text.lines().collect();
     lines.sort();
-    assert_eq!(lines, [format!("0: {TEST_USER}"), format!("1: {TEST_USER}")]);
+    assert_eq!(
+        lines,
+        [format!("0: {TEST_USER}"), format!("1: {TEST_USER}")]
+    );
     let rows = sacct(&c, job);
     assert_eq!(rows[0][1..], [TEST_USER, "batch", "COMPLETED", "n[1-2]"]);
 }
