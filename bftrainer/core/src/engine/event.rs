@@ -99,6 +99,12 @@ pub enum Event {
     /// Journaled like any observation, so a restart or a replay keeps the mode. Added
     /// to format 1 without a version bump: journals without it read as before.
     Lending { mode: Lending },
+    /// The job keeps what it holds and sits decisions out until `until` (engine clock;
+    /// `None` lifts a pause): its growth failed for reasons of its own (a satellite it
+    /// could not start, its limits, its environment), so the pool goes to others
+    /// meanwhile. A loss that leaves it below its minimum is still decided (requeue).
+    /// Added to format 1 without a version bump: journals without it read as before.
+    JobPaused { job: JobId, until: Option<f64> },
 }
 
 /// Whether the engine lends nodes to elastic jobs.

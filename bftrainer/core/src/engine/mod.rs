@@ -135,6 +135,8 @@ struct JobSlot {
     last_rescale: Option<f64>,
     /// Takes part in the current decision (not inside its rescale interval).
     in_decision: bool,
+    /// Sits decisions out until then (`Event::JobPaused`).
+    paused_until: Option<f64>,
 }
 
 /// The engine's jobs by id. A finished or cancelled job may be forgotten
@@ -551,6 +553,7 @@ impl<A: Allocator> Engine<A> {
                     anchors: Vec::new(),
                     last_rescale: None,
                     in_decision: false,
+                    paused_until: None,
                 });
                 self.queue.push_back(*job);
                 self.dirty = true;
@@ -614,6 +617,14 @@ impl<A: Allocator> Engine<A> {
                     self.dirty = true;
                 }
             }
+            Event::JobPaused { job, until } => {
+                self.job(*job, now)?;
+                let slot = &mut self.jobs[*job as usize];
+                if slot.paused_until != *until {
+                    slot.paused_until = *until;
+                    self.dirty = true;
+                }
+            }
         }
         Ok(Vec::new())
     }
@@ -660,15 +671,25 @@ impl<A: Allocator> Engine<A> {
             let job = &mut self.jobs[j as usize];
             let n = job.nodes.len() as u32;
             let until = job.last_rescale.map(|t| t + interval);
+            let in_bounds = (job.spec.min_nodes..=job.spec.max_nodes).contains(&n);
             let frozen = !drained
                 && interval > 0.0
                 && n > 0
-                && (job.spec.min_nodes..=job.spec.max_nodes).contains(&n)
+                && in_bounds
                 && until.is_some_and(|u| u > now);
-            job.in_decision = !frozen;
+            // Paused (its own failures): keeps what it holds, or none, until the pause
+            // ends; a loss below its minimum is still decided.
+            let paused = !drained
+                && (n == 0 || in_bounds)
+                && job.paused_until.is_some_and(|u| u > now);
+            job.in_decision = !frozen && !paused;
+            if paused {
+                soonest(&mut wake, job.paused_until.unwrap_or(now));
+            }
             if frozen {
                 soonest(&mut wake, until.unwrap_or(now));
-            } else {
+            }
+            if job.in_decision {
                 deciding.push(j);
             }
         }
