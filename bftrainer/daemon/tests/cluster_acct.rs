@@ -170,11 +170,33 @@ fn cluster_acct_equals_sacct_and_refuses_bad_input() {
     l.wait(30, "satellites cancelled with their parent", || {
         (l.active_satellites(job) == 0 && l.state_of(job) != "RUNNING").then_some(())
     });
-    // Accounting lags: wait until every record of the window has its end and partition.
-    let t1 = l.wait(60, "every record ended in accounting", || {
+    // Accounting lags: wait until every job of the window, as slurmctld knows them (the
+    // plain, regular and elastic jobs and every satellite the daemon submitted, however
+    // many the run needed), is in accounting with its end and partition. No count of rows:
+    // how many satellites a run takes depends on where the plain job was at admission.
+    let expected: BTreeSet<u32> = {
+        let out =
+            l.c.run("squeue", &["-h", "-a", "-t", "all", "-o", "%i|%j"])
+                .unwrap();
+        let sat = format!("bftsat-{job}");
+        out.lines()
+            .filter_map(|r| r.split_once('|'))
+            .filter(|(_, name)| *name == sat)
+            .filter_map(|(id, _)| id.trim().parse().ok())
+            .chain([plain, job, regular])
+            .collect()
+    };
+    let t1 = l.wait(60, "every job of the window ended in accounting", || {
         let t = now();
         let rows = sacct(&l, t0, t);
-        let done = rows.len() >= 9
+        let ended = |id: u32| {
+            rows.iter().any(|r| {
+                r.id == id
+                    && r.end != "Unknown"
+                    && (!r.partition.is_empty() || r.state.starts_with("CANCELLED"))
+            })
+        };
+        let done = expected.iter().all(|&id| ended(id))
             && rows.iter().all(|r| {
                 r.end != "Unknown" && (!r.partition.is_empty() || r.state.starts_with("CANCELLED"))
             });
