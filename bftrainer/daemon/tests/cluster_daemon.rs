@@ -260,7 +260,9 @@ fn cluster_daemon_recovers_from_kill_9_without_orphans_or_duplicates() {
 
 #[test]
 fn cluster_daemon_sets_a_failing_node_aside_and_refuses_forged_satellites() {
-    let l = Live::start("plain_jobs = \"scavenger\"", "", "n3");
+    // One user's failures are charged to their job; the node is blamed at the first
+    // failure only with node_blame_users = 1 (the default 2 needs two users: below).
+    let l = Live::start("plain_jobs = \"scavenger\"", "node_blame_users = 1", "n3");
     // A plain job in the elastic partition (scavenger policy) holds n2: a regular claim.
     let plain =
         l.c.sbatch(&[
@@ -347,6 +349,84 @@ fn cluster_daemon_sets_a_failing_node_aside_and_refuses_forged_satellites() {
         "the daemon must leave a forged job alone"
     );
     assert_eq!(l.satellites(job).len(), 1);
+}
+
+/// The status file's nodes that are set aside (by name).
+fn set_aside_nodes(l: &Live) -> Vec<String> {
+    let s = std::fs::read_to_string(l.dir.join("state/status.json")).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&s).unwrap_or_default();
+    v["nodes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|n| !n["set_aside"].is_null())
+                .map(|n| n["name"].as_str().unwrap_or("?").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn cluster_daemon_charges_a_users_failing_satellites_to_their_job_not_the_pool() {
+    // bftuser2's satellites fail wherever they run, for reasons of bftuser2's own (as a
+    // bogus coordinator address written into their job's Comment makes them fail): only
+    // that job's growth pauses; no node is set aside, and bftuser's job, submitted next,
+    // grows onto every node bftuser2's core does not hold.
+    let attacker_user = bftrainer_testcluster::OTHER_USER;
+    let setup = live::setup_join(
+        "bftblame",
+        "",
+        "job_backoff = 600",
+        &|join: &std::path::Path| {
+            format!("env BAD_USER={attacker_user} {} {{parent}}", join.display())
+        },
+    );
+    let mut l = Live::from_setup(setup);
+    l.spawn();
+    let attacker = l.submit_elastic_as(attacker_user, "1:4");
+    let paused = format!("elastic job {attacker}: growth paused");
+    l.wait(
+        60,
+        "bftuser2's job paused after its satellites failed",
+        || (l.state_of(attacker) == "RUNNING" && l.log_text().contains(&paused)).then_some(()),
+    );
+    let job = l.submit_elastic("1:4");
+    let sats = l.wait(
+        90,
+        "bftuser's job to grow onto the other three nodes",
+        || {
+            let s = l.satellites(job);
+            (l.state_of(job) == "RUNNING" && s.len() == 2).then_some(s)
+        },
+    );
+    eprintln!("bftuser's satellites: {sats:?}");
+    l.assert_no_double_allocation();
+    // The attacker's core kept running; it grew no further; no node was set aside.
+    assert_eq!(l.state_of(attacker), "RUNNING");
+    assert_eq!(l.satellites(attacker).len(), 0);
+    let log = l.log_text();
+    assert!(set_aside_nodes(&l).is_empty(), "{log}");
+    assert!(!log.contains(": set aside for"), "{log}");
+    // The pause shows in `bftrainer jobs --json` (the owner's view).
+    let out =
+        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
+            .args(["jobs", "--json", "--config"])
+            .arg(&l.conf)
+            .output()
+            .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let a = v
+        .as_array()
+        .and_then(|a| a.iter().find(|j| j["job_id"] == attacker).cloned())
+        .unwrap_or_default();
+    assert!(
+        a["paused_until"].as_f64().is_some()
+            && a["pause_reason"]
+                .as_str()
+                .is_some_and(|r| r.contains(&format!("of job {attacker} ended"))),
+        "{v:#}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -680,7 +760,7 @@ fn cluster_daemon_gives_back_nodes_the_backfill_plan_needs_before_it_needs_them(
 fn cluster_daemon_holds_an_admission_that_does_not_start_and_replans() {
     // A core job that cannot start when released (its begin time is 2 minutes away):
     // after admit_timeout it is held again and its nodes go back to the pool.
-    let l = Live::start("", "admit_timeout = 4", "");
+    let l = Live::start("", "admit_timeout = 4\njob_backoff = 2", "");
     let job = l.sbatch_as_user(
         &[
             "--elastic=1:4",
@@ -711,6 +791,14 @@ fn cluster_daemon_holds_an_admission_that_does_not_start_and_replans() {
         "no satellite for a core that never ran"
     );
     assert_eq!(l.state_of(job), "PENDING");
+    // Its own begin time keeps it pending: the job, not a node, is charged (a pause of
+    // job_backoff), and no node is set aside.
+    l.wait(15, "the job's growth paused", || {
+        l.log_text()
+            .contains(&format!("elastic job {job}: growth paused for 2 s"))
+            .then_some(())
+    });
+    assert!(set_aside_nodes(&l).is_empty());
     // Re-planned: admitted again later.
     l.wait(30, "a second admission", || {
         (l.log_text().matches(&format!("admit job {job} ")).count() >= 2).then_some(())

@@ -57,6 +57,31 @@ impl Error {
         self.code().is_some_and(is_protocol_error)
     }
 
+    /// True when the call failed on the way to or from slurmctld (connection, send,
+    /// receive, socket timeouts, slurmctld in standby or shutting down): nobody's job
+    /// or node is at fault, and the same call may work on the next try.
+    pub fn is_unreachable(&self) -> bool {
+        let Some(c) = self.code() else {
+            return false;
+        };
+        let comm = [
+            slurm_sys::SLURM_COMMUNICATIONS_CONNECTION_ERROR,
+            slurm_sys::SLURM_COMMUNICATIONS_SEND_ERROR,
+            slurm_sys::SLURM_COMMUNICATIONS_RECEIVE_ERROR,
+            slurm_sys::SLURM_COMMUNICATIONS_SHUTDOWN_ERROR,
+            slurm_sys::SLURMCTLD_COMMUNICATIONS_CONNECTION_ERROR,
+            slurm_sys::SLURMCTLD_COMMUNICATIONS_SEND_ERROR,
+            slurm_sys::SLURMCTLD_COMMUNICATIONS_RECEIVE_ERROR,
+            slurm_sys::SLURMCTLD_COMMUNICATIONS_SHUTDOWN_ERROR,
+            slurm_sys::ESLURM_IN_STANDBY_MODE,
+        ];
+        comm.iter().any(|&x| x as i32 == c)
+            // The socket layer's codes (5000-5099: zero-length reads, timeouts ...).
+            || (5000..5100).contains(&c)
+            || [libc::ETIMEDOUT, libc::ECONNREFUSED, libc::ECONNRESET, libc::EAGAIN, libc::EINTR]
+                .contains(&c)
+    }
+
     /// True when the job already finished (ESLURM_ALREADY_DONE).
     pub fn is_already_done(&self) -> bool {
         self.code() == Some(slurm_sys::ESLURM_ALREADY_DONE as i32)

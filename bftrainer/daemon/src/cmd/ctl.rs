@@ -294,6 +294,16 @@ pub fn jobs_text(jobs: &[JobView], history: bool) -> String {
         ],
         &rows,
     );
+    for j in jobs {
+        if let (Some(until), Some(why)) = (j.paused_until, &j.pause_reason) {
+            let _ = writeln!(
+                o,
+                "Job {}: growth paused until {} after failures of its own: {why}",
+                j.job_id,
+                time(until)
+            );
+        }
+    }
     if history {
         for j in jobs {
             let h: &[SizeChange] = j.history.as_deref().unwrap_or(&[]);

@@ -9,7 +9,7 @@ use bftrainer_core::engine::EngineConfig;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub const DAEMON_KEYS: [&str; 12] = [
+pub const DAEMON_KEYS: [&str; 15] = [
     "poll_interval",
     "state_dir",
     "socket",
@@ -20,15 +20,20 @@ pub const DAEMON_KEYS: [&str; 12] = [
     "release_before",
     "plan_refresh",
     "node_backoff",
+    "job_backoff",
+    "node_blame_users",
     "satellite_min_runtime",
     "reclaim_hold",
+    "cycle_budget",
 ];
-pub const ENGINE_KEYS: [&str; 8] = [
+pub const ENGINE_KEYS: [&str; 10] = [
     "objective",
     "t_fwd",
     "max_jobs",
     "min_rescale_interval",
     "lend_after_idle",
+    "max_jobs_per_user",
+    "max_nodes_per_user",
     "default_up",
     "default_down",
     "default_curve",
@@ -61,14 +66,25 @@ pub struct Config {
     /// Jobs are loaded in full at least this often, for the backfill plan (expected
     /// starts and SchedNodes, which Slurm changes without bumping the jobs' update time).
     pub plan_refresh_s: f64,
-    /// First set-aside time of a node whose satellites fail; doubles per failure.
+    /// First set-aside time of a node blamed for failed satellites; doubles per
+    /// failure, at most 3600 s.
     pub node_backoff_s: f64,
+    /// First pause of a job whose growth failed for reasons of its own; doubles per
+    /// failure, at most 3600 s.
+    pub job_backoff_s: f64,
+    /// A node is blamed (set aside) only after satellites of this many different users
+    /// failed there; until then each failure pauses its job.
+    pub node_blame_users: u32,
     /// A satellite that ends by itself sooner than this after starting counts as a
-    /// failure of its node.
+    /// failed growth (of its job, or of its node: `node_blame_users`).
     pub satellite_min_runtime_s: f64,
     /// A node taken from an elastic job by preemption is not lent again for this long
     /// (the regular job that preempted it is about to start there).
     pub reclaim_hold_s: f64,
+    /// Calls that lend nodes (admissions, satellites) stop after a cycle has run this
+    /// long (a slow slurmctld); calls that give nodes back always run. The rest waits
+    /// for the next cycle.
+    pub cycle_budget_s: f64,
     pub engine: EngineConfig,
     pub objective: Objective,
     pub default_up_s: f64,
@@ -180,6 +196,8 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         max_jobs: e.uint("max_jobs", 1..=100_000)?.unwrap_or(10) as usize,
         min_rescale_interval_s: e.seconds("min_rescale_interval", 0.0..=86_400.0, 0.0)?,
         lend_after_idle_s: e.seconds("lend_after_idle", 0.0..=86_400.0, 0.0)?,
+        max_jobs_per_user: e.uint("max_jobs_per_user", 0..=100_000)?.unwrap_or(0) as usize,
+        max_nodes_per_user: e.uint("max_nodes_per_user", 0..=1_000_000)?.unwrap_or(0) as u32,
     };
     engine
         .validate()
@@ -223,9 +241,12 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         grow_timeout_s: d.seconds("grow_timeout", 1.0..=3600.0, 30.0)?,
         release_before_s: d.seconds("release_before", 0.0..=3600.0, 30.0)?,
         plan_refresh_s: d.seconds("plan_refresh", 0.0..=3600.0, 30.0)?,
-        node_backoff_s: d.seconds("node_backoff", 1.0..=86_400.0, 60.0)?,
+        node_backoff_s: d.seconds("node_backoff", 1.0..=3600.0, 60.0)?,
+        job_backoff_s: d.seconds("job_backoff", 1.0..=3600.0, 60.0)?,
+        node_blame_users: d.uint("node_blame_users", 1..=1000)?.unwrap_or(2) as u32,
         satellite_min_runtime_s: d.seconds("satellite_min_runtime", 0.0..=3600.0, 10.0)?,
         reclaim_hold_s: d.seconds("reclaim_hold", 0.0..=3600.0, 10.0)?,
+        cycle_budget_s: d.seconds("cycle_budget", 0.1..=3600.0, 5.0)?,
         engine,
         objective,
         default_up_s: e.seconds("default_up", 0.0..=86_400.0, 30.0)?,

@@ -448,6 +448,8 @@ mod tests {
             ended_at: None,
             history: Some(vec![]),
             history_dropped: 0,
+            paused_until: None,
+            pause_reason: None,
         }
     }
 

@@ -16,6 +16,7 @@
 //! Slurm is the source of truth for who holds what; the journal keeps what Slurm does
 //! not (node and job ids, the engine's decisions), replayed into the engine at start.
 
+pub mod blame;
 pub mod book;
 pub mod cluster;
 pub mod config;
@@ -28,7 +29,7 @@ pub mod view;
 
 use bftrainer_core::alloc::Curve;
 use bftrainer_core::engine::{
-    ElasticSpec, Engine, Event, Exact, JobId, JobStatus, Lending, NodeId, NodeState, Record,
+    ElasticSpec, Engine, Event, Exact, JobId, JobStatus, Lending, Mode, NodeId, NodeState, Record,
     EVENT_FORMAT_VERSION,
 };
 use bftrainer_core::runtime::RunComment;
@@ -164,6 +165,19 @@ pub struct Stats {
     pub slurm_errors: u64,
     pub events: u64,
     pub not_adopted: u64,
+    /// Decisions the engine refused (an allocator or contract error): logged and
+    /// skipped, the loop goes on.
+    #[serde(default)]
+    pub refused_decisions: u64,
+    /// Journal records refused at start-up (logged and skipped).
+    #[serde(default)]
+    pub journal_skipped: u64,
+    /// Jobs whose growth was paused after failures of their own (`blame`).
+    #[serde(default)]
+    pub job_pauses: u64,
+    /// Lending calls left for the next cycle when one ran over `cycle_budget`.
+    #[serde(default)]
+    pub deferred_calls: u64,
 }
 
 /// What one cycle did (for logs, tests and the benchmark).
@@ -191,6 +205,11 @@ pub struct Daemon<C: Cluster> {
     cores: BTreeMap<u32, Core>,
     sats: HashMap<u32, SatMemo>,
     set_aside: HashMap<NodeId, SetAside>,
+    /// Failed growths charged to jobs, and users' failures per node (`blame`).
+    blame: blame::Blame,
+    /// When slurmctld last answered again after an outage: a satellite that waited
+    /// through one is not charged to anyone.
+    outage_ended: f64,
     /// Jobs with a tag the daemon refused to adopt (logged once each).
     refused: HashSet<u32>,
     last_t: f64,
@@ -214,10 +233,15 @@ pub struct Daemon<C: Cluster> {
     last_error: Option<view::LastError>,
     /// The current cycle's time (for `last_error`).
     clock: f64,
+    /// When the current cycle began (for `[daemon] cycle_budget`).
+    cycle_t0: Option<std::time::Instant>,
     /// Recent cycle timings: the Slurm refresh, and observe + decide.
     pub poll_times: view::Window,
     pub decide_times: view::Window,
 }
+
+/// The longest pause of a job's growth and the longest set-aside of a node.
+pub const MAX_BACKOFF_S: f64 = 3600.0;
 
 fn record(t: f64, event: Event) -> Record {
     Record {
@@ -276,6 +300,8 @@ impl<C: Cluster> Daemon<C> {
             cores: BTreeMap::new(),
             sats: HashMap::new(),
             set_aside: HashMap::new(),
+            blame: blame::Blame::default(),
+            outage_ended: f64::NEG_INFINITY,
             refused: HashSet::new(),
             last_t: f64::NEG_INFINITY,
             last_full: f64::NEG_INFINITY,
@@ -289,23 +315,11 @@ impl<C: Cluster> Daemon<C> {
             book: book::Book::default(),
             last_error: None,
             clock: 0.0,
+            cycle_t0: None,
             poll_times: view::Window::default(),
             decide_times: view::Window::default(),
         };
-        for (i, r) in records.iter().enumerate() {
-            d.feed(&r.event, r.t)
-                .map_err(|e| anyhow::anyhow!("journal record {}: {e}", i + 1))?;
-            d.last_t = r.t;
-            d.learn(&r.event)?;
-        }
-        if !records.is_empty() {
-            log::info!(
-                "rebuilt from the journal: {} records, {} nodes, {} elastic jobs",
-                records.len(),
-                d.nodes.len(),
-                d.jobs.len()
-            );
-        }
+        d.restore(records);
         Ok(d)
     }
 
@@ -478,8 +492,13 @@ impl<C: Cluster> Daemon<C> {
         // plan_refresh 0: never force a full job load (node-table changes still do).
         let full = self.cfg.plan_refresh_s > 0.0 && now - self.last_full >= self.cfg.plan_refresh_s;
         let t0 = std::time::Instant::now();
+        self.cycle_t0 = Some(t0);
         let refreshed = self.cluster.refresh(full);
         rep.poll_s = t0.elapsed().as_secs_f64();
+        // What was observed is as of the end of the refresh, not its start (a slow
+        // slurmctld can take seconds).
+        let now = now + rep.poll_s;
+        self.clock = now;
         self.poll_times.push(rep.poll_s);
         match refreshed {
             Err(e) => {
@@ -496,6 +515,7 @@ impl<C: Cluster> Daemon<C> {
             Ok(r) => {
                 if let Some(t0) = self.outage_since.take() {
                     log::info!("slurmctld answers again after {:.1} s", now - t0);
+                    self.outage_ended = now;
                 }
                 if full {
                     self.last_full = now;
@@ -536,12 +556,33 @@ impl<C: Cluster> Daemon<C> {
         }
         self.stats.events += accepted as u64;
         let decisions = self.engine.stats.decisions;
-        let actions = self
-            .feed(&Event::Tick, now)
-            .map_err(|e| anyhow::anyhow!("engine: {e}"))?;
-        if accepted > 0 || self.engine.stats.decisions != decisions {
+        let actions = match self.feed(&Event::Tick, now) {
+            Ok(a) => a,
+            Err(e) => {
+                // Never fatal (a restart would make the same decision): the engine
+                // applied none of it, and decides again at the next change.
+                self.stats.refused_decisions += 1;
+                self.error(format!("decision refused, skipped: {e}"));
+                Vec::new()
+            }
+        };
+        // The decision is journaled with its Tick, so that a restart restores it as
+        // it was made instead of deciding again under another config.
+        let activated = self.engine.take_activated();
+        if accepted > 0
+            || self.engine.stats.decisions != decisions
+            || !activated.is_empty()
+            || !actions.is_empty()
+        {
             if let Some(j) = self.journal.as_mut() {
                 j.push(&record(now, Event::Tick));
+                j.push(&record(
+                    now,
+                    Event::Decided {
+                        activated,
+                        actions: actions.clone(),
+                    },
+                ));
             }
         }
         if let Some(j) = self.journal.as_mut() {
@@ -581,8 +622,9 @@ impl<C: Cluster> Daemon<C> {
         let mut pending_parts: HashSet<String> = HashSet::new();
         let mut cores_seen: HashMap<u32, usize> = HashMap::new();
         let mut sats: Vec<(usize, u32)> = Vec::new(); // (index in jobs, parent)
-                                                      // One pass over the snapshot without copying it: tagged jobs are cloned (few),
-                                                      // of the others only the node expressions are kept.
+        let mut modified_sats: Vec<(u32, u32)> = Vec::new(); // (job id, parent)
+                                                             // One pass over the snapshot without copying it: tagged jobs are cloned (few),
+                                                             // of the others only the node expressions are kept.
         let mut jobs: Vec<Job> = Vec::new();
         let mut foreign_holding: Vec<String> = Vec::new();
         let mut foreign_planned: Vec<(String, i64)> = Vec::new();
@@ -649,9 +691,24 @@ impl<C: Cluster> Daemon<C> {
                         && j.partition.as_deref() == Some(self.cfg.satellite_partition.as_str())
                         && uid_of.get(&parent).map_or(true, |&u| u == j.user_id)
                         && self.cores.get(&parent).map_or(true, |c| c.uid == j.user_id);
+                    // One of ours that its owner changed since (renamed, moved to
+                    // another partition...; the plugin refuses that, this is for a
+                    // change made around it): it no longer counts as a satellite, so it
+                    // is cancelled rather than left running unmanaged.
+                    let modified = !consistent
+                        && self
+                            .cores
+                            .get(&parent)
+                            .is_some_and(|c| c.uid == j.user_id && !c.ended)
+                        && uid_of.get(&parent).map_or(true, |&u| u == j.user_id);
                     if consistent {
                         sats.push((i, parent));
                         true
+                    } else if modified {
+                        if j.state.is_active() {
+                            modified_sats.push((j.job_id, parent));
+                        }
+                        false
                     } else {
                         self.refuse(
                             j,
@@ -836,6 +893,34 @@ impl<C: Cluster> Daemon<C> {
         }
         self.reclaimed
             .retain(|_, t| now - *t < self.cfg.reclaim_hold_s);
+        for (id, parent) in modified_sats {
+            let memo = self.sats.entry(id).or_default();
+            if memo.signalled_at.is_some_and(|t| now - t < 5.0) {
+                continue;
+            }
+            memo.signalled_at = Some(now);
+            memo.ending = true;
+            log::warn!(
+                "satellite {id} of job {parent} no longer has the name, partition or tag bftrainerd gave it (changed by its owner?): cancelling it"
+            );
+            self.call(|c| c.cancel(id), "cancel", id);
+        }
+        // Nodes the engine knows that left the elastic partitions (removed from them,
+        // renamed, deleted from slurm.conf): lost until they come back.
+        let listed: HashSet<&str> = cluster_nodes.iter().map(|c| c.0.as_str()).collect();
+        let vanished: Vec<NodeId> = (0..self.nodes.len() as NodeId)
+            .filter(|&id| !listed.contains(self.nodes[id as usize].name.as_str()))
+            .collect();
+        for id in vanished {
+            if self.nodes[id as usize].class != Class::Lost {
+                log::info!(
+                    "node {}: no longer in the elastic partitions; not lent until it is back",
+                    self.nodes[id as usize].name
+                );
+            }
+            self.nodes[id as usize].why = Why::Unavailable;
+            self.observe_node(id, Class::Lost);
+        }
         cluster_nodes.sort_by(|a, b| a.0.cmp(&b.0));
         for (name, mut class, mut why) in cluster_nodes {
             let id = match self.node_ids.get(&name) {
@@ -1029,6 +1114,10 @@ impl<C: Cluster> Daemon<C> {
             scale_up_s: up,
             scale_down_s: down,
             objective,
+            user: Some(j.user_id),
+            // Slurm's priority where it has one; a core job held until admission has
+            // none (0), and then submit order decides among one user's jobs.
+            priority: if j.is_held() { 0 } else { j.priority },
         }
     }
 
@@ -1234,14 +1323,26 @@ impl<C: Cluster> Daemon<C> {
         if let Some(t) = core.admit_at {
             if now - t > self.cfg.admit_timeout_s {
                 core.admit_at = None;
+                let why = j.reason.as_deref().unwrap_or("no reason given").to_string();
                 log::warn!(
-                    "elastic job {id} did not start within {} s of its admission ({}); holding it again and re-planning",
+                    "elastic job {id} did not start within {} s of its admission ({why}); holding it again and re-planning",
                     self.cfg.admit_timeout_s,
-                    j.reason.as_deref().unwrap_or("no reason given")
                 );
                 // The nodes are idle (not claimed): back to the pool for a new plan.
                 for n in self.engine.job_nodes(jid).to_vec() {
                     self.emit(Event::WorkerLeft { job: jid, node: n });
+                }
+                // Its own request, limits or begin time keep it from starting: it
+                // waits out a pause before the next admission, the nodes go to others.
+                if self.outage_ended < t && self.outage_since.is_none() {
+                    self.job_failed(
+                        id,
+                        format!(
+                            "it did not start within {} s of its admission ({why})",
+                            self.cfg.admit_timeout_s
+                        ),
+                        now,
+                    );
                 }
             }
         }
@@ -1349,15 +1450,12 @@ impl<C: Cluster> Daemon<C> {
                     _ => true,
                 };
             if failed {
-                self.node_failed(
-                    n,
-                    format!(
-                        "satellite {} of job {parent} ended {} after {ran:.0} s",
-                        j.job_id,
-                        j.state.name()
-                    ),
-                    now,
+                let reason = format!(
+                    "satellite {} of job {parent} ended {} after {ran:.0} s",
+                    j.job_id,
+                    j.state.name()
                 );
+                self.satellite_failed(parent, j.user_id, n, reason, now);
             }
             if held(self) {
                 self.emit(Event::WorkerLeft { job: jid, node: n });
@@ -1391,6 +1489,7 @@ impl<C: Cluster> Daemon<C> {
             }
             if let (Some(n), Some(start)) = (node, j.start_time) {
                 if now - start as f64 >= self.cfg.satellite_min_runtime_s {
+                    self.blame.ran(parent, n);
                     if let Some(sa) = self.set_aside.get_mut(&n) {
                         if sa.until <= now {
                             sa.failures = 0;
@@ -1400,24 +1499,39 @@ impl<C: Cluster> Daemon<C> {
             }
             return;
         }
-        // Pending too long: the grow failed on this node.
-        let waited = now - j.submit_time.unwrap_or(now as i64) as f64;
+        // Pending too long: this growth failed. A satellite pinned to an idle node
+        // that does not start waits on its job (held by its owner, its QOS or
+        // association limits, a request the node cannot meet), never on the node
+        // alone: the job is paused, the node stays in the pool. One that waited through
+        // a slurmctld outage is nobody's fault.
+        let submitted = j.submit_time.unwrap_or(now as i64) as f64;
+        let waited = now - submitted;
         if !memo.ending && waited > self.cfg.grow_timeout_s {
             memo.ending = true;
+            let why = j.reason.as_deref().unwrap_or("no reason").to_string();
             log::warn!(
-                "satellite {} of job {parent} did not start on {node_name} within {} s ({}); cancelling it",
+                "satellite {} of job {parent} did not start on {node_name} within {} s ({why}); cancelling it",
                 j.job_id,
                 self.cfg.grow_timeout_s,
-                j.reason.as_deref().unwrap_or("no reason")
             );
             memo.signalled_at = Some(now);
             self.call(|c| c.cancel(j.job_id), "cancel", j.job_id);
-            if let (Some(jid), Some(n)) = (jid, node) {
-                self.node_failed(
-                    n,
-                    format!("satellite {} of job {parent} did not start", j.job_id),
+            if self.outage_ended >= submitted || self.outage_since.is_some() {
+                log::info!(
+                    "satellite {} of job {parent} waited through a slurmctld outage: not charged",
+                    j.job_id
+                );
+            } else {
+                self.job_failed(
+                    parent,
+                    format!(
+                        "satellite {} did not start on {node_name} within {} s ({why})",
+                        j.job_id, self.cfg.grow_timeout_s
+                    ),
                     now,
                 );
+            }
+            if let (Some(jid), Some(n)) = (jid, node) {
                 if self.engine.node_state(n) == NodeState::Held(jid) {
                     self.emit(Event::WorkerLeft { job: jid, node: n });
                 }
@@ -1425,15 +1539,85 @@ impl<C: Cluster> Daemon<C> {
         }
     }
 
-    fn node_failed(&mut self, n: NodeId, reason: String, now: f64) {
+    fn blame_cfg(&self) -> blame::BlameConfig {
+        blame::BlameConfig {
+            job_backoff_s: self.cfg.job_backoff_s,
+            node_blame_users: self.cfg.node_blame_users,
+            max_backoff_s: MAX_BACKOFF_S,
+            memory_s: MAX_BACKOFF_S,
+        }
+    }
+
+    /// A growth of core job `parent` failed for reasons of its own: pause the job
+    /// (it keeps what it holds; the pool goes to others), never a node.
+    fn job_failed(&mut self, parent: u32, reason: String, now: f64) {
         self.stats.satellite_failures += 1;
+        let cfg = self.blame_cfg();
+        let v = self.blame.job_failed(&cfg, parent, reason, now);
+        self.apply_verdict(parent, None, v, now);
+    }
+
+    /// A satellite of `parent` (owner `uid`) ran on `n` and failed: its job's fault,
+    /// or the node's once several users failed there.
+    fn satellite_failed(&mut self, parent: u32, uid: u32, n: NodeId, reason: String, now: f64) {
+        self.stats.satellite_failures += 1;
+        let cfg = self.blame_cfg();
+        let v = self
+            .blame
+            .satellite_failed(&cfg, parent, uid, n, reason.clone(), now);
+        self.apply_verdict(parent, Some((n, reason)), v, now);
+    }
+
+    fn apply_verdict(
+        &mut self,
+        parent: u32,
+        node: Option<(NodeId, String)>,
+        v: blame::Verdict,
+        now: f64,
+    ) {
+        match v {
+            blame::Verdict::Node { users } => {
+                if let Some((n, reason)) = node {
+                    self.node_failed(
+                        n,
+                        format!("satellites of {users} users failed there, the last: {reason}"),
+                        now,
+                    );
+                }
+            }
+            blame::Verdict::Job { until, renewed } => {
+                let Some(jid) = self.cores.get(&parent).map(|c| c.jid) else {
+                    return;
+                };
+                if renewed {
+                    let s = self.blame.paused(parent, now);
+                    log::warn!(
+                        "elastic job {parent}: growth paused for {:.0} s (failure {}): {}",
+                        until - now,
+                        s.map_or(0, |s| s.failures),
+                        s.map_or("", |s| s.reason.as_str())
+                    );
+                    self.stats.job_pauses += 1;
+                }
+                if self.engine.job_status(jid) != JobStatus::Finished {
+                    self.emit(Event::JobPaused {
+                        job: jid,
+                        until: Some(until),
+                    });
+                }
+            }
+        }
+    }
+
+    fn node_failed(&mut self, n: NodeId, reason: String, now: f64) {
         let e = self.set_aside.entry(n).or_insert(SetAside {
             failures: 0,
             until: f64::NEG_INFINITY,
             reason: String::new(),
         });
         e.failures += 1;
-        let wait = (self.cfg.node_backoff_s * 2f64.powi(e.failures as i32 - 1)).min(3600.0);
+        let wait =
+            (self.cfg.node_backoff_s * 2f64.powi(e.failures.min(30) as i32 - 1)).min(MAX_BACKOFF_S);
         e.until = now + wait;
         e.reason = reason;
         log::warn!(
@@ -1442,6 +1626,18 @@ impl<C: Cluster> Daemon<C> {
             e.failures,
             e.reason
         );
+    }
+
+    /// Whether this cycle has used up `[daemon] cycle_budget`: calls that lend nodes
+    /// wait for the next cycle (counted); calls that give nodes back still run.
+    fn over_budget(&mut self) -> bool {
+        let over = self
+            .cycle_t0
+            .is_some_and(|t| t.elapsed().as_secs_f64() > self.cfg.cycle_budget_s);
+        if over {
+            self.stats.deferred_calls += 1;
+        }
+        over
     }
 
     /// Runs one Slurm call, logging and counting a failure (the next cycle retries).
@@ -1562,6 +1758,9 @@ impl<C: Cluster> Daemon<C> {
                 if self.set_aside.get(&n).is_some_and(|s| s.until > now) {
                     continue;
                 }
+                if self.over_budget() {
+                    continue;
+                }
                 calls += 1;
                 self.submit_satellite(id, core_job, &name, n, now);
             }
@@ -1637,6 +1836,9 @@ impl<C: Cluster> Daemon<C> {
                 return 0;
             }
             if core.admit_at.is_none() && j.is_held() {
+                if self.over_budget() {
+                    return 0;
+                }
                 let names = pin_names;
                 let up = JobUpdate {
                     node_list: Some(names.clone()),
@@ -1654,8 +1856,26 @@ impl<C: Cluster> Daemon<C> {
                         String::new()
                     }
                 );
-                let ok = self.call(|c| c.update(id, &up), "pin", id)
-                    && self.call(|c| c.release(id), "release", id);
+                let pinned = self.cluster.update(id, &up);
+                if let Err(e) = &pinned {
+                    self.stats.slurm_errors += 1;
+                    self.error(format!("pin of job {id} to {names} failed: {e}"));
+                    if !e.is_unreachable() {
+                        // Slurm refuses the job on those nodes (its request does not fit
+                        // them, its limits): the job waits out a pause, not re-pinned at
+                        // every cycle.
+                        let jid = self.cores[&id].jid;
+                        for n in self.engine.job_nodes(jid).to_vec() {
+                            self.emit(Event::WorkerLeft { job: jid, node: n });
+                        }
+                        self.job_failed(
+                            id,
+                            format!("Slurm refused to pin it to {names}: {e}"),
+                            now,
+                        );
+                    }
+                }
+                let ok = pinned.is_ok() && self.call(|c| c.release(id), "release", id);
                 if ok {
                     self.stats.admits += 1;
                     let c = self.cores.get_mut(&id).unwrap();
@@ -1807,7 +2027,7 @@ impl<C: Cluster> Daemon<C> {
         }
     }
 
-    fn submit_satellite(&mut self, parent: u32, core_job: &Job, node: &str, n: NodeId, _now: f64) {
+    fn submit_satellite(&mut self, parent: u32, core_job: &Job, node: &str, n: NodeId, now: f64) {
         let (uid, gid) = {
             let c = &self.cores[&parent];
             (c.uid, c.gid)
@@ -1869,12 +2089,23 @@ impl<C: Cluster> Daemon<C> {
                 );
                 log::info!("grow job {parent} onto {node}: satellite {sid}");
             }
-            Err(e) => {
+            Err(e) if e.is_unreachable() => {
+                // slurmctld did not answer: nobody's fault; the next cycle retries.
                 self.stats.slurm_errors += 1;
                 self.error(format!(
-                    "grow job {parent} onto {node}: submitting the satellite failed: {e}"
+                    "grow job {parent} onto {node}: slurmctld did not take the satellite ({e}); retrying next cycle"
                 ));
-                self.node_failed(n, format!("satellite submission failed: {e}"), _now);
+            }
+            Err(e) => {
+                // Refused by Slurm: the job's QOS or limits (MaxSubmitJobs, a time limit
+                // over the satellite partition's MaxTime...), or the config (a missing
+                // partition): the job's growth pauses; the node stays in the pool.
+                self.stats.slurm_errors += 1;
+                self.error(format!(
+                    "grow job {parent} onto {node}: Slurm refused the satellite: {e}"
+                ));
+                self.job_failed(parent, format!("Slurm refused its satellite: {e}"), now);
+                let _ = n;
             }
         }
     }
@@ -2000,6 +2231,8 @@ impl<C: Cluster> Daemon<C> {
                     ended_at: b.and_then(|b| b.ended_at),
                     history: b.map(|b| b.history.iter().copied().collect()),
                     history_dropped: b.map_or(0, |b| b.history_dropped),
+                    paused_until: self.blame.paused(id, now).map(|p| p.until),
+                    pause_reason: self.blame.paused(id, now).map(|p| p.reason.clone()),
                 }
             })
             .collect();
@@ -2019,6 +2252,83 @@ impl<C: Cluster> Daemon<C> {
             stats: self.stats.clone(),
             nodes,
             jobs,
+        }
+    }
+
+    // recovery
+    /// Rebuilds the engine from the journal without deciding again: each journaled
+    /// decision (`Event::Decided`, written right after its Tick) is applied as it was
+    /// made, whatever the config or build is now (`Mode::Restore`); a Tick without one
+    /// (a journal of an older bftrainerd) is decided again under the current config.
+    /// A record the engine refuses is logged and skipped: the journal's content never
+    /// keeps the daemon from starting. The config takes effect from the first decision.
+    fn restore(&mut self, records: &[Record]) {
+        if records.is_empty() {
+            return;
+        }
+        let t0 = std::time::Instant::now();
+        self.engine.set_mode(Mode::Restore);
+        let mut redecided = 0u64;
+        let mut i = 0;
+        while i < records.len() {
+            let r = &records[i];
+            if matches!(r.event, Event::Tick) {
+                if let Some(next) = records
+                    .get(i + 1)
+                    .filter(|n| matches!(n.event, Event::Decided { .. }))
+                {
+                    // The decision first, then its Tick (the book settles sizes on Ticks).
+                    self.restore_record(next, i + 2);
+                    self.restore_record(r, i + 1);
+                    i += 2;
+                    continue;
+                }
+                redecided += 1;
+                self.engine.set_mode(Mode::Live);
+                self.restore_record(r, i + 1);
+                self.engine.set_mode(Mode::Restore);
+            } else {
+                self.restore_record(r, i + 1);
+            }
+            i += 1;
+        }
+        for w in self.engine.take_warnings() {
+            log::warn!("journal: {w}");
+        }
+        self.engine.set_mode(Mode::Live);
+        self.engine.take_activated();
+        let st = &self.engine.stats;
+        log::info!(
+            "rebuilt from the journal in {:.2} s: {} records, {} nodes, {} elastic jobs; {} decisions restored as made, {} skipped, {} decided again (older journal), {} records skipped",
+            t0.elapsed().as_secs_f64(),
+            records.len(),
+            self.nodes.len(),
+            self.jobs.len(),
+            st.restored_actions,
+            st.skipped_actions,
+            redecided,
+            self.stats.journal_skipped
+        );
+    }
+
+    // recovery
+    /// Feeds one journal record (line `line`) at start-up; refused: logged, skipped.
+    fn restore_record(&mut self, r: &Record, line: usize) {
+        match self.feed(&r.event, r.t) {
+            Ok(_) => {
+                self.last_t = self.last_t.max(r.t);
+                if let Err(e) = self.learn(&r.event) {
+                    log::warn!("journal record {line}: {e}");
+                    if matches!(r.event, Event::JobSubmitted { .. }) {
+                        // Keeps engine ids and Slurm ids aligned; 0 names no Slurm job.
+                        self.jobs.push(0);
+                    }
+                }
+            }
+            Err(e) => {
+                self.stats.journal_skipped += 1;
+                log::warn!("journal record {line} skipped: {e}");
+            }
         }
     }
 }

@@ -85,15 +85,17 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
         .build()
         .context("tokio runtime")?;
     let r = rt.block_on(main_loop(daemon, config_path.to_path_buf(), admins));
-    // Tasks still holding connections go with the runtime; then the socket file.
-    drop(rt);
+    // Tasks still holding connections go with the runtime, and a cycle still waiting on
+    // slurmctld is not waited for (its journal is synced before it acts; the next start
+    // takes over as after kill -9); then the socket file.
+    rt.shutdown_background();
     let _ = std::fs::remove_file(&socket);
     drop(lock);
     r
 }
 
 async fn main_loop(
-    mut daemon: Daemon<SlurmCluster>,
+    daemon: Daemon<SlurmCluster>,
     config_path: std::path::PathBuf,
     admins: Vec<u32>,
 ) -> anyhow::Result<()> {
@@ -126,59 +128,81 @@ async fn main_loop(
         tokio::spawn(super::metrics::serve(l, metrics.clone()));
     }
 
+    // The cycle runs off the async thread (Slurm calls block). While one is in flight
+    // the daemon is with it: signals and admin verbs are still answered at once (a
+    // slow or stopped slurmctld must not make `bftrainer pause` or SIGTERM wait for it);
+    // what needs the daemon waits for the cycle's end, briefly, or is queued.
+    let mut idle: Option<Daemon<SlurmCluster>> = Some(daemon);
+    let mut cycle: Option<tokio::task::JoinHandle<CycleOut>> = None;
+    let mut cycle_started = std::time::Instant::now();
+    let mut queued: Vec<(bftrainer_core::engine::Lending, u32)> = Vec::new();
+    let mut reload = false;
     loop {
         tokio::select! {
-            _ = term.recv() => { log::info!("SIGTERM: stopping; satellites and jobs stay, the next start adopts them"); break; }
+            _ = term.recv() => {
+                log::info!("SIGTERM: stopping; satellites and jobs stay, the next start adopts them");
+                if cycle.is_some() {
+                    log::info!("a cycle was under way ({:.1} s, waiting on slurmctld): the next start takes over from the journal", cycle_started.elapsed().as_secs_f64());
+                }
+                break;
+            }
             _ = int.recv() => { log::info!("SIGINT: stopping"); break; }
             _ = hup.recv() => {
-                match config::load(&config_path) {
-                    Ok(cfg) => {
-                        let poll = cfg.poll_interval;
-                        for (what, changed) in [
-                            ("[daemon] socket", cfg.socket != daemon.cfg.socket),
-                            ("[metrics] listen", cfg.metrics_listen != daemon.cfg.metrics_listen),
-                        ] {
-                            if changed {
-                                log::warn!("reload: {what} changed; it takes effect at the next start");
-                            }
-                        }
-                        let (socket, listen) = (daemon.cfg.socket.clone(), daemon.cfg.metrics_listen);
-                        daemon.reconfigure(cfg);
-                        daemon.cfg.socket = socket;
-                        daemon.cfg.metrics_listen = listen;
-                        if poll != interval.period() {
-                            interval = tokio::time::interval(poll);
-                            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                        }
+                match idle.as_mut() {
+                    Some(d) => reconfigure(d, &config_path, &mut interval),
+                    None => {
+                        log::info!("SIGHUP: the config is re-read when the current cycle ends");
+                        reload = true;
                     }
-                    Err(e) => daemon.error(format!("SIGHUP: {e}; keeping the previous config")),
                 }
             }
             Some(cmd) = admin_rx.recv() => {
-                let now = unix_now();
-                let before = daemon.engine().lending();
-                let r = daemon.set_lending(cmd.mode, now);
-                let answer = match &r {
-                    Ok(()) => Ok(lending_message(before, cmd.mode)),
-                    Err(e) => Err(format!("could not change lending: {e}")),
-                };
-                log::info!("uid {} asked to {}: {}", cmd.by_uid, cmd.mode.as_str(), answer.as_deref().unwrap_or_else(|e| e));
-                let _ = snap_tx.send(Arc::new(daemon.snapshot(now)));
-                let _ = cmd.reply.send(answer);
-                // A journal that cannot be written is fatal, as in a cycle.
-                r?;
+                // A cycle under way: give it a moment, else queue the change.
+                if let Some(h) = cycle.as_mut() {
+                    if let Ok(out) = tokio::time::timeout(ADMIN_WAIT, h).await {
+                        cycle = None;
+                        let d = finish_cycle(out.context("cycle task")?, &metrics, &snap_tx, &mut status_written)?;
+                        idle = Some(d);
+                    }
+                }
+                match idle.as_mut() {
+                    Some(d) => admin(d, cmd, &snap_tx)?,
+                    None => {
+                        let mode = cmd.mode;
+                        let msg = format!(
+                            "accepted: lending becomes {} when the current cycle ends (it has waited {:.1} s on slurmctld); `bftrainer status` shows it then",
+                            mode.as_str(),
+                            cycle_started.elapsed().as_secs_f64()
+                        );
+                        log::info!("uid {} asked to {} during a cycle: queued", cmd.by_uid, mode.as_str());
+                        queued.push((mode, cmd.by_uid));
+                        let _ = cmd.reply.send(Ok(msg));
+                    }
+                }
             }
-            _ = interval.tick() => {
-                // Slurm calls block: run the cycle off the async thread.
+            out = async { cycle.as_mut().expect("a cycle in flight").await }, if cycle.is_some() => {
+                cycle = None;
+                let mut d = finish_cycle(out.context("cycle task")?, &metrics, &snap_tx, &mut status_written)?;
+                if std::mem::take(&mut reload) {
+                    reconfigure(&mut d, &config_path, &mut interval);
+                }
+                for (mode, by_uid) in queued.drain(..) {
+                    set_lending(&mut d, mode, by_uid, &snap_tx)?;
+                }
+                idle = Some(d);
+            }
+            _ = interval.tick(), if cycle.is_none() => {
+                let mut daemon = idle.take().expect("the daemon is idle between cycles");
                 let status_path = status_path.clone();
                 let mut written = status_written;
-                let (d, r, snap, written) = tokio::task::spawn_blocking(move || {
+                cycle_started = std::time::Instant::now();
+                cycle = Some(tokio::task::spawn_blocking(move || {
                     let t0 = std::time::Instant::now();
                     let now = unix_now();
                     let r = daemon.cycle(now);
                     let mut snap = None;
                     if let Ok(rep) = &r {
-                        let s = daemon.snapshot(now);
+                        let s = daemon.snapshot(unix_now());
                         // The socket serves the snapshot live; the file is for people and
                         // scripts without it: rewritten when the cycle saw or did
                         // something, else every STATUS_EVERY_S (1.6 MB at 10,000 nodes / 1,000 jobs).
@@ -194,27 +218,123 @@ async fn main_loop(
                         }
                     }
                     (daemon, r, snap, written)
-                })
-                .await
-                .context("cycle task")?;
-                daemon = d;
-                status_written = written;
-                if let Ok(rep) = &r {
-                    metrics.poll_seconds.observe(rep.poll_s);
-                    if rep.slurm_ok {
-                        metrics.decision_seconds.observe(rep.decide_s);
-                    }
-                }
-                if let Some(s) = snap {
-                    let _ = snap_tx.send(Arc::new(s));
-                }
-                // An engine or journal failure is fatal: acting on a state the journal
-                // does not hold would break recovery.
-                r?;
+                }));
             }
         }
     }
     Ok(())
+}
+
+/// How long an admin verb waits for a cycle under way before it is queued.
+const ADMIN_WAIT: Duration = Duration::from_millis(500);
+
+type CycleOut = (
+    Daemon<SlurmCluster>,
+    anyhow::Result<super::CycleReport>,
+    Option<Snapshot>,
+    f64,
+);
+
+/// Takes a finished cycle's daemon back, publishes its snapshot and figures; an error
+/// of the cycle (a journal that cannot be written) is fatal.
+fn finish_cycle(
+    out: CycleOut,
+    metrics: &Metrics,
+    snap_tx: &watch::Sender<Arc<Snapshot>>,
+    status_written: &mut f64,
+) -> anyhow::Result<Daemon<SlurmCluster>> {
+    let (d, r, snap, written) = out;
+    *status_written = written;
+    if let Ok(rep) = &r {
+        metrics.poll_seconds.observe(rep.poll_s);
+        if rep.slurm_ok {
+            metrics.decision_seconds.observe(rep.decide_s);
+        }
+    }
+    if let Some(s) = snap {
+        let _ = snap_tx.send(Arc::new(s));
+    }
+    // A journal failure is fatal: acting on a state the journal does not hold would
+    // break recovery.
+    r?;
+    Ok(d)
+}
+
+/// SIGHUP: re-reads the config; a bad one is logged and the old one kept.
+fn reconfigure(
+    daemon: &mut Daemon<SlurmCluster>,
+    config_path: &Path,
+    interval: &mut tokio::time::Interval,
+) {
+    match config::load(config_path) {
+        Ok(cfg) => {
+            let poll = cfg.poll_interval;
+            for (what, changed) in [
+                ("[daemon] socket", cfg.socket != daemon.cfg.socket),
+                (
+                    "[metrics] listen",
+                    cfg.metrics_listen != daemon.cfg.metrics_listen,
+                ),
+            ] {
+                if changed {
+                    log::warn!("reload: {what} changed; it takes effect at the next start");
+                }
+            }
+            let (socket, listen) = (daemon.cfg.socket.clone(), daemon.cfg.metrics_listen);
+            daemon.reconfigure(cfg);
+            daemon.cfg.socket = socket;
+            daemon.cfg.metrics_listen = listen;
+            if poll != interval.period() {
+                *interval = tokio::time::interval(poll);
+                interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            }
+        }
+        Err(e) => daemon.error(format!("SIGHUP: {e}; keeping the previous config")),
+    }
+}
+
+/// `bftrainer pause|drain|resume`: journaled and answered.
+fn admin(
+    daemon: &mut Daemon<SlurmCluster>,
+    cmd: AdminCmd,
+    snap_tx: &watch::Sender<Arc<Snapshot>>,
+) -> anyhow::Result<()> {
+    let (answer, r) = lending(daemon, cmd.mode, cmd.by_uid, snap_tx);
+    let _ = cmd.reply.send(answer);
+    r
+}
+
+/// A lending change queued during a cycle (its asker already had an answer).
+fn set_lending(
+    daemon: &mut Daemon<SlurmCluster>,
+    mode: bftrainer_core::engine::Lending,
+    by_uid: u32,
+    snap_tx: &watch::Sender<Arc<Snapshot>>,
+) -> anyhow::Result<()> {
+    lending(daemon, mode, by_uid, snap_tx).1
+}
+
+fn lending(
+    daemon: &mut Daemon<SlurmCluster>,
+    mode: bftrainer_core::engine::Lending,
+    by_uid: u32,
+    snap_tx: &watch::Sender<Arc<Snapshot>>,
+) -> (Result<String, String>, anyhow::Result<()>) {
+    let now = unix_now();
+    let before = daemon.engine().lending();
+    let r = daemon.set_lending(mode, now);
+    let answer = match &r {
+        Ok(()) => Ok(lending_message(before, mode)),
+        Err(e) => Err(format!("could not change lending: {e}")),
+    };
+    log::info!(
+        "uid {by_uid} asked to {}: {}",
+        mode.as_str(),
+        answer.as_deref().unwrap_or_else(|e| e)
+    );
+    let _ = snap_tx.send(Arc::new(daemon.snapshot(now)));
+    // A journal that cannot be written is fatal, as in a cycle.
+    (answer, r)
 }
 
 fn lending_message(

@@ -125,6 +125,11 @@ pub struct JobView {
     /// Changes dropped from the front of a long history.
     #[serde(default)]
     pub history_dropped: u64,
+    /// Growth paused until then (Unix seconds) after failures of the job's own, and why.
+    #[serde(default)]
+    pub paused_until: Option<f64>,
+    #[serde(default)]
+    pub pause_reason: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -18,6 +18,7 @@ use std::time::Duration;
 pub const JOIN: &str = r#"#!/bin/sh
 echo "joined parent $1 on $SLURMD_NODENAME at $(date +%s.%N)"
 if [ -n "$BAD_NODE" ] && [ "$SLURMD_NODENAME" = "$BAD_NODE" ]; then echo "broken node" >&2; exit 3; fi
+if [ -n "$BAD_USER" ] && [ "$(id -un)" = "$BAD_USER" ]; then echo "broken environment" >&2; exit 3; fi
 exec sleep 3600
 "#;
 
@@ -311,6 +312,27 @@ impl Live {
         args.extend_from_slice(more);
         args.extend_from_slice(&["-J", "train", "-o", "/dev/null", "--wrap", "srun sleep 600"]);
         self.sbatch_as_user(&args, None)
+    }
+
+    /// As [`Live::submit_elastic`], as `user` (e.g. the second test user).
+    pub fn submit_elastic_as(&self, user: &str, spec: &str) -> u32 {
+        use std::os::unix::process::CommandExt;
+        let (uid, gid) = bftrainer_testcluster::user_ids(user).unwrap();
+        let mut cmd = self.c.command("sbatch");
+        cmd.uid(uid)
+            .gid(gid)
+            .env("USER", user)
+            .env("LOGNAME", user)
+            .current_dir("/tmp")
+            .args(["--parsable", &format!("--elastic={spec}")])
+            .args(["-J", "train", "-o", "/dev/null", "--wrap", "srun sleep 600"]);
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "sbatch as {user}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     }
 
     /// `sbatch --parsable ARGS` as the test user (bftuser), in `dir` if given: the
