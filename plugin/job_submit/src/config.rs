@@ -49,10 +49,19 @@ pub struct Policy {
     /// Uids allowed to submit elastic jobs; empty: everyone.
     pub allowed_uids: BTreeSet<u32>,
     pub allowed_users: Vec<String>,
+    /// Names of `allowed_users` and `daemon_user` that NSS did not resolve (a user that
+    /// does not exist, or LDAP down at slurmctld's start). Not an error: slurmctld must
+    /// never stay down over it. While any is left, elastic jobs are refused with
+    /// [`Policy::unavailable`]'s reason, and the plugin retries in the background.
+    pub unresolved: Vec<String>,
     /// Accounts allowed to submit elastic jobs; empty: every account.
     pub allowed_accounts: Vec<String>,
     pub daemon_user: String,
-    pub daemon_uid: u32,
+    /// `None` while `daemon_user` does not resolve: then only root and SlurmUser are
+    /// privileged.
+    pub daemon_uid: Option<u32>,
+    /// slurmctld's SlurmUser, set by the FFI layer (`None` in unit tests).
+    pub slurm_uid: Option<u32>,
     pub profile_dir: Option<PathBuf>,
     /// Profile names found in `profile_dir` (file names without their extension).
     pub profiles: BTreeSet<String>,
@@ -93,9 +102,22 @@ impl Policy {
             .join(", ")
     }
 
-    /// Root and the daemon's user may submit satellites and edit elastic jobs freely.
+    /// Root, SlurmUser and the daemon's user may submit satellites and edit elastic jobs
+    /// freely.
     pub fn privileged(&self, uid: u32) -> bool {
-        uid == 0 || uid == self.daemon_uid
+        uid == 0 || Some(uid) == self.daemon_uid || Some(uid) == self.slurm_uid
+    }
+
+    /// Why elastic jobs cannot be accepted now (names NSS did not resolve), or `None`.
+    pub fn unavailable(&self) -> Option<String> {
+        (!self.unresolved.is_empty()).then(|| {
+            format!(
+                "{} names {} that cannot be looked up (no such user, or the user database \
+                 (NSS/LDAP) did not answer); the plugin retries every few seconds",
+                self.path.display(),
+                self.unresolved.join(", ")
+            )
+        })
     }
 }
 
@@ -159,6 +181,9 @@ pub fn save_last_good(state_dir: &Path, text: &str) -> std::io::Result<()> {
 #[derive(Debug)]
 pub struct Loaded {
     pub policy: Policy,
+    /// The text `policy` was parsed from (the file's, or the last good copy's), kept to
+    /// parse again when names did not resolve.
+    pub text: String,
     /// The file was broken, so `policy` is the last good copy's; this says what was wrong.
     pub fell_back: Option<ConfigError>,
     /// The file loaded but no copy of it could be kept (the fallback will be older).
@@ -199,6 +224,7 @@ pub fn load_or_last_good(
             });
             Ok(Loaded {
                 policy,
+                text,
                 fell_back: None,
                 warning,
             })
@@ -213,6 +239,7 @@ pub fn load_or_last_good(
             match parse(&text, path, lookup_uid) {
                 Ok(policy) => Ok(Loaded {
                     policy,
+                    text,
                     fell_back: Some(e),
                     warning: None,
                 }),
@@ -252,23 +279,21 @@ pub fn parse(
         .map(|n| n as u32);
     let allowed_users = t.strings("allowed_users")?;
     let mut allowed_uids = BTreeSet::new();
+    let mut unresolved = Vec::new();
     for u in &allowed_users {
-        let uid = lookup_uid(u).ok_or_else(|| {
-            t.err(
-                "allowed_users",
-                format!("no such user '{u}'; expected existing user names"),
-            )
-        })?;
-        allowed_uids.insert(uid);
+        match lookup_uid(u) {
+            Some(uid) => {
+                allowed_uids.insert(uid);
+            }
+            None => unresolved.push(format!("[policy] allowed_users '{u}'")),
+        }
     }
     let allowed_accounts = t.strings("allowed_accounts")?;
     let daemon_user = t.string("daemon_user", "root")?;
-    let daemon_uid = lookup_uid(&daemon_user).ok_or_else(|| {
-        t.err(
-            "daemon_user",
-            format!("no such user '{daemon_user}'; expected the user bftrainerd runs as"),
-        )
-    })?;
+    let daemon_uid = lookup_uid(&daemon_user);
+    if daemon_uid.is_none() {
+        unresolved.push(format!("[policy] daemon_user '{daemon_user}'"));
+    }
     let (profile_dir, profiles) = match t.opt_string("profile_dir") {
         Ok(None) => (None, BTreeSet::new()),
         Ok(Some(s)) => {
@@ -316,9 +341,11 @@ pub fn parse(
         max_nodes,
         allowed_uids,
         allowed_users,
+        unresolved,
         allowed_accounts,
         daemon_user,
         daemon_uid,
+        slurm_uid: None,
         profile_dir,
         profiles,
         exclusive: t.boolean("exclusive", true)?,
@@ -411,8 +438,17 @@ mod tests {
         assert_eq!(pol.partition, "elastic");
         assert_eq!(pol.max_nodes, None);
         assert!(pol.exclusive && pol.hold);
-        assert_eq!((pol.daemon_user.as_str(), pol.daemon_uid), ("root", 0));
+        assert_eq!(
+            (pol.daemon_user.as_str(), pol.daemon_uid),
+            ("root", Some(0))
+        );
         assert!(pol.privileged(0) && !pol.privileged(1000));
+        assert_eq!(pol.unavailable(), None);
+        let slurm = Policy {
+            slurm_uid: Some(64030),
+            ..pol
+        };
+        assert!(slurm.privileged(64030));
     }
 
     #[test]
@@ -456,12 +492,6 @@ mod tests {
         assert!(p("[polcy]\n").unwrap_err().contains(
             "unknown table or key 'polcy' at top level; allowed tables: [policy], [daemon]"
         ));
-        assert!(p("[policy]\ndaemon_user = \"nobody-here\"")
-            .unwrap_err()
-            .contains("daemon_user: no such user 'nobody-here'"));
-        assert!(p("[policy]\nallowed_users = [\"alice\", \"zed\"]")
-            .unwrap_err()
-            .contains("allowed_users: no such user 'zed'"));
         assert!(p("[policy]\nallowed_users = \"alice\"")
             .unwrap_err()
             .contains("expected a list of strings"));
@@ -480,6 +510,41 @@ mod tests {
         assert!(p("[policy\n")
             .unwrap_err()
             .starts_with("/etc/slurm/bftrainer.toml: not valid TOML"));
+    }
+
+    /// A name NSS cannot resolve (LDAP down at boot, or a user that does not exist) is
+    /// no error: the policy loads, says why elastic jobs are unavailable, and a later
+    /// parse of the same text with NSS back resolves it.
+    #[test]
+    fn unresolved_names_load_and_make_elastic_jobs_unavailable() {
+        let text = "[policy]\nallowed_users = [\"alice\", \"zed\"]\ndaemon_user = \"bftd\"\n";
+        let path = Path::new("/etc/slurm/bftrainer.toml");
+        let nss_down = |_: &str| None;
+        let pol = parse(text, path, &nss_down).unwrap();
+        assert_eq!(
+            pol.unresolved,
+            [
+                "[policy] allowed_users 'alice'",
+                "[policy] allowed_users 'zed'",
+                "[policy] daemon_user 'bftd'"
+            ]
+        );
+        assert_eq!(pol.daemon_uid, None);
+        assert!(pol.privileged(0) && !pol.privileged(990));
+        assert_eq!(
+            pol.unavailable().unwrap(),
+            "/etc/slurm/bftrainer.toml names [policy] allowed_users 'alice', [policy] \
+             allowed_users 'zed', [policy] daemon_user 'bftd' that cannot be looked up (no such \
+             user, or the user database (NSS/LDAP) did not answer); the plugin retries every \
+             few seconds"
+        );
+        // NSS back: only the user that does not exist is left.
+        let pol = parse(text, path, &users).unwrap();
+        assert_eq!(pol.unresolved, ["[policy] allowed_users 'zed'"]);
+        assert_eq!(pol.daemon_uid, Some(990));
+        assert!(pol.allowed_uids.contains(&1000));
+        let pol = parse("[policy]\nallowed_users = [\"alice\"]\n", path, &users).unwrap();
+        assert_eq!(pol.unavailable(), None);
     }
 
     #[test]

@@ -13,8 +13,9 @@
 #![allow(non_upper_case_globals)]
 
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use bftrainer_plugin_common::{self as common, guard, Logger, SLURM_ERROR, SLURM_SUCCESS};
 use slurm_sys::job_desc_msg_t;
@@ -91,71 +92,75 @@ extern "C" fn on_load() {
 #[link_section = ".init_array"]
 static ON_LOAD: extern "C" fn() = on_load;
 
-struct State {
-    policy: Policy,
-    /// slurm_conf.last_update when the policy was read: `scontrol reconfigure` bumps
-    /// it, and 22.05 does not re-init job_submit plugins on reconfigure unless the
-    /// plugin list changed, so the reload is triggered from here.
-    conf_stamp: i64,
+/// The policy the hooks use: an Arc swapped by init and the watcher thread, so a hook
+/// only clones a pointer under the lock (no file, NSS or directory I/O while slurmctld
+/// holds its job lock).
+static POLICY: Mutex<Option<Arc<Policy>>> = Mutex::new(None);
+
+fn policy_slot() -> MutexGuard<'static, Option<Arc<Policy>>> {
+    // A panic while holding the lock poisons it; the data is still a whole Arc.
+    POLICY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-static STATE: Mutex<Option<State>> = Mutex::new(None);
+/// The current policy, or `None` before init succeeded.
+fn snapshot() -> Option<Arc<Policy>> {
+    policy_slot().clone()
+}
 
-fn state() -> MutexGuard<'static, Option<State>> {
-    // A panic while holding the lock poisons it; the data is still a whole Policy.
-    STATE.lock().unwrap_or_else(|e| e.into_inner())
+fn publish(mut p: Policy, slurm_uid: Option<u32>) {
+    p.slurm_uid = slurm_uid;
+    *policy_slot() = Some(Arc::new(p));
 }
 
 /// slurmctld's global configuration (public layout from slurm.h). The address is looked
 /// up once: dlsym walks every loaded object, which costs microseconds per call.
-fn slurm_conf() -> Option<&'static slurm_sys::slurm_conf_t> {
+fn slurm_conf_ptr() -> *const slurm_sys::slurm_conf_t {
     static ADDR: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     // SAFETY: dlsym on a NUL-terminated name.
-    let p = *ADDR
+    *ADDR
         .get_or_init(|| unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"slurm_conf".as_ptr()) } as usize)
-        as *const slurm_sys::slurm_conf_t;
+        as *const slurm_sys::slurm_conf_t
+}
+
+/// slurm_conf, for init() only: slurmctld rewrites its strings on reconfigure, so the
+/// watcher thread never reads them (it reads the stamp alone, see conf_stamp).
+fn slurm_conf() -> Option<&'static slurm_sys::slurm_conf_t> {
+    let p = slurm_conf_ptr();
     // SAFETY: inside slurmctld this is `slurm_conf_t slurm_conf`, which lives for the
     // whole process; its layout is the one of the headers we were built against.
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
+/// slurm_conf.last_update: `scontrol reconfigure` bumps it. Read from the watcher
+/// thread while slurmctld may write it: one aligned word, read volatile.
 fn conf_stamp() -> i64 {
-    slurm_conf().map(|c| c.last_update).unwrap_or(0)
+    let p = slurm_conf_ptr();
+    if p.is_null() {
+        return 0;
+    }
+    // SAFETY: p is slurmctld's live slurm_conf (see slurm_conf()).
+    unsafe { std::ptr::addr_of!((*p).last_update).read_volatile() }
 }
 
-fn config_path() -> std::path::PathBuf {
+fn config_path() -> PathBuf {
     let env = std::env::var("BFTRAINER_CONFIG").ok();
     let from_global = slurm_conf()
         // SAFETY: slurm_conf.slurm_conf is null or the path slurmctld read its config from.
         .and_then(|c| unsafe { common::bytes(c.slurm_conf) })
-        .map(|b| std::path::PathBuf::from(String::from_utf8_lossy(b).into_owned()));
+        .map(|b| PathBuf::from(String::from_utf8_lossy(b).into_owned()));
     let slurm_conf_path = std::env::var_os("SLURM_CONF")
-        .map(std::path::PathBuf::from)
+        .map(PathBuf::from)
         .or(from_global);
     config::locate(env.as_deref(), slurm_conf_path.as_deref())
 }
 
 /// slurmctld's StateSaveLocation, where the last good policy is kept.
-fn state_dir() -> Option<std::path::PathBuf> {
+fn state_dir() -> Option<PathBuf> {
     slurm_conf()
         // SAFETY: state_save_location is null or slurmctld's configured path.
         .and_then(|c| unsafe { common::bytes(c.state_save_location) })
         .filter(|b| !b.is_empty())
-        .map(|b| std::path::PathBuf::from(String::from_utf8_lossy(b).into_owned()))
-}
-
-/// The policy, falling back to the last good copy when the file is broken.
-fn load() -> Result<(State, config::Loaded), config::ConfigError> {
-    let path = config_path();
-    let loaded = config::load_or_last_good(&path, state_dir().as_deref(), &config::uid_of)?;
-    let st = State {
-        policy: loaded.policy.clone(),
-        conf_stamp: conf_stamp(),
-    };
-    if let Some(w) = &loaded.warning {
-        LOG.error(&format!("{w}"));
-    }
-    Ok((st, loaded))
+        .map(|b| PathBuf::from(String::from_utf8_lossy(b).into_owned()))
 }
 
 fn describe(p: &Policy) -> String {
@@ -166,13 +171,173 @@ fn describe(p: &Policy) -> String {
         p.allowed_partitions.join(","),
         p.max_nodes.map(|n| n.to_string()).unwrap_or_else(|| "none".into()),
         p.daemon_user,
-        p.daemon_uid,
+        p.daemon_uid.map(|u| u.to_string()).unwrap_or_else(|| "unresolved".into()),
         if p.allowed_users.is_empty() { "all".into() } else { p.allowed_users.join(",") },
         if p.allowed_accounts.is_empty() { "all".into() } else { p.allowed_accounts.join(",") },
         p.profiles.len(),
         p.exclusive,
         p.hold
     )
+}
+
+/// How often the watcher looks at slurmctld's config stamp, and how often it asks NSS
+/// again for names that did not resolve.
+const TICK: Duration = Duration::from_secs(1);
+const RETRY: Duration = Duration::from_secs(5);
+
+/// What init() learnt from slurmctld (read in slurmctld's own thread, while it is
+/// consistent) and the watcher keeps for the plugin's life.
+struct Watch {
+    path: PathBuf,
+    state_dir: Option<PathBuf>,
+    slurm_uid: Option<u32>,
+    /// Config stamp the current policy was read at.
+    stamp: i64,
+    /// Text the current policy was parsed from, parsed again to retry names.
+    text: String,
+    current: Policy,
+    next_retry: Instant,
+}
+
+/// Reads the file (or the last good copy).
+fn load(
+    path: &std::path::Path,
+    state_dir: Option<&std::path::Path>,
+) -> Result<config::Loaded, config::ConfigError> {
+    let loaded = config::load_or_last_good(path, state_dir, &config::uid_of)?;
+    if let Some(w) = &loaded.warning {
+        LOG.error(&format!("{w}"));
+    }
+    Ok(loaded)
+}
+
+impl Watch {
+    fn load(&self) -> Result<config::Loaded, config::ConfigError> {
+        load(&self.path, self.state_dir.as_deref())
+    }
+
+    fn adopt(&mut self, loaded: config::Loaded) {
+        self.text = loaded.text;
+        self.current = loaded.policy.clone();
+        self.next_retry = Instant::now() + RETRY;
+        publish(loaded.policy, self.slurm_uid);
+    }
+
+    /// One look: a reconfigure re-reads the file (22.05 keeps the plugin loaded; from
+    /// 23.11 a reconfigure runs init() in a new slurmctld instead); names that did not
+    /// resolve are asked for again every RETRY.
+    fn tick(&mut self) {
+        let stamp = conf_stamp();
+        if stamp != self.stamp {
+            self.stamp = stamp;
+            self.reload();
+        } else if !self.current.unresolved.is_empty() && Instant::now() >= self.next_retry {
+            self.retry();
+        }
+    }
+
+    /// Re-reads the policy after `scontrol reconfigure`. A broken file keeps the previous
+    /// policy (slurmctld is already running; refusing every job would be worse).
+    fn reload(&mut self) {
+        match self.load() {
+            Ok(config::Loaded {
+                fell_back: Some(why),
+                ..
+            }) => {
+                LOG.error(&format!("reconfigure: keeping the previous policy: {why}"));
+            }
+            // slurmctld also bumps the stamp once right after start-up, so an unchanged
+            // policy is only worth a verbose line.
+            Ok(loaded) if loaded.policy == self.current => {
+                LOG.verbose("reconfigure: policy unchanged");
+                self.adopt(loaded);
+            }
+            Ok(loaded) => {
+                LOG.info(&format!("reconfigure: {}", describe(&loaded.policy)));
+                if let Some(why) = loaded.policy.unavailable() {
+                    LOG.error(&format!(
+                        "reconfigure: elastic jobs are refused until this is mended: {why}"
+                    ));
+                }
+                self.adopt(loaded);
+            }
+            Err(e) => {
+                LOG.error(&format!("reconfigure: keeping the previous policy: {e}"));
+            }
+        }
+    }
+
+    /// Parses the same text again with fresh NSS answers; logs only what changed.
+    fn retry(&mut self) {
+        self.next_retry = Instant::now() + RETRY;
+        let Ok(p) = config::parse(&self.text, &self.path, &config::uid_of) else {
+            // It parsed before; only the profile directory can have gone since.
+            return;
+        };
+        if p.unresolved == self.current.unresolved {
+            return;
+        }
+        match p.unavailable() {
+            None => LOG.info(&format!(
+                "every user name in {} resolves now; elastic jobs are accepted again ({})",
+                p.path.display(),
+                describe(&p)
+            )),
+            Some(why) => LOG.error(&format!("elastic jobs are still refused: {why}")),
+        }
+        self.current = p.clone();
+        publish(p, self.slurm_uid);
+    }
+}
+
+/// The watcher thread and its stop flag; started by init(), stopped and joined by fini()
+/// (Slurm unloads the .so after fini, so no thread may outlive it).
+struct Watcher {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+static WATCHER: Mutex<Option<Watcher>> = Mutex::new(None);
+
+fn start_watcher(mut w: Watch) -> std::io::Result<()> {
+    stop_watcher();
+    let stop = Arc::new((Mutex::new(false), Condvar::new()));
+    let flag = Arc::clone(&stop);
+    let thread = std::thread::Builder::new()
+        .name("bft_jobsubmit".into())
+        .spawn(move || loop {
+            {
+                let (lock, cv) = &*flag;
+                let stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
+                let (stopped, _) = cv
+                    .wait_timeout_while(stopped, TICK, |s| !*s)
+                    .unwrap_or_else(|e| e.into_inner());
+                if *stopped {
+                    return;
+                }
+            }
+            // A panic here is logged and the watcher carries on at the next tick.
+            guard(LOG, "config watcher", SLURM_ERROR, || {
+                w.tick();
+                SLURM_SUCCESS
+            });
+        })?;
+    *WATCHER.lock().unwrap_or_else(|e| e.into_inner()) = Some(Watcher { stop, thread });
+    Ok(())
+}
+
+fn stop_watcher() {
+    let Some(w) = WATCHER.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        return;
+    };
+    {
+        let (lock, cv) = &*w.stop;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_all();
+    }
+    if w.thread.join().is_err() {
+        LOG.error("fini: the config watcher thread had panicked");
+    }
 }
 
 #[no_mangle]
@@ -186,30 +351,57 @@ pub extern "C" fn init() -> c_int {
 }
 
 fn init_inner() -> c_int {
-    match load() {
-        Ok((st, loaded)) => {
-            if let Some(why) = loaded.fell_back {
-                // From 23.11, `scontrol reconfigure` runs init() in a new slurmctld, and a
-                // failed init() there is fatal: keep running on the last good policy.
-                LOG.error(&format!(
-                    "init: {why}; using the last policy that loaded on this controller (kept \
-                     in StateSaveLocation) until the file is fixed and `scontrol reconfigure` is run"
-                ));
-            }
-            LOG.info(&describe(&st.policy));
-            *state() = Some(st);
-            SLURM_SUCCESS
-        }
+    let (path, state_dir) = (config_path(), state_dir());
+    let stamp = conf_stamp();
+    // slurmctld serves no RPC yet, so reading the file and asking NSS here blocks no
+    // job; a name NSS cannot resolve is no error (Policy::unavailable).
+    let loaded = match load(&path, state_dir.as_deref()) {
+        Ok(l) => l,
         Err(e) => {
             LOG.error(&format!("init failed: {e}"));
-            SLURM_ERROR
+            return SLURM_ERROR;
         }
+    };
+    if let Some(why) = &loaded.fell_back {
+        // From 23.11, `scontrol reconfigure` runs init() in a new slurmctld, and a
+        // failed init() there is fatal: keep running on the last good policy.
+        LOG.error(&format!(
+            "init: {why}; using the last policy that loaded on this controller (kept \
+             in StateSaveLocation) until the file is fixed and `scontrol reconfigure` is run"
+        ));
     }
+    LOG.info(&describe(&loaded.policy));
+    if let Some(why) = loaded.policy.unavailable() {
+        LOG.error(&format!(
+            "init: elastic jobs are refused (plain jobs run as usual) until this is mended: {why}"
+        ));
+    }
+    let mut w = Watch {
+        path,
+        state_dir,
+        slurm_uid: slurm_conf().map(|c| c.slurm_user_id),
+        stamp,
+        text: String::new(),
+        current: loaded.policy.clone(),
+        next_retry: Instant::now(),
+    };
+    w.adopt(loaded);
+    if let Err(e) = start_watcher(w) {
+        // Without it the policy stays as loaded: no reload on reconfigure (22.05) and no
+        // retry of names. Jobs still go through the policy; say so, do not fail.
+        LOG.error(&format!(
+            "init: cannot start the config watcher thread ({e}); `scontrol reconfigure` will not \
+             re-read the policy and unresolved names are not retried until slurmctld restarts"
+        ));
+    }
+    SLURM_SUCCESS
 }
 
 #[no_mangle]
 pub extern "C" fn fini() -> c_int {
     guard(LOG, "fini", SLURM_ERROR, || {
+        // Before anything else: the thread must be gone before Slurm unloads the code.
+        stop_watcher();
         {
             let mut stats = STATS.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(s) = stats.take_summary() {
@@ -217,45 +409,10 @@ pub extern "C" fn fini() -> c_int {
             }
             stats.reset();
         }
-        // Never both locks at once: no lock order to get wrong.
-        *state() = None;
+        // Never two locks at once: no lock order to get wrong.
+        *policy_slot() = None;
         SLURM_SUCCESS
     })
-}
-
-/// Re-reads the policy after `scontrol reconfigure`. A broken file keeps the previous
-/// policy (slurmctld is already running; refusing every job would be worse).
-fn refresh(st: &mut State) {
-    let stamp = conf_stamp();
-    if stamp == st.conf_stamp {
-        return;
-    }
-    match load() {
-        Ok((
-            _,
-            config::Loaded {
-                fell_back: Some(why),
-                ..
-            },
-        )) => {
-            LOG.error(&format!("reconfigure: keeping the previous policy: {why}"));
-            st.conf_stamp = stamp;
-        }
-        // slurmctld also bumps the stamp once right after start-up, so an unchanged
-        // policy is only worth a verbose line.
-        Ok((new, _)) if new.policy == st.policy => {
-            LOG.verbose("reconfigure: policy unchanged");
-            *st = new;
-        }
-        Ok((new, _)) => {
-            LOG.info(&format!("reconfigure: {}", describe(&new.policy)));
-            *st = new;
-        }
-        Err(e) => {
-            LOG.error(&format!("reconfigure: keeping the previous policy: {e}"));
-            st.conf_stamp = stamp;
-        }
-    }
 }
 
 fn code(c: Code) -> c_int {
@@ -299,12 +456,10 @@ unsafe fn submit_inner(
         LOG.error("job_submit called without a job description");
         return SLURM_ERROR;
     };
-    let mut guard = state();
-    let Some(st) = guard.as_mut() else {
+    let Some(pol) = snapshot() else {
         LOG.error("job_submit called before init succeeded");
         return SLURM_ERROR;
     };
-    refresh(st);
     // SAFETY: the pointers are fields of a valid job_desc_msg_t owned by slurmctld.
     let verdict = unsafe {
         let sub = Submission {
@@ -320,7 +475,7 @@ unsafe fn submit_inner(
             spank_env: common::string_array(jd.spank_job_env, jd.spank_job_env_size),
             environment: common::string_array(jd.environment, jd.env_size),
         };
-        policy::submit(&st.policy, &sub)
+        policy::submit(&pol, &sub)
     };
     match verdict {
         Verdict::Untouched => SLURM_SUCCESS,
@@ -429,21 +584,40 @@ unsafe fn modify_inner(
     let Some(jd) = (unsafe { job_desc.as_ref() }) else {
         return SLURM_SUCCESS;
     };
-    let mut guard = state();
-    let Some(st) = guard.as_mut() else {
+    let Some(pol) = snapshot() else {
         LOG.error("job_modify called before init succeeded");
         return SLURM_ERROR;
     };
-    refresh(st);
     let record = job_ptr as *const JobRecordPrefix;
     // SAFETY: job_ptr is slurmctld's job_record_t; the prefix is read only after the
     // magic cookie confirms the layout.
     let (current, record) = unsafe {
         match record.as_ref() {
             Some(r) if r.magic == JOB_MAGIC => (common::bytes(r.admin_comment), Some(r)),
-            Some(r) => {
-                LOG.error(&format!("job_modify: job record magic {:#x} is not {JOB_MAGIC:#x}; not checking this update", r.magic));
+            Some(r) if pol.privileged(uid) => {
+                LOG.error(&format!(
+                    "job_modify: job record magic {:#x} is not {JOB_MAGIC:#x}; letting privileged \
+                     uid {uid} update the job unchecked",
+                    r.magic
+                ));
                 return SLURM_SUCCESS;
+            }
+            Some(r) => {
+                // Without the layout there is no tag to go by: this may be a satellite.
+                LOG.error(&format!(
+                    "job_modify: job record magic {:#x} is not {JOB_MAGIC:#x} (a Slurm build \
+                     this plugin does not know?); refused an update by uid {uid}: its tag \
+                     cannot be read",
+                    r.magic
+                ));
+                // err_msg is NULL (22.05) or Slurm's out-parameter (inside the unsafe
+                // block above).
+                tell_user(
+                    err_msg,
+                    "job_submit/bftrainer: refused: this update cannot be checked (the job \
+                     record is not in the layout this plugin was built for); ask an admin",
+                );
+                return slurm_sys::ESLURM_ACCESS_DENIED as c_int;
             }
             None => (None, None),
         }
@@ -457,17 +631,21 @@ unsafe fn modify_inner(
             partition: common::bytes(jd.partition),
             min_nodes: jd.min_nodes,
             max_nodes: jd.max_nodes,
+            req_nodes: common::bytes(jd.req_nodes),
+            exc_nodes: common::bytes(jd.exc_nodes),
             priority: jd.priority,
+            alloc_sid: jd.alloc_sid,
             requeue: jd.requeue,
+            others: other_fields(jd),
         }
     };
-    match policy::modify(&st.policy, &m) {
+    match policy::modify(&pol, &m) {
         Ok(()) => SLURM_SUCCESS,
         Err(why) => {
             let (what, rc) = match why {
                 ModifyDenied::Access(what) => (what, slurm_sys::ESLURM_ACCESS_DENIED as c_int),
                 ModifyDenied::Partition => (
-                    "moves an elastic job to a partition closed to elastic jobs",
+                    "moves an elastic job to a partition closed to elastic jobs".to_string(),
                     slurm_sys::ESLURM_INVALID_PARTITION_NAME as c_int,
                 ),
             };
@@ -491,4 +669,108 @@ unsafe fn modify_inner(
             rc
         }
     }
+}
+
+const NO_VAL: u32 = slurm_sys::NO_VAL;
+const NO_VAL16: u16 = slurm_sys::NO_VAL16 as u16;
+const NO_VAL64: u64 = slurm_sys::NO_VAL64;
+/// Bits of job_desc.bitflags that `_pack_job_desc_msg` sets on every message whose
+/// account, partition, QOS or WCKey is NULL (22.05, 24.11, 26.05): not the user's.
+const PACKED_FLAGS: u64 = slurm_sys::USE_DEFAULT_ACCT
+    | slurm_sys::USE_DEFAULT_PART
+    | slurm_sys::USE_DEFAULT_QOS
+    | slurm_sys::USE_DEFAULT_WCKEY;
+
+/// `scontrol` names of the fields an update sets beside those `Modification` has its
+/// own member for, each compared with what slurm_init_job_desc_msg() leaves there (the
+/// same in 22.05, 24.11 and 26.05: NULL, 0, NO_VAL, NO_VAL16 or NO_VAL64). The list is
+/// every field slurmctld's `_update_job` acts on in those releases, less the job's
+/// identity (job id, the user_id slurmctld fills in before calling us), fields
+/// slurmctld computes itself (tres_req_cnt, licenses_tot), and job_size_str (24.11+,
+/// sent only with min_nodes).
+fn other_fields(jd: &job_desc_msg_t) -> Vec<&'static str> {
+    let mut set: Vec<&'static str> = Vec::new();
+    let mut add = |name: &'static str| {
+        if !set.contains(&name) {
+            set.push(name);
+        }
+    };
+    macro_rules! strings {
+        ($($field:ident => $name:literal),* $(,)?) => {
+            $( if !jd.$field.is_null() { add($name); } )*
+        };
+    }
+    macro_rules! values {
+        ($($field:ident: $unset:expr => $name:literal),* $(,)?) => {
+            $( if jd.$field != $unset { add($name); } )*
+        };
+    }
+    strings! {
+        name => "Name",
+        account => "Account",
+        qos => "QOS",
+        comment => "Comment",
+        reservation => "Reservation",
+        features => "Features",
+        prefer => "Prefer",
+        cluster_features => "ClusterFeatures",
+        clusters => "Clusters",
+        dependency => "Dependency",
+        licenses => "Licenses",
+        wckey => "WCKey",
+        work_dir => "WorkDir",
+        std_out => "StdOut",
+        std_err => "StdErr",
+        std_in => "StdIn",
+        mail_user => "MailUser",
+        mcs_label => "MCSLabel",
+        extra => "Extra",
+        network => "Network",
+        burst_buffer => "BurstBuffer",
+        array_inx => "ArrayTaskThrottle",
+        tres_per_job => "TresPerJob",
+        tres_per_node => "TresPerNode",
+        tres_per_socket => "TresPerSocket",
+        tres_per_task => "TresPerTask",
+        tres_bind => "TresBind",
+        tres_freq => "TresFreq",
+        cpus_per_tres => "CpusPerTres",
+        mem_per_tres => "MemPerTres",
+    }
+    values! {
+        time_limit: NO_VAL => "TimeLimit",
+        time_min: NO_VAL => "TimeMin",
+        begin_time: 0 => "StartTime",
+        end_time: 0 => "EndTime",
+        deadline: 0 => "Deadline",
+        nice: NO_VAL => "Nice",
+        site_factor: NO_VAL => "SiteFactor",
+        num_tasks: NO_VAL => "NumTasks",
+        min_cpus: NO_VAL => "NumCPUs",
+        max_cpus: NO_VAL => "NumCPUs",
+        pn_min_cpus: NO_VAL16 => "MinCPUsNode",
+        pn_min_memory: NO_VAL64 => "MinMemory",
+        pn_min_tmp_disk: NO_VAL => "MinTmpDiskNode",
+        cpus_per_task: NO_VAL16 => "CPUsPerTask",
+        ntasks_per_node: NO_VAL16 => "NTasksPerNode",
+        ntasks_per_socket: NO_VAL16 => "NTasksPerSocket",
+        ntasks_per_tres: NO_VAL16 => "NTasksPerTRES",
+        sockets_per_node: NO_VAL16 => "ReqSockets",
+        cores_per_socket: NO_VAL16 => "ReqCores",
+        threads_per_core: NO_VAL16 => "ReqThreads",
+        core_spec: NO_VAL16 => "CoreSpec",
+        contiguous: NO_VAL16 => "Contiguous",
+        shared: NO_VAL16 => "OverSubscribe",
+        reboot: NO_VAL16 => "Reboot",
+        mail_type: NO_VAL16 => "MailType",
+        delay_boot: NO_VAL => "DelayBoot",
+        req_switch: NO_VAL => "Switches",
+        wait4switch: NO_VAL => "Switches",
+        fed_siblings_viable: 0 => "FedSiblings",
+    }
+    // libslurm's pack sets USE_DEFAULT_* on every message without those strings.
+    if jd.bitflags & !PACKED_FLAGS != 0 {
+        add("Flags");
+    }
+    set
 }

@@ -163,6 +163,17 @@ pub fn submit(pol: &Policy, s: &Submission<'_>) -> Verdict {
 
 fn elastic(pol: &Policy, s: &Submission<'_>, mut spec: ElasticSpec, privileged: bool) -> Verdict {
     let shown = format!("--elastic={spec}");
+    if !privileged {
+        if let Some(why) = pol.unavailable() {
+            return Verdict::Reject(
+                format!(
+                    "{shown}: elastic jobs are unavailable on this cluster for now: {why}; \
+                     plain jobs are not affected"
+                ),
+                Code::Denied,
+            );
+        }
+    }
     // One tag, one core allocation, one set of satellites: the daemon manages whole
     // jobs, so arrays and heterogeneous jobs stay rigid.
     if let Some(a) = s.array {
@@ -301,9 +312,24 @@ pub struct Modification<'a> {
     pub partition: Option<&'a [u8]>,
     pub min_nodes: u32,
     pub max_nodes: u32,
+    /// `ReqNodeList`: NULL (None) when not updated; `Some(b"")` clears it.
+    pub req_nodes: Option<&'a [u8]>,
+    /// `ExcNodeList`, as `req_nodes`.
+    pub exc_nodes: Option<&'a [u8]>,
     pub priority: u32,
+    /// Sent with priority 0 by `scontrol hold` (0) and `scontrol uhold`
+    /// (ALLOC_SID_USER_HOLD); NO_VAL otherwise.
+    pub alloc_sid: u32,
     pub requeue: u16,
+    /// `scontrol` names of every other field the update sets (Name, TimeLimit, QOS...),
+    /// compared by the FFI layer with what slurm_init_job_desc_msg leaves unset. The
+    /// job's identity (job id, the user_id slurmctld fills in) is not among them.
+    pub others: Vec<&'static str>,
 }
+
+/// What satellites' owners are told when they try anything but cancel, hold or release.
+pub const SATELLITE_RULE: &str =
+    "satellites are bftrainerd's: you may cancel or hold them, nothing else";
 
 /// `Ok(())` lets the update through; `Err` is logged and turned into an error code.
 pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<(), ModifyDenied> {
@@ -319,13 +345,16 @@ pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<(), ModifyDenied> {
             .map(text)
             .is_some_and(|c| spec::looks_like_tag(&c))
         {
-            return Err(ModifyDenied::Access("sets bftrainer's tag on a job"));
+            return Err(ModifyDenied::Access("sets bftrainer's tag on a job".into()));
         }
         return Ok(());
     };
+    if spec.role == Role::Satellite {
+        return satellite(m, spec.parent);
+    }
     if m.admin_comment.is_some() {
         return Err(ModifyDenied::Access(
-            "edits the admin comment (bftrainer's tag) of an elastic job",
+            "edits the admin comment (bftrainer's tag) of an elastic job".into(),
         ));
     }
     if let Some(p) = m.partition.map(text) {
@@ -335,28 +364,71 @@ pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<(), ModifyDenied> {
     }
     if m.min_nodes != NO_VAL || m.max_nodes != NO_VAL {
         return Err(ModifyDenied::Access(
-            "changes the node count of an elastic job (bftrainerd sizes it)",
+            "changes the node count of an elastic job (bftrainerd sizes it)".into(),
         ));
     }
+    // bftrainerd pins an admitted job to the idle nodes it chose; a user's list would
+    // start it elsewhere (on nodes lent to other jobs) or keep it from starting.
+    for (field, value) in [("ReqNodeList", m.req_nodes), ("ExcNodeList", m.exc_nodes)] {
+        if value.is_some() {
+            return Err(ModifyDenied::Access(format!(
+                "changes {field} of an elastic job (bftrainerd pins it to the nodes it admits it on)"
+            )));
+        }
+    }
     // Holding one's own job is fine; releasing a held core job is bftrainerd's call.
-    if m.priority != NO_VAL && m.priority != 0 && spec.role == Role::Core {
+    if m.priority != NO_VAL && m.priority != 0 {
         return Err(ModifyDenied::Access(
-            "releases or reprioritises an elastic job (bftrainerd admits it)",
+            "releases or reprioritises an elastic job (bftrainerd admits it)".into(),
         ));
     }
     if m.requeue != NO_VAL16 && m.requeue == 0 {
         return Err(ModifyDenied::Access(
-            "turns requeue off for an elastic job (preemption requeues it)",
+            "turns requeue off for an elastic job (preemption requeues it)".into(),
         ));
     }
     Ok(())
 }
 
+/// A satellite's owner may hold it (priority 0, with the alloc_sid `scontrol hold` /
+/// `uhold` send) and release it (priority INFINITE); every other field is refused, by
+/// name: bftrainerd recognises its satellites by name, partition, owner and tag, and
+/// one it no longer recognises would stay joined to the training outside its control.
+fn satellite(m: &Modification<'_>, parent: Option<u32>) -> Result<(), ModifyDenied> {
+    let mut set: Vec<&str> = Vec::new();
+    let flags = [
+        ("AdminComment", m.admin_comment.is_some()),
+        ("Partition", m.partition.is_some()),
+        ("NumNodes", m.min_nodes != NO_VAL || m.max_nodes != NO_VAL),
+        ("ReqNodeList", m.req_nodes.is_some()),
+        ("ExcNodeList", m.exc_nodes.is_some()),
+        ("Requeue", m.requeue != NO_VAL16),
+        (
+            "Priority",
+            m.priority != NO_VAL && m.priority != 0 && m.priority != INFINITE,
+        ),
+        // Meaningful only beside priority 0 (which hold it is).
+        ("AllocSid", m.alloc_sid != NO_VAL && m.priority != 0),
+    ];
+    set.extend(flags.iter().filter(|(_, on)| *on).map(|(name, _)| *name));
+    set.extend(m.others.iter().copied());
+    if set.is_empty() {
+        return Ok(());
+    }
+    let of = parent.map(|p| format!(" of job {p}")).unwrap_or_default();
+    Err(ModifyDenied::Access(format!(
+        "sets {} on a satellite{of}; {SATELLITE_RULE}",
+        set.join(", ")
+    )))
+}
+
 /// Why an update was refused; job_modify in 22.05 has no err_msg, so the user sees the
 /// Slurm error code's text and slurmctld's log gets this.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModifyDenied {
-    Access(&'static str),
+    /// What the update does ("sets Name on a satellite of job 5; ..."), completing
+    /// "this update ...".
+    Access(String),
     Partition,
 }
 
@@ -596,6 +668,41 @@ mod tests {
         assert!(rejected(submit(&p, &mismatch)).contains("does not match"));
     }
 
+    /// Names NSS cannot resolve: elastic jobs are refused with the reason, plain jobs and
+    /// root's (satellite) submissions go on.
+    #[test]
+    fn unresolved_names_refuse_elastic_jobs_only() {
+        let p = config::parse(
+            "[policy]\nallowed_users = [\"ghost\"]\n",
+            Path::new("/t/bftrainer.toml"),
+            &|n: &str| (n == "root").then_some(0),
+        )
+        .unwrap();
+        match submit(&p, &sub("BFTRAINER_ELASTIC=2:4")) {
+            Verdict::Reject(m, Code::Denied) => assert_eq!(
+                m,
+                "--elastic=2:4: elastic jobs are unavailable on this cluster for now: \
+                 /t/bftrainer.toml names [policy] allowed_users 'ghost' that cannot be looked \
+                 up (no such user, or the user database (NSS/LDAP) did not answer); the plugin \
+                 retries every few seconds; plain jobs are not affected"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let plain = Submission {
+            uid: 1000,
+            min_nodes: 2,
+            partition: Some(b"batch"),
+            het_offset: NO_VAL,
+            ..Default::default()
+        };
+        assert_eq!(submit(&p, &plain), Verdict::Untouched);
+        let root = Submission {
+            uid: 0,
+            ..sub("BFTRAINER_ELASTIC=1:1,role=satellite,parent=5")
+        };
+        rewrite(submit(&p, &root));
+    }
+
     #[test]
     fn arrays_and_het_jobs_stay_rigid() {
         let p = pol("");
@@ -689,6 +796,7 @@ mod tests {
             min_nodes: NO_VAL,
             max_nodes: NO_VAL,
             priority: NO_VAL,
+            alloc_sid: NO_VAL,
             requeue: NO_VAL16,
             ..Default::default()
         }
@@ -797,6 +905,47 @@ mod tests {
                 Allowed,
             ),
             (
+                "a core job pinned by its user",
+                Modification {
+                    req_nodes: Some(b"n1,n2"),
+                    ..change(core)
+                },
+                Access("changes ReqNodeList of an elastic job (bftrainerd pins it"),
+            ),
+            (
+                "a core job's node list cleared by its user",
+                Modification {
+                    req_nodes: Some(b""),
+                    ..change(core)
+                },
+                Access("changes ReqNodeList"),
+            ),
+            (
+                "a core job's excluded nodes changed by its user",
+                Modification {
+                    exc_nodes: Some(b"n3"),
+                    ..change(core)
+                },
+                Access("changes ExcNodeList of an elastic job"),
+            ),
+            (
+                "a core job renamed (bftrainerd does not go by core jobs' names)",
+                Modification {
+                    others: vec!["Name", "TimeLimit"],
+                    ..change(core)
+                },
+                Allowed,
+            ),
+            (
+                "a core job pinned by the daemon",
+                Modification {
+                    uid: 990,
+                    req_nodes: Some(b"n1"),
+                    ..change(core)
+                },
+                Allowed,
+            ),
+            (
                 "a plain job given the tag",
                 Modification {
                     admin_comment: Some(b"bftrainer:v1 1:1"),
@@ -816,9 +965,172 @@ mod tests {
         for (what, m, want) in cases {
             match (&want, modify(&p, &m)) {
                 (Allowed, Ok(())) | (Partition, Err(ModifyDenied::Partition)) => {}
-                (Access(part), Err(ModifyDenied::Access(why))) if why.contains(part) => {}
+                (Access(part), Err(ModifyDenied::Access(why))) if why.contains(*part) => {}
                 (_, got) => panic!("{what}: expected {want:?}, got {got:?}"),
             }
+        }
+    }
+
+    /// Satellites are bftrainerd's: their owner may hold (`scontrol hold`, `uhold`) and
+    /// release them and nothing else; each refusal names what the update sets.
+    #[test]
+    fn satellites_may_only_be_held_or_released() {
+        let p = pol("satellite_partition = \"elastic-sat\"");
+        let sat: &'static [u8] = b"bftrainer:v1 1:1,role=satellite,parent=7";
+        let allowed = [
+            ("nothing", change(sat)),
+            (
+                "scontrol hold",
+                Modification {
+                    priority: 0,
+                    alloc_sid: 0,
+                    ..change(sat)
+                },
+            ),
+            (
+                "scontrol uhold",
+                Modification {
+                    priority: 0,
+                    alloc_sid: 2,
+                    ..change(sat)
+                },
+            ),
+            (
+                "scontrol release",
+                Modification {
+                    priority: INFINITE,
+                    ..change(sat)
+                },
+            ),
+            (
+                "anything, by the daemon",
+                Modification {
+                    uid: 990,
+                    partition: Some(b"elastic"),
+                    requeue: 1,
+                    others: vec!["Name"],
+                    ..change(sat)
+                },
+            ),
+            (
+                "anything, by root",
+                Modification {
+                    uid: 0,
+                    req_nodes: Some(b""),
+                    ..change(sat)
+                },
+            ),
+        ];
+        for (what, m) in allowed {
+            assert_eq!(modify(&p, &m), Ok(()), "{what}");
+        }
+        let refused = [
+            (
+                Modification {
+                    others: vec!["Name"],
+                    ..change(sat)
+                },
+                "Name",
+            ),
+            (
+                Modification {
+                    partition: Some(b"elastic"),
+                    ..change(sat)
+                },
+                "Partition",
+            ),
+            (
+                Modification {
+                    partition: Some(b"elastic-sat"),
+                    ..change(sat)
+                },
+                "Partition",
+            ),
+            (
+                Modification {
+                    req_nodes: Some(b""),
+                    ..change(sat)
+                },
+                "ReqNodeList",
+            ),
+            (
+                Modification {
+                    exc_nodes: Some(b"n1"),
+                    ..change(sat)
+                },
+                "ExcNodeList",
+            ),
+            (
+                Modification {
+                    requeue: 1,
+                    ..change(sat)
+                },
+                "Requeue",
+            ),
+            (
+                Modification {
+                    requeue: 0,
+                    ..change(sat)
+                },
+                "Requeue",
+            ),
+            (
+                Modification {
+                    min_nodes: 2,
+                    ..change(sat)
+                },
+                "NumNodes",
+            ),
+            (
+                Modification {
+                    priority: 5,
+                    ..change(sat)
+                },
+                "Priority",
+            ),
+            (
+                Modification {
+                    alloc_sid: 2,
+                    ..change(sat)
+                },
+                "AllocSid",
+            ),
+            (
+                Modification {
+                    admin_comment: Some(b"x"),
+                    ..change(sat)
+                },
+                "AdminComment",
+            ),
+            (
+                Modification {
+                    others: vec!["Account", "QOS", "TimeLimit"],
+                    ..change(sat)
+                },
+                "Account, QOS, TimeLimit",
+            ),
+            // A hold that also changes something else is refused as a whole.
+            (
+                Modification {
+                    priority: 0,
+                    alloc_sid: 0,
+                    others: vec!["Comment"],
+                    ..change(sat)
+                },
+                "Comment",
+            ),
+        ];
+        for (m, field) in refused {
+            let Err(ModifyDenied::Access(why)) = modify(&p, &m) else {
+                panic!("{m:?} not refused");
+            };
+            assert_eq!(
+                why,
+                format!(
+                    "sets {field} on a satellite of job 7; satellites are bftrainerd's: \
+                     you may cancel or hold them, nothing else"
+                )
+            );
         }
     }
 }

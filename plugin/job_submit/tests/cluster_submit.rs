@@ -11,7 +11,7 @@ use std::os::unix::ffi::OsStringExt;
 use std::path::Path;
 use std::time::Duration;
 
-use bftrainer_testcluster::{Cluster, Options};
+use bftrainer_testcluster::{wait_until, Cluster, Options};
 
 const POLICY: &str = "[policy]\npartition = \"elastic\"\nmax_nodes = 4\ndaemon_user = \"root\"\n";
 
@@ -55,6 +55,40 @@ fn assert_controller_up(c: &Cluster) {
 
 fn os(s: &str) -> OsString {
     OsString::from(s)
+}
+
+fn ctld_log(c: &Cluster) -> String {
+    std::fs::read_to_string(c.log_dir().join("slurmctld.log")).unwrap_or_default()
+}
+
+/// Waits until slurmctld's log satisfies `pred` (the plugin's watcher thread applies a
+/// reconfigure within a second of it, outside the hooks).
+fn wait_for_log(c: &Cluster, what: &str, pred: impl Fn(&str) -> bool) {
+    wait_until(what, Duration::from_secs(30), || {
+        Ok(pred(&ctld_log(c)).then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Whether the cluster's Slurm hands job_modify's err_msg to the user (23.02 and later).
+fn modify_says_why(c: &Cluster) -> bool {
+    let v = c.slurm_version().expect("slurm version");
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (23, 2)
+}
+
+/// `scontrol ARGS` as bftuser: (success, stderr).
+fn scontrol_as_user(c: &Cluster, args: &[&str]) -> (bool, String) {
+    let out = c
+        .command_as_test_user("scontrol")
+        .unwrap()
+        .args(args)
+        .output()
+        .expect("run scontrol");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -228,6 +262,8 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
         vec!["update", "jobid", id_s.as_str(), "numnodes=4"],
         vec!["update", "jobid", id_s.as_str(), "partition=batch"],
         vec!["update", "jobid", id_s.as_str(), "requeue=0"],
+        vec!["update", "jobid", id_s.as_str(), "reqnodelist=n1"],
+        vec!["update", "jobid", id_s.as_str(), "excnodelist=n1"],
     ] {
         let out = c
             .command_as_test_user("scontrol")
@@ -244,6 +280,14 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
             && log.contains("it releases or reprioritises an elastic job"),
         "no refusal logged"
     );
+    for field in ["ReqNodeList", "ExcNodeList"] {
+        assert!(
+            log.contains(&format!(
+                "it changes {field} of an elastic job (bftrainerd pins it to the nodes it admits it on)"
+            )),
+            "{field} change not refused in the log"
+        );
+    }
     // The user may still hold their own job.
     let out = c
         .command_as_test_user("scontrol")
@@ -319,6 +363,15 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
     c.run("scontrol", &["reconfigure"])
         .expect("scontrol reconfigure");
     assert_controller_up(&c);
+    // 22.05: the plugin's watcher applies it within a second; 23.11+: the new
+    // slurmctld's init() has.
+    wait_for_log(&c, "the policy with max_nodes=2 loaded", |log| {
+        log.lines().any(|l| {
+            l.contains("job_submit/bftrainer: ")
+                && l.contains("loaded")
+                && l.contains("max_nodes=2 ")
+        })
+    });
     let (code, _, stderr) = sbatch_as_user(&c, &[os("--elastic=2:4"), os("--wrap=true")]);
     assert!(
         code != 0 && stderr.contains("limit of 2 nodes"),
@@ -331,6 +384,9 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
     c.run("scontrol", &["reconfigure"])
         .expect("scontrol reconfigure with a broken file");
     assert_controller_up(&c);
+    wait_for_log(&c, "the broken file reported", |log| {
+        log.contains("[policy] max_nodes: -1 is out of range")
+    });
     let (code, _, stderr) = sbatch_as_user(&c, &[os("--elastic=1:2"), os("--wrap=true")]);
     assert_eq!(code, 0, "previous policy should still accept 1:2: {stderr}");
     let log = std::fs::read_to_string(c.log_dir().join("slurmctld.log")).unwrap();
@@ -434,4 +490,163 @@ fn cluster_plain_jobs_are_untouched_field_for_field() {
         );
     }
     assert_controller_up(&with);
+}
+
+/// Satellites are bftrainerd's (issue 20): their owner may hold, release and cancel
+/// them, nothing else. Each refused update names the field, in slurmctld's log (22.05)
+/// and to the user (23.02+, job_modify's err_msg).
+#[test]
+fn cluster_satellite_owner_may_only_hold_release_or_cancel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = elastic_cluster_with(tmp.path(), "satellite_partition = \"elastic-sat\"\n");
+    // The parent: bftuser's elastic job, held for bftrainerd.
+    let (code, stdout, stderr) = sbatch_as_user(
+        &c,
+        &[os("--parsable"), os("--elastic=1:4"), os("--wrap=sleep 60")],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let parent: u32 = stdout.trim().parse().expect("job id");
+    // A satellite as bftrainerd submits it: by root (daemon_user), for the owner's uid
+    // and gid. It waits for its begin time, so that it stays pending and the user's own
+    // hold and release are ordinary user holds.
+    let spec = format!("--elastic=1:1,role=satellite,parent={parent}");
+    let sat = c
+        .sbatch(&[
+            spec.as_str(),
+            "--uid=bftuser",
+            "--gid=bftuser",
+            "--begin=now+3600",
+            "--job-name",
+            &format!("bftsat-{parent}"),
+            "--wrap=sleep 60",
+        ])
+        .expect("root submits a satellite for bftuser");
+    let s = sat.to_string();
+    let show = || support::job_fields(&c.run("scontrol", &["show", "job", "-o", &s]).unwrap());
+    let before = show();
+    assert_eq!(before["UserId"].split('(').next(), Some("bftuser"));
+    assert_eq!(before["Partition"], "elastic-sat");
+
+    let rule = "satellites are bftrainerd's: you may cancel or hold them, nothing else";
+    let says_why = modify_says_why(&c);
+    let jobid = format!("jobid={s}");
+    let refused: [(&str, &str); 7] = [
+        ("name=x", "Name"),
+        ("partition=elastic", "Partition"),
+        ("reqnodelist=n2", "ReqNodeList"),
+        ("excnodelist=n2", "ExcNodeList"),
+        ("account=bft", "Account"),
+        ("requeue=1", "Requeue"),
+        ("timelimit=5", "TimeLimit"),
+    ];
+    let mut failures = Vec::new();
+    for (update, field) in refused {
+        let (ok, stderr) = scontrol_as_user(&c, &["update", &jobid, update]);
+        let want = format!("sets {field} on a satellite of job {parent}; {rule}");
+        if ok {
+            failures.push(format!("{update}: accepted"));
+        } else if !stderr.contains("Access/permission denied") {
+            failures.push(format!("{update}: {stderr}"));
+        } else if says_why
+            && !stderr.contains(&format!(
+                "job_submit/bftrainer: refused: this update {want}"
+            ))
+        {
+            failures.push(format!("{update}: the user is not told why: {stderr}"));
+        }
+        wait_for_log(&c, &format!("{update} refused in the log"), |log| {
+            log.contains(&format!("refused an update by uid")) && log.contains(&want)
+        });
+    }
+    // `reqnodelist=` (clearing the list) is a change too.
+    let (ok, _) = scontrol_as_user(&c, &["update", &jobid, "reqnodelist="]);
+    if ok {
+        failures.push("reqnodelist=: accepted".into());
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let after = show();
+    for key in [
+        "JobName",
+        "Partition",
+        "ReqNodeList",
+        "ExcNodeList",
+        "Account",
+        "Requeue",
+        "TimeLimit",
+    ] {
+        assert_eq!(after.get(key), before.get(key), "{key} changed");
+    }
+
+    // Hold and release are the owner's.
+    let (ok, stderr) = scontrol_as_user(&c, &["hold", &s]);
+    assert!(ok, "user hold refused: {stderr}");
+    assert_eq!(show()["Priority"], "0");
+    let (ok, stderr) = scontrol_as_user(&c, &["release", &s]);
+    assert!(ok, "user release refused: {stderr}");
+    assert_ne!(show()["Priority"], "0");
+    let (ok, stderr) = scontrol_as_user(&c, &["uhold", &s]);
+    assert!(ok, "user uhold refused: {stderr}");
+    let (ok, stderr) = scontrol_as_user(&c, &["release", &s]);
+    assert!(ok, "user release after uhold refused: {stderr}");
+    // root (daemon_user) may still change it.
+    c.run("scontrol", &["update", &jobid, "timelimit=7"])
+        .expect("root updates a satellite");
+    // Cancel is not an update: allowed.
+    let out = c
+        .command_as_test_user("scancel")
+        .unwrap()
+        .arg(&s)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    c.wait_for_state(sat, &["CANCELLED"], Duration::from_secs(30))
+        .expect("satellite cancelled by its owner");
+    assert_controller_up(&c);
+}
+
+/// NSS never stops slurmctld (issue 20): with a name in allowed_users that does not
+/// resolve, slurmctld starts and stays up, plain jobs run untouched, and elastic jobs are
+/// refused with the reason.
+#[test]
+fn cluster_unresolvable_user_keeps_slurmctld_up_and_refuses_elastic_jobs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = elastic_cluster_with(
+        tmp.path(),
+        "allowed_users = [\"bftuser\", \"no-such-user-bft\"]\n",
+    );
+    assert_controller_up(&c);
+    let log = ctld_log(&c);
+    assert!(
+        log.contains(
+            "init: elastic jobs are refused (plain jobs run as usual) until this is mended"
+        ) && log.contains("[policy] allowed_users 'no-such-user-bft'"),
+        "no reason logged at init"
+    );
+    let (code, stdout, stderr) = sbatch_as_user(&c, &[os("--parsable"), os("--wrap=true")]);
+    assert_eq!(code, 0, "plain job refused: {stderr}");
+    let plain: u32 = stdout.trim().parse().unwrap();
+    c.wait_for_state(plain, &["COMPLETED"], Duration::from_secs(60))
+        .expect("plain job runs");
+    let (code, _, stderr) = sbatch_as_user(&c, &[os("--elastic=1:2"), os("--wrap=true")]);
+    assert_ne!(code, 0, "elastic job accepted");
+    for part in [
+        "--elastic=1:2: elastic jobs are unavailable on this cluster for now: ",
+        "names [policy] allowed_users 'no-such-user-bft' that cannot be looked up",
+        "plain jobs are not affected",
+        "Access/permission denied",
+    ] {
+        assert!(stderr.contains(part), "{part:?} not in {stderr:?}");
+    }
+    // root's satellites (bftrainerd's growth of jobs already running) still go through.
+    c.sbatch(&[
+        "--elastic=1:1,role=satellite,parent=1",
+        "--hold",
+        "--wrap=true",
+    ])
+    .expect("root's satellite accepted");
+    assert_controller_up(&c);
 }
