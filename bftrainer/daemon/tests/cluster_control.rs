@@ -411,3 +411,84 @@ fn cluster_control_socket_and_metrics_survive_bad_clients() {
         "the daemon is up"
     );
 }
+
+/// Resumes a stopped slurmctld when the test ends, whatever happens.
+struct Frozen(i32);
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+#[test]
+fn cluster_control_answers_while_slurmctld_hangs() {
+    // slurmctld stopped (SIGSTOP: it accepts connections and never answers, as an
+    // overloaded controller does): a cycle blocks on it for as long as libslurm's
+    // MessageTimeout per call. `bftrainer pause` must still be answered (queued until
+    // the cycle ends), and SIGTERM must still stop the daemon, while slurmctld hangs.
+    let mut l = Live::start("", "", "");
+    let job = l.submit_elastic("1:4");
+    l.grown_to_all(job);
+    wait_socket(&l);
+    let pid = l.c.daemon_pid("slurmctld").unwrap() as i32;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let frozen = Frozen(pid);
+    // Until a reply says a cycle was under way, each pause is answered within its 5 s
+    // timeout (the old loop answered only after the cycle, 10 s or more per call).
+    let reply = l.wait(60, "a pause answered during a blocked cycle", || {
+        let t = Instant::now();
+        let o = run(bftrainer(&l, &["pause", "--timeout", "5"]));
+        let took = t.elapsed();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "pause while slurmctld hangs: {}{}",
+            out,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        eprintln!(
+            "pause answered in {:.3} s: {}",
+            took.as_secs_f64(),
+            out.trim()
+        );
+        out.contains("when the current cycle ends").then_some(out)
+    });
+    assert!(
+        reply.contains("accepted: lending becomes paused"),
+        "{reply}"
+    );
+    // status is served from the last snapshot, also at once.
+    let o = run(bftrainer(&l, &["status", "--timeout", "5"]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // slurmctld answers again: the queued pause takes effect.
+    drop(frozen);
+    l.wait(60, "lending paused after the cycle", || {
+        (json(&l, &["status"])["lending"] == "paused").then_some(())
+    });
+    // SIGTERM while slurmctld hangs: the daemon stops without waiting for the cycle.
+    let pid = l.c.daemon_pid("slurmctld").unwrap() as i32;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let frozen = Frozen(pid);
+    l.wait(30, "a cycle blocked on slurmctld again", || {
+        let o = run(bftrainer(&l, &["resume", "--timeout", "5"]));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout)
+            .contains("when the current cycle ends")
+            .then_some(())
+    });
+    let mut d = l.daemon.take().expect("daemon running");
+    assert_eq!(unsafe { libc::kill(d.id() as i32, libc::SIGTERM) }, 0);
+    let status = l.wait(
+        30,
+        "bftrainerd to stop on SIGTERM while slurmctld hangs",
+        || d.try_wait().unwrap(),
+    );
+    assert!(status.success(), "{status:?}\n{}", l.log_text());
+    drop(frozen);
+    assert!(
+        l.log_text().contains("a cycle was under way"),
+        "{}",
+        l.log_text()
+    );
+}

@@ -278,8 +278,8 @@ impl Cluster {
         c
     }
 
-    /// The Slurm version the cluster runs (`24.11.5`), as `cluster up` recorded it.
-    pub fn slurm_version(&self) -> Result<String, Error> {
+    /// `cluster.json`, what `cluster up` recorded.
+    fn state(&self) -> Result<(PathBuf, serde_json::Value), Error> {
         let path = self.dir.join("cluster.json");
         let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
             what: "cannot read",
@@ -290,6 +290,30 @@ impl Cluster {
             command: format!("reading {}", path.display()),
             output: e.to_string(),
         })?;
+        Ok((path, v))
+    }
+
+    /// The pid of one of the cluster's daemons (`slurmctld`, `slurmd-n1`, ...), for
+    /// fault injection a test does itself (SIGSTOP/SIGCONT: a controller that hangs).
+    pub fn daemon_pid(&self, name: &str) -> Result<u32, Error> {
+        let (path, v) = self.state()?;
+        v["daemons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|d| d["name"] == name)
+            .filter_map(|d| d["pid"].as_u64())
+            .last()
+            .map(|p| p as u32)
+            .ok_or_else(|| Error::Output {
+                command: format!("reading {}", path.display()),
+                output: format!("no daemon named {name}"),
+            })
+    }
+
+    /// The Slurm version the cluster runs (`24.11.5`), as `cluster up` recorded it.
+    pub fn slurm_version(&self) -> Result<String, Error> {
+        let (path, v) = self.state()?;
         v.get("slurm")
             .and_then(|s| s.as_str())
             .map(str::to_string)
