@@ -15,6 +15,8 @@ fn spec(name: &str, min: u32, max: u32, per_node: f64) -> ElasticSpec {
         objective: Curve {
             points: vec![(1, per_node), (8, 8.0 * per_node)],
         },
+        user: None,
+        priority: 0,
     }
 }
 

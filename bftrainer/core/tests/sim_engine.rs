@@ -22,6 +22,8 @@ fn spec(name: &str, min: u32, max: u32) -> ElasticSpec {
         objective: Curve {
             points: vec![(1, 1.0), (8, 8.0)],
         },
+        user: None,
+        priority: 0,
     }
 }
 
@@ -415,10 +417,11 @@ fn a_shrink_keeps_the_core_nodes() {
     assert_eq!(e.node_state(0), NodeState::Held(0));
     assert_eq!(e.job_anchors(0), [0]);
     assert_eq!(e.job_anchors(1), [1, 3]);
-    // Losing the core node clears nothing else; losing every node clears the anchors.
+    // Losing the core node refills the core from the job's other nodes (min_nodes
+    // real nodes); losing every node clears the anchors.
     e.on_event(&Event::WorkerPreempted { job: 0, node: 0 }, 3.0)
         .unwrap();
-    assert!(e.job_anchors(0).is_empty());
+    assert_eq!(e.job_anchors(0), [2]);
     e.on_event(&Event::WorkerPreempted { job: 0, node: 2 }, 3.0)
         .unwrap();
     assert!(e.job_nodes(0).is_empty() && e.job_anchors(0).is_empty());

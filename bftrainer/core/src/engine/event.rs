@@ -42,6 +42,20 @@ pub struct ElasticSpec {
     /// Seconds of work lost when the job shrinks or is preempted (Tdw).
     pub scale_down_s: f64,
     pub objective: Curve,
+    /// The owner's uid, for the per-user caps (`EngineConfig::max_jobs_per_user`,
+    /// `max_nodes_per_user`); `None`: unknown, no cap applies. Added to format 1
+    /// without a version bump: absent in older journals, omitted when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<u32>,
+    /// Admission priority (Slurm's job priority: fairshare, QOS, age...): queued jobs
+    /// are admitted highest first, ties in submit order. 0 by default (omitted when 0),
+    /// so jobs without one are admitted in submit order. `Event::JobPriority` updates it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// Everything the engine observes. Nodes and jobs are addressed by dense numbers
@@ -105,6 +119,22 @@ pub enum Event {
     /// meanwhile. A loss that leaves it below its minimum is still decided (requeue).
     /// Added to format 1 without a version bump: journals without it read as before.
     JobPaused { job: JobId, until: Option<f64> },
+    /// The job's admission priority changed (Slurm recomputes fairshare and age as time
+    /// goes); reorders the queue. For an active job it only orders the per-user node
+    /// budget. Added to format 1 without a version bump.
+    JobPriority { job: JobId, priority: u32 },
+    /// What the engine decided at the `Tick` just before (same time): the jobs it took
+    /// from the queue into allocation (`activated`, in that order) and the actions it
+    /// returned. bftrainerd journals one after every `Tick` it journals, so a restart
+    /// restores the decisions as they were made, whatever the config or build is now
+    /// (`Mode::Restore`). A live engine ignores it (it made the decision itself), so a
+    /// replay under another policy re-decides. Added to format 1 without a version bump:
+    /// a `Tick` not followed by one (an older journal) is re-decided at restore.
+    Decided {
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        activated: Vec<JobId>,
+        actions: Vec<Action>,
+    },
 }
 
 /// Whether the engine lends nodes to elastic jobs.

@@ -7,7 +7,9 @@ pub use event::{Action, ElasticSpec, Event, Lending, Record, EVENT_FORMAT_VERSIO
 
 use crate::alloc::{Instance, JobInput, Options, Solution};
 use crate::error::{Error, Result};
-use std::collections::VecDeque;
+use serde::{Deserialize, Serialize};
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 /// Dense node number, declared by `Event::NodeAdded`.
 pub type NodeId = u32;
@@ -57,6 +59,12 @@ pub struct EngineConfig {
     pub min_rescale_interval_s: f64,
     /// A node is lent only after it has been idle this many seconds. 0: at once.
     pub lend_after_idle_s: f64,
+    /// At most this many active jobs per user (`ElasticSpec::user`); a user at the cap
+    /// does not hold back other users' queued jobs. 0: no cap.
+    pub max_jobs_per_user: usize,
+    /// At most this many nodes held by one user's jobs together; decisions give a
+    /// user's jobs no more (their node ranges are cut to the user's budget). 0: no cap.
+    pub max_nodes_per_user: u32,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +74,8 @@ impl Default for EngineConfig {
             max_jobs: 10,
             min_rescale_interval_s: 0.0,
             lend_after_idle_s: 0.0,
+            max_jobs_per_user: 0,
+            max_nodes_per_user: 0,
         }
     }
 }
@@ -92,7 +102,8 @@ impl EngineConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum NodeState {
     /// Declared but not (yet) reported idle, or taken by a regular job.
     Busy,
@@ -102,7 +113,8 @@ pub enum NodeState {
     Lost,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum JobStatus {
     Queued,
     /// Taking part in allocation (possibly on zero nodes).
@@ -137,6 +149,9 @@ struct JobSlot {
     in_decision: bool,
     /// Sits decisions out until then (`Event::JobPaused`).
     paused_until: Option<f64>,
+    /// The most nodes the current decision may give it (`max_nodes`, or less under
+    /// its user's node cap).
+    budget: u32,
 }
 
 /// The engine's jobs by id. A finished or cancelled job may be forgotten
@@ -238,6 +253,73 @@ pub struct EngineStats {
     pub decisions: u64,
     /// Decisions where the allocator gave no proven answer and the allocation was kept.
     pub kept: u64,
+    /// Decisions refused (an allocator error or an answer that breaks its contract):
+    /// nothing of them was applied.
+    pub refused: u64,
+    /// `Event::Decided` actions applied at a restore, and those skipped because they
+    /// did not fit the state (each with a warning, `Engine::take_warnings`).
+    pub restored_actions: u64,
+    pub skipped_actions: u64,
+}
+
+/// The engine's state, without what each decision derives again (the allocator's
+/// instance, the pool's view): what a restore must rebuild, and what a journal
+/// snapshot holds. Two engines in the same state compare equal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineState {
+    /// The time of the last event.
+    pub t: Option<f64>,
+    pub lending: Lending,
+    pub nodes: Vec<NodeSnap>,
+    /// Nodes open to elastic jobs, in the engine's order.
+    pub pool: Vec<NodeId>,
+    /// Jobs below this id are dropped (finished, or cancelled when in `cancelled`).
+    pub jobs_base: usize,
+    pub cancelled: Vec<usize>,
+    /// Jobs from `jobs_base` on.
+    pub jobs: Vec<JobSnap>,
+    /// Queued jobs in admission order.
+    pub queue: Vec<JobId>,
+    /// Active jobs in admission order.
+    pub active: Vec<JobId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeSnap {
+    pub state: NodeState,
+    pub reclaim_at: Option<f64>,
+    pub idle_since: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum JobSnap {
+    Live {
+        spec: ElasticSpec,
+        status: JobStatus,
+        nodes: Vec<NodeId>,
+        anchors: Vec<NodeId>,
+        measured_rate: Option<f64>,
+        remaining: Option<f64>,
+        last_rescale: Option<f64>,
+        paused_until: Option<f64>,
+    },
+    Forgotten {
+        status: JobStatus,
+    },
+}
+
+/// How the engine treats `Tick` and `Event::Decided`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Ticks decide (the allocator runs); `Decided` records are ignored.
+    #[default]
+    Live,
+    /// Rebuilding from a journal: Ticks decide nothing and `Decided` records are
+    /// applied as they were decided, whatever the config or allocator is now; an action
+    /// that does not fit the state is skipped with a warning. Leaving this mode makes
+    /// the next `Tick` decide under the current config.
+    Restore,
 }
 
 pub struct Engine<A> {
@@ -248,7 +330,8 @@ pub struct Engine<A> {
     pool: Vec<NodeId>,
     inst: Instance,
     jobs: Jobs,
-    queue: VecDeque<JobId>,
+    /// Queued jobs in admission order: higher priority first, then submit order.
+    queue: BTreeSet<(Reverse<u32>, JobId)>,
     active: Vec<JobId>,
     /// `inst.jobs` no longer matches `active`.
     active_changed: bool,
@@ -268,6 +351,11 @@ pub struct Engine<A> {
     wake_at: Option<f64>,
     /// Whether nodes are lent (`Event::Lending`).
     lending: Lending,
+    mode: Mode,
+    /// Jobs the last `Tick` took from the queue into allocation (`Event::Decided`).
+    activated: Vec<JobId>,
+    /// Restore warnings not yet taken (`take_warnings`).
+    warnings: Vec<String>,
     pub stats: EngineStats,
 }
 
@@ -286,7 +374,7 @@ impl<A: Allocator> Engine<A> {
                 jobs: Vec::new(),
             },
             jobs: Jobs::default(),
-            queue: VecDeque::new(),
+            queue: BTreeSet::new(),
             active: Vec::new(),
             active_changed: false,
             dirty: false,
@@ -297,8 +385,78 @@ impl<A: Allocator> Engine<A> {
             deciding: Vec::new(),
             wake_at: None,
             lending: Lending::Open,
+            mode: Mode::Live,
+            activated: Vec::new(),
+            warnings: Vec::new(),
             stats: EngineStats::default(),
         }
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Enters or leaves `Mode::Restore`. Leaving it marks the state changed, so the
+    /// next `Tick` decides under the current config (the allocator's caches are rebuilt).
+    pub fn set_mode(&mut self, mode: Mode) {
+        if self.mode == Mode::Restore && mode == Mode::Live {
+            self.dirty = true;
+            self.active_changed = true;
+            self.deciding.clear();
+        }
+        self.mode = mode;
+    }
+
+    /// The jobs the last `Tick` took from the queue into allocation, in that order;
+    /// with its actions they make the `Event::Decided` a journal keeps after the Tick.
+    /// Emptied by the call and at the next `Tick`.
+    pub fn take_activated(&mut self) -> Vec<JobId> {
+        std::mem::take(&mut self.activated)
+    }
+
+    /// The engine's state (for comparisons and snapshots).
+    pub fn state(&self) -> EngineState {
+        EngineState {
+            t: self.last_t,
+            lending: self.lending,
+            nodes: self
+                .nodes
+                .iter()
+                .map(|n| NodeSnap {
+                    state: n.state,
+                    reclaim_at: n.reclaim_at,
+                    idle_since: n.idle_since,
+                })
+                .collect(),
+            pool: self.pool.clone(),
+            jobs_base: self.jobs.base,
+            cancelled: self.jobs.cancelled.iter().copied().collect(),
+            jobs: self
+                .jobs
+                .slots
+                .iter()
+                .map(|e| match e {
+                    Entry::Live(s) => JobSnap::Live {
+                        spec: s.spec.clone(),
+                        status: s.status,
+                        nodes: s.nodes.clone(),
+                        anchors: s.anchors.clone(),
+                        measured_rate: s.measured_rate,
+                        remaining: s.remaining,
+                        last_rescale: s.last_rescale,
+                        paused_until: s.paused_until,
+                    },
+                    Entry::Forgotten(st) => JobSnap::Forgotten { status: *st },
+                })
+                .collect(),
+            queue: self.queue().collect(),
+            active: self.active.clone(),
+        }
+    }
+
+    /// Warnings of the restore (`Decided` actions that did not fit), emptied by the call.
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -374,6 +532,11 @@ impl<A: Allocator> Engine<A> {
         self.queue.len()
     }
 
+    /// Queued jobs in admission order (priority, then submit order).
+    pub fn queue(&self) -> impl Iterator<Item = JobId> + '_ {
+        self.queue.iter().map(|&(_, j)| j)
+    }
+
     /// Nodes open to elastic jobs (idle or held).
     pub fn pool(&self) -> &[NodeId] {
         &self.pool
@@ -434,9 +597,7 @@ impl<A: Allocator> Engine<A> {
                     job.nodes.swap_remove(i);
                 }
                 job.anchors.retain(|&x| x != n);
-                if job.nodes.is_empty() {
-                    job.anchors.clear();
-                }
+                self.refill_anchors(j);
                 self.dirty = true;
                 Some(j)
             }
@@ -462,7 +623,10 @@ impl<A: Allocator> Engine<A> {
                 self.active.retain(|&x| x != j);
                 self.active_changed = true;
             }
-            JobStatus::Queued => self.queue.retain(|&x| x != j),
+            JobStatus::Queued => {
+                let p = self.jobs[j as usize].spec.priority;
+                self.queue.remove(&(Reverse(p), j));
+            }
             _ => {}
         }
         self.dirty = true;
@@ -554,8 +718,9 @@ impl<A: Allocator> Engine<A> {
                     last_rescale: None,
                     in_decision: false,
                     paused_until: None,
+                    budget: spec.max_nodes,
                 });
-                self.queue.push_back(*job);
+                self.queue.insert((Reverse(spec.priority), *job));
                 self.dirty = true;
             }
             Event::JobStarted { job } => {
@@ -610,7 +775,32 @@ impl<A: Allocator> Engine<A> {
                     self.dirty = true;
                 }
             }
-            Event::Tick => return self.decide(now),
+            Event::Tick => {
+                self.activated.clear();
+                if self.mode == Mode::Restore {
+                    return Ok(Vec::new());
+                }
+                return self.decide(now);
+            }
+            Event::Decided { activated, actions } => {
+                if self.mode == Mode::Restore {
+                    return Ok(self.restore_decision(activated, actions, now));
+                }
+            }
+            Event::JobPriority { job, priority } => {
+                let st = self.job(*job, now)?.status;
+                let slot = &mut self.jobs[*job as usize];
+                let old = std::mem::replace(&mut slot.spec.priority, *priority);
+                if old != *priority {
+                    if self.queue.remove(&(Reverse(old), *job)) {
+                        self.queue.insert((Reverse(*priority), *job));
+                    }
+                    // Orders the per-user node budgets of active jobs.
+                    if st == JobStatus::Active && self.cfg.max_nodes_per_user > 0 {
+                        self.dirty = true;
+                    }
+                }
+            }
             Event::Lending { mode } => {
                 if *mode != self.lending {
                     self.lending = *mode;
@@ -634,16 +824,74 @@ impl<A: Allocator> Engine<A> {
         self.lending
     }
 
-    fn admit_from_queue(&mut self) {
-        while self.active.len() < self.cfg.max_jobs {
-            let Some(j) = self.queue.pop_front() else {
-                break;
-            };
-            self.jobs[j as usize].status = JobStatus::Active;
-            self.active.push(j);
-            self.active_changed = true;
-            self.dirty = true;
+    /// Keeps a job's anchors (its core allocation) at `min_nodes` real nodes it holds:
+    /// those it has, topped up from its other nodes in the order it got them. A job
+    /// holding fewer than `min_nodes` keeps what it has; the next decision grows it back
+    /// to its minimum or requeues it.
+    fn refill_anchors(&mut self, j: JobId) {
+        let job = &mut self.jobs[j as usize];
+        let min = job.spec.min_nodes as usize;
+        let JobSlot { nodes, anchors, .. } = job;
+        anchors.retain(|a| nodes.contains(a));
+        if nodes.len() < min {
+            return;
         }
+        for &n in nodes.iter() {
+            if anchors.len() >= min {
+                break;
+            }
+            if !anchors.contains(&n) {
+                anchors.push(n);
+            }
+        }
+        anchors.truncate(min);
+    }
+
+    /// Takes queued jobs into allocation while fewer than `max_jobs` are active:
+    /// highest priority first, ties in submit order; a job whose user already has
+    /// `max_jobs_per_user` active jobs is passed over (it does not hold back others).
+    fn admit_from_queue(&mut self) {
+        if self.active.len() >= self.cfg.max_jobs || self.queue.is_empty() {
+            return;
+        }
+        let room = self.cfg.max_jobs - self.active.len();
+        let cap = self.cfg.max_jobs_per_user;
+        let mut per_user: HashMap<u32, usize> = HashMap::new();
+        if cap > 0 {
+            for &j in &self.active {
+                if let Some(u) = self.jobs[j as usize].spec.user {
+                    *per_user.entry(u).or_default() += 1;
+                }
+            }
+        }
+        let mut picked = Vec::new();
+        for &(p, j) in &self.queue {
+            if picked.len() >= room {
+                break;
+            }
+            if cap > 0 {
+                if let Some(u) = self.jobs[j as usize].spec.user {
+                    let c = per_user.entry(u).or_default();
+                    if *c >= cap {
+                        continue;
+                    }
+                    *c += 1;
+                }
+            }
+            picked.push((p, j));
+        }
+        for k in picked {
+            self.queue.remove(&k);
+            self.activate(k.1);
+        }
+    }
+
+    fn activate(&mut self, j: JobId) {
+        self.jobs[j as usize].status = JobStatus::Active;
+        self.active.push(j);
+        self.activated.push(j);
+        self.active_changed = true;
+        self.dirty = true;
     }
 
     fn decide(&mut self, now: f64) -> Result<Vec<Action>> {
@@ -655,9 +903,19 @@ impl<A: Allocator> Engine<A> {
             return Ok(Vec::new());
         }
         // Paused: nothing is decided (losses still apply as they come); the pending
-        // change is decided when lending reopens.
+        // change is decided when lending reopens. A job that a loss left below its
+        // minimum cannot run there and is requeued all the same.
         if self.lending == Lending::Paused {
-            return Ok(Vec::new());
+            let below: Vec<JobId> = self
+                .active
+                .iter()
+                .copied()
+                .filter(|&j| {
+                    let job = &self.jobs[j as usize];
+                    !job.nodes.is_empty() && job.nodes.len() < job.spec.min_nodes as usize
+                })
+                .collect();
+            return Ok(self.requeue_jobs(&below, now));
         }
         let drained = self.lending == Lending::Drained;
         self.dirty = false;
@@ -672,16 +930,12 @@ impl<A: Allocator> Engine<A> {
             let n = job.nodes.len() as u32;
             let until = job.last_rescale.map(|t| t + interval);
             let in_bounds = (job.spec.min_nodes..=job.spec.max_nodes).contains(&n);
-            let frozen = !drained
-                && interval > 0.0
-                && n > 0
-                && in_bounds
-                && until.is_some_and(|u| u > now);
+            let frozen =
+                !drained && interval > 0.0 && n > 0 && in_bounds && until.is_some_and(|u| u > now);
             // Paused (its own failures): keeps what it holds, or none, until the pause
             // ends; a loss below its minimum is still decided.
-            let paused = !drained
-                && (n == 0 || in_bounds)
-                && job.paused_until.is_some_and(|u| u > now);
+            let paused =
+                !drained && (n == 0 || in_bounds) && job.paused_until.is_some_and(|u| u > now);
             job.in_decision = !frozen && !paused;
             if paused {
                 soonest(&mut wake, job.paused_until.unwrap_or(now));
@@ -692,7 +946,16 @@ impl<A: Allocator> Engine<A> {
             if job.in_decision {
                 deciding.push(j);
             }
+            job.budget = job.spec.max_nodes;
         }
+        // Per-user node caps cut the deciding jobs' ranges to their user's budget; a
+        // job left without a budget sits out, and one that holds nodes it has no budget
+        // for (the cap was lowered) is requeued after the decision.
+        let evict = if self.cfg.max_nodes_per_user > 0 && !drained {
+            self.user_budgets(&mut deciding)
+        } else {
+            Vec::new()
+        };
         if self.active_changed || deciding != self.deciding {
             self.active_changed = false;
             self.inst.jobs.clear();
@@ -735,9 +998,10 @@ impl<A: Allocator> Engine<A> {
         }
         self.wake_at = wake;
         if self.deciding.is_empty() {
-            return Ok(Vec::new());
+            return Ok(self.requeue_jobs(&evict, now));
         }
         for (k, &j) in self.deciding.iter().enumerate() {
+            self.inst.jobs[k].max_nodes = self.jobs[j as usize].budget;
             let cur = &mut self.inst.jobs[k].current;
             cur.clear();
             cur.extend(
@@ -762,19 +1026,134 @@ impl<A: Allocator> Engine<A> {
             );
         }
         self.stats.decisions += 1;
-        if drained {
-            let sol = self.core_only();
-            return self.apply(sol, now);
-        }
-        let sol = self
-            .alloc
-            .allocate(&self.inst)
-            .map_err(|msg| Error::Alloc { t: now, msg })?;
-        let Some(sol) = sol else {
-            self.stats.kept += 1;
-            return Ok(Vec::new());
+        let sol = if drained {
+            Some(self.core_only())
+        } else {
+            match self.alloc.allocate(&self.inst) {
+                Ok(sol) => sol,
+                Err(msg) => {
+                    self.stats.refused += 1;
+                    return Err(Error::Alloc { t: now, msg });
+                }
+            }
         };
-        self.apply(sol, now)
+        let mut actions = match sol {
+            Some(sol) => self
+                .apply(sol, now)
+                .inspect_err(|_| self.stats.refused += 1)?,
+            None => {
+                // Kept allocation: a job a loss left below its minimum is not left there.
+                self.stats.kept += 1;
+                let below: Vec<JobId> = self
+                    .deciding
+                    .iter()
+                    .copied()
+                    .filter(|&j| {
+                        let job = &self.jobs[j as usize];
+                        !job.nodes.is_empty() && job.nodes.len() < job.spec.min_nodes as usize
+                    })
+                    .collect();
+                self.requeue_jobs(&below, now)
+            }
+        };
+        let mut forced = self.requeue_jobs(&evict, now);
+        forced.append(&mut actions);
+        Ok(forced)
+    }
+
+    /// Requeues active jobs outside a decision (below their minimum, or over their
+    /// user's node cap): all their nodes go back to the pool, and the next decision may
+    /// use them.
+    fn requeue_jobs(&mut self, jobs: &[JobId], now: f64) -> Vec<Action> {
+        let mut out = Vec::with_capacity(jobs.len());
+        for &j in jobs {
+            let nodes = self.jobs[j as usize].nodes.clone();
+            if nodes.is_empty() {
+                continue;
+            }
+            let a = Action::Requeue { job: j, nodes };
+            self.apply_action(&a, now);
+            self.dirty = true;
+            out.push(a);
+        }
+        out
+    }
+
+    /// Splits each user's node cap among that user's jobs: first what the deciding
+    /// ones hold (highest priority first, then submit order), then the rest a node at a
+    /// time, a job that holds none getting its minimum at once. Sets each job's
+    /// `budget` (its node range's top in this decision), takes jobs without one out of
+    /// `deciding`, and returns those of them that hold nodes (to be requeued).
+    fn user_budgets(&mut self, deciding: &mut Vec<JobId>) -> Vec<JobId> {
+        let cap = self.cfg.max_nodes_per_user;
+        let mut left: HashMap<u32, u32> = HashMap::new();
+        for &j in &self.active {
+            let job = &self.jobs[j as usize];
+            if let Some(u) = job.spec.user {
+                let b = left.entry(u).or_insert(cap);
+                if !job.in_decision {
+                    *b = b.saturating_sub(job.nodes.len() as u32);
+                }
+            }
+        }
+        let mut order: Vec<JobId> = deciding
+            .iter()
+            .copied()
+            .filter(|&j| self.jobs[j as usize].spec.user.is_some())
+            .collect();
+        if order.is_empty() {
+            return Vec::new();
+        }
+        order.sort_by_key(|&j| (Reverse(self.jobs[j as usize].spec.priority), j));
+        let mut give = vec![0u32; order.len()];
+        for (k, &j) in order.iter().enumerate() {
+            let job = &self.jobs[j as usize];
+            let b = left
+                .get_mut(&job.spec.user.unwrap_or(0))
+                .expect("user counted");
+            let h = job.nodes.len() as u32;
+            if h >= job.spec.min_nodes && h <= *b {
+                give[k] = h.min(job.spec.max_nodes);
+                *b -= give[k];
+            }
+        }
+        loop {
+            let mut more = false;
+            for (k, &j) in order.iter().enumerate() {
+                let job = &self.jobs[j as usize];
+                let b = left
+                    .get_mut(&job.spec.user.unwrap_or(0))
+                    .expect("user counted");
+                let step = if give[k] == 0 {
+                    job.spec.min_nodes
+                } else if give[k] < job.spec.max_nodes {
+                    1
+                } else {
+                    continue;
+                };
+                if step <= *b {
+                    give[k] += step;
+                    *b -= step;
+                    more = true;
+                }
+            }
+            if !more {
+                break;
+            }
+        }
+        let mut evict = Vec::new();
+        for (k, &j) in order.iter().enumerate() {
+            let job = &mut self.jobs[j as usize];
+            job.budget = give[k];
+            if give[k] == 0 {
+                job.in_decision = false;
+                if !job.nodes.is_empty() {
+                    evict.push(j);
+                }
+            }
+        }
+        deciding.retain(|&j| self.jobs[j as usize].in_decision);
+        evict
     }
 
     /// The drained allocation: every deciding job keeps its core nodes (anchors), topped
@@ -942,31 +1321,170 @@ impl<A: Allocator> Engine<A> {
             }
         }
         for a in shrinks.iter().chain(&grows) {
-            let job = &mut self.jobs[a.job() as usize];
-            match a {
-                Action::Shrink { nodes, .. } | Action::Requeue { nodes, .. } => {
-                    job.nodes.retain(|n| !nodes.contains(n));
-                    job.anchors.retain(|n| !nodes.contains(n));
-                    job.last_rescale = (!job.nodes.is_empty()).then_some(now);
-                    for &n in nodes {
-                        self.nodes[n as usize].state = NodeState::Idle;
-                        self.nodes[n as usize].idle_since = now;
-                    }
-                }
-                Action::Admit { job: j, nodes } | Action::Grow { job: j, nodes } => {
-                    if job.nodes.is_empty() {
-                        let m = (job.spec.min_nodes as usize).min(nodes.len());
-                        job.anchors = nodes[..m].to_vec();
-                    }
-                    job.nodes.extend_from_slice(nodes);
-                    job.last_rescale = Some(now);
-                    for &n in nodes {
-                        self.nodes[n as usize].state = NodeState::Held(*j);
-                    }
-                }
-            }
+            self.apply_action(a, now);
         }
         shrinks.extend(grows);
         Ok(shrinks)
+    }
+
+    /// Applies one checked action to the state (a decision's, or a journaled one at a
+    /// restore): the job's nodes, anchors and last rescale, and the nodes' states.
+    fn apply_action(&mut self, a: &Action, now: f64) {
+        let j = a.job();
+        let job = &mut self.jobs[j as usize];
+        match a {
+            Action::Shrink { nodes, .. } | Action::Requeue { nodes, .. } => {
+                job.nodes.retain(|n| !nodes.contains(n));
+                job.last_rescale = (!job.nodes.is_empty()).then_some(now);
+                for &n in nodes {
+                    self.nodes[n as usize].state = NodeState::Idle;
+                    self.nodes[n as usize].idle_since = now;
+                }
+            }
+            Action::Admit { nodes, .. } | Action::Grow { nodes, .. } => {
+                if job.nodes.is_empty() {
+                    let m = (job.spec.min_nodes as usize).min(nodes.len());
+                    job.anchors = nodes[..m].to_vec();
+                }
+                job.nodes.extend_from_slice(nodes);
+                job.last_rescale = Some(now);
+                for &n in nodes {
+                    self.nodes[n as usize].state = NodeState::Held(j);
+                }
+            }
+        }
+        self.refill_anchors(j);
+    }
+
+    /// Applies a journaled decision (`Event::Decided`) in `Mode::Restore`: the jobs it
+    /// took into allocation, then each action that fits the state (an action that does
+    /// not, e.g. onto a node that is not idle or for a job that is not active, is
+    /// skipped with a warning). Returns the actions applied.
+    fn restore_decision(
+        &mut self,
+        activated: &[JobId],
+        actions: &[Action],
+        now: f64,
+    ) -> Vec<Action> {
+        for &j in activated {
+            match self
+                .jobs
+                .get(j as usize)
+                .map(|s| (s.status, s.spec.priority))
+            {
+                Some((JobStatus::Queued, p)) => {
+                    self.queue.remove(&(Reverse(p), j));
+                    self.activate(j);
+                }
+                Some((JobStatus::Active, _)) => {}
+                st => {
+                    self.stats.skipped_actions += 1;
+                    self.warnings.push(format!(
+                        "t={now}: journaled decision takes job {j} into allocation, but it is {}",
+                        st.map_or("unknown or forgotten".into(), |s| format!("{:?}", s.0))
+                    ));
+                }
+            }
+        }
+        let mut applied = Vec::with_capacity(actions.len());
+        for a in actions {
+            match self.restore_check(a) {
+                Ok(()) => {
+                    if self.jobs[a.job() as usize].status == JobStatus::Queued {
+                        let p = self.jobs[a.job() as usize].spec.priority;
+                        self.queue.remove(&(Reverse(p), a.job()));
+                        self.activate(a.job());
+                    }
+                    self.apply_action(a, now);
+                    self.stats.restored_actions += 1;
+                    applied.push(a.clone());
+                }
+                Err(why) => {
+                    self.stats.skipped_actions += 1;
+                    self.warnings.push(format!(
+                        "t={now}: journaled decision {} job {} on nodes {:?} skipped: {why}",
+                        a.kind(),
+                        a.job(),
+                        a.nodes()
+                    ));
+                }
+            }
+        }
+        self.dirty = true;
+        applied
+    }
+
+    /// Whether a journaled action fits the current state.
+    fn restore_check(&self, a: &Action) -> std::result::Result<(), String> {
+        let j = a.job();
+        let Some(job) = self.jobs.get(j as usize) else {
+            return Err("the job is unknown or forgotten".into());
+        };
+        let nodes = a.nodes();
+        if nodes.is_empty() {
+            return Err("no nodes".into());
+        }
+        let mut seen = std::collections::HashSet::with_capacity(nodes.len());
+        for &n in nodes {
+            if n as usize >= self.nodes.len() {
+                return Err(format!("node {n} is unknown"));
+            }
+            if !seen.insert(n) {
+                return Err(format!("node {n} is listed twice"));
+            }
+        }
+        let status_ok = match a {
+            Action::Admit { .. } => matches!(job.status, JobStatus::Queued | JobStatus::Active),
+            _ => job.status == JobStatus::Active,
+        };
+        if !status_ok {
+            return Err(format!("the job is {:?}", job.status));
+        }
+        let held = job.nodes.len();
+        let (min, max) = (job.spec.min_nodes as usize, job.spec.max_nodes as usize);
+        match a {
+            Action::Admit { .. } | Action::Grow { .. } => {
+                if let Some(&n) = nodes
+                    .iter()
+                    .find(|&&n| self.nodes[n as usize].state != NodeState::Idle)
+                {
+                    return Err(format!(
+                        "node {n} is {:?}, not idle",
+                        self.nodes[n as usize].state
+                    ));
+                }
+                let after = held + nodes.len();
+                if matches!(a, Action::Admit { .. }) && held != 0 {
+                    return Err(format!("the job holds {held} nodes already"));
+                }
+                if matches!(a, Action::Grow { .. }) && held == 0 {
+                    return Err("the job holds no nodes to grow from".into());
+                }
+                if after < min || after > max {
+                    return Err(format!("{after} nodes, allowed {min}..{max}"));
+                }
+            }
+            Action::Shrink { .. } | Action::Requeue { .. } => {
+                if let Some(&n) = nodes
+                    .iter()
+                    .find(|&&n| self.nodes[n as usize].state != NodeState::Held(j))
+                {
+                    return Err(format!(
+                        "node {n} is {:?}, not held by the job",
+                        self.nodes[n as usize].state
+                    ));
+                }
+                let after = held - nodes.len();
+                if matches!(a, Action::Shrink { .. }) && after == 0 {
+                    return Err("the shrink would leave the job no node".into());
+                }
+                if matches!(a, Action::Requeue { .. }) && after != 0 {
+                    return Err(format!(
+                        "the job would keep {after} nodes after its requeue"
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }

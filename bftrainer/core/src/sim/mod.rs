@@ -626,6 +626,8 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 Objective::File => rec.objective.clone(),
                 Objective::Samples => rec.rate.clone(),
             },
+            user: None,
+            priority: 0,
         };
         let job = self.jobs.len() as JobId;
         self.jobs.push(SimJob {
