@@ -760,3 +760,72 @@ fn finished_jobs_can_be_forgotten() {
     e.on_event(&Event::Tick, 4.0).unwrap();
     assert_eq!(e.job_nodes(1).len(), 2);
 }
+
+/// The simulator admits by priority and under per-user caps as the daemon does; with
+/// neither (job files have no owners or priorities) it admits in submit order.
+#[test]
+fn the_simulator_admits_by_priority_and_per_user_caps() {
+    let tr = trace(&["a", "b"], &[true, true], &[], 2000);
+    // One node each, 300 s of work at 10 samples/s.
+    let mk = |name: &str, submit: i64, user: u32, priority: u32| {
+        bftrainer_core::trace::jobs::JobRecord {
+            user: Some(user),
+            priority,
+            ..job(name, submit, 1, 1, 0.0, 0.0, 3000.0, &[(1, 10.0)])
+        }
+    };
+    let first = |out: &bftrainer_core::sim::Outcome, j: u32| {
+        out.sizes
+            .iter()
+            .find(|s| s.job == j && s.nodes > 0)
+            .map(|s| s.t)
+            .unwrap()
+    };
+    let sim = |jobs: &[bftrainer_core::trace::jobs::JobRecord], engine: EngineConfig| {
+        let cfg = SimConfig {
+            engine,
+            record: true,
+            ..SimConfig::default()
+        };
+        run(&tr, jobs, Exact::default(), &cfg)
+    };
+    let jobs = [
+        mk("a0", 0, 1, 0),
+        mk("a1", 0, 1, 0),
+        mk("a2", 0, 1, 0),
+        mk("b", 10, 2, 0),
+    ];
+    let two = EngineConfig {
+        max_jobs: 2,
+        ..EngineConfig::default()
+    };
+    // No cap: user 1's jobs take both slots; b waits for them.
+    let out = sim(&jobs, two.clone());
+    assert!(first(&out, 3) >= 300.0, "{:?}", out.sizes);
+    // One active job per user: b starts at its submission.
+    let out = sim(
+        &jobs,
+        EngineConfig {
+            max_jobs_per_user: 1,
+            ..two
+        },
+    );
+    assert_eq!(first(&out, 3), 10.0, "{:?}", out.sizes);
+    assert!(first(&out, 1) >= 300.0);
+    // By priority, one slot: b (submitted last) runs right after a0, before a1 and a2.
+    let jobs = [
+        mk("a0", 0, 1, 0),
+        mk("a1", 0, 1, 0),
+        mk("a2", 0, 1, 0),
+        mk("b", 10, 2, 7),
+    ];
+    let out = sim(
+        &jobs,
+        EngineConfig {
+            max_jobs: 1,
+            ..EngineConfig::default()
+        },
+    );
+    assert!(first(&out, 3) < first(&out, 1), "{:?}", out.sizes);
+    assert!(first(&out, 1) < first(&out, 2));
+}

@@ -1080,7 +1080,8 @@ impl<A: Allocator> Engine<A> {
     }
 
     /// Splits each user's node cap among that user's jobs: first what the deciding
-    /// ones hold (highest priority first, then submit order), then the rest a node at a
+    /// ones hold, or the part of it the budget leaves (highest priority first, then
+    /// submit order), then the rest a node at a
     /// time, a job that holds none getting its minimum at once. Sets each job's
     /// `budget` (its node range's top in this decision), takes jobs without one out of
     /// `deciding`, and returns those of them that hold nodes (to be requeued).
@@ -1112,9 +1113,11 @@ impl<A: Allocator> Engine<A> {
                 .get_mut(&job.spec.user.unwrap_or(0))
                 .expect("user counted");
             let h = job.nodes.len() as u32;
-            if h >= job.spec.min_nodes && h <= *b {
-                give[k] = h.min(job.spec.max_nodes);
-                *b -= give[k];
+            // What it holds, or as much of it as the budget leaves (a shrink).
+            let g = h.min(*b).min(job.spec.max_nodes);
+            if h >= job.spec.min_nodes && g >= job.spec.min_nodes {
+                give[k] = g;
+                *b -= g;
             }
         }
         loop {

@@ -626,8 +626,8 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 Objective::File => rec.objective.clone(),
                 Objective::Samples => rec.rate.clone(),
             },
-            user: None,
-            priority: 0,
+            user: rec.user,
+            priority: rec.priority,
         };
         let job = self.jobs.len() as JobId;
         self.jobs.push(SimJob {
@@ -1428,6 +1428,8 @@ mod tests {
             total_samples: total,
             rate: c.clone(),
             objective: c,
+            user: None,
+            priority: 0,
         }
     }
 

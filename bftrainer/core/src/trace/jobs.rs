@@ -25,6 +25,10 @@ pub struct JobRecord {
     pub rate: Curve,
     /// What the allocator maximises (samples/s or speed-up).
     pub objective: Curve,
+    /// The owner (per-user caps) and admission priority, as `ElasticSpec`'s; job files
+    /// have no columns for them (no owner, priority 0: admission in submit order).
+    pub user: Option<u32>,
+    pub priority: u32,
 }
 
 /// Parses a job file; rows are returned sorted by submit time (stable, so file order
@@ -99,6 +103,8 @@ pub fn parse_jobs<R: BufRead>(reader: R, what: &str) -> Result<Vec<JobRecord>> {
                 total_samples,
                 rate,
                 objective,
+                user: None,
+                priority: 0,
             })
         })()
         .map_err(|m| lines.err(m))?;

@@ -97,6 +97,8 @@ pub fn job(
         objective: Curve {
             points: rate.to_vec(),
         },
+        user: None,
+        priority: 0,
     }
 }
 
