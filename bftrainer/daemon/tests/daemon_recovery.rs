@@ -1,0 +1,302 @@
+//! bftrainerd's recovery does not depend on the config: the daemon runs three elastic
+//! jobs (cores and satellites) on an in-memory cluster, stops, and starts again from its
+//! journal under each changed `[engine]` key. The engine's state after the restart is
+//! the one before it, and no requeue or cancel follows; a journal of an older build
+//! (no decisions in it) still loads, re-decided leniently.
+//!
+//! The cluster is the generated one of the cycle benchmark (`daemon::gen`): it starts
+//! released cores and satellites on their pinned nodes as slurmctld would. What Slurm
+//! itself does is tested on real clusters (tests/cluster_daemon.rs).
+
+use bftrainer_core::engine::{EngineState, Event, JobStatus};
+use bftrainer_daemon::daemon::gen::{job, node, GenCluster};
+use bftrainer_daemon::daemon::journal::{Journal, JOURNAL_FILE};
+use bftrainer_daemon::daemon::{config, Daemon};
+use bftrainer_slurm::{JobBase, Partition};
+use std::path::Path;
+
+fn partition(name: &str, nodes: &[String], tier: u16) -> Partition {
+    Partition {
+        name: name.into(),
+        nodes: None,
+        node_names: nodes.to_vec(),
+        priority_tier: tier,
+        priority_job_factor: 1,
+        preempt_mode: 0,
+        grace_time_s: 30,
+        max_time: None,
+        default_time: None,
+        total_cpus: 0,
+        total_nodes: nodes.len() as u32,
+        up: true,
+        is_default: name == "batch",
+    }
+}
+
+/// Six idle nodes and three held elastic core jobs of 1 to 2 nodes each.
+fn cluster() -> GenCluster {
+    let names: Vec<String> = (1..=6).map(|i| format!("n{i}")).collect();
+    let parts = ["batch", "elastic", "elastic-sat"];
+    let nodes = names.iter().map(|n| node(n.clone(), &parts)).collect();
+    let partitions = vec![
+        partition("batch", &names, 10),
+        partition("elastic", &names, 2),
+        partition("elastic-sat", &names, 1),
+    ];
+    let jobs = (1..=3)
+        .map(|id| {
+            let mut j = job(id, "elastic", JobBase::Pending);
+            j.admin_comment = Some("bftrainer:v1 1:2,role=core".into());
+            j.priority = 0;
+            j
+        })
+        .collect();
+    GenCluster::new(nodes, partitions, jobs)
+}
+
+fn cfg(dir: &Path, engine: &str) -> config::Config {
+    config::parse(
+        &format!(
+            "[policy]\nsatellite_partition = \"elastic-sat\"\n[daemon]\nstate_dir = \"{}\"\n[engine]\n{engine}\n",
+            dir.display()
+        ),
+        Path::new("/test/bftrainer.toml"),
+    )
+    .unwrap()
+}
+
+fn start(dir: &Path, engine: &str, cluster: GenCluster) -> Daemon<GenCluster> {
+    let (journal, records) = Journal::open(dir).unwrap();
+    Daemon::new(cfg(dir, engine), cluster, Some(journal), &records).unwrap()
+}
+
+/// Cycles as bftrainerd does, Slurm starting what was released between two polls.
+fn run(d: &mut Daemon<GenCluster>, now: &mut f64, cycles: usize) {
+    for _ in 0..cycles {
+        *now += 1.0;
+        d.cluster.start_pending_elastic(*now as i64);
+        d.cycle(*now).unwrap();
+    }
+}
+
+/// The state without the time of the last event (a cycle that observed nothing feeds
+/// its Tick to the engine but does not journal it).
+fn state(d: &Daemon<GenCluster>) -> EngineState {
+    EngineState {
+        t: None,
+        ..d.engine().state()
+    }
+}
+
+fn copy_cluster(c: &GenCluster) -> GenCluster {
+    GenCluster::new(c.nodes.clone(), c.partitions.clone(), c.jobs.clone())
+}
+
+/// Runs the three jobs to two nodes each (a core and a satellite) and stops; returns
+/// the cluster as Slurm has it then, the engine's state and the time.
+fn first_run(dir: &Path) -> (GenCluster, EngineState, f64) {
+    let mut now = 3_000_000_000.0;
+    let mut d = start(dir, "max_jobs = 3", cluster());
+    run(&mut d, &mut now, 8);
+    for j in 0..3 {
+        assert_eq!(d.engine().job_status(j), JobStatus::Active);
+        assert_eq!(d.engine().job_nodes(j).len(), 2, "job {j}");
+        assert_eq!(d.engine().job_anchors(j).len(), 1, "job {j}");
+    }
+    let running = d
+        .cluster
+        .jobs
+        .iter()
+        .filter(|j| j.state.base() == JobBase::Running)
+        .count();
+    assert_eq!(running, 6, "three cores and three satellites run");
+    let st = state(&d);
+    let c = copy_cluster(&d.cluster);
+    drop(d);
+    (c, st, now)
+}
+
+#[test]
+fn a_restart_under_a_changed_engine_config_restores_the_state_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (slurm, before, now) = first_run(dir.path());
+    let journal = std::fs::read(dir.path().join(JOURNAL_FILE)).unwrap();
+    assert!(
+        String::from_utf8_lossy(&journal).contains("\"type\":\"decided\""),
+        "decisions are journaled"
+    );
+    for engine in [
+        "max_jobs = 1",
+        "t_fwd = 86400",
+        "min_rescale_interval = 3600",
+        "lend_after_idle = 3600",
+        "objective = \"fairness\"",
+        "objective = \"efficiency\"",
+        "max_jobs = 1\nt_fwd = 1\nmin_rescale_interval = 86400\nlend_after_idle = 86400\nobjective = \"reclaim-aware\"",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(JOURNAL_FILE), &journal).unwrap();
+        let mut d = start(dir.path(), engine, copy_cluster(&slurm));
+        assert_eq!(state(&d), before, "[engine] {engine}");
+        assert_eq!(d.stats.journal_skipped, 0);
+        let mut t = now;
+        run(&mut d, &mut t, 5);
+        let calls = &d.cluster.calls;
+        assert_eq!(
+            (calls.requeues, calls.cancels, calls.submits),
+            (0, 0, 0),
+            "[engine] {engine}: the restart made Slurm calls: {calls:?}"
+        );
+        assert_eq!(d.stats.refused_decisions, 0);
+        for j in 0..3 {
+            assert_eq!(
+                d.engine().job_nodes(j),
+                before_nodes(&before, j as usize),
+                "[engine] {engine}: job {j}"
+            );
+        }
+    }
+}
+
+fn before_nodes(s: &EngineState, j: usize) -> &[u32] {
+    match &s.jobs[j] {
+        bftrainer_core::engine::JobSnap::Live { nodes, .. } => nodes,
+        other => panic!("job {j}: {other:?}"),
+    }
+}
+
+#[test]
+fn a_journal_without_decisions_still_loads() {
+    // An older bftrainerd's journal: the same records without the decisions. Started
+    // under another config, its Ticks are decided again; what no longer fits is
+    // logged and skipped, never fatal.
+    let dir = tempfile::tempdir().unwrap();
+    let (slurm, _before, now) = first_run(dir.path());
+    let text = std::fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap();
+    let old: String = text
+        .lines()
+        .filter(|l| !l.contains("\"type\":\"decided\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(old.len() < text.len());
+    for engine in ["max_jobs = 3", "max_jobs = 1"] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(JOURNAL_FILE), &old).unwrap();
+        let mut d = start(dir.path(), engine, copy_cluster(&slurm));
+        if engine == "max_jobs = 1" {
+            // Jobs 2 and 3 were never admitted in this replay: their confirmations
+            // (started, joined) were refused and skipped.
+            assert!(d.stats.journal_skipped > 0);
+        }
+        let mut t = now;
+        run(&mut d, &mut t, 3);
+    }
+}
+
+#[test]
+fn a_journaled_decision_that_does_not_fit_is_skipped() {
+    // A journal's Decided record naming an impossible action is skipped with a
+    // warning at the restart; the daemon then runs on.
+    let dir = tempfile::tempdir().unwrap();
+    let (slurm, before, now) = first_run(dir.path());
+    let p = dir.path().join(JOURNAL_FILE);
+    let mut text = std::fs::read_to_string(&p).unwrap();
+    let bogus = serde_json::to_string(&bftrainer_core::engine::Record {
+        v: bftrainer_core::engine::EVENT_FORMAT_VERSION,
+        t: now,
+        event: Event::Decided {
+            activated: vec![],
+            actions: vec![bftrainer_core::engine::Action::Grow {
+                job: 0,
+                nodes: vec![1],
+            }],
+        },
+    })
+    .unwrap();
+    text.push_str(&bogus);
+    text.push('\n');
+    std::fs::write(&p, text).unwrap();
+    let mut d = start(dir.path(), "max_jobs = 3", slurm);
+    assert_eq!(state(&d).jobs, before.jobs);
+    assert_eq!(d.engine().stats.skipped_actions, 1);
+    let mut t = now;
+    run(&mut d, &mut t, 2);
+    assert_eq!(d.cluster.calls.requeues + d.cluster.calls.cancels, 0);
+}
+
+#[test]
+fn a_refused_decision_is_counted_and_the_loop_goes_on() {
+    // remaining-work needs every job's remaining work, which live jobs do not report:
+    // the allocator refuses each decision. The cycle goes on, nothing is applied.
+    let dir = tempfile::tempdir().unwrap();
+    let (slurm, before, now) = first_run(dir.path());
+    let (journal, records) = Journal::open(dir.path()).unwrap();
+    let mut c = cfg(dir.path(), "max_jobs = 3");
+    c.objective = bftrainer_core::alloc::Objective::RemainingWork;
+    let mut d = Daemon::new(c, slurm, Some(journal), &records).unwrap();
+    let mut t = now;
+    run(&mut d, &mut t, 3);
+    assert_eq!(
+        d.stats.refused_decisions, 1,
+        "decided again at the next change only"
+    );
+    assert_eq!(d.engine().stats.refused, 1);
+    assert_eq!(state(&d).jobs, before.jobs);
+    assert_eq!(d.cluster.calls.requeues + d.cluster.calls.cancels, 0);
+    // A node leaves: decided again, refused again, still running.
+    d.cluster.node_mut("n1").unwrap().state =
+        bftrainer_slurm::NodeState::from_base(bftrainer_slurm::NodeBase::Down);
+    d.cluster.dirty = true;
+    run(&mut d, &mut t, 2);
+    assert_eq!(d.stats.refused_decisions, 2);
+}
+
+#[test]
+fn a_replay_of_the_daemons_journal_ignores_its_decisions_and_decides_again() {
+    use bftrainer_core::engine::{EngineConfig, Exact};
+    use bftrainer_daemon::replay::journal::replay_journal;
+    let dir = tempfile::tempdir().unwrap();
+    first_run(dir.path());
+    let text = std::fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap();
+    let decided = text.lines().filter(|l| l.contains("\"decided\"")).count();
+    assert!(decided > 0);
+    // The daemon's policy: the same admissions as the journal records.
+    let r = replay_journal(
+        text.as_bytes(),
+        "journal",
+        EngineConfig {
+            max_jobs: 3,
+            ..EngineConfig::default()
+        },
+        Exact::default(),
+        true,
+    )
+    .unwrap();
+    assert_eq!(r.counts.admits, 3);
+    // The actions are the replay's own: as many as the journal's decisions hold, not
+    // those applied on top of them.
+    let journaled: usize = text
+        .lines()
+        .filter_map(|l| bftrainer_core::engine::Record::from_json_line(l).ok())
+        .map(|r| match r.event {
+            Event::Decided { actions, .. } => actions.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(r.actions.len(), journaled);
+    // Another objective: decided by it (the engine's decisions counter moves).
+    let r = replay_journal(
+        text.as_bytes(),
+        "journal",
+        EngineConfig {
+            max_jobs: 3,
+            ..EngineConfig::default()
+        },
+        Exact {
+            opts: bftrainer_core::alloc::Options::new(bftrainer_core::alloc::Objective::Fairness),
+        },
+        false,
+    )
+    .unwrap();
+    assert!(r.decisions > 0);
+}
