@@ -125,6 +125,28 @@ fn main() {
     }
     let base_ms = pct(&mut base, 0.5);
 
+    // Partition assignment, which every cycle that sees a node-table change runs (the
+    // churn cycles below do): the indexed pass against the scan per partition node it
+    // replaced, on the same tables.
+    let mut nodes = d.cluster.nodes.clone();
+    let parts = d.cluster.partitions.clone();
+    let t = Instant::now();
+    bftrainer_slurm::assign_partitions(&mut nodes, &parts);
+    let indexed_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    for n in &mut nodes {
+        n.partitions.clear();
+    }
+    for p in &parts {
+        for name in &p.node_names {
+            if let Some(n) = nodes.iter_mut().find(|n| &n.name == name) {
+                n.partitions.push(p.name.clone());
+            }
+        }
+    }
+    let scan_ms = t.elapsed().as_secs_f64() * 1e3;
+    drop(nodes);
+
     let t = Instant::now();
     d.cycle(now).unwrap();
     let cold = t.elapsed().as_secs_f64() * 1e3;
@@ -208,6 +230,7 @@ fn main() {
     let s = &d.stats;
     println!("bftrainerd cycle on a generated cluster: {n_nodes} nodes, {} jobs ({regular_running} regular running at start, {elastic} elastic)", d.cluster.jobs.len());
     println!("baseline: one copy of the job snapshot  p50 {base_ms:.2} ms");
+    println!("partition assignment ({n_nodes} nodes, {} partitions): indexed {indexed_ms:.2} ms, per-node scan (before) {scan_ms:.0} ms, {:.0}x", d.cluster.partitions.len(), scan_ms / indexed_ms.max(1e-6));
     println!(
         "cold first cycle (adopt {elastic} jobs, first decision): {cold:.1} ms ({:.1}x baseline)",
         cold / base_ms

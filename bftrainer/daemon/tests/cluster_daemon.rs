@@ -804,3 +804,105 @@ fn cluster_daemon_holds_an_admission_that_does_not_start_and_replans() {
         (l.log_text().matches(&format!("admit job {job} ")).count() >= 2).then_some(())
     });
 }
+
+/// `bftrainer status --json` as root.
+fn status(l: &Live) -> serde_json::Value {
+    let out =
+        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
+            .args(["status", "--json", "--config"])
+            .arg(&l.conf)
+            .output()
+            .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+/// Why `name` is or is not lent (`bftrainer nodes --json`).
+fn node_why(l: &Live, name: &str) -> String {
+    let out =
+        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
+            .args(["nodes", "--json", "--config"])
+            .arg(&l.conf)
+            .output()
+            .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v.as_array()
+        .and_then(|a| a.iter().find(|n| n["name"] == name))
+        .map(|n| n["why"].as_str().unwrap_or("").to_string())
+        .unwrap_or_default()
+}
+
+/// Waits until the daemon has run `n` more cycles than now.
+fn cycles_later(l: &Live, n: u64) {
+    let c0 = status(l)["stats"]["cycles"].as_u64().unwrap_or(0);
+    l.wait(30, &format!("{n} more daemon cycles"), || {
+        (status(l)["stats"]["cycles"].as_u64().unwrap_or(0) >= c0 + n).then_some(())
+    });
+}
+
+#[test]
+fn cluster_daemon_keeps_a_core_on_a_draining_node_and_drops_a_node_removed_from_the_partitions() {
+    let l = Live::start("", "", "");
+    let job = l.submit_elastic("1:4");
+    let sats = l.grown_to_all(job);
+    let core = l.squeue().into_iter().find(|r| r.id == job).unwrap().nodes;
+
+    // An admin drains the core's node: running jobs may finish there, so the core is
+    // not requeued (its satellites keep running); nothing new is lent there.
+    l.c.run(
+        "scontrol",
+        &[
+            "update",
+            &format!("nodename={core}"),
+            "state=drain",
+            "reason=maintenance-later",
+        ],
+    )
+    .unwrap();
+    l.wait(30, "the draining node seen by bftrainerd", || {
+        (node_why(&l, &core) == "unavailable").then_some(())
+    });
+    cycles_later(&l, 3);
+    let show =
+        l.c.run("scontrol", &["show", "job", "-o", &job.to_string()])
+            .unwrap();
+    assert!(
+        show.contains("JobState=RUNNING") && show.contains("Restarts=0"),
+        "the core was requeued off its draining node: {show}\n{}",
+        l.log_text()
+    );
+    assert_eq!(l.satellites(job), sats, "{}", l.log_text());
+
+    // A satellite's node leaves both elastic partitions: the job shrinks off it and it
+    // is never lent again (it stays in `batch`).
+    let (gone, sat) = sats.iter().next().map(|(n, s)| (n.clone(), *s)).unwrap();
+    let rest: Vec<&str> =
+        l.c.nodes()
+            .iter()
+            .map(String::as_str)
+            .filter(|n| *n != gone)
+            .collect();
+    for p in ["elastic", "elastic-sat"] {
+        l.c.run(
+            "scontrol",
+            &[
+                "update",
+                &format!("partitionname={p}"),
+                &format!("nodes={}", rest.join(",")),
+            ],
+        )
+        .unwrap();
+    }
+    l.wait(60, "the satellite on the removed node ended", || {
+        (!l.satellites(job).contains_key(&gone)).then_some(())
+    });
+    assert!(
+        l.log_text()
+            .contains(&format!("node {gone}: no longer in the elastic partitions")),
+        "{}",
+        l.log_text()
+    );
+    cycles_later(&l, 3);
+    assert!(!l.satellites(job).contains_key(&gone));
+    assert_ne!(l.state_of(sat), "RUNNING");
+    assert_eq!(node_why(&l, &gone), "unavailable");
+}

@@ -80,16 +80,29 @@ impl Nodes {
 
     /// Fills each node's `partitions` from partition node lists.
     pub fn assign_partitions(&mut self, parts: &Partitions) {
-        for n in &mut self.nodes {
-            n.partitions.clear();
-        }
-        for p in &parts.partitions {
-            for name in &p.node_names {
-                if let Some(n) = self.nodes.iter_mut().find(|n| &n.name == name) {
-                    n.partitions.push(p.name.clone());
-                }
+        assign_partitions(&mut self.nodes, &parts.partitions);
+    }
+}
+
+/// Sets each node's `partitions` from the partitions' node lists, in partition order.
+pub fn assign_partitions(nodes: &mut [Node], parts: &[Partition]) {
+    // One pass over each table through a name index: O(nodes + partition nodes), not a
+    // scan of the node table per partition node (10^8 compares at 10,000 nodes).
+    let index: std::collections::HashMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.as_str(), i))
+        .collect();
+    let mut found: Vec<Vec<String>> = vec![Vec::new(); nodes.len()];
+    for p in parts {
+        for name in &p.node_names {
+            if let Some(&i) = index.get(name.as_str()) {
+                found[i].push(p.name.clone());
             }
         }
+    }
+    for (n, parts) in nodes.iter_mut().zip(found) {
+        n.partitions = parts;
     }
 }
 
@@ -602,6 +615,46 @@ mod tests {
         assert_eq!(gpu_count("nic:2"), 0);
         assert_eq!(gpu_count(""), 0);
         assert_eq!(gpu_count("(null)"), 0);
+    }
+
+    #[test]
+    fn partitions_are_assigned_by_name_in_partition_order() {
+        let n: slurm_sys::node_info_t = Default::default();
+        let mut nodes: Vec<Node> = ["a", "b", "c"]
+            .iter()
+            .map(|name| Node {
+                name: name.to_string(),
+                partitions: vec!["stale".into()],
+                ..convert_node(&n)
+            })
+            .collect();
+        let p = |name: &str, members: &[&str]| Partition {
+            name: name.into(),
+            nodes: None,
+            node_names: members.iter().map(|m| m.to_string()).collect(),
+            priority_tier: 1,
+            priority_job_factor: 1,
+            preempt_mode: 0,
+            grace_time_s: 0,
+            max_time: None,
+            default_time: None,
+            total_cpus: 0,
+            total_nodes: members.len() as u32,
+            up: true,
+            is_default: false,
+        };
+        // "z" is in no node table (a stale partition list): ignored.
+        let parts = [p("batch", &["a", "b", "c"]), p("gpu", &["c", "z", "a"])];
+        assign_partitions(&mut nodes, &parts);
+        let got: Vec<Vec<String>> = nodes.iter().map(|n| n.partitions.clone()).collect();
+        assert_eq!(
+            got,
+            vec![
+                vec!["batch".to_string(), "gpu".into()],
+                vec!["batch".into()],
+                vec!["batch".into(), "gpu".into()],
+            ]
+        );
     }
 
     #[test]

@@ -40,7 +40,9 @@ use std::sync::Mutex;
 pub use db::{AcctJob, AcctQuery, SlurmDb};
 pub use error::{strerror, Error, Result};
 pub use ffi::{hostlist_compress, hostlist_expand};
-pub use info::{gpu_count, Job, Jobs, Loaded, Node, Nodes, Partition, Partitions};
+pub use info::{
+    assign_partitions, gpu_count, Job, Jobs, Loaded, Node, Nodes, Partition, Partitions,
+};
 pub use ops::{BatchJob, JobUpdate, SignalTarget, Submitted, WillRun};
 pub use state::{JobBase, JobState, NodeBase, NodeState, TimeLimit};
 pub use view::{ClusterView, Refresh};

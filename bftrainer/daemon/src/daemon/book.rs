@@ -146,6 +146,13 @@ impl Book {
     }
 
     /// Node-seconds all elastic jobs used up to `now`.
+    /// Drops an ended job's size history (its counters stay, a few words).
+    pub fn forget(&mut self, job: JobId) {
+        if let Some(b) = self.jobs.get_mut(job as usize) {
+            b.history = VecDeque::new();
+        }
+    }
+
     pub fn harvested_node_seconds(&self, now: f64) -> f64 {
         self.closed_node_seconds
             + self

@@ -9,7 +9,7 @@ use bftrainer_core::engine::EngineConfig;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub const DAEMON_KEYS: [&str; 15] = [
+pub const DAEMON_KEYS: [&str; 16] = [
     "poll_interval",
     "state_dir",
     "socket",
@@ -25,6 +25,7 @@ pub const DAEMON_KEYS: [&str; 15] = [
     "satellite_min_runtime",
     "reclaim_hold",
     "cycle_budget",
+    "job_retention",
 ];
 pub const ENGINE_KEYS: [&str; 10] = [
     "objective",
@@ -85,6 +86,9 @@ pub struct Config {
     /// long (a slow slurmctld); calls that give nodes back always run. The rest waits
     /// for the next cycle.
     pub cycle_budget_s: f64,
+    /// An ended elastic job is forgotten this long after its end (`bftrainer jobs`
+    /// stops showing it; the journal and accounting keep its history).
+    pub job_retention_s: f64,
     pub engine: EngineConfig,
     pub objective: Objective,
     pub default_up_s: f64,
@@ -247,6 +251,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         satellite_min_runtime_s: d.seconds("satellite_min_runtime", 0.0..=3600.0, 10.0)?,
         reclaim_hold_s: d.seconds("reclaim_hold", 0.0..=3600.0, 10.0)?,
         cycle_budget_s: d.seconds("cycle_budget", 0.1..=3600.0, 5.0)?,
+        job_retention_s: d.seconds("job_retention", 0.0..=2_592_000.0, 3600.0)?,
         engine,
         objective,
         default_up_s: e.seconds("default_up", 0.0..=86_400.0, 30.0)?,

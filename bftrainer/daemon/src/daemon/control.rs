@@ -1,18 +1,24 @@
 //! bftrainerd's control socket: one JSON request per connection, one JSON answer, over
 //! a Unix socket whose peer credentials (SO_PEERCRED) decide what the caller sees.
 //! Root and SlurmUser see everything and may pause, drain and resume lending; any other
-//! user sees only their own jobs. Answers come from the last published snapshot, so a
-//! slow cycle or an unreachable slurmctld never blocks `bftrainer status`.
+//! user sees only their own jobs, and no other user's job id anywhere (a node lent to
+//! someone else shows as lent, without its holder). Answers come from the last
+//! published snapshot, so a slow cycle or an unreachable slurmctld never blocks
+//! `bftrainer status`.
 //!
 //! Robustness: a request is at most `MAX_REQUEST` bytes and must arrive within
-//! `IO_TIMEOUT`; at most `MAX_CLIENTS` connections are served at once (the next get a
-//! "busy" answer); garbage gets an error answer. None of it stops the daemon.
+//! `IO_TIMEOUT`; at most `MAX_CLIENTS` connections are served at once, of which
+//! `ADMIN_RESERVED` only to root and SlurmUser (so no user can lock `pause` out), and
+//! at most `PER_UID` to one other user (so no user can lock the others out); a
+//! connection over a limit gets an answer saying which and is closed; garbage gets an
+//! error answer. None of it stops the daemon.
 
 use super::view::{JobView, NodeView, Snapshot};
 use bftrainer_core::engine::Lending;
 use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -25,8 +31,19 @@ pub const PROTOCOL: u32 = 1;
 pub const MAX_REQUEST: usize = 64 * 1024;
 /// Time a client has to send its request, and to take its answer.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections served at once.
+/// Connections served at once, all users together.
 pub const MAX_CLIENTS: usize = 256;
+/// Of `MAX_CLIENTS`, the connections only root and SlurmUser may use: users other than
+/// those hold at most `MAX_CLIENTS - ADMIN_RESERVED` together.
+pub const ADMIN_RESERVED: usize = 32;
+/// Connections one user other than root and SlurmUser may hold at once (a `bftrainer`
+/// command holds one for a few milliseconds).
+pub const PER_UID: usize = 16;
+/// Refused connections answered at once; past this, more are closed unanswered.
+const MAX_REFUSALS: usize = 64;
+/// Time a refused client has to send its request before it hears why it is refused
+/// (read first, so that the answer is not lost to a connection reset).
+const REFUSAL_READ: Duration = Duration::from_millis(500);
 /// Default socket name inside `[daemon] state_dir`.
 pub const SOCKET_NAME: &str = "bftrainerd.sock";
 
@@ -134,9 +151,115 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(l)
 }
 
+/// How many connections the server takes at once (tests use small ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub total: usize,
+    pub admin_reserved: usize,
+    pub per_uid: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            total: MAX_CLIENTS,
+            admin_reserved: ADMIN_RESERVED,
+            per_uid: PER_UID,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    total: usize,
+    /// Held by users other than root and SlurmUser.
+    users: usize,
+    by_uid: HashMap<u32, usize>,
+}
+
+/// The connections in progress, by uid: who may open another.
+#[derive(Debug, Default)]
+pub struct Slots {
+    limits: Limits,
+    counts: Mutex<Counts>,
+}
+
+/// One connection's place; given back when dropped.
+#[derive(Debug)]
+pub struct Slot {
+    slots: Arc<Slots>,
+    uid: u32,
+    admin: bool,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut c = self.slots.counts.lock().unwrap_or_else(|e| e.into_inner());
+        c.total -= 1;
+        if !self.admin {
+            c.users -= 1;
+        }
+        if let Some(n) = c.by_uid.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                c.by_uid.remove(&self.uid);
+            }
+        }
+    }
+}
+
+impl Slots {
+    pub fn new(limits: Limits) -> Arc<Slots> {
+        Arc::new(Slots {
+            limits,
+            counts: Mutex::default(),
+        })
+    }
+
+    /// A place for a connection of `uid`, or why there is none (the client's answer).
+    pub fn take(self: &Arc<Self>, uid: u32, admin: bool) -> Result<Slot, String> {
+        let l = self.limits;
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = c.by_uid.get(&uid).copied().unwrap_or(0);
+        if c.total >= l.total {
+            return Err(format!(
+                "busy: {} requests in progress, the most bftrainerd serves at once; try again",
+                c.total
+            ));
+        }
+        if !admin {
+            if mine >= l.per_uid {
+                return Err(format!(
+                    "too many connections: uid {uid} has {mine} requests in progress, the most one user may have at once; wait for them to end"
+                ));
+            }
+            if c.users >= l.total.saturating_sub(l.admin_reserved) {
+                return Err(format!(
+                    "busy: {} requests of users in progress (the rest are kept for root and SlurmUser); try again",
+                    c.users
+                ));
+            }
+            c.users += 1;
+        }
+        c.total += 1;
+        *c.by_uid.entry(uid).or_default() += 1;
+        Ok(Slot {
+            slots: self.clone(),
+            uid,
+            admin,
+        })
+    }
+}
+
 /// Serves until the listener fails for good.
 pub async fn serve(listener: UnixListener, shared: Shared) {
-    let slots = Arc::new(Semaphore::new(MAX_CLIENTS));
+    serve_with(listener, shared, Limits::default()).await
+}
+
+/// As [`serve`], with these limits.
+pub async fn serve_with(listener: UnixListener, shared: Shared, limits: Limits) {
+    let slots = Slots::new(limits);
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -147,24 +270,52 @@ pub async fn serve(listener: UnixListener, shared: Shared) {
                 continue;
             }
         };
-        match slots.clone().try_acquire_owned() {
-            Ok(permit) => {
+        // The kernel recorded the peer at connect(): who it is costs no read.
+        let uid = match stream.peer_cred() {
+            Ok(c) => c.uid(),
+            Err(e) => {
+                log::debug!("control socket: no peer credentials: {e}");
+                continue;
+            }
+        };
+        let admin = shared.admins.contains(&uid);
+        match slots.take(uid, admin) {
+            Ok(slot) => {
                 let shared = shared.clone();
                 tokio::spawn(async move {
-                    handle(stream, &shared).await;
-                    drop(permit);
+                    handle(stream, uid, &shared).await;
+                    drop(slot);
                 });
             }
-            Err(_) => {
+            Err(why) => {
+                log::debug!("control socket: uid {uid} refused: {why}");
+                // Bounded: a flood of refused connections costs at most MAX_REFUSALS
+                // tasks; past that they are closed unanswered.
+                let Ok(permit) = refusals.clone().try_acquire_owned() else {
+                    continue;
+                };
                 tokio::spawn(async move {
-                    let r = Response::err(format!(
-                        "busy: {MAX_CLIENTS} requests in progress; try again"
-                    ));
-                    write(stream, &r).await;
+                    refuse(stream, &Response::err(why)).await;
+                    drop(permit);
                 });
             }
         }
     }
+}
+
+/// Answers a connection that gets no slot: reads what the client sends first (briefly),
+/// so that closing does not reset the connection under the answer.
+async fn refuse(stream: UnixStream, r: &Response) {
+    let mut reader = BufReader::new(stream);
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(REFUSAL_READ, async {
+        (&mut reader)
+            .take(MAX_REQUEST as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .await
+    })
+    .await;
+    write(reader.into_inner(), r).await;
 }
 
 async fn write(mut stream: UnixStream, r: &Response) {
@@ -178,14 +329,7 @@ async fn write(mut stream: UnixStream, r: &Response) {
     .await;
 }
 
-async fn handle(stream: UnixStream, shared: &Shared) {
-    let uid = match stream.peer_cred() {
-        Ok(c) => c.uid(),
-        Err(e) => {
-            log::debug!("control socket: no peer credentials: {e}");
-            return;
-        }
-    };
+async fn handle(stream: UnixStream, uid: u32, shared: &Shared) {
     let mut reader = BufReader::new(stream);
     let mut buf = Vec::new();
     let read = tokio::time::timeout(IO_TIMEOUT, async {
@@ -224,7 +368,7 @@ pub async fn answer(line: &[u8], uid: u32, shared: &Shared) -> Response {
     let snap = shared.snapshot.borrow().clone();
     let who = (!admin).then_some(uid);
     match req.op {
-        Op::Status => Response::ok(json(&status_view(&snap))),
+        Op::Status => Response::ok(json(&status_view_for(&snap, who))),
         Op::Jobs {
             user,
             job_ids,
@@ -319,6 +463,71 @@ pub fn status_view(s: &Snapshot) -> Snapshot {
     s.clone_summary()
 }
 
+/// `status` as `who` may see it (None: all): the last error names no other user's job.
+pub fn status_view_for(s: &Snapshot, who: Option<u32>) -> Snapshot {
+    let mut v = s.clone_summary();
+    if let (Some(uid), Some(e)) = (who, v.last_error.as_mut()) {
+        e.message = redact(&e.message, &own_ids(s, uid));
+    }
+    v
+}
+
+/// The job ids `uid` owns: its elastic jobs and their satellites.
+fn own_ids(s: &Snapshot, uid: u32) -> HashSet<u32> {
+    s.jobs
+        .iter()
+        .filter(|j| j.uid == uid)
+        .flat_map(|j| std::iter::once(j.job_id).chain(j.satellites.iter().map(|s| s.job_id)))
+        .collect()
+}
+
+/// `text` with each job id not in `mine` replaced by `*`: a user learns that some job
+/// failed somewhere, not which (another user's). A job id is a number after the word
+/// job, jobs, jobid, job_id, satellite, satellites or parent (any case; `=`, `#` or
+/// spaces between), the way bftrainerd and Slurm write them.
+pub fn redact(text: &str, mine: &HashSet<u32>) -> String {
+    const WORDS: [&str; 7] = [
+        "job",
+        "jobs",
+        "jobid",
+        "job_id",
+        "satellite",
+        "satellites",
+        "parent",
+    ];
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(|c: char| c.is_ascii_digit()) {
+        let (before, from) = rest.split_at(i);
+        out.push_str(before);
+        let len = from
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(from.len());
+        let (digits, after) = from.split_at(len);
+        // The word before the number, past separators; a number inside a word (n12) is
+        // a node name, not an id.
+        let head = out.trim_end_matches([' ', '=', '#', ':']);
+        let word: String = head
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        let inside_word = out.ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
+        let is_id = !inside_word && WORDS.contains(&word.to_ascii_lowercase().as_str());
+        if is_id && !digits.parse().is_ok_and(|n: u32| mine.contains(&n)) {
+            out.push('*');
+        } else {
+            out.push_str(digits);
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `jobs`: the jobs `who` may see (None: all), filtered by user and ids.
 pub fn jobs_view(
     s: &Snapshot,
@@ -346,23 +555,23 @@ pub fn jobs_view(
         .collect()
 }
 
-/// `nodes`: every node; the holder is shown only for jobs `who` may see.
+/// `nodes`: every node; the holder is shown only for jobs `who` may see (another
+/// user's node is lent, without the id), and why a node is set aside names no other
+/// user's job.
 pub fn nodes_view(s: &Snapshot, who: Option<u32>) -> Vec<NodeView> {
     let Some(uid) = who else {
         return s.nodes.clone();
     };
-    let mine: std::collections::HashSet<u32> = s
-        .jobs
-        .iter()
-        .filter(|j| j.uid == uid)
-        .map(|j| j.job_id)
-        .collect();
+    let mine = own_ids(s, uid);
     s.nodes
         .iter()
         .map(|n| {
             let mut n = n.clone();
             if n.holder.is_some_and(|h| !mine.contains(&h)) {
                 n.holder = None;
+            }
+            if let Some(a) = n.set_aside.as_mut() {
+                a.reason = redact(&a.reason, &mine);
             }
             n
         })
@@ -387,22 +596,30 @@ pub fn call(socket: &Path, op: Op, timeout: Duration) -> Result<serde_json::Valu
     s.set_write_timeout(Some(timeout)).ok();
     let mut line = serde_json::to_vec(&Request { v: PROTOCOL, op }).map_err(|e| e.to_string())?;
     line.push(b'\n');
-    s.write_all(&line)
-        .map_err(|e| format!("sending the request to {}: {e}", socket.display()))?;
+    // A refused connection may be answered and closed before the request is through:
+    // its answer says why, so it is read whatever the write did.
+    let sent = s.write_all(&line);
     let mut out = Vec::new();
-    s.read_to_end(&mut out).map_err(|e| {
-        format!(
-            "no answer from bftrainerd within {} s on {}: {e}",
-            timeout.as_secs(),
-            socket.display()
-        )
-    })?;
-    let r: Response = serde_json::from_slice(&out).map_err(|e| {
-        format!(
-            "bftrainerd's answer is not understood ({e}); is {} a bftrainerd socket of this release?",
-            socket.display()
-        )
-    })?;
+    let read = s.read_to_end(&mut out);
+    let r: Response = match serde_json::from_slice(&out) {
+        Ok(r) => r,
+        Err(e) => {
+            return Err(if let Err(w) = sent {
+                format!("sending the request to {}: {w}", socket.display())
+            } else if let Err(r) = read {
+                format!(
+                    "no answer from bftrainerd within {} s on {}: {r}",
+                    timeout.as_secs(),
+                    socket.display()
+                )
+            } else {
+                format!(
+                    "bftrainerd's answer is not understood ({e}); is {} a bftrainerd socket of this release?",
+                    socket.display()
+                )
+            })
+        }
+    };
     if r.v != PROTOCOL {
         return Err(format!(
             "bftrainerd answers with protocol {} and this command speaks {PROTOCOL}: use the bftrainer command of the daemon's release",

@@ -142,6 +142,10 @@ impl Cluster for GenCluster {
             self.calls.full_loads += 1;
         }
         let d = std::mem::take(&mut self.dirty);
+        if d {
+            // What ClusterView does when the node table changes.
+            bftrainer_slurm::assign_partitions(&mut self.nodes, &self.partitions);
+        }
         Ok(Refresh {
             nodes: d,
             partitions: false,

@@ -129,6 +129,8 @@ struct Core {
     /// few seconds).
     asked_at: f64,
     ended: bool,
+    /// When the daemon saw it end (for `[daemon] job_retention`).
+    ended_at: f64,
     /// The runtime's last published rate (samples/s) and size, from the job's Comment.
     rate: Option<(f64, u32)>,
     /// The runtime's last measured seconds per training step, from the job's Comment
@@ -845,6 +847,22 @@ impl<C: Cluster> Daemon<C> {
                 // slurmctld just restarted, or the node misses pings: Slurm has not
                 // decided; neither have we (no event until it does).
                 (None, Why::NotResponding)
+            } else if st.is_drain()
+                && !st.is_unavailable()
+                && !st.is_reserved()
+                && our_nodes.contains(&n.name)
+                && core_nodes.contains(&n.name)
+            {
+                // Draining under a running core job: drain lets running jobs finish,
+                // and losing the node would requeue the whole job. It keeps the node,
+                // with a forecast of now so nothing more is lent there; the node is lost
+                // once the core leaves it (drained).
+                (
+                    Some(Class::Available {
+                        reclaim_at: Some(now),
+                    }),
+                    Why::Unavailable,
+                )
             } else if st.is_unavailable() || st.is_drain() || st.is_reserved() {
                 (Some(Class::Lost), Why::Unavailable)
             } else if foreign_busy.contains(&n.name) {
@@ -973,6 +991,21 @@ impl<C: Cluster> Daemon<C> {
             let job = cores_seen.get(&id).map(|&i| &jobs[i]);
             self.observe_core(id, job, now);
         }
+        // An ended core that Slurm shows active again: a new job under the same id.
+        let reborn: Vec<u32> = cores_seen
+            .iter()
+            .filter(|(id, &i)| {
+                jobs[i].state.is_active() && self.cores.get(id).is_some_and(|c| c.ended)
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in reborn {
+            log::info!(
+                "elastic job {id} is active again after its end (requeued, or a job id that wrapped): adopting it as a new job"
+            );
+            self.cores.remove(&id);
+            self.blame.forget(id);
+        }
         let mut new: Vec<usize> = cores_seen
             .iter()
             .filter(|(id, _)| !self.cores.contains_key(id))
@@ -983,19 +1016,39 @@ impl<C: Cluster> Daemon<C> {
             self.adopt_core(&jobs[i], now);
         }
         // Jobs the journal knows as queued or active that slurmctld no longer has
-        // (they ended while the daemon was down and aged out): finished.
-        for (jid, &id) in self.jobs.iter().enumerate() {
-            let jid = jid as JobId;
-            if self.cores.contains_key(&id)
-                || !matches!(
-                    self.engine.job_status(jid),
-                    JobStatus::Active | JobStatus::Queued
-                )
-            {
+        // (they ended while the daemon was down and aged out): finished. Only the
+        // engine's live jobs are looked at, not every job ever.
+        let live: Vec<JobId> = self
+            .engine
+            .active()
+            .iter()
+            .copied()
+            .chain(self.engine.queue())
+            .collect();
+        for jid in live {
+            let id = self.jobs[jid as usize];
+            if self.cores.get(&id).is_some_and(|c| c.jid == jid) {
                 continue;
             }
             log::warn!("elastic job {id} is gone from slurmctld; counted finished");
             self.pending.push(Event::JobFinished { job: jid });
+        }
+        // Ended jobs are forgotten after `job_retention` (their history stays in the
+        // journal and in accounting): the daemon's per-poll work and memory follow the
+        // live jobs, not every job ever run.
+        let retention = self.cfg.job_retention_s;
+        let old: Vec<u32> = self
+            .cores
+            .iter()
+            .filter(|(_, c)| c.ended && now - c.ended_at > retention)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in old {
+            if let Some(c) = self.cores.remove(&id) {
+                self.blame.forget(id);
+                self.engine.forget_job(c.jid);
+                self.book.forget(c.jid);
+            }
         }
 
         // Satellites. An ended one is news only if it is the newest of its parent on
@@ -1131,9 +1184,23 @@ impl<C: Cluster> Daemon<C> {
             Some(Ok(s)) => s,
             _ => return,
         };
-        // The journal may know it already (restart): find its engine id.
-        let jid = match self.jobs.iter().position(|&x| x == j.job_id) {
-            Some(k) => k as JobId,
+        // The journal may know it already (restart): find its engine id. One the engine
+        // has ended that Slurm shows active again (requeued after its end, or a job id
+        // that wrapped onto it) is a new job.
+        let known = self
+            .jobs
+            .iter()
+            .rposition(|&x| x == j.job_id)
+            .map(|k| k as JobId)
+            .filter(|&k| {
+                !(j.state.is_active()
+                    && matches!(
+                        self.engine.job_status(k),
+                        JobStatus::Finished | JobStatus::Cancelled
+                    ))
+            });
+        let jid = match known {
+            Some(k) => k,
             None => {
                 let jid = self.engine.n_jobs() as JobId;
                 let spec = self.job_spec(j, &s);
@@ -1186,6 +1253,7 @@ impl<C: Cluster> Daemon<C> {
                 rate: None,
                 step_s: 0.0,
                 ended: false,
+                ended_at: f64::INFINITY,
                 user: j.user_name.clone(),
             },
         );
@@ -1226,6 +1294,7 @@ impl<C: Cluster> Daemon<C> {
             self.emit(Event::JobFinished { job: jid });
             if let Some(c) = self.cores.get_mut(&id) {
                 c.ended = true;
+                c.ended_at = now;
             }
             return;
         };
@@ -1270,7 +1339,9 @@ impl<C: Cluster> Daemon<C> {
             };
             log::info!("elastic job {id} ended: {}", j.state.name());
             self.emit(ev);
-            self.cores.get_mut(&id).unwrap().ended = true;
+            let c = self.cores.get_mut(&id).unwrap();
+            c.ended = true;
+            c.ended_at = now;
             return;
         }
         let core = self.cores.get_mut(&id).unwrap();
