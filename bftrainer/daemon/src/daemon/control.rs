@@ -483,10 +483,11 @@ fn own_ids(s: &Snapshot, uid: u32) -> HashSet<u32> {
 
 /// `text` with each job id not in `mine` replaced by `*`: a user learns that some job
 /// failed somewhere, not which (another user's). A job id is a number after the word
-/// job, jobs, jobid, job_id, satellite, satellites or parent (any case; `=`, `#` or
-/// spaces between), the way bftrainerd and Slurm write them.
+/// job, jobs, jobid, job_id, satellite, satellites, parent or bftsat (any case; `=`,
+/// `#`, `-`, `:` or spaces between), the way bftrainerd and Slurm write them.
 pub fn redact(text: &str, mine: &HashSet<u32>) -> String {
-    const WORDS: [&str; 7] = [
+    const WORDS: [&str; 8] = [
+        "bftsat",
         "job",
         "jobs",
         "jobid",
@@ -506,7 +507,7 @@ pub fn redact(text: &str, mine: &HashSet<u32>) -> String {
         let (digits, after) = from.split_at(len);
         // The word before the number, past separators; a number inside a word (n12) is
         // a node name, not an id.
-        let head = out.trim_end_matches([' ', '=', '#', ':']);
+        let head = out.trim_end_matches([' ', '=', '#', ':', '-']);
         let word: String = head
             .chars()
             .rev()
@@ -772,5 +773,170 @@ mod tests {
         main.await.unwrap();
         let r = answer(b"{\"v\":1,\"op\":\"jobs\"}", 1002, &shared).await;
         assert_eq!(r.data.unwrap().as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn slots_keep_room_for_admins_and_cap_each_user() {
+        let slots = Slots::new(Limits {
+            total: 6,
+            admin_reserved: 2,
+            per_uid: 2,
+        });
+        let a: Vec<Slot> = (0..2).map(|_| slots.take(1001, false).unwrap()).collect();
+        let e = slots.take(1001, false).unwrap_err();
+        assert!(
+            e.contains("too many connections: uid 1001 has 2 requests in progress"),
+            "{e}"
+        );
+        let b: Vec<Slot> = (0..2).map(|_| slots.take(1002, false).unwrap()).collect();
+        // Users hold 4 of 6: the last 2 are root's and SlurmUser's.
+        let e = slots.take(1003, false).unwrap_err();
+        assert!(e.contains("kept for root and SlurmUser"), "{e}");
+        let r1 = slots.take(0, true).unwrap();
+        let r2 = slots.take(64030, true).unwrap();
+        let e = slots.take(0, true).unwrap_err();
+        assert!(e.contains("busy: 6 requests in progress"), "{e}");
+        // Slots come back when their connections end.
+        drop(a);
+        let c = slots.take(1003, false).unwrap();
+        drop((b, c, r1, r2));
+        let counts = slots.counts.lock().unwrap();
+        assert_eq!((counts.total, counts.users), (0, 0));
+        assert!(counts.by_uid.is_empty());
+    }
+
+    #[test]
+    fn redaction_hides_other_users_job_ids_only() {
+        let mine: HashSet<u32> = [7, 70].into_iter().collect();
+        for (text, want) in [
+            (
+                "grow job 9 onto n12: Slurm refused the satellite: QOS",
+                "grow job * onto n12: Slurm refused the satellite: QOS",
+            ),
+            (
+                "satellites of 2 users failed there, the last: satellite 345 of job 9 ended FAILED after 0 s",
+                "satellites of 2 users failed there, the last: satellite * of job * ended FAILED after 0 s",
+            ),
+            ("pin of job 7 to n[1-2] failed", "pin of job 7 to n[1-2] failed"),
+            ("satellite 70 of Job 7", "satellite 70 of Job 7"),
+            ("JobId=123 bftsat-9 bftsat-7", "JobId=* bftsat-* bftsat-7"),
+            ("slurmctld does not answer (timeout 10 s)", "slurmctld does not answer (timeout 10 s)"),
+        ] {
+            assert_eq!(redact(text, &mine), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn users_see_no_other_users_job_ids_in_status_or_nodes() {
+        let mut s = snap();
+        s.last_error = Some(crate::daemon::view::LastError {
+            time: 1.0,
+            message: "grow job 9 onto n2: Slurm refused the satellite".into(),
+        });
+        s.nodes[2].set_aside = Some(crate::daemon::SetAside {
+            failures: 1,
+            until: 10.0,
+            reason: "satellites of 2 users failed there, the last: satellite 11 of job 9 ended"
+                .into(),
+        });
+        let alice = serde_json::to_string(&status_view_for(&s, Some(1001))).unwrap();
+        assert!(alice.contains("grow job * onto n2"), "{alice}");
+        let bob = serde_json::to_string(&status_view_for(&s, Some(1002))).unwrap();
+        assert!(bob.contains("grow job 9 onto n2"), "{bob}");
+        let root = serde_json::to_string(&status_view_for(&s, None)).unwrap();
+        assert!(root.contains("grow job 9 onto n2"), "{root}");
+        let nodes = nodes_view(&s, Some(1001));
+        assert_eq!(nodes[1].state, "lent", "lent, without the holder");
+        assert_eq!(nodes[1].holder, None);
+        let reason = &nodes[2].set_aside.as_ref().unwrap().reason;
+        assert!(reason.ends_with("satellite * of job * ended"), "{reason}");
+        assert!(nodes_view(&s, None)[2]
+            .set_aside
+            .as_ref()
+            .unwrap()
+            .reason
+            .contains("job 9"));
+    }
+
+    /// Over the socket: a user past its cap hears why (through `call`, as
+    /// `bftrainer` does), while an admin is still served; slots come back.
+    #[tokio::test]
+    async fn a_user_over_the_cap_is_told_and_an_admin_still_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let me = unsafe { libc::geteuid() };
+        let (_tx, rx) = watch::channel(Arc::new(snap()));
+        let (atx, _arx) = mpsc::channel(1);
+        let limits = Limits {
+            total: 4,
+            admin_reserved: 1,
+            per_uid: 2,
+        };
+        // As a plain user: this process's uid is no admin.
+        let user = Shared {
+            snapshot: rx.clone(),
+            admin: atx.clone(),
+            admins: vec![me + 1],
+        };
+        tokio::spawn(serve_with(bind(&path).unwrap(), user, limits));
+        let idle: Vec<UnixStream> = {
+            let mut v = Vec::new();
+            for _ in 0..2 {
+                v.push(UnixStream::connect(&path).await.unwrap());
+            }
+            v
+        };
+        let p = path.clone();
+        let e = tokio::task::spawn_blocking(move || {
+            // The idle ones are accepted in order: wait until both hold their slots.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                match call(&p, Op::Status, Duration::from_secs(5)) {
+                    Err(e) if e.contains("too many connections") => return e,
+                    r if std::time::Instant::now() > deadline => panic!("{r:?}"),
+                    _ => std::thread::yield_now(),
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert!(
+            e.contains(&format!("uid {me} has 2 requests in progress")),
+            "{e}"
+        );
+        drop(idle);
+        let p = path.clone();
+        let ok = tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                match call(&p, Op::Status, Duration::from_secs(5)) {
+                    Ok(v) => return v,
+                    r if std::time::Instant::now() > deadline => panic!("{r:?}"),
+                    _ => std::thread::yield_now(),
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert!(ok.get("counts").is_some(), "{ok}");
+
+        // As an admin: served past the per-uid cap, up to the total.
+        let apath = dir.path().join("a.sock");
+        let admin = Shared {
+            snapshot: rx,
+            admin: atx,
+            admins: vec![me],
+        };
+        tokio::spawn(serve_with(bind(&apath).unwrap(), admin, limits));
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(UnixStream::connect(&apath).await.unwrap());
+        }
+        let p = apath.clone();
+        let v = tokio::task::spawn_blocking(move || call(&p, Op::Status, Duration::from_secs(5)))
+            .await
+            .unwrap();
+        assert!(v.is_ok(), "{v:?}");
+        drop(held);
     }
 }

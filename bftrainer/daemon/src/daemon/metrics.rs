@@ -690,7 +690,6 @@ mod tests {
         ] {
             assert!(names.contains(&want), "no rule {want}: {names:?}");
         }
-        let mut used = 0;
         for r in &rules {
             assert!(!r.expr.is_empty(), "{} has no expr", r.alert);
             let n = r.for_.trim_end_matches(['s', 'm', 'h']);
