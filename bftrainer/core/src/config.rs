@@ -5,6 +5,23 @@
 
 use std::ops::RangeInclusive;
 
+/// Keys of `[policy]`, read by the job_submit plugin (all of them) and bftrainerd (the
+/// partitions and `profile_dir`), in the order docs/admin.md explains them. Both refuse
+/// any other key, so a typo (`satelite_partition`) is an error, not a silent default.
+pub const POLICY_KEYS: [&str; 11] = [
+    "partition",
+    "satellite_partition",
+    "allowed_partitions",
+    "max_nodes",
+    "allowed_users",
+    "allowed_accounts",
+    "daemon_user",
+    "profile_dir",
+    "exclusive",
+    "hold",
+    "plain_jobs",
+];
+
 /// Top-level tables of bftrainer.toml. Any other is most likely a typo: an error.
 pub const TABLES: [&str; 5] = ["policy", "daemon", "engine", "metrics", "runtime"];
 

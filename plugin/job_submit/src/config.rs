@@ -13,20 +13,8 @@ use std::path::{Path, PathBuf};
 use bftrainer_core::config::{parse_doc, partition_name_ok, Table};
 pub use bftrainer_core::config::{ConfigError, TABLES};
 
-/// Keys of `[policy]`, in the order docs/admin.md explains them.
-pub const POLICY_KEYS: [&str; 11] = [
-    "partition",
-    "satellite_partition",
-    "allowed_partitions",
-    "max_nodes",
-    "allowed_users",
-    "allowed_accounts",
-    "daemon_user",
-    "profile_dir",
-    "exclusive",
-    "hold",
-    "plain_jobs",
-];
+/// Keys of `[policy]` (shared with bftrainerd, which checks them too).
+pub use bftrainer_core::config::POLICY_KEYS;
 
 /// Where the config comes from when nothing else is said.
 pub const DEFAULT_PATH: &str = "/etc/slurm/bftrainer.toml";

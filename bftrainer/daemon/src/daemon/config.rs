@@ -165,6 +165,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
     let r = Table::new(&doc, "runtime", &file);
     r.check_keys(&RUNTIME_KEYS)?;
     let p = Table::new(&doc, "policy", &file);
+    p.check_keys(&bftrainer_core::config::POLICY_KEYS)?;
     let m = Table::new(&doc, "metrics", &file);
     m.check_keys(&METRICS_KEYS)?;
     let metrics_listen = match m.opt_string("listen")? {
@@ -382,6 +383,10 @@ mod tests {
             ("[metrics]\nlisten = \"9464\"", "[metrics] listen: '9464' is not an address and port; expected e.g. \"127.0.0.1:9464\""),
             ("[metrics]\nport = 1", "[metrics] port: unknown key; allowed keys: listen"),
             ("[policy]\nsatellite_partition = \"a b\"", "[policy] satellite_partition: 'a b' is not a partition name"),
+            // A typo must not fall back to the default (satellites in the core partition).
+            ("[policy]\nsatelite_partition = \"elastic-sat\"", "[policy] satelite_partition: unknown key; allowed keys: partition, satellite_partition"),
+            ("[daemon]\nnode_backoff = 86400", "[daemon] node_backoff: 86400 is out of range; expected seconds from 1 to 3600"),
+            ("[daemon]\nnode_blame_users = 0", "[daemon] node_blame_users: 0 is out of range; expected a whole number from 1 to 1000"),
         ];
         for (text, want) in cases {
             let e = p(text).unwrap_err();
