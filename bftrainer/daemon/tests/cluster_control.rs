@@ -492,3 +492,201 @@ fn cluster_control_answers_while_slurmctld_hangs() {
         l.log_text()
     );
 }
+
+/// `bftrainer ARGS` as `user`.
+fn as_named_user(l: &Live, user: &str, args: &[&str]) -> Output {
+    use std::os::unix::process::CommandExt;
+    let (uid, gid) = bftrainer_testcluster::user_ids(user).unwrap();
+    let mut c = bftrainer(l, args);
+    c.uid(uid)
+        .gid(gid)
+        .env("USER", user)
+        .env("LOGNAME", user)
+        .current_dir("/tmp");
+    run(c)
+}
+
+/// A process of bftuser (`sleep`) holding `n` connections to `path` open and silent,
+/// as a slow or hostile client does: they are made between fork and exec, as bftuser,
+/// so the daemon's SO_PEERCRED sees bftuser on each.
+fn hold_connections(l: &Live, path: &std::path::Path, n: usize) -> std::process::Child {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::process::CommandExt;
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    assert!(bytes.len() < addr.sun_path.len(), "{}", path.display());
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let mut c = l.c.command_as_test_user("sleep").unwrap();
+    c.arg("600")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // Only async-signal-safe calls (socket, connect) run in the forked child; std
+    // applies the uid before the closure. The sockets lack CLOEXEC: sleep keeps them.
+    unsafe {
+        c.pre_exec(move || {
+            for _ in 0..n {
+                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                if fd < 0
+                    || libc::connect(
+                        fd,
+                        &addr as *const libc::sockaddr_un as *const libc::sockaddr,
+                        std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+                    ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    c.spawn().expect("a process of bftuser holding connections")
+}
+
+/// Kills the connection holder when the test ends, whatever happens.
+struct Holder(Option<std::process::Child>);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn cluster_control_one_user_cannot_lock_out_root_or_others() {
+    // bftuser holds connections up to and past its per-uid cap, saying nothing (as a
+    // slow client, or one that wants `pause` locked out): bftuser's next request is
+    // answered with why it is refused, while root's `bftrainer pause` and bftuser2's
+    // `bftrainer status` are served. And bftuser's `nodes` and `status` name none of
+    // bftuser2's jobs: the node lent to bftuser2 shows as lent, without its holder.
+    let mut l = Live::start("", "", "");
+    wait_socket(&l);
+    let other_user = bftrainer_testcluster::OTHER_USER;
+    let other = l.submit_elastic_as(other_user, "1:2");
+    let job = l.submit_elastic("1:2");
+    let held = |v: &serde_json::Value, id: u32| {
+        v.as_array()?
+            .iter()
+            .find(|j| j["job_id"] == id)
+            .filter(|j| j["state"] == "running")?["size"]
+            .as_u64()
+    };
+    l.wait(90, "both users' jobs to run and hold nodes", || {
+        let v = json(&l, &["jobs"]);
+        (held(&v, other)? >= 1 && held(&v, job)? >= 1).then_some(())
+    });
+
+    // What bftuser sees of the nodes: its own holder, nobody else's.
+    let all = json(&l, &["nodes"]);
+    let others_nodes: Vec<String> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["holder"] == other)
+        .map(|n| n["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(!others_nodes.is_empty(), "{all:#}");
+    let o = as_user(&l, &["nodes", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let nodes: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for n in nodes.as_array().unwrap() {
+        assert!(n["holder"].is_null() || n["holder"] == job, "{n}");
+        if others_nodes.contains(&n["name"].as_str().unwrap().to_string()) {
+            assert_eq!(n["state"], "lent", "{n}");
+            assert!(n["holder"].is_null(), "{n}");
+        }
+    }
+    let text = String::from_utf8_lossy(&o.stdout).into_owned()
+        + &String::from_utf8_lossy(&as_user(&l, &["status", "--json"]).stdout);
+    for needle in [format!("job {other}"), format!("\"holder\":{other}")] {
+        assert!(
+            !text.contains(&needle),
+            "{needle:?} in bftuser's view: {text}"
+        );
+    }
+    let o = as_user(&l, &["nodes"]);
+    let table = String::from_utf8_lossy(&o.stdout);
+    eprintln!("$ bftrainer nodes   # as bftuser\n{table}");
+    assert!(
+        !table.split_whitespace().any(|w| w == other.to_string()),
+        "{table}"
+    );
+
+    // The cap. Each attempt starts a fresh holder: the daemon drops silent clients
+    // after its 5-s read timeout, so everything is checked within one holder's life,
+    // and bftuser's refusal checked again last proves the holder still held then.
+    let cap = 16; // control::PER_UID
+    let path = socket(&l);
+    let mut holder = Holder(None);
+    let refused = |what: &str| {
+        let o = as_user(&l, &["status", "--timeout", "5"]);
+        let e = String::from_utf8_lossy(&o.stderr).into_owned();
+        if o.status.success() {
+            eprintln!("{what}: bftuser served (the holder's connections expired?)");
+            return None;
+        }
+        assert!(
+            e.contains("too many connections") && e.contains("requests in progress"),
+            "{e}"
+        );
+        Some(e)
+    };
+    let (msg, took) = l.wait(
+        60,
+        "bftuser refused over its cap while root is served",
+        || {
+            if holder.0.is_some() {
+                // The last attempt's holder goes first, and its slots come back.
+                drop(std::mem::replace(&mut holder, Holder(None)));
+                l.wait(30, "bftuser served again", || {
+                    as_user(&l, &["status"]).status.success().then_some(())
+                });
+            }
+            holder = Holder(Some(hold_connections(&l, &path, cap + 4)));
+            let msg = refused("first")?;
+            let t = Instant::now();
+            let o = run(bftrainer(&l, &["pause", "--timeout", "5"]));
+            let took = t.elapsed();
+            assert!(
+                o.status.success(),
+                "root's pause while bftuser holds its cap: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let o = as_named_user(&l, other_user, &["status", "--json", "--timeout", "5"]);
+            assert!(
+                o.status.success(),
+                "bftuser2's status while bftuser holds its cap: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            refused("last")?;
+            Some((msg, took))
+        },
+    );
+    eprintln!(
+        "bftuser over its cap: {}\nroot's pause answered in {:.3} s meanwhile",
+        msg.trim(),
+        took.as_secs_f64()
+    );
+    let (uid, _) = bftrainer_testcluster::user_ids(bftrainer_testcluster::TEST_USER).unwrap();
+    assert!(
+        msg.contains(&format!("uid {uid} has {cap} requests in progress")),
+        "{msg}"
+    );
+    assert_eq!(json(&l, &["status"])["lending"], "paused");
+    // The holder gone, its slots come back.
+    drop(holder);
+    l.wait(30, "bftuser served again", || {
+        as_user(&l, &["status"]).status.success().then_some(())
+    });
+    ok(&l, &["resume"]);
+    assert!(
+        l.daemon.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "the daemon is up"
+    );
+}
