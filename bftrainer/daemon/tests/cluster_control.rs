@@ -690,3 +690,125 @@ fn cluster_control_one_user_cannot_lock_out_root_or_others() {
         "the daemon is up"
     );
 }
+
+/// `cmd` (bftrainerd) inside as much of conf/bftrainerd.service's sandbox as a test can
+/// build without systemd: a private mount namespace where everything but the state
+/// directory is read-only (ProtectSystem=strict, ReadWritePaths), no new privileges,
+/// and the unit's capability bounding set. Without mount namespaces (a container
+/// without CAP_SYS_ADMIN) only the last two; says so.
+fn sandboxed(cmd: &Command, state: &std::path::Path) -> Command {
+    let can_unshare = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../conf/bftrainerd.service"
+    ))
+    .unwrap();
+    let caps: Vec<String> = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .last()
+        .expect("the unit sets CapabilityBoundingSet")
+        .split_whitespace()
+        .map(|c| c.trim_start_matches("CAP_").to_ascii_lowercase())
+        .collect();
+    let bounding = std::iter::once("-all".to_string())
+        .chain(caps.iter().map(|c| format!("+{c}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let setpriv =
+        format!("exec setpriv --no-new-privs --inh-caps=-all --bounding-set={bounding} -- \"$@\"");
+    let mut c = if can_unshare {
+        let mut c = Command::new("unshare");
+        let script =
+            format!("mount --bind \"$0\" \"$0\" && mount -o remount,bind,ro / && {setpriv}");
+        c.args(["-m", "--propagation", "private", "sh", "-c", &script])
+            .arg(state);
+        c
+    } else {
+        eprintln!("no mount namespaces here: the daemon runs without a read-only root");
+        let mut c = Command::new("sh");
+        c.args(["-c", &setpriv, "sh"]);
+        c
+    };
+    c.arg(cmd.get_program()).args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c
+}
+
+#[test]
+fn cluster_control_daemon_works_inside_the_units_sandbox() {
+    // conf/bftrainerd.service confines the daemon (read-only file system but its state
+    // directory, no new privileges, CapabilityBoundingSet): under the same confinement
+    // it still talks to slurmctld and munge, admits and grows a job, journals, serves
+    // its socket and survives a restart.
+    let mut l = Live::start_without_daemon("", "", "");
+    let state = l.dir.join("state");
+    let spawn = |l: &mut Live| {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&l.log)
+            .unwrap();
+        let err = out.try_clone().unwrap();
+        let child = sandboxed(&l.daemon_cmd(), &state)
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("start bftrainerd sandboxed");
+        l.daemon = Some(child);
+    };
+    spawn(&mut l);
+    wait_socket(&l);
+    let pid = l.daemon.as_ref().unwrap().id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|x| x.strip_prefix(k))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+    // CAP_DAC_READ_SEARCH (bit 2) and nothing else.
+    assert_eq!(field("CapBnd:"), "0000000000000004", "{status}");
+    assert!(l.log_text().is_empty() || !l.log_text().contains("Read-only file system"));
+
+    let job = l.submit_elastic("1:4");
+    l.grown_to_all(job);
+    let msg = ok(&l, &["pause"]);
+    assert!(msg.contains("lending paused"), "{msg}");
+    let journal = std::fs::metadata(state.join("journal.jsonl"))
+        .unwrap()
+        .len();
+    assert!(journal > 0);
+    // A restart inside the sandbox adopts the job and keeps the journaled mode.
+    let mut d = l.daemon.take().unwrap();
+    unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
+    assert!(d.wait().unwrap().success(), "{}", l.log_text());
+    spawn(&mut l);
+    wait_socket(&l);
+    let st = l.wait(30, "status after the restart", || {
+        let v = json(&l, &["status"]);
+        (v["poll"]["samples"].as_u64()? > 0).then_some(v)
+    });
+    assert_eq!(st["lending"], "paused", "{st}");
+    ok(&l, &["resume"]);
+    let jobs = json(&l, &["jobs"]);
+    assert_eq!(jobs[0]["job_id"], job, "{jobs}");
+    assert_eq!(l.elastic_size(job), 4);
+    let log = l.log_text();
+    assert!(
+        !log.contains("Read-only file system") && !log.contains("Operation not permitted"),
+        "{log}"
+    );
+}
