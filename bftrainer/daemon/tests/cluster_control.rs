@@ -709,8 +709,8 @@ fn sandboxed(cmd: &Command, state: &std::path::Path) -> Command {
     .unwrap();
     let caps: Vec<String> = unit
         .lines()
-        .filter_map(|l| l.strip_prefix("CapabilityBoundingSet="))
-        .last()
+        .rev()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
         .expect("the unit sets CapabilityBoundingSet")
         .split_whitespace()
         .map(|c| c.trim_start_matches("CAP_").to_ascii_lowercase())
