@@ -542,6 +542,7 @@ fn cluster_satellite_owner_may_only_hold_release_or_cancel() {
     let mut failures = Vec::new();
     for (update, field) in refused {
         let (ok, stderr) = scontrol_as_user(&c, &["update", &jobid, update]);
+        eprintln!("scontrol update {update} as bftuser: {}", stderr.trim());
         let want = format!("sets {field} on a satellite of job {parent}; {rule}");
         if ok {
             failures.push(format!("{update}: accepted"));
@@ -649,4 +650,17 @@ fn cluster_unresolvable_user_keeps_slurmctld_up_and_refuses_elastic_jobs() {
     ])
     .expect("root's satellite accepted");
     assert_controller_up(&c);
+
+    // Mended and reconfigured: elastic jobs are accepted again.
+    let conf = c.dir().join("etc/bftrainer.toml");
+    std::fs::write(&conf, format!("{POLICY}allowed_users = [\"bftuser\"]\n")).unwrap();
+    c.run("scontrol", &["reconfigure"])
+        .expect("scontrol reconfigure");
+    wait_for_log(&c, "the mended policy loaded", |log| {
+        log.lines()
+            .any(|l| l.contains("job_submit/bftrainer: ") && l.contains(" users=bftuser accounts="))
+    });
+    assert_controller_up(&c);
+    let (code, _, stderr) = sbatch_as_user(&c, &[os("--elastic=1:2"), os("--wrap=true")]);
+    assert_eq!(code, 0, "elastic job refused after the fix: {stderr}");
 }
