@@ -660,3 +660,39 @@ fn admissions_and_anchors_always_count_min_nodes() {
         }
     }
 }
+
+#[test]
+fn a_snapshot_restores_the_state_and_refuses_an_inconsistent_one() {
+    let j = history();
+    let st = j.e.state();
+    let snap = Event::Snapshot {
+        state: Box::new(st.clone()),
+        nodes: Vec::new(),
+        jobs: Vec::new(),
+    };
+    let text = serde_json::to_string(&snap).unwrap();
+    let snap: Event = serde_json::from_str(&text).unwrap();
+    // In either mode: a replay under another policy starts from it too.
+    for mode in [Mode::Live, Mode::Restore] {
+        let mut e = Engine::new(EngineConfig::default(), Exact::default());
+        e.set_mode(mode);
+        e.on_event(&snap, st.t.unwrap()).unwrap();
+        assert_eq!(e.state(), st);
+        e.set_mode(Mode::Live);
+        // It goes on from there.
+        e.on_event(&Event::JobFinished { job: 0 }, 8.0).unwrap();
+        e.on_event(&Event::Tick, 8.0).unwrap();
+        assert_eq!(e.job_status(0), JobStatus::Finished);
+    }
+    let mut bad = st.clone();
+    let held = bad
+        .nodes
+        .iter()
+        .position(|n| matches!(n.state, NodeState::Held(_)))
+        .unwrap();
+    bad.nodes[held].state = NodeState::Idle;
+    let mut e = Engine::new(EngineConfig::default(), Exact::default());
+    let err = e.load_state(&bad).unwrap_err();
+    assert!(err.contains("which is not held by it"), "{err}");
+    assert_eq!(e.n_nodes(), 0, "nothing loaded");
+}

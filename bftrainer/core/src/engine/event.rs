@@ -1,7 +1,7 @@
 //! The engine's event and action vocabulary: one versioned serde enum that bftrainerd
 //! journals and the simulator replays, so a real cluster's history can be re-run.
 
-use super::{JobId, NodeId};
+use super::{EngineState, JobId, NodeId};
 use crate::alloc::Curve;
 use serde::{Deserialize, Serialize};
 
@@ -134,6 +134,19 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         activated: Vec<JobId>,
         actions: Vec<Action>,
+    },
+    /// The engine's whole state at this time, replacing whatever came before: the
+    /// first record of a compacted journal (bftrainerd rewrites its journal as this
+    /// snapshot once it outgrows its bound, and appends from there). `nodes` and
+    /// `jobs` are the names every node and job was declared with (`NodeAdded`,
+    /// `JobSubmitted`), in id order, for the driver's own maps. Added to format 1
+    /// without a version bump.
+    Snapshot {
+        state: Box<EngineState>,
+        #[serde(default)]
+        nodes: Vec<String>,
+        #[serde(default)]
+        jobs: Vec<String>,
     },
 }
 

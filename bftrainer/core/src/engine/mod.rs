@@ -454,6 +454,138 @@ impl<A: Allocator> Engine<A> {
         }
     }
 
+    /// Replaces the whole state with `st` (an `Event::Snapshot`), after checking that
+    /// it holds together; on an error nothing is changed.
+    pub fn load_state(&mut self, st: &EngineState) -> std::result::Result<(), String> {
+        let n_nodes = st.nodes.len();
+        let live = |j: JobId| match (j as usize)
+            .checked_sub(st.jobs_base)
+            .and_then(|k| st.jobs.get(k))
+        {
+            Some(JobSnap::Live { status, nodes, .. }) => Some((*status, nodes)),
+            _ => None,
+        };
+        let mut pos = vec![NONE; n_nodes];
+        for (i, &n) in st.pool.iter().enumerate() {
+            match pos.get_mut(n as usize) {
+                Some(p) if *p == NONE => *p = i as u32,
+                _ => return Err(format!("pool node {n} unknown or listed twice")),
+            }
+        }
+        for (n, ns) in st.nodes.iter().enumerate() {
+            let open = matches!(ns.state, NodeState::Idle | NodeState::Held(_));
+            if open != (pos[n] != NONE) {
+                return Err(format!(
+                    "node {n} is {:?} but {}in the pool",
+                    ns.state,
+                    if open { "not " } else { "" }
+                ));
+            }
+            if let NodeState::Held(j) = ns.state {
+                if !live(j).is_some_and(|(_, nodes)| nodes.contains(&(n as NodeId))) {
+                    return Err(format!("node {n} held by job {j}, which does not hold it"));
+                }
+            }
+        }
+        for (k, js) in st.jobs.iter().enumerate() {
+            if let JobSnap::Live { nodes, anchors, .. } = js {
+                let j = (st.jobs_base + k) as NodeId;
+                for &n in nodes {
+                    if st.nodes.get(n as usize).map(|x| x.state) != Some(NodeState::Held(j)) {
+                        return Err(format!("job {j} holds node {n}, which is not held by it"));
+                    }
+                }
+                if !anchors.iter().all(|a| nodes.contains(a)) {
+                    return Err(format!("job {j} has anchors it does not hold"));
+                }
+            }
+        }
+        for (list, want) in [
+            (&st.queue, JobStatus::Queued),
+            (&st.active, JobStatus::Active),
+        ] {
+            for &j in list.iter() {
+                if live(j).map(|x| x.0) != Some(want) {
+                    return Err(format!("job {j} listed as {want:?} but it is not"));
+                }
+            }
+        }
+        let statuses = st.jobs.iter().filter_map(|js| match js {
+            JobSnap::Live { status, .. } => Some(*status),
+            _ => None,
+        });
+        let (q, a) = statuses.fold((0, 0), |(q, a), s| match s {
+            JobStatus::Queued => (q + 1, a),
+            JobStatus::Active => (q, a + 1),
+            _ => (q, a),
+        });
+        if q != st.queue.len() || a != st.active.len() {
+            return Err("queued or active jobs missing from their lists".into());
+        }
+        self.nodes = st
+            .nodes
+            .iter()
+            .zip(pos)
+            .map(|(ns, pos)| NodeSlot {
+                state: ns.state,
+                reclaim_at: ns.reclaim_at,
+                pos,
+                idle_since: ns.idle_since,
+                vpos: NONE,
+            })
+            .collect();
+        self.forecasts = st.nodes.iter().filter(|n| n.reclaim_at.is_some()).count();
+        self.pool = st.pool.clone();
+        self.jobs = Jobs {
+            slots: st
+                .jobs
+                .iter()
+                .map(|js| match js {
+                    JobSnap::Live {
+                        spec,
+                        status,
+                        nodes,
+                        anchors,
+                        measured_rate,
+                        remaining,
+                        last_rescale,
+                        paused_until,
+                    } => Entry::Live(Box::new(JobSlot {
+                        spec: spec.clone(),
+                        status: *status,
+                        nodes: nodes.clone(),
+                        measured_rate: *measured_rate,
+                        remaining: *remaining,
+                        anchors: anchors.clone(),
+                        last_rescale: *last_rescale,
+                        in_decision: false,
+                        paused_until: *paused_until,
+                        budget: spec.max_nodes,
+                    })),
+                    JobSnap::Forgotten { status } => Entry::Forgotten(*status),
+                })
+                .collect(),
+            base: st.jobs_base,
+            cancelled: st.cancelled.iter().copied().collect(),
+        };
+        self.queue = st
+            .queue
+            .iter()
+            .map(|&j| (Reverse(self.jobs[j as usize].spec.priority), j))
+            .collect();
+        self.active = st.active.clone();
+        self.lending = st.lending;
+        self.last_t = st.t;
+        self.view.clear();
+        self.deciding.clear();
+        self.inst.jobs.clear();
+        self.active_changed = true;
+        self.dirty = true;
+        self.wake_at = None;
+        self.activated.clear();
+        Ok(())
+    }
+
     /// Warnings of the restore (`Decided` actions that did not fit), emptied by the call.
     pub fn take_warnings(&mut self) -> Vec<String> {
         std::mem::take(&mut self.warnings)
@@ -786,6 +918,10 @@ impl<A: Allocator> Engine<A> {
                 if self.mode == Mode::Restore {
                     return Ok(self.restore_decision(activated, actions, now));
                 }
+            }
+            Event::Snapshot { state, .. } => {
+                self.load_state(state)
+                    .map_err(|m| Self::err(now, format!("snapshot: {m}")))?;
             }
             Event::JobPriority { job, priority } => {
                 let st = self.job(*job, now)?.status;

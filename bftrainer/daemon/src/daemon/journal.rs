@@ -1,6 +1,8 @@
 //! The daemon's append-only journal of engine events (v1 `Record` lines, what
 //! `bftrainer replay --journal` reads) and its one-daemon-per-cluster lock, both in
-//! `[daemon] state_dir`.
+//! `[daemon] state_dir`. Once the journal holds `COMPACT_AFTER` records the daemon
+//! rewrites it, atomically, as one snapshot record (`Event::Snapshot`) and appends
+//! from there: its size stays bounded, and so does the start-up.
 
 use anyhow::Context;
 use bftrainer_core::engine::Record;
@@ -12,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 pub const JOURNAL_FILE: &str = "journal.jsonl";
 pub const LOCK_FILE: &str = "bftrainerd.lock";
+/// Records in the journal (since its last snapshot) at which the daemon compacts it.
+pub const COMPACT_AFTER: u64 = 200_000;
 
 /// Appends records; `flush` writes and fsyncs them before the daemon acts on them.
 #[derive(Debug)]
@@ -20,6 +24,8 @@ pub struct Journal {
     file: File,
     buf: Vec<u8>,
     pub written: u64,
+    /// Records in the file (read at open, pushed since), the snapshot included.
+    pub records: u64,
 }
 
 impl Journal {
@@ -78,6 +84,7 @@ impl Journal {
                 file,
                 buf: Vec::new(),
                 written: 0,
+                records: records.len() as u64,
             },
             records,
         ))
@@ -92,6 +99,53 @@ impl Journal {
         serde_json::to_writer(&mut self.buf, rec).expect("journal record serialises");
         self.buf.push(b'\n');
         self.written += 1;
+        self.records += 1;
+    }
+
+    /// Whether the journal has outgrown its bound (`COMPACT_AFTER` records).
+    pub fn compact_due(&self) -> bool {
+        self.records >= COMPACT_AFTER
+    }
+
+    /// Replaces the whole journal with `records` (a snapshot), atomically: written to
+    /// a temporary file beside it, synced, renamed over it, the directory synced; a
+    /// crash leaves the old journal or the new one, never a mix. Appends go to the new
+    /// file from then on. Records pushed but not flushed are dropped (the snapshot
+    /// holds their effect).
+    pub fn rewrite(&mut self, records: &[Record]) -> anyhow::Result<()> {
+        let tmp = self.path.with_extension("jsonl.tmp");
+        let write = || -> std::io::Result<File> {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            let mut w = std::io::BufWriter::new(&mut f);
+            for r in records {
+                serde_json::to_writer(&mut w, r).map_err(std::io::Error::other)?;
+                w.write_all(b"\n")?;
+            }
+            w.flush()?;
+            drop(w);
+            f.sync_all()?;
+            std::fs::rename(&tmp, &self.path)?;
+            if let Some(dir) = self.path.parent() {
+                File::open(dir)?.sync_all()?;
+            }
+            OpenOptions::new().append(true).open(&self.path)
+        };
+        let file = write().with_context(|| {
+            format!(
+                "cannot rewrite the journal {} (via {})",
+                self.path.display(),
+                tmp.display()
+            )
+        })?;
+        self.file = file;
+        self.buf.clear();
+        self.records = records.len() as u64;
+        Ok(())
     }
 
     /// Writes what was pushed and syncs it to disk.
@@ -176,6 +230,33 @@ mod tests {
         std::fs::write(&p, "{\"v\":1,\"t\":6,\"event\":{\"type\":\"nap\"}}\n").unwrap();
         let e = Journal::open(dir.path()).unwrap_err().to_string();
         assert!(e.contains("journal.jsonl:1: not a journal record"), "{e}");
+    }
+
+    #[test]
+    fn a_rewrite_replaces_the_journal_and_appends_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open(dir.path()).unwrap();
+        let rec = |t: f64| Record {
+            v: EVENT_FORMAT_VERSION,
+            t,
+            event: Event::Tick,
+        };
+        for t in 0..5 {
+            j.push(&rec(f64::from(t)));
+        }
+        j.flush().unwrap();
+        assert_eq!(j.records, 5);
+        assert!(!j.compact_due());
+        j.push(&rec(5.0));
+        j.rewrite(&[rec(9.0)]).unwrap();
+        assert_eq!(j.records, 1);
+        j.push(&rec(10.0));
+        j.flush().unwrap();
+        drop(j);
+        let (j, recs) = Journal::open(dir.path()).unwrap();
+        assert_eq!(recs, vec![rec(9.0), rec(10.0)]);
+        assert_eq!(j.records, 2);
+        assert!(!dir.path().join("journal.jsonl.tmp").exists());
     }
 
     #[test]
