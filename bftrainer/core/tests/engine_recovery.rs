@@ -696,3 +696,18 @@ fn a_snapshot_restores_the_state_and_refuses_an_inconsistent_one() {
     assert!(err.contains("which is not held by it"), "{err}");
     assert_eq!(e.n_nodes(), 0, "nothing loaded");
 }
+
+#[test]
+fn forgetting_a_job_is_an_event_a_restore_repeats() {
+    let mut j = history();
+    assert!(j.e.on_event(&Event::JobForgotten { job: 0 }, 8.0).is_err());
+    j.ev(Event::JobForgotten { job: 1 }, 8.0);
+    j.ev(Event::JobForgotten { job: 1 }, 8.0);
+    assert_eq!(j.e.job_status(1), JobStatus::Finished);
+    let e = restore(EngineConfig::default(), Never, &j.journal);
+    assert_eq!(e.state(), j.e.state());
+    assert!(matches!(
+        e.state().jobs[1],
+        bftrainer_core::engine::JobSnap::Forgotten { .. }
+    ));
+}

@@ -135,6 +135,10 @@ pub enum Event {
         activated: Vec<JobId>,
         actions: Vec<Action>,
     },
+    /// A finished or cancelled job is forgotten (`Engine::forget_job`): journaled, so a
+    /// restart forgets it too. A job still queued or active, or unknown, is refused;
+    /// one forgotten already is a no-op. Added to format 1 without a version bump.
+    JobForgotten { job: JobId },
     /// The engine's whole state at this time, replacing whatever came before: the
     /// first record of a compacted journal (bftrainerd rewrites its journal as this
     /// snapshot once it outgrows its bound, and appends from there). `nodes` and

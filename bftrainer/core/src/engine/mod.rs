@@ -919,6 +919,19 @@ impl<A: Allocator> Engine<A> {
                     return Ok(self.restore_decision(activated, actions, now));
                 }
             }
+            Event::JobForgotten { job } => {
+                if *job as usize >= self.jobs.len() {
+                    return Err(Self::err(now, format!("unknown job {job}")));
+                }
+                let st = self.jobs.status(*job as usize);
+                if matches!(st, JobStatus::Queued | JobStatus::Active) {
+                    return Err(Self::err(
+                        now,
+                        format!("job {job} cannot be forgotten: it is {st:?}"),
+                    ));
+                }
+                self.jobs.forget(*job as usize);
+            }
             Event::Snapshot { state, .. } => {
                 self.load_state(state)
                     .map_err(|m| Self::err(now, format!("snapshot: {m}")))?;
