@@ -125,6 +125,42 @@ impl Config {
     }
 }
 
+/// Checks the config's partitions against slurmctld's (at start): they exist, and the
+/// satellites' partition is a PriorityTier below the core jobs' (else a regular job's
+/// preemption may take a core's node before a satellite's, requeueing the whole job).
+pub fn check_partitions(cfg: &Config, parts: &[bftrainer_slurm::Partition]) -> Result<(), String> {
+    let find = |name: &str| parts.iter().find(|p| p.name == name);
+    let known = || {
+        let mut v: Vec<&str> = parts.iter().map(|p| p.name.as_str()).collect();
+        v.sort_unstable();
+        v.join(", ")
+    };
+    let missing = |key: &str, name: &str| {
+        format!(
+            "{}: [policy] {key}: slurmctld has no partition '{name}'; it has: {}. Define it in slurm.conf (conf/slurm.conf.fragment) or fix the key",
+            cfg.path.display(),
+            known()
+        )
+    };
+    let core = find(&cfg.partition).ok_or_else(|| missing("partition", &cfg.partition))?;
+    let sat = find(&cfg.satellite_partition)
+        .ok_or_else(|| missing("satellite_partition", &cfg.satellite_partition))?;
+    for a in &cfg.allowed_partitions {
+        find(a).ok_or_else(|| missing("allowed_partitions", a))?;
+    }
+    if sat.name != core.name && sat.priority_tier >= core.priority_tier {
+        return Err(format!(
+            "{}: [policy] satellite_partition '{}' has PriorityTier={} but the core jobs' partition '{}' has {}: the satellites' partition must be a lower tier, so that regular jobs preempt satellites before cores (conf/slurm.conf.fragment)",
+            cfg.path.display(),
+            sat.name,
+            sat.priority_tier,
+            core.name,
+            core.priority_tier
+        ));
+    }
+    Ok(())
+}
+
 /// Reads and checks the file at `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| {
@@ -407,6 +443,45 @@ mod tests {
             e.contains("[daemon] state_dir: '") && e.contains("missing': No such file"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn partitions_must_exist_with_satellites_a_tier_below() {
+        let part = |name: &str, tier: u16| bftrainer_slurm::Partition {
+            name: name.into(),
+            nodes: None,
+            node_names: Vec::new(),
+            priority_tier: tier,
+            priority_job_factor: 1,
+            preempt_mode: 0,
+            grace_time_s: 0,
+            max_time: None,
+            default_time: None,
+            total_cpus: 0,
+            total_nodes: 0,
+            up: true,
+            is_default: false,
+        };
+        let c = p("[policy]\nsatellite_partition = \"elastic-sat\"\n").unwrap();
+        let good = [
+            part("batch", 10),
+            part("elastic", 2),
+            part("elastic-sat", 1),
+        ];
+        check_partitions(&c, &good).unwrap();
+        let e = check_partitions(&c, &good[..2]).unwrap_err();
+        assert!(
+            e.contains("[policy] satellite_partition: slurmctld has no partition 'elastic-sat'; it has: batch, elastic"),
+            "{e}"
+        );
+        let e = check_partitions(&c, &[part("elastic", 2), part("elastic-sat", 2)]).unwrap_err();
+        assert!(
+            e.contains("has PriorityTier=2 but the core jobs' partition 'elastic' has 2"),
+            "{e}"
+        );
+        // One partition for both: no tier to compare.
+        let one = p("[policy]\npartition = \"elastic\"\n").unwrap();
+        check_partitions(&one, &[part("elastic", 1)]).unwrap();
     }
 
     #[test]

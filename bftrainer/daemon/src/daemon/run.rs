@@ -53,6 +53,15 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     let lock = Lock::acquire(&cfg.state_dir)?;
     let slurm = bftrainer_slurm::Slurm::init().context("libslurm")?;
     check_controller_release(&slurm)?;
+    // The partitions must exist, satellites a tier below cores; a controller that does
+    // not answer now is only a warning (the poll loop reports it as it goes).
+    match slurm.load_partitions(None) {
+        Ok(bftrainer_slurm::Loaded::Changed(p)) => {
+            config::check_partitions(&cfg, &p.partitions).map_err(|m| anyhow::anyhow!(m))?
+        }
+        Ok(_) => {}
+        Err(e) => log::warn!("cannot check the partitions now ({e}); slurmctld will be polled"),
+    }
     // Root and SlurmUser may use the admin verbs.
     let mut admins = vec![0u32];
     match slurm.slurm_user_id() {
