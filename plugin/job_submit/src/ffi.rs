@@ -594,30 +594,31 @@ unsafe fn modify_inner(
     let (current, record) = unsafe {
         match record.as_ref() {
             Some(r) if r.magic == JOB_MAGIC => (common::bytes(r.admin_comment), Some(r)),
-            Some(r) if pol.privileged(uid) => {
-                LOG.error(&format!(
-                    "job_modify: job record magic {:#x} is not {JOB_MAGIC:#x}; letting privileged \
-                     uid {uid} update the job unchecked",
-                    r.magic
-                ));
-                return SLURM_SUCCESS;
-            }
             Some(r) => {
-                // Without the layout there is no tag to go by: this may be a satellite.
+                let verdict = policy::modify_unreadable(&pol, uid);
+                let what = match &verdict {
+                    Ok(()) => format!("letting privileged uid {uid} update the job unchecked"),
+                    // Without the layout there is no tag to go by: this may be a satellite.
+                    Err(_) => format!("refused an update by uid {uid}: its tag cannot be read"),
+                };
                 LOG.error(&format!(
                     "job_modify: job record magic {:#x} is not {JOB_MAGIC:#x} (a Slurm build \
-                     this plugin does not know?); refused an update by uid {uid}: its tag \
-                     cannot be read",
+                     this plugin does not know?); {what}",
                     r.magic
                 ));
-                // err_msg is NULL (22.05) or Slurm's out-parameter (inside the unsafe
-                // block above).
-                tell_user(
-                    err_msg,
-                    "job_submit/bftrainer: refused: this update cannot be checked (the job \
-                     record is not in the layout this plugin was built for); ask an admin",
-                );
-                return slurm_sys::ESLURM_ACCESS_DENIED as c_int;
+                return match verdict {
+                    Ok(()) => SLURM_SUCCESS,
+                    Err(ModifyDenied::Access(why)) => {
+                        // err_msg is NULL (22.05) or Slurm's out-parameter (inside the
+                        // unsafe block above).
+                        tell_user(
+                            err_msg,
+                            &format!("job_submit/bftrainer: refused: this update {why}"),
+                        );
+                        slurm_sys::ESLURM_ACCESS_DENIED as c_int
+                    }
+                    Err(ModifyDenied::Partition) => slurm_sys::ESLURM_ACCESS_DENIED as c_int,
+                };
             }
             None => (None, None),
         }

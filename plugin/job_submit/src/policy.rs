@@ -390,6 +390,20 @@ pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<(), ModifyDenied> {
     Ok(())
 }
 
+/// An update of a job whose record slurmctld passed in a layout this build does not know
+/// (its magic cookie differs), so its tag cannot be read: it may be a satellite or a
+/// held core job, so only privileged uids may go on.
+pub fn modify_unreadable(pol: &Policy, uid: u32) -> Result<(), ModifyDenied> {
+    if pol.privileged(uid) {
+        return Ok(());
+    }
+    Err(ModifyDenied::Access(
+        "cannot be checked: the job record is not in the layout this plugin was built for \
+         (ask an admin)"
+            .into(),
+    ))
+}
+
 /// A satellite's owner may hold it (priority 0, with the alloc_sid `scontrol hold` /
 /// `uhold` send) and release it (priority INFINITE); every other field is refused, by
 /// name: bftrainerd recognises its satellites by name, partition, owner and tag, and
@@ -969,6 +983,17 @@ mod tests {
                 (_, got) => panic!("{what}: expected {want:?}, got {got:?}"),
             }
         }
+    }
+
+    #[test]
+    fn unreadable_job_records_are_for_privileged_uids_only() {
+        let p = pol("");
+        assert_eq!(modify_unreadable(&p, 0), Ok(()));
+        assert_eq!(modify_unreadable(&p, 990), Ok(()));
+        let Err(ModifyDenied::Access(why)) = modify_unreadable(&p, 1000) else {
+            panic!("an unprivileged update of an unreadable job went through");
+        };
+        assert!(why.starts_with("cannot be checked"), "{why}");
     }
 
     /// Satellites are bftrainerd's: their owner may hold (`scontrol hold`, `uhold`) and

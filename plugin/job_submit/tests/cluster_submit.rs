@@ -556,7 +556,7 @@ fn cluster_satellite_owner_may_only_hold_release_or_cancel() {
             failures.push(format!("{update}: the user is not told why: {stderr}"));
         }
         wait_for_log(&c, &format!("{update} refused in the log"), |log| {
-            log.contains(&format!("refused an update by uid")) && log.contains(&want)
+            log.contains("refused an update by uid") && log.contains(&want)
         });
     }
     // `reqnodelist=` (clearing the list) is a change too.
