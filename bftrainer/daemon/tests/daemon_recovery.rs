@@ -300,3 +300,41 @@ fn a_replay_of_the_daemons_journal_ignores_its_decisions_and_decides_again() {
     .unwrap();
     assert!(r.decisions > 0);
 }
+
+#[test]
+fn a_compacted_journal_restores_the_same_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let (slurm, before, now) = first_run(dir.path());
+    let mut d = start(dir.path(), "max_jobs = 3", copy_cluster(&slurm));
+    let books: Vec<u32> = d.snapshot(now).jobs.iter().map(|j| j.size).collect();
+    d.compact_journal().unwrap();
+    drop(d);
+    let text = std::fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap();
+    assert_eq!(text.lines().count(), 1, "one snapshot record");
+    assert!(text.contains("\"type\":\"snapshot\""));
+    // Under another config too; then the daemon runs on and appends after it.
+    let mut d = start(dir.path(), "max_jobs = 1\nt_fwd = 5", copy_cluster(&slurm));
+    assert_eq!(state(&d), before);
+    assert_eq!(
+        d.snapshot(now)
+            .jobs
+            .iter()
+            .map(|j| j.size)
+            .collect::<Vec<_>>(),
+        books
+    );
+    let mut t = now;
+    run(&mut d, &mut t, 3);
+    let calls = &d.cluster.calls;
+    assert_eq!((calls.requeues, calls.cancels, calls.submits), (0, 0, 0));
+    d.cluster.jobs[0].state = bftrainer_slurm::JobState::from_base(JobBase::Complete);
+    d.cluster.dirty = true;
+    run(&mut d, &mut t, 2);
+    assert_eq!(d.engine().job_status(0), JobStatus::Finished);
+    let after = state(&d);
+    drop(d);
+    let text = std::fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap();
+    assert!(text.lines().count() > 1);
+    let d = start(dir.path(), "max_jobs = 3", copy_cluster(&slurm));
+    assert_eq!(state(&d), after);
+}

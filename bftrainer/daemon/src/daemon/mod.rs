@@ -590,6 +590,9 @@ impl<C: Cluster> Daemon<C> {
         if let Some(j) = self.journal.as_mut() {
             j.flush()?;
         }
+        if self.journal.as_ref().is_some_and(|j| j.compact_due()) {
+            self.compact_journal()?;
+        }
         for a in &actions {
             let what = match a {
                 bftrainer_core::engine::Action::Admit { .. } => "admit",
@@ -2388,6 +2391,10 @@ impl<C: Cluster> Daemon<C> {
         match self.feed(&r.event, r.t) {
             Ok(_) => {
                 self.last_t = self.last_t.max(r.t);
+                if let Event::Snapshot { state, nodes, jobs } = &r.event {
+                    self.learn_snapshot(state, nodes, jobs, r.t);
+                    return;
+                }
                 if let Err(e) = self.learn(&r.event) {
                     log::warn!("journal record {line}: {e}");
                     if matches!(r.event, Event::JobSubmitted { .. }) {
@@ -2401,6 +2408,94 @@ impl<C: Cluster> Daemon<C> {
                 log::warn!("journal record {line} skipped: {e}");
             }
         }
+    }
+
+    // recovery
+    /// Rebuilds the daemon's maps from a snapshot the engine loaded: node names and
+    /// classes, the Slurm id of every engine job, and the book of `bftrainer jobs`,
+    /// which starts again at the snapshot (the sizes before it are in the history of
+    /// the journal it replaced, and in accounting).
+    fn learn_snapshot(
+        &mut self,
+        state: &bftrainer_core::engine::EngineState,
+        nodes: &[String],
+        jobs: &[String],
+        t: f64,
+    ) {
+        self.nodes.clear();
+        self.node_ids.clear();
+        for (i, name) in nodes.iter().enumerate() {
+            let ev = Event::NodeAdded {
+                node: i as NodeId,
+                name: name.clone(),
+            };
+            self.learn(&ev).ok();
+            let Some(ns) = state.nodes.get(i) else {
+                continue;
+            };
+            let rec = &mut self.nodes[i];
+            match ns.state {
+                NodeState::Idle | NodeState::Held(_) => {
+                    rec.sent_forecast = ns.reclaim_at;
+                    rec.class = Class::Available {
+                        reclaim_at: ns.reclaim_at,
+                    };
+                    rec.why = Why::Open;
+                }
+                NodeState::Lost => {
+                    rec.class = Class::Lost;
+                    rec.why = Why::Unavailable;
+                }
+                NodeState::Busy => {}
+            }
+        }
+        self.jobs = jobs.iter().map(|j| j.parse().unwrap_or(0)).collect();
+        self.book = book::Book::default();
+        let placeholder = ElasticSpec {
+            name: String::new(),
+            min_nodes: 1,
+            max_nodes: 1,
+            scale_up_s: 0.0,
+            scale_down_s: 0.0,
+            objective: Curve::default(),
+            user: None,
+            priority: 0,
+        };
+        for j in 0..self.engine.n_jobs() {
+            let ev = Event::JobSubmitted {
+                job: j as JobId,
+                spec: placeholder.clone(),
+            };
+            self.book.event(&self.engine, &ev, None, &[], t);
+        }
+        self.book.event(&self.engine, &Event::Tick, None, &[], t);
+    }
+
+    // recovery
+    /// Rewrites the journal as one snapshot of the engine's state, with the names the
+    /// daemon maps nodes and jobs by (`Event::Snapshot`), atomically: the journal stays
+    /// bounded and a start-up reads one record instead of the whole history. Called
+    /// when the journal outgrows `journal::COMPACT_AFTER` records.
+    pub fn compact_journal(&mut self) -> anyhow::Result<()> {
+        let Some(j) = self.journal.as_mut() else {
+            return Ok(());
+        };
+        j.flush()?;
+        let state = self.engine.state();
+        let t = state.t.unwrap_or(self.last_t);
+        let ev = Event::Snapshot {
+            state: Box::new(state),
+            nodes: self.nodes.iter().map(|n| n.name.clone()).collect(),
+            jobs: self.jobs.iter().map(u32::to_string).collect(),
+        };
+        let before = j.records;
+        let t0 = std::time::Instant::now();
+        j.rewrite(&[record(t, ev)])?;
+        log::info!(
+            "journal compacted: {before} records rewritten as one snapshot in {:.3} s",
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(())
     }
 }
 
