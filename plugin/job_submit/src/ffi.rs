@@ -23,6 +23,7 @@ use slurm_sys::job_desc_msg_t;
 use crate::config::{self, Policy};
 use crate::policy::{self, Code, Modification, ModifyDenied, Submission, Verdict};
 use crate::stats::STATS;
+use crate::watch::Watch;
 
 #[no_mangle]
 pub static plugin_name: [u8; 36] = *b"BFTrainer elastic job submit plugin\0";
@@ -163,132 +164,9 @@ fn state_dir() -> Option<PathBuf> {
         .map(|b| PathBuf::from(String::from_utf8_lossy(b).into_owned()))
 }
 
-fn describe(p: &Policy) -> String {
-    format!(
-        "loaded {}: partition={} allowed_partitions=[{}] max_nodes={} daemon_user={} ({}) users={} accounts={} profiles={} exclusive={} hold={}",
-        p.path.display(),
-        p.partition,
-        p.allowed_partitions.join(","),
-        p.max_nodes.map(|n| n.to_string()).unwrap_or_else(|| "none".into()),
-        p.daemon_user,
-        p.daemon_uid.map(|u| u.to_string()).unwrap_or_else(|| "unresolved".into()),
-        if p.allowed_users.is_empty() { "all".into() } else { p.allowed_users.join(",") },
-        if p.allowed_accounts.is_empty() { "all".into() } else { p.allowed_accounts.join(",") },
-        p.profiles.len(),
-        p.exclusive,
-        p.hold
-    )
-}
-
-/// How often the watcher looks at slurmctld's config stamp, and how often it asks NSS
-/// again for names that did not resolve.
+/// How often the watcher looks at slurmctld's config stamp (and whether a retry of
+/// names is due).
 const TICK: Duration = Duration::from_secs(1);
-const RETRY: Duration = Duration::from_secs(5);
-
-/// What init() learnt from slurmctld (read in slurmctld's own thread, while it is
-/// consistent) and the watcher keeps for the plugin's life.
-struct Watch {
-    path: PathBuf,
-    state_dir: Option<PathBuf>,
-    slurm_uid: Option<u32>,
-    /// Config stamp the current policy was read at.
-    stamp: i64,
-    /// Text the current policy was parsed from, parsed again to retry names.
-    text: String,
-    current: Policy,
-    next_retry: Instant,
-}
-
-/// Reads the file (or the last good copy).
-fn load(
-    path: &std::path::Path,
-    state_dir: Option<&std::path::Path>,
-) -> Result<config::Loaded, config::ConfigError> {
-    let loaded = config::load_or_last_good(path, state_dir, &config::uid_of)?;
-    if let Some(w) = &loaded.warning {
-        LOG.error(&format!("{w}"));
-    }
-    Ok(loaded)
-}
-
-impl Watch {
-    fn load(&self) -> Result<config::Loaded, config::ConfigError> {
-        load(&self.path, self.state_dir.as_deref())
-    }
-
-    fn adopt(&mut self, loaded: config::Loaded) {
-        self.text = loaded.text;
-        self.current = loaded.policy.clone();
-        self.next_retry = Instant::now() + RETRY;
-        publish(loaded.policy, self.slurm_uid);
-    }
-
-    /// One look: a reconfigure re-reads the file (22.05 keeps the plugin loaded; from
-    /// 23.11 a reconfigure runs init() in a new slurmctld instead); names that did not
-    /// resolve are asked for again every RETRY.
-    fn tick(&mut self) {
-        let stamp = conf_stamp();
-        if stamp != self.stamp {
-            self.stamp = stamp;
-            self.reload();
-        } else if !self.current.unresolved.is_empty() && Instant::now() >= self.next_retry {
-            self.retry();
-        }
-    }
-
-    /// Re-reads the policy after `scontrol reconfigure`. A broken file keeps the previous
-    /// policy (slurmctld is already running; refusing every job would be worse).
-    fn reload(&mut self) {
-        match self.load() {
-            Ok(config::Loaded {
-                fell_back: Some(why),
-                ..
-            }) => {
-                LOG.error(&format!("reconfigure: keeping the previous policy: {why}"));
-            }
-            // slurmctld also bumps the stamp once right after start-up, so an unchanged
-            // policy is only worth a verbose line.
-            Ok(loaded) if loaded.policy == self.current => {
-                LOG.verbose("reconfigure: policy unchanged");
-                self.adopt(loaded);
-            }
-            Ok(loaded) => {
-                LOG.info(&format!("reconfigure: {}", describe(&loaded.policy)));
-                if let Some(why) = loaded.policy.unavailable() {
-                    LOG.error(&format!(
-                        "reconfigure: elastic jobs are refused until this is mended: {why}"
-                    ));
-                }
-                self.adopt(loaded);
-            }
-            Err(e) => {
-                LOG.error(&format!("reconfigure: keeping the previous policy: {e}"));
-            }
-        }
-    }
-
-    /// Parses the same text again with fresh NSS answers; logs only what changed.
-    fn retry(&mut self) {
-        self.next_retry = Instant::now() + RETRY;
-        let Ok(p) = config::parse(&self.text, &self.path, &config::uid_of) else {
-            // It parsed before; only the profile directory can have gone since.
-            return;
-        };
-        if p.unresolved == self.current.unresolved {
-            return;
-        }
-        match p.unavailable() {
-            None => LOG.info(&format!(
-                "every user name in {} resolves now; elastic jobs are accepted again ({})",
-                p.path.display(),
-                describe(&p)
-            )),
-            Some(why) => LOG.error(&format!("elastic jobs are still refused: {why}")),
-        }
-        self.current = p.clone();
-        publish(p, self.slurm_uid);
-    }
-}
 
 /// The watcher thread and its stop flag; started by init(), stopped and joined by fini()
 /// (Slurm unloads the .so after fini, so no thread may outlive it).
@@ -299,7 +177,7 @@ struct Watcher {
 
 static WATCHER: Mutex<Option<Watcher>> = Mutex::new(None);
 
-fn start_watcher(mut w: Watch) -> std::io::Result<()> {
+fn start_watcher(mut w: Watch, slurm_uid: Option<u32>) -> std::io::Result<()> {
     stop_watcher();
     let stop = Arc::new((Mutex::new(false), Condvar::new()));
     let flag = Arc::clone(&stop);
@@ -318,7 +196,9 @@ fn start_watcher(mut w: Watch) -> std::io::Result<()> {
             }
             // A panic here is logged and the watcher carries on at the next tick.
             guard(LOG, "config watcher", SLURM_ERROR, || {
-                w.tick();
+                if let Some(p) = w.tick(conf_stamp(), Instant::now()) {
+                    publish(p, slurm_uid);
+                }
                 SLURM_SUCCESS
             });
         })?;
@@ -351,42 +231,24 @@ pub extern "C" fn init() -> c_int {
 }
 
 fn init_inner() -> c_int {
-    let (path, state_dir) = (config_path(), state_dir());
-    let stamp = conf_stamp();
     // slurmctld serves no RPC yet, so reading the file and asking NSS here blocks no
     // job; a name NSS cannot resolve is no error (Policy::unavailable).
-    let loaded = match load(&path, state_dir.as_deref()) {
-        Ok(l) => l,
+    let w = match Watch::start(
+        config_path(),
+        state_dir(),
+        config::uid_of,
+        conf_stamp(),
+        Instant::now(),
+    ) {
+        Ok(w) => w,
         Err(e) => {
             LOG.error(&format!("init failed: {e}"));
             return SLURM_ERROR;
         }
     };
-    if let Some(why) = &loaded.fell_back {
-        // From 23.11, `scontrol reconfigure` runs init() in a new slurmctld, and a
-        // failed init() there is fatal: keep running on the last good policy.
-        LOG.error(&format!(
-            "init: {why}; using the last policy that loaded on this controller (kept \
-             in StateSaveLocation) until the file is fixed and `scontrol reconfigure` is run"
-        ));
-    }
-    LOG.info(&describe(&loaded.policy));
-    if let Some(why) = loaded.policy.unavailable() {
-        LOG.error(&format!(
-            "init: elastic jobs are refused (plain jobs run as usual) until this is mended: {why}"
-        ));
-    }
-    let mut w = Watch {
-        path,
-        state_dir,
-        slurm_uid: slurm_conf().map(|c| c.slurm_user_id),
-        stamp,
-        text: String::new(),
-        current: loaded.policy.clone(),
-        next_retry: Instant::now(),
-    };
-    w.adopt(loaded);
-    if let Err(e) = start_watcher(w) {
+    let slurm_uid = slurm_conf().map(|c| c.slurm_user_id);
+    publish(w.policy().clone(), slurm_uid);
+    if let Err(e) = start_watcher(w, slurm_uid) {
         // Without it the policy stays as loaded: no reload on reconfigure (22.05) and no
         // retry of names. Jobs still go through the policy; say so, do not fail.
         LOG.error(&format!(
