@@ -5,6 +5,7 @@
 pub mod acct;
 pub mod alloc;
 pub mod config;
+pub mod constraint;
 pub mod easy;
 pub mod engine;
 pub mod error;

@@ -906,3 +906,61 @@ fn cluster_daemon_keeps_a_core_on_a_draining_node_and_drops_a_node_removed_from_
     assert_ne!(l.state_of(sat), "RUNNING");
     assert_eq!(node_why(&l, &gone), "unavailable");
 }
+
+#[test]
+fn cluster_daemon_does_not_admit_a_job_whose_constraint_no_idle_node_meets() {
+    // Nodes n1 and n2 carry feature rack1 (the harness's slurm.conf). A regular job
+    // holds both; an elastic job asking --constraint=rack1 must not be admitted onto
+    // n3/n4 (it would only time out there, again and again): it waits, and says why.
+    let l = Live::start("", "", "");
+    let blocker =
+        l.c.sbatch(&[
+            "-p",
+            "batch",
+            "-w",
+            "n1,n2",
+            "--exclusive",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 600",
+        ])
+        .unwrap();
+    l.wait(30, "the regular job on n1,n2", || {
+        (l.state_of(blocker) == "RUNNING").then_some(())
+    });
+    let job = l.submit_elastic_with("1:2", &["--constraint=rack1"]);
+    let why = format!(
+        "elastic job {job} is not admitted: it asks --constraint=rack1 and 0 of the idle nodes"
+    );
+    l.wait(30, "the job reported unservable", || {
+        l.log_text().contains(&why).then_some(())
+    });
+    cycles_later(&l, 3);
+    assert!(
+        !l.log_text().contains(&format!("admit job {job} ")),
+        "admitted onto nodes without rack1:\n{}",
+        l.log_text()
+    );
+    assert_eq!(l.state_of(job), "PENDING");
+    let out =
+        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
+            .args(["jobs", "--config"])
+            .arg(&l.conf)
+            .output()
+            .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "Job {job}: not admitted: it asks --constraint=rack1"
+        )),
+        "{text}"
+    );
+    // rack1's nodes free up: the job may be admitted again.
+    l.c.run("scancel", &[&blocker.to_string()]).unwrap();
+    l.wait(30, "the job servable again", || {
+        l.log_text()
+            .contains(&format!("elastic job {job}: lent nodes can serve it now"))
+            .then_some(())
+    });
+}

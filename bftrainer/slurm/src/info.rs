@@ -201,6 +201,12 @@ pub struct Job {
     pub preempt_time: Option<i64>,
     pub work_dir: Option<String>,
     pub std_out: Option<String>,
+    /// The job's `--constraint` (required node features), as Slurm shows it.
+    #[serde(default)]
+    pub constraint: Option<String>,
+    /// Memory it asks per node in MB (`--mem`); `None` when unset or per CPU.
+    #[serde(default)]
+    pub mem_per_node_mb: Option<u64>,
 }
 
 impl Job {
@@ -597,6 +603,12 @@ fn convert_job(j: &slurm_sys::slurm_job_info_t, names: &mut NameCache) -> Job {
             preempt_time: opt_time(j.preempt_time),
             work_dir: opt_string(j.work_dir),
             std_out: opt_string(j.std_out),
+            constraint: opt_string(j.features).filter(|f| !f.is_empty()),
+            // The per-CPU flag is the top bit (MEM_PER_CPU in slurm.h).
+            mem_per_node_mb: (j.pn_min_memory != 0
+                && j.pn_min_memory & (1u64 << 63) == 0
+                && j.pn_min_memory != u64::from(slurm_sys::NO_VAL))
+            .then_some(j.pn_min_memory),
         }
     }
 }

@@ -295,6 +295,9 @@ pub fn jobs_text(jobs: &[JobView], history: bool) -> String {
         &rows,
     );
     for j in jobs {
+        if let Some(why) = &j.unservable {
+            let _ = writeln!(o, "Job {}: not admitted: {why}", j.job_id);
+        }
         if let (Some(until), Some(why)) = (j.paused_until, &j.pause_reason) {
             let _ = writeln!(
                 o,

@@ -668,6 +668,7 @@ mod tests {
             history_dropped: 0,
             paused_until: None,
             pause_reason: None,
+            unservable: None,
         }
     }
 

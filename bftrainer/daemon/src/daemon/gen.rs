@@ -91,6 +91,8 @@ pub fn job(id: u32, partition: &str, base: JobBase) -> Job {
         preempt_time: None,
         work_dir: Some("/tmp".into()),
         std_out: None,
+        constraint: None,
+        mem_per_node_mb: None,
     }
 }
 

@@ -28,6 +28,7 @@ pub mod run;
 pub mod view;
 
 use bftrainer_core::alloc::Curve;
+use bftrainer_core::constraint::Constraint;
 use bftrainer_core::engine::{
     ElasticSpec, Engine, Event, Exact, JobId, JobStatus, Lending, Mode, NodeId, NodeState, Record,
     EVENT_FORMAT_VERSION,
@@ -209,6 +210,8 @@ pub struct Daemon<C: Cluster> {
     set_aside: HashMap<NodeId, SetAside>,
     /// Failed growths charged to jobs, and users' failures per node (`blame`).
     blame: blame::Blame,
+    /// Waiting jobs no lent node can serve, and why (`unservable_why`).
+    unservable: HashMap<u32, String>,
     /// When slurmctld last answered again after an outage: a satellite that waited
     /// through one is not charged to anyone.
     outage_ended: f64,
@@ -244,6 +247,8 @@ pub struct Daemon<C: Cluster> {
 
 /// The longest pause of a job's growth and the longest set-aside of a node.
 pub const MAX_BACKOFF_S: f64 = 3600.0;
+/// The pause of a job no lent node can serve, lifted as soon as one can (a year).
+const UNSERVABLE_PAUSE_S: f64 = 365.0 * 86_400.0;
 
 fn record(t: f64, event: Event) -> Record {
     Record {
@@ -303,6 +308,7 @@ impl<C: Cluster> Daemon<C> {
             sats: HashMap::new(),
             set_aside: HashMap::new(),
             blame: blame::Blame::default(),
+            unservable: HashMap::new(),
             outage_ended: f64::NEG_INFINITY,
             refused: HashSet::new(),
             last_t: f64::NEG_INFINITY,
@@ -1018,6 +1024,22 @@ impl<C: Cluster> Daemon<C> {
         for i in new {
             self.adopt_core(&jobs[i], now);
         }
+        // A job waiting for admission whose constraint or memory no node bftrainerd
+        // lends can meet is not admitted (it would only time out, again and again),
+        // and says why in `bftrainer jobs`.
+        let waiting: Vec<(u32, usize)> = cores_seen
+            .iter()
+            .filter(|(id, _)| {
+                self.cores
+                    .get(id)
+                    .is_some_and(|c| !c.ended && self.engine.job_nodes(c.jid).is_empty())
+            })
+            .map(|(&id, &i)| (id, i))
+            .collect();
+        for (id, i) in waiting {
+            let why = self.unservable_why(&jobs[i], &parts);
+            self.set_unservable(id, why, now);
+        }
         // Jobs the journal knows as queued or active that slurmctld no longer has
         // (they ended while the daemon was down and aged out): finished. Only the
         // engine's live jobs are looked at, not every job ever.
@@ -1049,6 +1071,7 @@ impl<C: Cluster> Daemon<C> {
         for id in old {
             if let Some(c) = self.cores.remove(&id) {
                 self.blame.forget(id);
+                self.unservable.remove(&id);
                 self.engine.forget_job(c.jid);
                 self.book.forget(c.jid);
             }
@@ -1089,6 +1112,81 @@ impl<C: Cluster> Daemon<C> {
             self.observe_satellite(j, parent, now);
         }
         self.sats.retain(|id, _| live.contains(id));
+    }
+
+    /// Why the idle nodes bftrainerd may lend cannot serve waiting job `j` (its
+    /// `--constraint` against their features, its `--mem` against their memory), if
+    /// fewer than its minimum can.
+    fn unservable_why(&self, j: &Job, parts: &[String]) -> Option<String> {
+        let constraint = match j.constraint.as_deref().map(Constraint::parse) {
+            Some(Ok(c)) => Some(c),
+            // Slurm accepted it; an expression we cannot read is left to Slurm.
+            Some(Err(_)) | None => None,
+        };
+        let mem = j.mem_per_node_mb;
+        if constraint.is_none() && mem.is_none() {
+            return None;
+        }
+        let min = match j.admin_comment.as_deref().and_then(spec::parse_tag) {
+            Some(Ok(s)) => s.min,
+            _ => 1,
+        };
+        // The nodes open to it now: idle, in the elastic partitions, lendable.
+        let open = self
+            .cluster
+            .nodes()
+            .iter()
+            .filter(|n| n.partitions.iter().any(|p| parts.contains(p)))
+            .filter(|n| {
+                self.node_ids.get(&n.name).is_some_and(|&id| {
+                    matches!(self.nodes[id as usize].class, Class::Available { .. })
+                        && self.engine.node_state(id) == NodeState::Idle
+                })
+            });
+        let fit = open
+            .filter(|n| constraint.as_ref().map_or(true, |c| c.matches(&n.features)))
+            .filter(|n| mem.map_or(true, |m| n.real_memory_mb >= m))
+            .count() as u32;
+        if fit >= min {
+            return None;
+        }
+        let mut asks = Vec::new();
+        if let Some(c) = &j.constraint {
+            asks.push(format!("--constraint={c}"));
+        }
+        if let Some(m) = mem {
+            asks.push(format!("--mem={m}M"));
+        }
+        Some(format!(
+            "it asks {} and {fit} of the idle nodes bftrainerd may lend meet that (it needs at least {min}); it waits for such nodes",
+            asks.join(" ")
+        ))
+    }
+
+    /// Keeps a waiting job out of admission while no lent node can serve it, and lets
+    /// it back when one can (a pause the engine journals; a blame pause stays).
+    fn set_unservable(&mut self, id: u32, why: Option<String>, now: f64) {
+        let Some(jid) = self.cores.get(&id).map(|c| c.jid) else {
+            return;
+        };
+        match why {
+            Some(why) => {
+                if self.unservable.insert(id, why.clone()).is_none() {
+                    log::warn!("elastic job {id} is not admitted: {why}");
+                    self.emit(Event::JobPaused {
+                        job: jid,
+                        until: Some(now + UNSERVABLE_PAUSE_S),
+                    });
+                }
+            }
+            None => {
+                if self.unservable.remove(&id).is_some() {
+                    log::info!("elastic job {id}: lent nodes can serve it now");
+                    let until = self.blame.paused(id, now).map(|p| p.until);
+                    self.emit(Event::JobPaused { job: jid, until });
+                }
+            }
+        }
     }
 
     fn refuse(&mut self, j: &Job, why: &str) {
@@ -2307,6 +2405,7 @@ impl<C: Cluster> Daemon<C> {
                     history_dropped: b.map_or(0, |b| b.history_dropped),
                     paused_until: self.blame.paused(id, now).map(|p| p.until),
                     pause_reason: self.blame.paused(id, now).map(|p| p.reason.clone()),
+                    unservable: self.unservable.get(&id).cloned(),
                 }
             })
             .collect();

@@ -130,6 +130,9 @@ pub struct JobView {
     pub paused_until: Option<f64>,
     #[serde(default)]
     pub pause_reason: Option<String>,
+    /// Not admitted: no node bftrainerd lends meets its constraint or memory (why).
+    #[serde(default)]
+    pub unservable: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
