@@ -437,6 +437,7 @@ mod tests {
             history_dropped: 0,
             paused_until,
             pause_reason: paused_until.map(|_| "Slurm refused its satellite".into()),
+            unservable: None,
         }
     }
 
