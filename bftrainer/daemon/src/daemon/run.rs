@@ -128,7 +128,10 @@ async fn main_loop(
             admins,
         },
     ));
-    let metrics = Arc::new(Metrics::new(snap_rx));
+    let metrics = Arc::new(Metrics::with_journal(
+        snap_rx,
+        Some(daemon.cfg.state_dir.join(super::journal::JOURNAL_FILE)),
+    ));
     if let Some(addr) = daemon.cfg.metrics_listen {
         let l = tokio::net::TcpListener::bind(addr)
             .await
