@@ -170,3 +170,75 @@ fn a_pause_can_be_lifted_and_a_loss_below_min_is_still_decided() {
         "{acts:?}"
     );
 }
+
+fn engine_with(max_jobs: usize, nodes: u32) -> Engine<Exact> {
+    let mut e = Engine::new(
+        EngineConfig {
+            max_jobs,
+            ..EngineConfig::default()
+        },
+        Exact::default(),
+    );
+    for n in 0..nodes {
+        e.on_event(
+            &Event::NodeAdded {
+                node: n,
+                name: format!("n{n}"),
+            },
+            0.0,
+        )
+        .unwrap();
+        idle(&mut e, n, 0.0);
+    }
+    e
+}
+
+fn submit(e: &mut Engine<Exact>, job: u32, user: u32, t: f64) {
+    e.on_event(
+        &Event::JobSubmitted {
+            job,
+            spec: ElasticSpec {
+                user: Some(user),
+                ..spec(&format!("j{job}"), 1, 1, 1.0)
+            },
+        },
+        t,
+    )
+    .unwrap();
+}
+
+#[test]
+fn one_users_many_jobs_do_not_starve_another_user() {
+    // Two slots; user 1 submitted three jobs before user 2's one: user 2 gets the
+    // second slot (fewest active jobs first among equal priorities).
+    let mut e = engine_with(2, 4);
+    for j in 0..3 {
+        submit(&mut e, j, 1, 0.0);
+    }
+    submit(&mut e, 3, 2, 0.0);
+    e.on_event(&Event::Tick, 0.0).unwrap();
+    assert_eq!(e.active(), &[0, 3]);
+    // A slot frees: user 1's next job (user 2 has nothing queued).
+    e.on_event(&Event::JobFinished { job: 3 }, 1.0).unwrap();
+    e.on_event(&Event::Tick, 1.0).unwrap();
+    assert_eq!(e.active(), &[0, 1]);
+}
+
+#[test]
+fn a_paused_queued_job_takes_no_slot() {
+    let mut e = engine_with(1, 2);
+    submit(&mut e, 0, 1, 0.0);
+    submit(&mut e, 1, 2, 0.0);
+    // Job 0 cannot be served (say, its constraint): paused before its admission.
+    e.on_event(
+        &Event::JobPaused {
+            job: 0,
+            until: Some(1e9),
+        },
+        0.0,
+    )
+    .unwrap();
+    e.on_event(&Event::Tick, 0.0).unwrap();
+    assert_eq!(e.active(), &[1], "the slot goes to the job that can use it");
+    assert!(e.queue().any(|j| j == 0));
+}

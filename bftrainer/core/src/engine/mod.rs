@@ -997,37 +997,60 @@ impl<A: Allocator> Engine<A> {
     }
 
     /// Takes queued jobs into allocation while fewer than `max_jobs` are active:
-    /// highest priority first, ties in submit order; a job whose user already has
-    /// `max_jobs_per_user` active jobs is passed over (it does not hold back others).
-    fn admit_from_queue(&mut self) {
+    /// highest priority first; among equal priorities the job of the user with the
+    /// fewest active jobs (one user's many jobs do not starve another's), then submit
+    /// order. A job whose user already has `max_jobs_per_user` active jobs is passed
+    /// over, and so is a paused one (`Event::JobPaused`): neither holds back others,
+    /// nor takes a slot it could not use.
+    fn admit_from_queue(&mut self, now: f64) {
         if self.active.len() >= self.cfg.max_jobs || self.queue.is_empty() {
             return;
         }
         let room = self.cfg.max_jobs - self.active.len();
         let cap = self.cfg.max_jobs_per_user;
         let mut per_user: HashMap<u32, usize> = HashMap::new();
-        if cap > 0 {
-            for &j in &self.active {
-                if let Some(u) = self.jobs[j as usize].spec.user {
-                    *per_user.entry(u).or_default() += 1;
-                }
+        for &j in &self.active {
+            if let Some(u) = self.jobs[j as usize].spec.user {
+                *per_user.entry(u).or_default() += 1;
             }
         }
-        let mut picked = Vec::new();
-        for &(p, j) in &self.queue {
-            if picked.len() >= room {
-                break;
-            }
-            if cap > 0 {
-                if let Some(u) = self.jobs[j as usize].spec.user {
-                    let c = per_user.entry(u).or_default();
-                    if *c >= cap {
-                        continue;
-                    }
-                    *c += 1;
+        let mut picked: Vec<(Reverse<u32>, JobId)> = Vec::new();
+        let mut taken: std::collections::HashSet<JobId> = std::collections::HashSet::new();
+        while picked.len() < room {
+            // The best candidate: the queue is in priority order, so the first
+            // eligible job sets the priority; later ones of that priority compete on
+            // their user's active jobs.
+            let mut best: Option<((Reverse<u32>, JobId), usize)> = None;
+            for &(p, j) in &self.queue {
+                if best.as_ref().is_some_and(|b| p > b.0 .0) {
+                    break;
+                }
+                if taken.contains(&j) {
+                    continue;
+                }
+                let job = &self.jobs[j as usize];
+                if job.paused_until.is_some_and(|u| u > now) {
+                    continue;
+                }
+                let load = job
+                    .spec
+                    .user
+                    .map_or(0, |u| per_user.get(&u).copied().unwrap_or(0));
+                if cap > 0 && job.spec.user.is_some() && load >= cap {
+                    continue;
+                }
+                if best.as_ref().map_or(true, |b| load < b.1) {
+                    best = Some(((p, j), load));
                 }
             }
-            picked.push((p, j));
+            let Some((k, _)) = best else {
+                break;
+            };
+            taken.insert(k.1);
+            if let Some(u) = self.jobs[k.1 as usize].spec.user {
+                *per_user.entry(u).or_default() += 1;
+            }
+            picked.push(k);
         }
         for k in picked {
             self.queue.remove(&k);
@@ -1044,7 +1067,7 @@ impl<A: Allocator> Engine<A> {
     }
 
     fn decide(&mut self, now: f64) -> Result<Vec<Action>> {
-        self.admit_from_queue();
+        self.admit_from_queue(now);
         if self.wake_at.is_some_and(|w| w <= now) {
             self.dirty = true;
         }
