@@ -30,6 +30,7 @@ mod db;
 mod error;
 mod ffi;
 mod info;
+pub mod munge;
 mod ops;
 mod state;
 mod view;

@@ -4,8 +4,8 @@
 //! graceful leave.
 
 use crate::coord::AgentOpts;
-use crate::munge::Munge;
 use crate::proto::{self, brief, PROTO};
+use bftrainer_slurm::munge::Munge;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::unix::fs::PermissionsExt;

@@ -4,9 +4,9 @@
 
 use crate::kv::{self, Kv, Op, Reply};
 use crate::membership::{Gen, Membership, Outcome};
-use crate::munge::{Decoded, Munge};
 use crate::proto::{self, brief, PROTO};
 use bftrainer_core::runtime::RunComment;
+use bftrainer_slurm::munge::{Decoded, Munge};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;

@@ -17,14 +17,13 @@ mod agent;
 mod coord;
 mod kv;
 mod membership;
-mod munge;
 mod proto;
 
 use bftrainer_core::runtime::RunComment;
+use bftrainer_slurm::munge::Munge;
 use bftrainer_slurm::JobBase;
 use clap::Parser;
 use coord::{CoordConfig, Coordinator};
-use munge::Munge;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};

@@ -1,9 +1,15 @@
 //! MUNGE credentials through the `munge` and `unmunge` clients (every Slurm node has
-//! them): an agent proves its uid; the coordinator checks uid, payload and freshness
-//! (munged refuses a credential decoded twice, and one past its TTL).
+//! them): the maker proves its uid; the decoder checks uid, payload and freshness
+//! (munged refuses a credential decoded twice, and one past its TTL). Used by bft-run
+//! (agents and coordinator prove themselves to each other) and by bftrainerd's query
+//! endpoint (a user on a login node proves who asks).
 
 use std::io::Write;
 use std::process::{Command, Stdio};
+
+/// Why `unmunge` refused a credential made with `munge -u` for another uid.
+const UNAUTHORIZED: &str =
+    "a credential that only another uid may decode (its maker meant it for another recipient: another user than this job's owner, or another daemon)";
 
 /// Where munged listens: `BFT_MUNGE_SOCKET`, else the `socket=` of Slurm's AuthInfo,
 /// else munge's default.
@@ -20,6 +26,8 @@ pub struct Decoded {
 }
 
 impl Munge {
+    /// `env` (`BFT_MUNGE_SOCKET`) if set, else the `socket=` of `auth_info` (Slurm's
+    /// AuthInfo), else munge's default socket.
     pub fn from_auth_info(env: Option<String>, auth_info: Option<&str>) -> Munge {
         let socket = env.filter(|s| !s.is_empty()).or_else(|| {
             auth_info?
@@ -28,6 +36,18 @@ impl Munge {
                 .map(str::to_string)
         });
         Munge { socket }
+    }
+
+    /// As [`Munge::from_auth_info`] with `BFT_MUNGE_SOCKET` and the AuthInfo of the
+    /// local slurm.conf ([`crate::config_path`]), as Slurm's own clients on this host
+    /// find munged; no call to slurmctld. A slurm.conf that cannot be read, or that sets
+    /// AuthInfo only in an `Include`d file, leaves munge's default socket.
+    pub fn for_this_host() -> Munge {
+        let conf = std::fs::read_to_string(crate::config_path()).unwrap_or_default();
+        Munge::from_auth_info(
+            std::env::var("BFT_MUNGE_SOCKET").ok(),
+            auth_info_from_conf(&conf).as_deref(),
+        )
     }
 
     fn cmd(&self, prog: &str) -> Command {
@@ -78,7 +98,7 @@ impl Munge {
             let err = String::from_utf8_lossy(&out.stderr);
             if err.contains("Unauthorized credential") {
                 // munge -u: the maker meant it for another uid.
-                return "a credential that only another uid may decode (made by another user than this job's owner)".to_string();
+                return UNAUTHORIZED.to_string();
             }
             if err.trim().is_empty() {
                 why
@@ -87,6 +107,20 @@ impl Munge {
             }
         })
     }
+}
+
+/// The value of `AuthInfo=` in slurm.conf text (keys are case-insensitive; the last
+/// one wins, as in Slurm; `#` starts a comment), if set.
+pub fn auth_info_from_conf(text: &str) -> Option<String> {
+    text.lines()
+        .filter_map(|l| {
+            let l = l.split('#').next().unwrap_or("").trim();
+            let (k, v) = l.split_once('=')?;
+            k.trim()
+                .eq_ignore_ascii_case("AuthInfo")
+                .then(|| v.trim().trim_matches('"').to_string())
+        })
+        .last()
 }
 
 /// `unmunge -N` output: `KEY: value` lines, a blank line, the payload.
@@ -102,12 +136,7 @@ pub fn parse_unmunge(out: &str) -> Result<Decoded, String> {
         Some(15) => return Err("expired credential".into()),
         Some(16) => return Err("credential from the future (clock skew)".into()),
         Some(17) => return Err("replayed credential".into()),
-        Some(18) => {
-            return Err(
-                "a credential that only another uid may decode (made by another user than this job's owner)"
-                    .into(),
-            )
-        }
+        Some(18) => return Err(UNAUTHORIZED.into()),
         Some(s) => return Err(format!("invalid credential (munge status {s})")),
         None => return Err("invalid credential".into()),
     }
@@ -137,6 +166,21 @@ mod tests {
             None
         );
         assert_eq!(Munge::from_auth_info(None, None).socket, None);
+    }
+
+    #[test]
+    fn auth_info_from_slurm_conf() {
+        let conf = "# AuthInfo=socket=/commented\nAuthType=auth/munge\n\
+                    authinfo = \"socket=/x/m.sock,cred_expire=15\" # ours\n";
+        assert_eq!(
+            auth_info_from_conf(conf).as_deref(),
+            Some("socket=/x/m.sock,cred_expire=15")
+        );
+        assert_eq!(
+            Munge::from_auth_info(None, auth_info_from_conf(conf).as_deref()).socket,
+            Some("/x/m.sock".into())
+        );
+        assert_eq!(auth_info_from_conf("AuthType=auth/munge\n"), None);
     }
 
     #[test]
