@@ -140,8 +140,9 @@ struct JobSlot {
     nodes: Vec<NodeId>,
     measured_rate: Option<f64>,
     remaining: Option<f64>,
-    /// The nodes the job was admitted on, first `min_nodes` of them: the core
-    /// allocation, which decisions take last (only by a requeue).
+    /// The core allocation, which decisions take last (only by a requeue): the first
+    /// `min_nodes` nodes of its admission, a lost one replaced from its other nodes
+    /// (`refill_anchors`).
     anchors: Vec<NodeId>,
     /// When the job was last admitted, grown or shrunk by a decision.
     last_rescale: Option<f64>,
@@ -603,8 +604,10 @@ impl<A: Allocator> Engine<A> {
         self.dirty = true;
     }
 
-    /// The nodes the job's core allocation holds (its first `min_nodes` nodes since its
-    /// admission, fewer once some were lost); decisions shrink these last.
+    /// The nodes the job's core allocation holds: `min_nodes` nodes it holds (the first
+    /// of its admission; one lost is replaced by another of its nodes), or those left
+    /// while a loss leaves it below `min_nodes` (until the next decision grows it back
+    /// or requeues it); empty when it holds none. Decisions shrink these last.
     pub fn job_anchors(&self, j: JobId) -> &[NodeId] {
         &self.jobs[j as usize].anchors
     }
