@@ -964,3 +964,33 @@ fn cluster_daemon_does_not_admit_a_job_whose_constraint_no_idle_node_meets() {
             .then_some(())
     });
 }
+
+#[test]
+fn cluster_daemon_gives_a_free_slot_to_the_user_with_fewer_jobs() {
+    // Two slots (max_jobs = 2). bftuser's first two jobs hold them and a third waits;
+    // then bftuser2 submits one. When a slot frees, bftuser2's job is admitted, not
+    // bftuser's third, though it was submitted later.
+    let mut l = Live::start_without_daemon("", "", "");
+    let conf = std::fs::read_to_string(&l.conf).unwrap();
+    assert!(conf.contains("[engine]\n"));
+    std::fs::write(
+        &l.conf,
+        conf.replace("[engine]\n", "[engine]\nmax_jobs = 2\n"),
+    )
+    .unwrap();
+    l.spawn();
+    let a: Vec<u32> = (0..3).map(|_| l.submit_elastic("1:1")).collect();
+    l.wait(60, "bftuser's first two jobs running", || {
+        (l.state_of(a[0]) == "RUNNING" && l.state_of(a[1]) == "RUNNING").then_some(())
+    });
+    let b = l.submit_elastic_as(bftrainer_testcluster::OTHER_USER, "1:1");
+    // Both wait: no slot.
+    cycles_later(&l, 3);
+    assert_eq!(l.state_of(a[2]), "PENDING");
+    assert_eq!(l.state_of(b), "PENDING");
+    l.c.run("scancel", &[&a[0].to_string()]).unwrap();
+    l.wait(60, "bftuser2's job admitted to the free slot", || {
+        (l.state_of(b) == "RUNNING").then_some(())
+    });
+    assert_eq!(l.state_of(a[2]), "PENDING", "{}", l.log_text());
+}
