@@ -1,6 +1,7 @@
 //! `bftrainer status|jobs|nodes|pause|drain|resume`: the daemon's client over its
-//! control socket. Tables in the style of squeue/scontrol for people, `--json` (the
-//! daemon's schema, docs/admin.md) for programs.
+//! control socket, or from a login node over its query endpoint (`--server`; read-only,
+//! MUNGE-authenticated). Tables in the style of squeue/scontrol for people, `--json`
+//! (the daemon's schema, docs/admin.md) for programs; the same whichever the door.
 
 use crate::daemon::book::SizeChange;
 use crate::daemon::control::{self, Op};
@@ -13,6 +14,11 @@ use std::time::Duration;
 /// Where the daemon is; shared by every client subcommand.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Conn {
+    /// bftrainerd's query endpoint, HOST:PORT (its `[daemon] query_listen`), for use
+    /// from login nodes: status, jobs and nodes of your own jobs, authenticated with
+    /// MUNGE; also $BFTRAINER_SERVER. Takes precedence over the socket.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub server: Option<String>,
     /// bftrainerd's control socket [default: `[daemon] socket` of the config, else
     /// STATE_DIR/bftrainerd.sock]; also $BFTRAINER_SOCKET.
     #[arg(long, value_name = "PATH")]
@@ -49,9 +55,28 @@ impl Conn {
         Ok(cfg.socket)
     }
 
+    /// The query endpoint to use: `--server`, else $BFTRAINER_SERVER unless `--socket`
+    /// names a socket.
+    fn server(&self) -> Option<String> {
+        if self.server.is_some() {
+            return self.server.clone();
+        }
+        if self.socket.is_some() {
+            return None;
+        }
+        std::env::var("BFTRAINER_SERVER")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+    }
+
     fn call(&self, op: Op) -> anyhow::Result<serde_json::Value> {
+        let timeout = Duration::from_secs(self.timeout.max(1));
+        if let Some(server) = self.server() {
+            let munge = bftrainer_slurm::munge::Munge::for_this_host();
+            return control::call_query(server.trim(), op, timeout, &munge).map_err(|e| anyhow!(e));
+        }
         let socket = self.socket()?;
-        control::call(&socket, op, Duration::from_secs(self.timeout.max(1))).map_err(|e| anyhow!(e))
+        control::call(&socket, op, timeout).map_err(|e| anyhow!(e))
     }
 }
 

@@ -9,7 +9,7 @@ use bftrainer_core::engine::EngineConfig;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub const DAEMON_KEYS: [&str; 16] = [
+pub const DAEMON_KEYS: [&str; 17] = [
     "poll_interval",
     "state_dir",
     "socket",
@@ -26,6 +26,7 @@ pub const DAEMON_KEYS: [&str; 16] = [
     "reclaim_hold",
     "cycle_budget",
     "job_retention",
+    "query_listen",
 ];
 pub const ENGINE_KEYS: [&str; 10] = [
     "objective",
@@ -52,6 +53,9 @@ pub struct Config {
     pub socket: PathBuf,
     /// Where the Prometheus endpoint listens; None: off.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Where the read-only, MUNGE-authenticated query endpoint for login nodes
+    /// listens (`bftrainer jobs --server`); None: off.
+    pub query_listen: Option<std::net::SocketAddr>,
     /// From SIGTERM to a satellite being shrunk until it is cancelled, plus two of the
     /// job's measured steps (see `shrink_deadline`).
     pub shrink_grace_s: f64,
@@ -213,6 +217,15 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
             )
         })?),
     };
+    let query_listen = match d.opt_string("query_listen")? {
+        None => None,
+        Some(a) => Some(a.parse::<std::net::SocketAddr>().map_err(|_| {
+            d.err(
+                "query_listen",
+                format!("'{a}' is not an address and port; expected e.g. \"0.0.0.0:6820\" or \"[::]:6820\""),
+            )
+        })?),
+    };
     let poll = d.seconds("poll_interval", 0.05..=60.0, 1.0)?;
     let state_dir = base.join(d.string("state_dir", "/var/lib/bftrainer")?);
     if state_dir.as_os_str().is_empty() {
@@ -275,6 +288,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
             None => super::control::default_socket(&state_dir),
         },
         metrics_listen,
+        query_listen,
         state_dir,
         shrink_grace_s: d.seconds("shrink_grace", 0.0..=3600.0, 10.0)?,
         shrink_grace_max_s: d.seconds("shrink_grace_max", 0.0..=86_400.0, 600.0)?,
@@ -400,6 +414,9 @@ mod tests {
             .unwrap();
         assert_eq!(c.socket, PathBuf::from("/run/bft.sock"));
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(c.query_listen, None);
+        let c = p("[daemon]\nquery_listen = \"[::]:6820\"\n").unwrap();
+        assert_eq!(c.query_listen, Some("[::]:6820".parse().unwrap()));
     }
 
     #[test]
@@ -417,6 +434,8 @@ mod tests {
             ("[runtime]\njoin_command = \" \"", "[runtime] join_command: is empty"),
             ("[demon]\n", "unknown table or key 'demon' at top level"),
             ("[metrics]\nlisten = \"9464\"", "[metrics] listen: '9464' is not an address and port; expected e.g. \"127.0.0.1:9464\""),
+            ("[daemon]\nquery_listen = \"login:6820\"", "[daemon] query_listen: 'login:6820' is not an address and port; expected e.g. \"0.0.0.0:6820\""),
+            ("[daemon]\nquery_listen = 6820", "[daemon] query_listen: expected"),
             ("[metrics]\nport = 1", "[metrics] port: unknown key; allowed keys: listen"),
             ("[policy]\nsatellite_partition = \"a b\"", "[policy] satellite_partition: 'a b' is not a partition name"),
             // A typo must not fall back to the default (satellites in the core partition).

@@ -6,22 +6,37 @@
 //! published snapshot, so a slow cycle or an unreachable slurmctld never blocks
 //! `bftrainer status`.
 //!
+//! The query endpoint (`[daemon] query_listen`, TCP) serves users on login nodes: the
+//! one line a client sends is a MUNGE credential whose payload is the request
+//! (`bftrainer-query:v1 {"v":1,"op":"jobs"}`), so the op is signed with the uid and a
+//! captured credential is good for nothing else; munged refuses it a second time and
+//! past its TTL. The uid comes from the credential only, and the answer is the one the
+//! socket gives a user of that uid (root and SlurmUser included: the endpoint is
+//! read-only and never shows more than the caller's own jobs); pause, drain and resume
+//! are refused. Both doors share one dispatch ([`dispatch`]).
+//!
 //! Robustness: a request is at most `MAX_REQUEST` bytes and must arrive within
 //! `IO_TIMEOUT`; at most `MAX_CLIENTS` connections are served at once, of which
 //! `ADMIN_RESERVED` only to root and SlurmUser (so no user can lock `pause` out), and
 //! at most `PER_UID` to one other user (so no user can lock the others out); a
 //! connection over a limit gets an answer saying which and is closed; garbage gets an
-//! error answer. None of it stops the daemon.
+//! error answer. The query endpoint has its own slots (its users never take the
+//! socket's): `MAX_CLIENTS - ADMIN_RESERVED` connections, `PER_PEER` from one address
+//! until the credential is checked and `PER_UID` per uid after, `MAX_DECODES`
+//! credential checks at once, each off the async threads. None of it stops the daemon.
 
 use super::view::{JobView, NodeView, Snapshot};
 use bftrainer_core::engine::Lending;
+use bftrainer_slurm::munge::{Decoded, Munge};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 /// Version of the request/answer format. A request of another version is refused with
@@ -46,6 +61,17 @@ const MAX_REFUSALS: usize = 64;
 const REFUSAL_READ: Duration = Duration::from_millis(500);
 /// Default socket name inside `[daemon] state_dir`.
 pub const SOCKET_NAME: &str = "bftrainerd.sock";
+/// Connections one address may hold on the query endpoint before its credential is
+/// checked (a login node's users share its address: a quarter of the slots).
+pub const PER_PEER: usize = (MAX_CLIENTS - ADMIN_RESERVED) / 4;
+/// Credential checks (`unmunge` processes) the query endpoint runs at once.
+pub const MAX_DECODES: usize = 8;
+/// What a query credential's payload starts with; the request's JSON line follows.
+/// A credential made for anything else (bft-run's, Slurm's own RPCs) is refused.
+pub const QUERY_PAYLOAD: &str = "bftrainer-query:v1 ";
+/// The uid a query credential is made for (`munge -u`): bftrainerd runs as root, and
+/// no other service (slurmctld runs as SlurmUser) can decode what a user sends it.
+pub const QUERY_DECODER_UID: u32 = 0;
 
 /// What a client asks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -71,6 +97,20 @@ pub enum Op {
     Drain,
     /// Lend again (admin).
     Resume,
+}
+
+impl Op {
+    /// The op's name on the wire: `status`, `pause`...
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Status => "status",
+            Op::Jobs { .. } => "jobs",
+            Op::Nodes => "nodes",
+            Op::Pause => "pause",
+            Op::Drain => "drain",
+            Op::Resume => "resume",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -157,6 +197,8 @@ pub struct Limits {
     pub total: usize,
     pub admin_reserved: usize,
     pub per_uid: usize,
+    /// Query endpoint: connections of one address whose credential is not checked yet.
+    pub per_peer: usize,
 }
 
 impl Default for Limits {
@@ -165,34 +207,60 @@ impl Default for Limits {
             total: MAX_CLIENTS,
             admin_reserved: ADMIN_RESERVED,
             per_uid: PER_UID,
+            per_peer: PER_PEER,
         }
     }
 }
 
-#[derive(Debug, Default)]
-struct Counts {
+/// What connections are counted by: a uid (socket; query endpoint once the
+/// credential is checked) or an address (query endpoint before).
+pub trait SlotKey: Eq + Hash + Copy + std::fmt::Debug + Send + Sync + 'static {
+    /// `uid 1001`, `address 10.0.0.5`.
+    fn who(&self) -> String;
+    /// Whose share the cap is: `one user`.
+    const ONE: &'static str;
+}
+
+impl SlotKey for u32 {
+    fn who(&self) -> String {
+        format!("uid {self}")
+    }
+    const ONE: &'static str = "one user";
+}
+
+impl SlotKey for IpAddr {
+    fn who(&self) -> String {
+        format!("address {self}")
+    }
+    const ONE: &'static str = "one address";
+}
+
+#[derive(Debug)]
+struct Counts<K> {
     total: usize,
     /// Held by users other than root and SlurmUser.
     users: usize,
-    by_uid: HashMap<u32, usize>,
+    by_uid: HashMap<K, usize>,
 }
 
-/// The connections in progress, by uid: who may open another.
-#[derive(Debug, Default)]
-pub struct Slots {
+/// The connections in progress, by uid (or address): who may open another.
+#[derive(Debug)]
+pub struct Slots<K: SlotKey = u32> {
     limits: Limits,
-    counts: Mutex<Counts>,
+    /// The cap per key: `per_uid`, or `per_peer` for addresses.
+    per_key: usize,
+    counts: Mutex<Counts<K>>,
 }
 
 /// One connection's place; given back when dropped.
 #[derive(Debug)]
-pub struct Slot {
-    slots: Arc<Slots>,
-    uid: u32,
+pub struct Slot<K: SlotKey = u32> {
+    slots: Arc<Slots<K>>,
+    uid: K,
     admin: bool,
 }
 
-impl Drop for Slot {
+impl<K: SlotKey> Drop for Slot<K> {
     fn drop(&mut self) {
         let mut c = self.slots.counts.lock().unwrap_or_else(|e| e.into_inner());
         c.total -= 1;
@@ -208,16 +276,35 @@ impl Drop for Slot {
     }
 }
 
-impl Slots {
-    pub fn new(limits: Limits) -> Arc<Slots> {
+impl Slots<u32> {
+    /// Slots by uid, `limits.per_uid` each.
+    pub fn new(limits: Limits) -> Arc<Slots<u32>> {
+        Slots::with_cap(limits, limits.per_uid)
+    }
+}
+
+impl Slots<IpAddr> {
+    /// Slots by address, `limits.per_peer` each.
+    pub fn by_peer(limits: Limits) -> Arc<Slots<IpAddr>> {
+        Slots::with_cap(limits, limits.per_peer)
+    }
+}
+
+impl<K: SlotKey> Slots<K> {
+    fn with_cap(limits: Limits, per_key: usize) -> Arc<Slots<K>> {
         Arc::new(Slots {
             limits,
-            counts: Mutex::default(),
+            per_key,
+            counts: Mutex::new(Counts {
+                total: 0,
+                users: 0,
+                by_uid: HashMap::new(),
+            }),
         })
     }
 
     /// A place for a connection of `uid`, or why there is none (the client's answer).
-    pub fn take(self: &Arc<Self>, uid: u32, admin: bool) -> Result<Slot, String> {
+    pub fn take(self: &Arc<Self>, uid: K, admin: bool) -> Result<Slot<K>, String> {
         let l = self.limits;
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         let mine = c.by_uid.get(&uid).copied().unwrap_or(0);
@@ -228,9 +315,11 @@ impl Slots {
             ));
         }
         if !admin {
-            if mine >= l.per_uid {
+            if mine >= self.per_key {
                 return Err(format!(
-                    "too many connections: uid {uid} has {mine} requests in progress, the most one user may have at once; wait for them to end"
+                    "too many connections: {} has {mine} requests in progress, the most {} may have at once; wait for them to end",
+                    uid.who(),
+                    K::ONE
                 ));
             }
             if c.users >= l.total.saturating_sub(l.admin_reserved) {
@@ -305,7 +394,7 @@ pub async fn serve_with(listener: UnixListener, shared: Shared, limits: Limits) 
 
 /// Answers a connection that gets no slot: reads what the client sends first (briefly),
 /// so that closing does not reset the connection under the answer.
-async fn refuse(stream: UnixStream, r: &Response) {
+async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(stream: S, r: &Response) {
     let mut reader = BufReader::new(stream);
     let mut buf = Vec::new();
     let _ = tokio::time::timeout(REFUSAL_READ, async {
@@ -318,7 +407,7 @@ async fn refuse(stream: UnixStream, r: &Response) {
     write(reader.into_inner(), r).await;
 }
 
-async fn write(mut stream: UnixStream, r: &Response) {
+async fn write<S: AsyncWrite + Unpin>(mut stream: S, r: &Response) {
     let mut text = serde_json::to_vec(r).unwrap_or_default();
     text.push(b'\n');
     // A client that does not read its answer is dropped after IO_TIMEOUT.
@@ -329,42 +418,73 @@ async fn write(mut stream: UnixStream, r: &Response) {
     .await;
 }
 
-async fn handle(stream: UnixStream, uid: u32, shared: &Shared) {
-    let mut reader = BufReader::new(stream);
+/// The one request line of a connection, bounded in size and time: the line, an
+/// answer saying what is wrong with it (`Err(Some)`), or nothing to answer (the client
+/// left: `Err(None)`).
+async fn read_request<S: AsyncRead + Unpin>(
+    reader: &mut BufReader<S>,
+    what: &str,
+) -> Result<Vec<u8>, Option<Response>> {
     let mut buf = Vec::new();
     let read = tokio::time::timeout(IO_TIMEOUT, async {
-        (&mut reader)
+        reader
             .take(MAX_REQUEST as u64 + 1)
             .read_until(b'\n', &mut buf)
             .await
     })
     .await;
-    let stream = reader.into_inner();
-    let answer = match read {
-        Err(_) => Response::err(format!(
-            "no complete request within {} s; send one JSON line",
+    match read {
+        Err(_) => Err(Some(Response::err(format!(
+            "no complete request within {} s; send {what}",
             IO_TIMEOUT.as_secs()
-        )),
+        )))),
         Ok(Err(e)) => {
-            log::debug!("control socket: read failed: {e}");
-            return;
+            log::debug!("control: read failed: {e}");
+            Err(None)
         }
-        Ok(Ok(_)) if buf.len() > MAX_REQUEST => Response::err(format!(
-            "request too large: over {MAX_REQUEST} bytes (a request is one short JSON line)"
-        )),
-        Ok(Ok(0)) => return,
-        Ok(Ok(_)) => answer(&buf, uid, shared).await,
-    };
-    write(stream, &answer).await;
+        Ok(Ok(_)) if buf.len() > MAX_REQUEST => Err(Some(Response::err(format!(
+            "request too large: over {MAX_REQUEST} bytes (a request is {what})"
+        )))),
+        Ok(Ok(0)) => Err(None),
+        Ok(Ok(_)) => Ok(buf),
+    }
 }
 
-/// Parses one request and answers it as `uid` may be answered.
-pub async fn answer(line: &[u8], uid: u32, shared: &Shared) -> Response {
-    let req: Request = match parse(line) {
-        Ok(r) => r,
-        Err(e) => return Response::err(e),
+async fn handle(stream: UnixStream, uid: u32, shared: &Shared) {
+    let mut reader = BufReader::new(stream);
+    let answer = match read_request(&mut reader, "one JSON line").await {
+        Ok(line) => answer(&line, uid, shared).await,
+        Err(Some(r)) => r,
+        Err(None) => return,
     };
-    let admin = shared.admins.contains(&uid);
+    write(reader.into_inner(), &answer).await;
+}
+
+/// Who asks, through which door: what decides the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// On the control socket, uid from SO_PEERCRED: root and SlurmUser are admins.
+    Local { uid: u32 },
+    /// On the query endpoint, uid from a MUNGE credential: read-only, and answered as
+    /// the socket answers a user who is no admin, whatever the uid.
+    Remote { uid: u32 },
+}
+
+/// Parses one request from the control socket and answers it as `uid` may be
+/// answered.
+pub async fn answer(line: &[u8], uid: u32, shared: &Shared) -> Response {
+    match parse(line) {
+        Ok(req) => dispatch(req, Caller::Local { uid }, shared).await,
+        Err(e) => Response::err(e),
+    }
+}
+
+/// Answers a parsed request as `caller` may be answered; both doors come here.
+pub async fn dispatch(req: Request, caller: Caller, shared: &Shared) -> Response {
+    let (uid, admin) = match caller {
+        Caller::Local { uid } => (uid, shared.admins.contains(&uid)),
+        Caller::Remote { uid } => (uid, false),
+    };
     let snap = shared.snapshot.borrow().clone();
     let who = (!admin).then_some(uid);
     match req.op {
@@ -378,6 +498,12 @@ pub async fn answer(line: &[u8], uid: u32, shared: &Shared) -> Response {
             Response::ok(json(&jobs))
         }
         Op::Nodes => Response::ok(json(&nodes_view(&snap, who))),
+        op @ (Op::Pause | Op::Drain | Op::Resume) if matches!(caller, Caller::Remote { .. }) => {
+            Response::err(format!(
+                "refused: the query endpoint is read-only (status, jobs, nodes); {} is for root and SlurmUser on bftrainerd's host, through its control socket",
+                op.name()
+            ))
+        }
         Op::Pause | Op::Drain | Op::Resume if !admin => Response::err(format!(
             "permission denied: pause, drain and resume are for root and SlurmUser; you are uid {uid}"
         )),
@@ -403,6 +529,181 @@ pub async fn answer(line: &[u8], uid: u32, shared: &Shared) -> Response {
             }
         }
     }
+}
+
+/// Checks a query credential: who made it and what it says. `unmunge` through the
+/// cluster's munged in the daemon ([`munge_decoder`]); a stand-in in tests. Blocking:
+/// called off the async threads.
+pub type Decoder = Arc<dyn Fn(&str) -> Result<Decoded, String> + Send + Sync>;
+
+/// The daemon's decoder: munged's answer, replay and TTL checks included.
+pub fn munge_decoder(munge: Munge) -> Decoder {
+    Arc::new(move |cred| munge.decode(cred))
+}
+
+/// A query credential's payload for `op`: [`QUERY_PAYLOAD`] and the request's JSON.
+pub fn query_payload(op: Op) -> String {
+    let req = serde_json::to_string(&Request { v: PROTOCOL, op }).unwrap_or_default();
+    format!("{QUERY_PAYLOAD}{req}")
+}
+
+/// The query endpoint's state: its slots, by address then by uid, and its credential
+/// checks.
+struct Query {
+    shared: Shared,
+    decoder: Decoder,
+    users: Arc<Slots<u32>>,
+    decodes: Arc<Semaphore>,
+}
+
+/// Serves the query endpoint until the listener fails for good. Only the snapshot is
+/// needed: nothing here reaches the main loop.
+pub async fn serve_query(
+    listener: TcpListener,
+    snapshot: watch::Receiver<Arc<Snapshot>>,
+    munge: Munge,
+) {
+    let limits = Limits {
+        total: MAX_CLIENTS - ADMIN_RESERVED,
+        admin_reserved: 0,
+        ..Limits::default()
+    };
+    serve_query_with(listener, snapshot, munge_decoder(munge), limits).await
+}
+
+/// As [`serve_query`], with this decoder and these limits.
+pub async fn serve_query_with(
+    listener: TcpListener,
+    snapshot: watch::Receiver<Arc<Snapshot>>,
+    decoder: Decoder,
+    limits: Limits,
+) {
+    // Admin verbs never reach the main loop from here: a channel nobody reads.
+    let (admin, _) = mpsc::channel(1);
+    let q = Arc::new(Query {
+        shared: Shared {
+            snapshot,
+            admin,
+            admins: Vec::new(),
+        },
+        decoder,
+        users: Slots::new(limits),
+        decodes: Arc::new(Semaphore::new(MAX_DECODES)),
+    });
+    let peers = Slots::by_peer(limits);
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                log::warn!("query endpoint: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        // Who it is is known only once its credential is checked: until then it
+        // counts against its address.
+        match peers.take(peer.ip(), false) {
+            Ok(slot) => {
+                let q = q.clone();
+                tokio::spawn(async move {
+                    let mut reader = BufReader::new(stream);
+                    let (answer, uid_slot) =
+                        match read_request(&mut reader, "one line: a MUNGE credential").await {
+                            Ok(line) => query_answer(&line, &q).await,
+                            Err(Some(r)) => (r, None),
+                            Err(None) => return,
+                        };
+                    write(reader.into_inner(), &answer).await;
+                    drop((uid_slot, slot));
+                });
+            }
+            Err(why) => {
+                log::debug!("query endpoint: {peer} refused: {why}");
+                let Ok(permit) = refusals.clone().try_acquire_owned() else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    refuse(stream, &Response::err(why)).await;
+                    drop(permit);
+                });
+            }
+        }
+    }
+}
+
+/// Answers one query line, with the slot of the uid it came from (held while the
+/// answer is written, so one user's unread answers are capped too).
+async fn query_answer(line: &[u8], q: &Query) -> (Response, Option<Slot<u32>>) {
+    let cred = match credential(line) {
+        Ok(c) => c,
+        Err(e) => return (Response::err(e), None),
+    };
+    let d = match decode(cred, q).await {
+        Ok(d) => d,
+        Err(why) => {
+            log::debug!("query endpoint: credential refused: {why}");
+            return (Response::err(format!("credential refused: {why}")), None);
+        }
+    };
+    let req = match query_request(&d.payload) {
+        Ok(r) => r,
+        Err(e) => return (Response::err(e), None),
+    };
+    let slot = match q.users.take(d.uid, false) {
+        Ok(s) => s,
+        Err(why) => return (Response::err(why), None),
+    };
+    let r = dispatch(req, Caller::Remote { uid: d.uid }, &q.shared).await;
+    (r, Some(slot))
+}
+
+/// The credential on a query line; garbage is refused before it costs an `unmunge`.
+fn credential(line: &[u8]) -> Result<String, String> {
+    let text = std::str::from_utf8(line).unwrap_or("").trim();
+    let ok = text.len() > "MUNGE:".len()
+        && text.starts_with("MUNGE:")
+        && text.bytes().all(|b| b.is_ascii_graphic());
+    if ok {
+        Ok(text.to_string())
+    } else {
+        Err("bad request: the query endpoint takes one line holding a MUNGE credential whose payload is the request (`bftrainer status|jobs|nodes --server HOST:PORT` makes it)".into())
+    }
+}
+
+/// Decodes `cred` off the async threads, at most `MAX_DECODES` at once; a munged that
+/// does not answer within `IO_TIMEOUT` is an error for the client (its check keeps
+/// its place until it ends, so a hung munged cannot pile up threads).
+async fn decode(cred: String, q: &Query) -> Result<Decoded, String> {
+    let permit = tokio::time::timeout(IO_TIMEOUT, q.decodes.clone().acquire_owned())
+        .await
+        .map_err(|_| "busy: too many credential checks waiting; try again".to_string())?
+        .map_err(|_| "bftrainerd is stopping".to_string())?;
+    let decoder = q.decoder.clone();
+    let task = tokio::task::spawn_blocking(move || {
+        let r = decoder(&cred);
+        drop(permit);
+        r
+    });
+    match tokio::time::timeout(IO_TIMEOUT, task).await {
+        Err(_) => Err(format!(
+            "munged did not check it within {} s; try again",
+            IO_TIMEOUT.as_secs()
+        )),
+        Ok(Err(e)) => Err(format!("the check failed: {e}")),
+        Ok(Ok(r)) => r,
+    }
+}
+
+/// The request a query credential's payload carries; the op is what was signed.
+pub fn query_request(payload: &str) -> Result<Request, String> {
+    let Some(line) = payload.strip_prefix(QUERY_PAYLOAD) else {
+        return Err(format!(
+            "credential refused: it was not made for a bftrainerd query (its payload does not start with {:?}); use `bftrainer status|jobs|nodes --server HOST:PORT`",
+            QUERY_PAYLOAD.trim_end()
+        ));
+    };
+    parse(line.as_bytes())
 }
 
 fn json<T: Serialize>(v: &T) -> serde_json::Value {
@@ -581,8 +882,7 @@ pub fn nodes_view(s: &Snapshot, who: Option<u32>) -> Vec<NodeView> {
 
 /// A client's call: sends `op`, returns the answer's data or its error message.
 pub fn call(socket: &Path, op: Op, timeout: Duration) -> Result<serde_json::Value, String> {
-    use std::io::{Read, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(socket).map_err(|e| match e.kind() {
+    let s = std::os::unix::net::UnixStream::connect(socket).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => format!(
             "bftrainerd is not running: nothing listens on {} ({e}); start it (systemctl start bftrainerd) or name its socket with --socket",
             socket.display()
@@ -597,27 +897,89 @@ pub fn call(socket: &Path, op: Op, timeout: Duration) -> Result<serde_json::Valu
     s.set_write_timeout(Some(timeout)).ok();
     let mut line = serde_json::to_vec(&Request { v: PROTOCOL, op }).map_err(|e| e.to_string())?;
     line.push(b'\n');
+    exchange(
+        s,
+        &line,
+        timeout,
+        &socket.display().to_string(),
+        "a bftrainerd socket",
+    )
+}
+
+/// A client's call to the query endpoint at `server` (HOST:PORT): makes a credential
+/// for `op` with `munge` (for root only: [`QUERY_DECODER_UID`]), sends it, returns
+/// the answer's data or its error message.
+pub fn call_query(
+    server: &str,
+    op: Op,
+    timeout: Duration,
+    munge: &Munge,
+) -> Result<serde_json::Value, String> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<std::net::SocketAddr> = server
+        .to_socket_addrs()
+        .map_err(|e| {
+            format!("--server {server}: not a reachable HOST:PORT ({e}); expected e.g. bftrainer-host:6820")
+        })?
+        .collect();
+    let cred = munge
+        .encode(&query_payload(op), QUERY_DECODER_UID)
+        .map_err(|e| format!("cannot make a MUNGE credential to ask {server}: {e}"))?;
+    let mut last = None;
+    let mut stream = None;
+    for a in &addrs {
+        match std::net::TcpStream::connect_timeout(a, timeout) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let s = stream.ok_or_else(|| {
+        let e = last.map_or("no address".to_string(), |e| e.to_string());
+        format!(
+            "cannot reach bftrainerd's query endpoint at {server} ({e}); is [daemon] query_listen set there, and its port open to this host?"
+        )
+    })?;
+    s.set_read_timeout(Some(timeout)).ok();
+    s.set_write_timeout(Some(timeout)).ok();
+    let mut line = cred.into_bytes();
+    line.push(b'\n');
+    exchange(
+        s,
+        &line,
+        timeout,
+        server,
+        "bftrainerd's query endpoint ([daemon] query_listen) of this release",
+    )
+}
+
+/// Sends one line, reads the one answer: its data, or why there is none.
+fn exchange(
+    mut s: impl std::io::Read + std::io::Write,
+    line: &[u8],
+    timeout: Duration,
+    place: &str,
+    what: &str,
+) -> Result<serde_json::Value, String> {
     // A refused connection may be answered and closed before the request is through:
     // its answer says why, so it is read whatever the write did.
-    let sent = s.write_all(&line);
+    let sent = s.write_all(line);
     let mut out = Vec::new();
     let read = s.read_to_end(&mut out);
     let r: Response = match serde_json::from_slice(&out) {
         Ok(r) => r,
         Err(e) => {
             return Err(if let Err(w) = sent {
-                format!("sending the request to {}: {w}", socket.display())
+                format!("sending the request to {place}: {w}")
             } else if let Err(r) = read {
                 format!(
-                    "no answer from bftrainerd within {} s on {}: {r}",
+                    "no answer from bftrainerd within {} s on {place}: {r}",
                     timeout.as_secs(),
-                    socket.display()
                 )
             } else {
-                format!(
-                    "bftrainerd's answer is not understood ({e}); is {} a bftrainerd socket of this release?",
-                    socket.display()
-                )
+                format!("bftrainerd's answer is not understood ({e}); is {place} {what}?")
             })
         }
     };
@@ -782,6 +1144,7 @@ mod tests {
             total: 6,
             admin_reserved: 2,
             per_uid: 2,
+            per_peer: 1,
         });
         let a: Vec<Slot> = (0..2).map(|_| slots.take(1001, false).unwrap()).collect();
         let e = slots.take(1001, false).unwrap_err();
@@ -872,6 +1235,7 @@ mod tests {
             total: 4,
             admin_reserved: 1,
             per_uid: 2,
+            per_peer: 4,
         };
         // As a plain user: this process's uid is no admin.
         let user = Shared {
@@ -939,5 +1303,239 @@ mod tests {
             .unwrap();
         assert!(v.is_ok(), "{v:?}");
         drop(held);
+    }
+
+    #[test]
+    fn a_query_credential_carries_its_request_and_nothing_else_passes() {
+        let jobs = Op::Jobs {
+            user: None,
+            job_ids: vec![7],
+            history: true,
+        };
+        let payload = query_payload(jobs.clone());
+        assert_eq!(
+            payload,
+            r#"bftrainer-query:v1 {"v":1,"op":"jobs","user":null,"job_ids":[7],"history":true}"#
+        );
+        assert_eq!(query_request(&payload).unwrap().op, jobs);
+        assert_eq!(
+            query_request(&query_payload(Op::Pause)).unwrap().op,
+            Op::Pause
+        );
+        // Credentials made for something else: Slurm's RPCs (no payload), bft-run's
+        // handshake, another version of this protocol, a bare request.
+        for p in [
+            "",
+            "bftrainer-run:v2 agent job=7 run=r to=h:1 nonce=n anonce=a",
+            r#"bftrainer-query:v2 {"v":1,"op":"status"}"#,
+            r#"{"v":1,"op":"status"}"#,
+        ] {
+            let e = query_request(p).unwrap_err();
+            assert!(e.contains("not made for a bftrainerd query"), "{p:?}: {e}");
+        }
+        let e = query_request(r#"bftrainer-query:v1 {"v":1,"op":"halt"}"#).unwrap_err();
+        assert!(e.contains("expected op one of"), "{e}");
+        for line in [
+            &b""[..],
+            b"   \n",
+            b"\xff\xfe",
+            b"{\"v\":1,\"op\":\"status\"}",
+            b"MUNGE:",
+            b"MUNGE:ab cd",
+        ] {
+            let e = credential(line).unwrap_err();
+            assert!(
+                e.contains("one line holding a MUNGE credential"),
+                "{line:?}: {e}"
+            );
+        }
+        assert_eq!(credential(b"MUNGE:AwQDAAB=:\n").unwrap(), "MUNGE:AwQDAAB=:");
+    }
+
+    #[tokio::test]
+    async fn over_the_query_endpoint_admin_verbs_are_refused_and_admins_are_users() {
+        let (_tx, rx) = watch::channel(Arc::new(snap()));
+        let (atx, mut arx) = mpsc::channel(1);
+        let shared = Shared {
+            snapshot: rx,
+            admin: atx,
+            admins: vec![0, 64030],
+        };
+        for op in [Op::Pause, Op::Drain, Op::Resume] {
+            let req = Request { v: PROTOCOL, op };
+            let r = dispatch(req, Caller::Remote { uid: 0 }, &shared).await;
+            let e = r.error.unwrap();
+            assert!(
+                !r.ok && e.contains("the query endpoint is read-only"),
+                "{e}"
+            );
+        }
+        assert!(arx.try_recv().is_err(), "nothing reached the main loop");
+        // Root over the network: only root's jobs (none), no holder of another's node.
+        let jobs = Request {
+            v: PROTOCOL,
+            op: Op::Jobs {
+                user: None,
+                job_ids: vec![],
+                history: false,
+            },
+        };
+        let r = dispatch(jobs.clone(), Caller::Remote { uid: 0 }, &shared).await;
+        assert_eq!(r.data.unwrap(), serde_json::json!([]));
+        let r = dispatch(jobs.clone(), Caller::Local { uid: 0 }, &shared).await;
+        assert_eq!(r.data.unwrap().as_array().unwrap().len(), 2);
+        // A user: the same answer through both doors.
+        for op in [jobs.op.clone(), Op::Nodes, Op::Status] {
+            let req = Request { v: PROTOCOL, op };
+            let local = dispatch(req.clone(), Caller::Local { uid: 1001 }, &shared).await;
+            let remote = dispatch(req, Caller::Remote { uid: 1001 }, &shared).await;
+            assert_eq!(local.data, remote.data);
+        }
+        let req = Request {
+            v: PROTOCOL,
+            op: Op::Nodes,
+        };
+        let nodes = dispatch(req, Caller::Remote { uid: 0 }, &shared)
+            .await
+            .data
+            .unwrap();
+        assert!(
+            nodes
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|n| n["holder"].is_null()),
+            "{nodes}"
+        );
+    }
+
+    /// A stand-in for munged: `MUNGE:<uid>:<payload>`, each decoded once.
+    fn fake_decoder() -> Decoder {
+        let seen = Mutex::new(HashSet::new());
+        Arc::new(move |cred: &str| {
+            if !seen.lock().unwrap().insert(cred.to_string()) {
+                return Err("replayed credential".into());
+            }
+            let (uid, payload) = cred
+                .strip_prefix("MUNGE:")
+                .and_then(|r| r.split_once(':'))
+                .ok_or("invalid credential (munge status 8)")?;
+            Ok(Decoded {
+                uid: uid.parse().map_err(|_| "invalid credential")?,
+                payload: payload.replace('~', " "),
+            })
+        })
+    }
+
+    fn fake_cred(uid: u32, op: Op) -> String {
+        format!("MUNGE:{uid}:{}", query_payload(op).replace(' ', "~"))
+    }
+
+    /// One line to the endpoint at `addr`, its answer.
+    async fn ask(addr: std::net::SocketAddr, line: &str) -> Response {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.unwrap();
+        serde_json::from_slice(&out).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+    }
+
+    #[tokio::test]
+    async fn the_query_endpoint_answers_the_credentials_uid_once() {
+        let (_tx, rx) = watch::channel(Arc::new(snap()));
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(serve_query_with(l, rx, fake_decoder(), Limits::default()));
+        let jobs = Op::Jobs {
+            user: None,
+            job_ids: vec![],
+            history: false,
+        };
+        let cred = fake_cred(1002, jobs.clone());
+        let r = ask(addr, &cred).await;
+        assert!(r.ok, "{r:?}");
+        let ids: Vec<u64> = r
+            .data
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["job_id"].as_u64().unwrap())
+            .collect();
+        assert_eq!(ids, [9], "bob's job only");
+        // The same line again: munged says replay.
+        let r = ask(addr, &cred).await;
+        assert_eq!(
+            r.error.as_deref(),
+            Some("credential refused: replayed credential")
+        );
+        // Admin verbs, garbage, a plain JSON request, a credential for another purpose.
+        let r = ask(addr, &fake_cred(0, Op::Drain)).await;
+        assert!(r.error.unwrap().contains("read-only"));
+        for (line, want) in [
+            ("hello", "one line holding a MUNGE credential"),
+            (
+                r#"{"v":1,"op":"status"}"#,
+                "one line holding a MUNGE credential",
+            ),
+            ("MUNGE:garbage", "credential refused: invalid credential"),
+            (
+                "MUNGE:1001:bftrainer-run:v2~agent",
+                "not made for a bftrainerd query",
+            ),
+        ] {
+            let r = ask(addr, line).await;
+            let e = r.error.unwrap_or_default();
+            assert!(!r.ok && e.contains(want), "{line}: {e}");
+        }
+        let r = ask(addr, &fake_cred(1001, Op::Status)).await;
+        assert!(r.ok && r.data.unwrap().get("counts").is_some());
+    }
+
+    #[tokio::test]
+    async fn the_query_endpoint_caps_an_address_before_its_credential_is_checked() {
+        let (_tx, rx) = watch::channel(Arc::new(snap()));
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let limits = Limits {
+            total: 8,
+            admin_reserved: 0,
+            per_uid: 2,
+            per_peer: 2,
+        };
+        tokio::spawn(serve_query_with(l, rx, fake_decoder(), limits));
+        let mut idle = Vec::new();
+        for _ in 0..2 {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut n = 0;
+        let e = loop {
+            n += 1;
+            let r = ask(addr, &fake_cred(1001, Op::Status)).await;
+            match r.error {
+                Some(e) if e.contains("too many connections") => break e,
+                _ if std::time::Instant::now() > deadline => panic!("{r:?}"),
+                _ => tokio::task::yield_now().await,
+            }
+        };
+        assert!(
+            e.contains(
+                "address 127.0.0.1 has 2 requests in progress, the most one address may have"
+            ),
+            "{e}"
+        );
+        drop(idle);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            n += 1;
+            let r = ask(addr, &fake_cred(1001, Op::Nodes)).await;
+            if r.ok {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{r:?} after {n}");
+            // Each credential is decoded once: a new one per try.
+            let _ = ask(addr, &fake_cred(1001 + n, Op::Status)).await;
+        }
     }
 }

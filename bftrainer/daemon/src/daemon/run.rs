@@ -128,6 +128,25 @@ async fn main_loop(
             admins,
         },
     ));
+    if let Some(addr) = daemon.cfg.query_listen {
+        // Clients make their credentials for root only (control::QUERY_DECODER_UID),
+        // so that slurmctld, running as SlurmUser, could not take one as theirs.
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != control::QUERY_DECODER_UID {
+            anyhow::bail!(
+                "[daemon] query_listen = \"{addr}\": the query endpoint needs bftrainerd to run as root (clients make their MUNGE credentials for root only); run it as root or remove the key"
+            );
+        }
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("[daemon] query_listen = \"{addr}\": cannot listen there"))?;
+        let munge = bftrainer_slurm::munge::Munge::for_this_host();
+        log::info!(
+            "query endpoint on {addr} (read-only; MUNGE credentials checked by munged at {})",
+            munge.socket.as_deref().unwrap_or("its default socket")
+        );
+        tokio::spawn(control::serve_query(l, snap_rx.clone(), munge));
+    }
     let metrics = Arc::new(Metrics::with_journal(
         snap_rx,
         Some(daemon.cfg.state_dir.join(super::journal::JOURNAL_FILE)),
