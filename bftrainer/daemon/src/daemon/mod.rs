@@ -364,6 +364,7 @@ impl<C: Cluster> Daemon<C> {
             }
             Event::NodeClaimed { node } => self.nodes[*node as usize].class = Class::Claimed,
             Event::NodeLost { node } => self.nodes[*node as usize].class = Class::Lost,
+            Event::JobForgotten { job } => self.book.forget(*job),
             Event::JobSubmitted { spec, .. } => {
                 let id: u32 = spec.name.parse().map_err(|_| {
                     anyhow::anyhow!("journal: job name '{}' is not a Slurm job id", spec.name)
@@ -1072,8 +1073,8 @@ impl<C: Cluster> Daemon<C> {
             if let Some(c) = self.cores.remove(&id) {
                 self.blame.forget(id);
                 self.unservable.remove(&id);
-                self.engine.forget_job(c.jid);
-                self.book.forget(c.jid);
+                // Journaled, so a restart forgets it too (`learn` drops its history).
+                self.emit(Event::JobForgotten { job: c.jid });
             }
         }
 
