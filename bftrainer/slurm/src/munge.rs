@@ -112,15 +112,13 @@ impl Munge {
 /// The value of `AuthInfo=` in slurm.conf text (keys are case-insensitive; the last
 /// one wins, as in Slurm; `#` starts a comment), if set.
 pub fn auth_info_from_conf(text: &str) -> Option<String> {
-    text.lines()
-        .filter_map(|l| {
-            let l = l.split('#').next().unwrap_or("").trim();
-            let (k, v) = l.split_once('=')?;
-            k.trim()
-                .eq_ignore_ascii_case("AuthInfo")
-                .then(|| v.trim().trim_matches('"').to_string())
-        })
-        .last()
+    text.lines().rev().find_map(|l| {
+        let l = l.split('#').next().unwrap_or("").trim();
+        let (k, v) = l.split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case("AuthInfo")
+            .then(|| v.trim().trim_matches('"').to_string())
+    })
 }
 
 /// `unmunge -N` output: `KEY: value` lines, a blank line, the payload.

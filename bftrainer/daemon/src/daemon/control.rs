@@ -902,7 +902,7 @@ pub fn call(socket: &Path, op: Op, timeout: Duration) -> Result<serde_json::Valu
         &line,
         timeout,
         &socket.display().to_string(),
-        "a bftrainerd socket",
+        "a bftrainerd socket of this release",
     )
 }
 
