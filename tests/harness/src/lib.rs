@@ -301,9 +301,9 @@ impl Cluster {
             .as_array()
             .into_iter()
             .flatten()
+            .rev()
             .filter(|d| d["name"] == name)
-            .filter_map(|d| d["pid"].as_u64())
-            .last()
+            .find_map(|d| d["pid"].as_u64())
             .map(|p| p as u32)
             .ok_or_else(|| Error::Output {
                 command: format!("reading {}", path.display()),

@@ -1,0 +1,937 @@
+//! Observe: what Slurm shows, turned into engine events. Nodes are classed (open,
+//! claimed by a regular job, planned for one, lost); elastic core jobs are adopted,
+//! followed through start, preemption and end, and checked against what the lent
+//! nodes can serve; progress comes from the runtime's Comment.
+
+use super::*;
+
+impl<C: Cluster> Daemon<C> {
+    pub(super) fn observe(&mut self, now: f64) {
+        let parts = self.cfg.elastic_partitions();
+        let parts: Vec<String> = parts.into_iter().map(str::to_string).collect();
+        // Which jobs are ours, and which hold or will take which nodes.
+        let mut foreign_busy: HashSet<String> = HashSet::new();
+        let mut forecast: HashMap<String, f64> = HashMap::new();
+        let mut our_nodes: HashSet<String> = HashSet::new();
+        // Partitions where regular jobs wait.
+        let mut pending_parts: HashSet<String> = HashSet::new();
+        let mut cores_seen: HashMap<u32, usize> = HashMap::new();
+        let mut sats: Vec<(usize, u32)> = Vec::new(); // (index in jobs, parent)
+        let mut modified_sats: Vec<(u32, u32)> = Vec::new(); // (job id, parent)
+                                                             // One pass over the snapshot without copying it: tagged jobs are cloned (few),
+                                                             // of the others only the node expressions are kept.
+        let mut jobs: Vec<Job> = Vec::new();
+        let mut foreign_holding: Vec<String> = Vec::new();
+        let mut foreign_planned: Vec<(String, i64)> = Vec::new();
+        for j in self.cluster.jobs() {
+            if j.admin_comment.as_deref().is_some_and(spec::looks_like_tag) {
+                jobs.push(j.clone());
+            } else if is_running(j) || j.state.is_completing() {
+                if let Some(e) = &j.nodes {
+                    foreign_holding.push(e.clone());
+                }
+            } else if j.state.base() == JobBase::Pending && !j.is_held() {
+                if let Some(p) = &j.partition {
+                    for p in p.split(',') {
+                        if !pending_parts.contains(p) {
+                            pending_parts.insert(p.to_string());
+                        }
+                    }
+                }
+                if let (Some(e), Some(start)) = (&j.sched_nodes, j.expected_start()) {
+                    foreign_planned.push((e.clone(), start));
+                }
+            }
+        }
+        for expr in foreign_holding {
+            for n in self.expand(&expr) {
+                // A regular job is there: a hold after a preemption has served.
+                if let Some(id) = self.node_ids.get(&n) {
+                    self.reclaimed.remove(id);
+                }
+                foreign_busy.insert(n);
+            }
+        }
+        // Each pending regular job's planned nodes, kept whole: a plan that runs over a
+        // core's node is not acted on early (below).
+        let mut plans: Vec<Vec<String>> = Vec::new();
+        for (expr, start) in foreign_planned {
+            let nodes = self.expand(&expr);
+            for n in &nodes {
+                let e = forecast.entry(n.clone()).or_insert(start as f64);
+                *e = e.min(start as f64);
+            }
+            plans.push(nodes);
+        }
+        let uid_of: HashMap<u32, u32> = jobs.iter().map(|j| (j.job_id, j.user_id)).collect();
+        for (i, j) in jobs.iter().enumerate() {
+            let tag = j.admin_comment.as_deref().and_then(spec::parse_tag);
+            let ours = match tag {
+                Some(Ok(s)) if s.role == Role::Core => {
+                    if j.partition
+                        .as_deref()
+                        .is_some_and(|p| self.cfg.core_partition_ok(p))
+                    {
+                        cores_seen.insert(j.job_id, i);
+                        true
+                    } else {
+                        self.refuse(j, "a core tag outside the elastic partitions");
+                        false
+                    }
+                }
+                Some(Ok(s)) if s.role == Role::Satellite => {
+                    let parent = s.parent.unwrap_or(0);
+                    let consistent = j.admin_comment.as_deref() == Some(&satellite_tag(parent))
+                        && j.name == satellite_name(parent)
+                        && j.partition.as_deref() == Some(self.cfg.satellite_partition.as_str())
+                        && uid_of.get(&parent).map_or(true, |&u| u == j.user_id)
+                        && self.cores.get(&parent).map_or(true, |c| c.uid == j.user_id);
+                    // One of ours that its owner changed since (renamed, moved to
+                    // another partition...; the plugin refuses that, this is for a
+                    // change made around it): it no longer counts as a satellite, so it
+                    // is cancelled rather than left running unmanaged.
+                    let modified = !consistent
+                        && self
+                            .cores
+                            .get(&parent)
+                            .is_some_and(|c| c.uid == j.user_id && !c.ended)
+                        && uid_of.get(&parent).map_or(true, |&u| u == j.user_id);
+                    if consistent {
+                        sats.push((i, parent));
+                        true
+                    } else if modified {
+                        if j.state.is_active() {
+                            modified_sats.push((j.job_id, parent));
+                        }
+                        false
+                    } else {
+                        self.refuse(
+                            j,
+                            "a satellite tag, name, partition or owner bftrainerd did not write",
+                        );
+                        false
+                    }
+                }
+                Some(_) => {
+                    if j.state.is_active() {
+                        self.refuse(j, "a malformed bftrainer tag");
+                    }
+                    false
+                }
+                None => false,
+            };
+            let holding = is_running(j) || j.state.is_completing();
+            if holding {
+                if let Some(expr) = j.nodes.clone() {
+                    for n in self.expand(&expr) {
+                        if ours {
+                            // A satellite or core being preempted goes to a regular job.
+                            if j.preempt_time.is_some() {
+                                if let Some(&id) = self.node_ids.get(&n) {
+                                    self.reclaimed.insert(id, now);
+                                }
+                                foreign_busy.insert(n);
+                            } else {
+                                our_nodes.insert(n);
+                            }
+                        } else {
+                            foreign_busy.insert(n);
+                        }
+                    }
+                }
+            } else if !ours && j.state.base() == JobBase::Pending && !j.is_held() {
+                // A job with a bftrainer-looking tag that is not ours counts as regular.
+                if let Some(p) = &j.partition {
+                    pending_parts.extend(p.split(',').map(str::to_string));
+                }
+                if let (Some(expr), Some(start)) = (j.sched_nodes.clone(), j.expected_start()) {
+                    let nodes = self.expand(&expr);
+                    for n in &nodes {
+                        let e = forecast.entry(n.clone()).or_insert(start as f64);
+                        *e = e.min(start as f64);
+                    }
+                    plans.push(nodes);
+                }
+            }
+        }
+
+        // Core nodes are not released early on a forecast: losing one requeues the
+        // whole job, and a pending job's planned nodes may change (measured: a 1-node
+        // job planned on a core's node while Slurm preempted a satellite for it).
+        let mut core_nodes: HashSet<String> = self
+            .cores
+            .values()
+            .filter(|c| !c.ended)
+            .flat_map(|c| self.engine.job_anchors(c.jid).iter())
+            .map(|&n| self.nodes[n as usize].name.clone())
+            .collect();
+        // ... and where Slurm says the cores run, whatever the engine holds.
+        for &i in cores_seen.values() {
+            if is_running(&jobs[i]) {
+                if let Some(e) = &jobs[i].nodes {
+                    core_nodes.extend(self.expand(e));
+                }
+            }
+        }
+        // Nor are the other nodes of a plan that includes a core's node: freeing them
+        // would only help Slurm start the job there, requeueing the core. Slurm's own
+        // preemption picks satellites first (their partition's lower PriorityTier);
+        // measured on 24.11 and 26.05, whose plan for a 2-node job named a satellite's
+        // node and the core's while Slurm was preempting two other satellites for it.
+        // A plan that cannot fit beside the cores (a job as large as the partition) has
+        // to preempt one anyway: its other nodes are released ahead as usual.
+        let non_core = self
+            .cluster
+            .nodes()
+            .iter()
+            .filter(|n| n.partitions.iter().any(|p| parts.contains(p)))
+            .filter(|n| !core_nodes.contains(&n.name))
+            .count();
+        // While Slurm preempts elastic jobs for a regular job (or just did: their nodes
+        // are reclaimed), it has chosen the nodes; the pending job's plan can still name
+        // others (24.11 and 26.05 keep it pending until the preempted jobs completed),
+        // and releasing those too would only shrink the elastic job for nothing.
+        let preempting = !self.reclaimed.is_empty()
+            || jobs
+                .iter()
+                .any(|j| is_running(j) && j.preempt_time.is_some());
+        let steers = |p: &[String]| p.len() <= non_core && p.iter().any(|n| core_nodes.contains(n));
+        let mut steered: HashSet<String> =
+            plans.into_iter().filter(|p| steers(p)).flatten().collect();
+        // Nodes backfill flagged PLANNED without a plan we can read (sched_nodes unset)
+        // count as one plan.
+        let flagged: Vec<String> = self
+            .cluster
+            .nodes()
+            .iter()
+            .filter(|n| n.state.is_planned() && !forecast.contains_key(&n.name))
+            .map(|n| n.name.clone())
+            .collect();
+        if steers(&flagged) {
+            steered.extend(flagged);
+        }
+        // Nodes.
+        let mut cluster_nodes: Vec<(String, Option<Class>, Why)> = Vec::new();
+        for n in self.cluster.nodes() {
+            if !n.partitions.iter().any(|p| parts.contains(p)) {
+                continue;
+            }
+            let st = n.state;
+            let uncertain =
+                st.is_not_responding() || st.base() == bftrainer_slurm::NodeBase::Unknown;
+            let reclaimed = self
+                .node_ids
+                .get(&n.name)
+                .and_then(|id| self.reclaimed.get(id))
+                .is_some_and(|&t| now - t < self.cfg.reclaim_hold_s);
+            let node_id = self.node_ids.get(&n.name).copied();
+            let busy = foreign_busy.contains(&n.name)
+                || (!our_nodes.contains(&n.name) && st.base() != bftrainer_slurm::NodeBase::Idle)
+                || our_nodes.contains(&n.name);
+            if busy {
+                if let Some(id) = node_id {
+                    self.held_after_job.remove(&id);
+                }
+            }
+            let (class, why) = if uncertain
+                && !st.is_drain()
+                && st.base() != bftrainer_slurm::NodeBase::Down
+            {
+                // slurmctld just restarted, or the node misses pings: Slurm has not
+                // decided; neither have we (no event until it does).
+                (None, Why::NotResponding)
+            } else if st.is_drain()
+                && !st.is_unavailable()
+                && !st.is_reserved()
+                && our_nodes.contains(&n.name)
+                && core_nodes.contains(&n.name)
+            {
+                // Draining under a running core job: drain lets running jobs finish,
+                // and losing the node would requeue the whole job. It keeps the node,
+                // with a forecast of now so nothing more is lent there; the node is lost
+                // once the core leaves it (drained).
+                (
+                    Some(Class::Available {
+                        reclaim_at: Some(now),
+                    }),
+                    Why::Unavailable,
+                )
+            } else if st.is_unavailable() || st.is_drain() || st.is_reserved() {
+                (Some(Class::Lost), Why::Unavailable)
+            } else if foreign_busy.contains(&n.name) {
+                (Some(Class::Claimed), Why::RegularJob)
+            } else if !our_nodes.contains(&n.name) && st.base() != bftrainer_slurm::NodeBase::Idle {
+                // Allocated to something not in our snapshot (a job just started).
+                (Some(Class::Claimed), Why::RegularJob)
+            } else if !our_nodes.contains(&n.name)
+                && n.partitions.iter().any(|p| pending_parts.contains(p))
+                && self
+                    .node_ids
+                    .get(&n.name)
+                    .is_some_and(|&id| self.nodes[id as usize].class == Class::Claimed)
+                && !reclaimed
+                && !node_id.is_some_and(|id| self.held_after_job.contains(&id))
+            {
+                // A regular job just left while regular jobs wait in its partitions:
+                // Slurm's scheduler is about to fill it; lend it only if it stays idle.
+                if let Some(id) = node_id {
+                    self.reclaimed.insert(id, now);
+                    self.held_after_job.insert(id);
+                }
+                (Some(Class::Claimed), Why::QueueWaits)
+            } else if reclaimed && !our_nodes.contains(&n.name) {
+                // Taken from an elastic job by preemption moments ago: the regular job
+                // that preempted it is about to start there; do not lend it back.
+                (Some(Class::Claimed), Why::Reclaimed)
+            } else {
+                let mut r = forecast.get(&n.name).copied();
+                if r.is_none() && st.is_planned() {
+                    r = Some(now);
+                }
+                match r {
+                    Some(t)
+                        if t <= now + self.cfg.release_before_s
+                            && !core_nodes.contains(&n.name)
+                            && !steered.contains(&n.name)
+                            && !preempting =>
+                    {
+                        (Some(Class::Claimed), Why::Planned)
+                    }
+                    _ => (Some(Class::Available { reclaim_at: r }), Why::Open),
+                }
+            };
+            cluster_nodes.push((n.name.clone(), class, why));
+        }
+        self.reclaimed
+            .retain(|_, t| now - *t < self.cfg.reclaim_hold_s);
+        for (id, parent) in modified_sats {
+            let memo = self.sats.entry(id).or_default();
+            if memo.signalled_at.is_some_and(|t| now - t < 5.0) {
+                continue;
+            }
+            memo.signalled_at = Some(now);
+            memo.ending = true;
+            log::warn!(
+                "satellite {id} of job {parent} no longer has the name, partition or tag bftrainerd gave it (changed by its owner?): cancelling it"
+            );
+            self.call(|c| c.cancel(id), "cancel", id);
+        }
+        // Nodes the engine knows that left the elastic partitions (removed from them,
+        // renamed, deleted from slurm.conf): lost until they come back.
+        let listed: HashSet<&str> = cluster_nodes.iter().map(|c| c.0.as_str()).collect();
+        let vanished: Vec<NodeId> = (0..self.nodes.len() as NodeId)
+            .filter(|&id| !listed.contains(self.nodes[id as usize].name.as_str()))
+            .collect();
+        for id in vanished {
+            if self.nodes[id as usize].class != Class::Lost {
+                log::info!(
+                    "node {}: no longer in the elastic partitions; not lent until it is back",
+                    self.nodes[id as usize].name
+                );
+            }
+            self.nodes[id as usize].why = Why::Unavailable;
+            self.observe_node(id, Class::Lost);
+        }
+        cluster_nodes.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, mut class, mut why) in cluster_nodes {
+            let id = match self.node_ids.get(&name) {
+                Some(&id) => id,
+                None => {
+                    let id = self.nodes.len() as NodeId;
+                    // Declared at once (the engine needs the id for later events).
+                    let ev = Event::NodeAdded {
+                        node: id,
+                        name: name.clone(),
+                    };
+                    if self.feed(&ev, now).is_ok() {
+                        self.learn(&ev).ok();
+                        if let Some(j) = self.journal.as_mut() {
+                            j.push(&record(now, ev));
+                        }
+                    }
+                    id
+                }
+            };
+            if let Some(sa) = self.set_aside.get(&id) {
+                if sa.until > now {
+                    class = Some(Class::Lost);
+                    why = Why::SetAside;
+                } else {
+                    log::info!(
+                        "node {name}: back in the pool after being set aside ({})",
+                        sa.reason
+                    );
+                    let failures = sa.failures;
+                    self.set_aside.insert(
+                        id,
+                        SetAside {
+                            failures,
+                            until: f64::NEG_INFINITY,
+                            reason: String::new(),
+                        },
+                    );
+                }
+            }
+            self.nodes[id as usize].why = why;
+            if let Some(class) = class {
+                self.observe_node(id, class);
+            }
+        }
+
+        // Core jobs.
+        let known: Vec<u32> = self.cores.keys().copied().collect();
+        for id in known {
+            let job = cores_seen.get(&id).map(|&i| &jobs[i]);
+            self.observe_core(id, job, now);
+        }
+        // An ended core that Slurm shows active again: a new job under the same id.
+        let reborn: Vec<u32> = cores_seen
+            .iter()
+            .filter(|(id, &i)| {
+                jobs[i].state.is_active() && self.cores.get(id).is_some_and(|c| c.ended)
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in reborn {
+            log::info!(
+                "elastic job {id} is active again after its end (requeued, or a job id that wrapped): adopting it as a new job"
+            );
+            self.cores.remove(&id);
+            self.blame.forget(id);
+        }
+        let mut new: Vec<usize> = cores_seen
+            .iter()
+            .filter(|(id, _)| !self.cores.contains_key(id))
+            .map(|(_, &i)| i)
+            .collect();
+        new.sort_by_key(|&i| (jobs[i].submit_time, jobs[i].job_id));
+        for i in new {
+            self.adopt_core(&jobs[i], now);
+        }
+        // A job waiting for admission whose constraint or memory no node bftrainerd
+        // lends can meet is not admitted (it would only time out, again and again),
+        // and says why in `bftrainer jobs`.
+        let waiting: Vec<(u32, usize)> = cores_seen
+            .iter()
+            .filter(|(id, _)| {
+                self.cores
+                    .get(id)
+                    .is_some_and(|c| !c.ended && self.engine.job_nodes(c.jid).is_empty())
+            })
+            .map(|(&id, &i)| (id, i))
+            .collect();
+        for (id, i) in waiting {
+            let why = self.unservable_why(&jobs[i], &parts);
+            self.set_unservable(id, why, now);
+        }
+        // Jobs the journal knows as queued or active that slurmctld no longer has
+        // (they ended while the daemon was down and aged out): finished. Only the
+        // engine's live jobs are looked at, not every job ever.
+        let live: Vec<JobId> = self
+            .engine
+            .active()
+            .iter()
+            .copied()
+            .chain(self.engine.queue())
+            .collect();
+        for jid in live {
+            let id = self.jobs[jid as usize];
+            if self.cores.get(&id).is_some_and(|c| c.jid == jid) {
+                continue;
+            }
+            log::warn!("elastic job {id} is gone from slurmctld; counted finished");
+            self.pending.push(Event::JobFinished { job: jid });
+        }
+        // Ended jobs are forgotten after `job_retention` (their history stays in the
+        // journal and in accounting): the daemon's per-poll work and memory follow the
+        // live jobs, not every job ever run.
+        let retention = self.cfg.job_retention_s;
+        let old: Vec<u32> = self
+            .cores
+            .iter()
+            .filter(|(_, c)| c.ended && now - c.ended_at > retention)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in old {
+            if let Some(c) = self.cores.remove(&id) {
+                self.blame.forget(id);
+                self.unservable.remove(&id);
+                // Journaled, so a restart forgets it too (`learn` drops its history).
+                self.emit(Event::JobForgotten { job: c.jid });
+            }
+        }
+
+        // Satellites. An ended one is news only if it is the newest of its parent on
+        // its node and it ended while this daemon ran; older ones are history (handled
+        // before a restart, or replaced since).
+        let started = *self.started_at.get_or_insert(now);
+        let mut newest: HashMap<(u32, String), u32> = HashMap::new();
+        for &(i, parent) in &sats {
+            let j = &jobs[i];
+            let node = j
+                .nodes
+                .clone()
+                .or_else(|| j.req_nodes.clone())
+                .unwrap_or_default();
+            let e = newest.entry((parent, node)).or_insert(j.job_id);
+            *e = (*e).max(j.job_id);
+        }
+        let mut live: HashSet<u32> = HashSet::new();
+        for (i, parent) in sats {
+            let j = &jobs[i];
+            live.insert(j.job_id);
+            if !j.state.is_active() {
+                let node = j
+                    .nodes
+                    .clone()
+                    .or_else(|| j.req_nodes.clone())
+                    .unwrap_or_default();
+                let old = newest.get(&(parent, node)).is_some_and(|&n| n > j.job_id)
+                    || j.end_time.is_some_and(|e| (e as f64) < started.floor());
+                if old {
+                    self.sats.entry(j.job_id).or_default().done = true;
+                    continue;
+                }
+            }
+            self.observe_satellite(j, parent, now);
+        }
+        self.sats.retain(|id, _| live.contains(id));
+    }
+
+    /// Why the idle nodes bftrainerd may lend cannot serve waiting job `j` (its
+    /// `--constraint` against their features, its `--mem` against their memory), if
+    /// fewer than its minimum can.
+    pub(super) fn unservable_why(&self, j: &Job, parts: &[String]) -> Option<String> {
+        let constraint = match j.constraint.as_deref().map(Constraint::parse) {
+            Some(Ok(c)) => Some(c),
+            // Slurm accepted it; an expression we cannot read is left to Slurm.
+            Some(Err(_)) | None => None,
+        };
+        let mem = j.mem_per_node_mb;
+        if constraint.is_none() && mem.is_none() {
+            return None;
+        }
+        let min = match j.admin_comment.as_deref().and_then(spec::parse_tag) {
+            Some(Ok(s)) => s.min,
+            _ => 1,
+        };
+        // The nodes open to it now: idle, in the elastic partitions, lendable.
+        let open = self
+            .cluster
+            .nodes()
+            .iter()
+            .filter(|n| n.partitions.iter().any(|p| parts.contains(p)))
+            .filter(|n| {
+                self.node_ids.get(&n.name).is_some_and(|&id| {
+                    matches!(self.nodes[id as usize].class, Class::Available { .. })
+                        && self.engine.node_state(id) == NodeState::Idle
+                })
+            });
+        let fit = open
+            .filter(|n| constraint.as_ref().map_or(true, |c| c.matches(&n.features)))
+            .filter(|n| mem.map_or(true, |m| n.real_memory_mb >= m))
+            .count() as u32;
+        if fit >= min {
+            return None;
+        }
+        let mut asks = Vec::new();
+        if let Some(c) = &j.constraint {
+            asks.push(format!("--constraint={c}"));
+        }
+        if let Some(m) = mem {
+            asks.push(format!("--mem={m}M"));
+        }
+        Some(format!(
+            "it asks {} and {fit} of the idle nodes bftrainerd may lend meet that (it needs at least {min}); it waits for such nodes",
+            asks.join(" ")
+        ))
+    }
+
+    /// Keeps a waiting job out of admission while no lent node can serve it, and lets
+    /// it back when one can (a pause the engine journals; a blame pause stays).
+    pub(super) fn set_unservable(&mut self, id: u32, why: Option<String>, now: f64) {
+        let Some(jid) = self.cores.get(&id).map(|c| c.jid) else {
+            return;
+        };
+        match why {
+            Some(why) => {
+                if self.unservable.insert(id, why.clone()).is_none() {
+                    log::warn!("elastic job {id} is not admitted: {why}");
+                    self.emit(Event::JobPaused {
+                        job: jid,
+                        until: Some(now + UNSERVABLE_PAUSE_S),
+                    });
+                }
+            }
+            None => {
+                if self.unservable.remove(&id).is_some() {
+                    log::info!("elastic job {id}: lent nodes can serve it now");
+                    let until = self.blame.paused(id, now).map(|p| p.until);
+                    self.emit(Event::JobPaused { job: jid, until });
+                }
+            }
+        }
+    }
+
+    pub(super) fn refuse(&mut self, j: &Job, why: &str) {
+        if self.refused.insert(j.job_id) {
+            self.stats.not_adopted += 1;
+            log::warn!(
+                "not adopting job {} (user {}, partition {}): {why}; admin comment {:?}",
+                j.job_id,
+                j.user_id,
+                j.partition.as_deref().unwrap_or("-"),
+                j.admin_comment.as_deref().unwrap_or("")
+            );
+        }
+    }
+
+    pub(super) fn observe_node(&mut self, id: NodeId, class: Class) {
+        let st = self.engine.node_state(id);
+        let rec = &self.nodes[id as usize];
+        let ev = match class {
+            Class::Lost if st != NodeState::Lost => Some(Event::NodeLost { node: id }),
+            Class::Claimed if matches!(st, NodeState::Idle | NodeState::Held(_)) => {
+                Some(Event::NodeClaimed { node: id })
+            }
+            Class::Available { reclaim_at }
+                if matches!(st, NodeState::Busy | NodeState::Lost)
+                    || rec.sent_forecast != reclaim_at =>
+            {
+                Some(Event::NodeIdle {
+                    node: id,
+                    reclaim_at,
+                })
+            }
+            _ => None,
+        };
+        self.nodes[id as usize].class = class;
+        if let Some(ev) = ev {
+            self.emit(ev);
+        }
+    }
+
+    pub(super) fn job_spec(&self, j: &Job, s: &spec::ElasticSpec) -> ElasticSpec {
+        let cap = self.nodes.len().max(1) as u32;
+        let max = s.max.unwrap_or(cap).max(s.min);
+        let mut up = self.cfg.default_up_s;
+        let mut down = self.cfg.default_down_s;
+        let mut curve = self.cfg.default_curve.clone();
+        if let (Some(name), Some(dir)) = (&s.profile, &self.cfg.profile_dir) {
+            match config::load_profile(dir, name) {
+                Ok(p) => {
+                    curve = Some(p.curve);
+                    up = p.up_s.unwrap_or(up);
+                    down = p.down_s.unwrap_or(down);
+                }
+                Err(e) => log::warn!(
+                    "job {}: profile '{name}' unusable ({e}); using the default curve",
+                    j.job_id
+                ),
+            }
+        }
+        if let Some(v) = s.up {
+            up = f64::from(v);
+        }
+        if let Some(v) = s.down {
+            down = f64::from(v);
+        }
+        // Linear speed-up by default; a job that can only ever use one node has a
+        // one-point curve (the allocator refuses repeated node counts).
+        let objective = curve.unwrap_or_else(|| {
+            Curve::new(if max > 1 {
+                vec![(1, 1.0), (max, f64::from(max))]
+            } else {
+                vec![(1, 1.0)]
+            })
+        });
+        ElasticSpec {
+            name: j.job_id.to_string(),
+            min_nodes: s.min,
+            max_nodes: max,
+            scale_up_s: up,
+            scale_down_s: down,
+            objective,
+            user: Some(j.user_id),
+            // Slurm's priority where it has one; a core job held until admission has
+            // none (0), and then submit order decides among one user's jobs.
+            priority: if j.is_held() { 0 } else { j.priority },
+        }
+    }
+
+    pub(super) fn adopt_core(&mut self, j: &Job, now: f64) {
+        // An ended job is adopted only if the journal knows it (it ended while the
+        // daemon was down): observe_core then tells an end from a preemption.
+        if !j.state.is_active() && !self.jobs.contains(&j.job_id) {
+            return;
+        }
+        let s = match j.admin_comment.as_deref().and_then(spec::parse_tag) {
+            Some(Ok(s)) => s,
+            _ => return,
+        };
+        // The journal may know it already (restart): find its engine id. One the engine
+        // has ended that Slurm shows active again (requeued after its end, or a job id
+        // that wrapped onto it) is a new job.
+        let known = self
+            .jobs
+            .iter()
+            .rposition(|&x| x == j.job_id)
+            .map(|k| k as JobId)
+            .filter(|&k| {
+                !(j.state.is_active()
+                    && matches!(
+                        self.engine.job_status(k),
+                        JobStatus::Finished | JobStatus::Cancelled
+                    ))
+            });
+        let jid = match known {
+            Some(k) => k,
+            None => {
+                let jid = self.engine.n_jobs() as JobId;
+                let spec = self.job_spec(j, &s);
+                log::info!(
+                    "elastic job {} of user {} ({}:{} nodes) found {}",
+                    j.job_id,
+                    j.user_name.as_deref().unwrap_or("?"),
+                    spec.min_nodes,
+                    spec.max_nodes,
+                    if j.is_held() {
+                        "held, queued for admission"
+                    } else {
+                        "not held"
+                    }
+                );
+                // Declared at once: later events of this cycle name it.
+                let ev = Event::JobSubmitted { job: jid, spec };
+                match self.feed(&ev, now) {
+                    Ok(_) => {
+                        self.learn(&ev).ok();
+                        if let Some(jr) = self.journal.as_mut() {
+                            jr.push(&record(now, ev));
+                        }
+                    }
+                    Err(e) => {
+                        log::warn!("engine refused elastic job {}: {e}", j.job_id);
+                        return;
+                    }
+                }
+                jid
+            }
+        };
+        let status = self.engine.job_status(jid);
+        if matches!(status, JobStatus::Finished | JobStatus::Cancelled) {
+            // It ended in the journal's view, yet runs or waits in Slurm: not ours now.
+            return;
+        }
+        self.cores.insert(
+            j.job_id,
+            Core {
+                jid,
+                uid: j.user_id,
+                gid: j.group_id,
+                admit_at: None,
+                pinned: None,
+                started: is_running(j),
+                preempting: false,
+                restarts: j.restart_count,
+                asked_at: f64::NEG_INFINITY,
+                rate: None,
+                step_s: 0.0,
+                ended: false,
+                ended_at: f64::INFINITY,
+                user: j.user_name.clone(),
+            },
+        );
+        if is_running(j) && self.engine.job_nodes(jid).is_empty() {
+            log::warn!(
+                "elastic job {} runs on {} without an admission on record; it will be requeued and held for admission",
+                j.job_id,
+                j.nodes.as_deref().unwrap_or("?")
+            );
+        }
+    }
+
+    /// Gives up the engine's nodes of a core job: core nodes lost to a regular job,
+    /// the rest back to the pool (its satellites are cancelled by reconcile).
+    pub(super) fn job_lost_nodes(&mut self, jid: JobId) {
+        let anchors: Vec<NodeId> = self.engine.job_anchors(jid).to_vec();
+        let nodes: Vec<NodeId> = self.engine.job_nodes(jid).to_vec();
+        for n in nodes {
+            if anchors.contains(&n) {
+                self.emit(Event::WorkerPreempted { job: jid, node: n });
+            } else {
+                self.emit(Event::WorkerLeft { job: jid, node: n });
+            }
+        }
+    }
+
+    pub(super) fn observe_core(&mut self, id: u32, job: Option<&Job>, now: f64) {
+        let Some(core) = self.cores.get(&id) else {
+            return;
+        };
+        if core.ended {
+            return;
+        }
+        let jid = core.jid;
+        let status = self.engine.job_status(jid);
+        let Some(j) = job else {
+            log::warn!("elastic job {id} is gone from slurmctld; counted finished");
+            self.emit(Event::JobFinished { job: jid });
+            if let Some(c) = self.cores.get_mut(&id) {
+                c.ended = true;
+                c.ended_at = now;
+            }
+            return;
+        };
+        let base = j.state.base();
+        if !j.state.is_active() {
+            // A run that ended while being preempted (the runtime left within the
+            // grace time, or PreemptMode=CANCEL) is a preemption, not an end.
+            let preempted = base == JobBase::Preempted
+                || (j.preempt_time.is_some()
+                    && matches!(base, JobBase::Complete | JobBase::Failed));
+            if preempted && status == JobStatus::Active {
+                let core = self.cores.get_mut(&id).unwrap();
+                if now - core.asked_at < 5.0 {
+                    return;
+                }
+                core.asked_at = now;
+                if !core.preempting {
+                    self.stats.preemptions += 1;
+                }
+                core.preempting = false;
+                core.started = false;
+                core.admit_at = None;
+                log::info!(
+                    "elastic job {id} ended {} during its preemption: requeueing it held (a preemption, not an end)",
+                    j.state.name()
+                );
+                core.restarts = j.restart_count.saturating_add(1);
+                self.job_lost_nodes(jid);
+                match self.cluster.requeue(id, true) {
+                    Ok(()) => self.stats.requeues += 1,
+                    Err(e) => {
+                        self.stats.slurm_errors += 1;
+                        self.error(format!("requeue of preempted elastic job {id} failed: {e}"));
+                    }
+                }
+                return;
+            }
+            let ev = if base == JobBase::Cancelled {
+                Event::JobCancelled { job: jid }
+            } else {
+                Event::JobFinished { job: jid }
+            };
+            log::info!("elastic job {id} ended: {}", j.state.name());
+            self.emit(ev);
+            let c = self.cores.get_mut(&id).unwrap();
+            c.ended = true;
+            c.ended_at = now;
+            return;
+        }
+        let core = self.cores.get_mut(&id).unwrap();
+        if j.restart_count > core.restarts {
+            // Slurm requeued it (preemption): whatever it held is gone.
+            core.restarts = j.restart_count;
+            core.started = false;
+            core.admit_at = None;
+            if !core.preempting {
+                self.stats.preemptions += 1;
+            }
+            core.preempting = false;
+            log::info!(
+                "elastic job {id} was requeued by Slurm (restart {})",
+                j.restart_count
+            );
+            self.job_lost_nodes(jid);
+            return;
+        }
+        if is_running(j) {
+            if j.preempt_time.is_some() {
+                if !core.preempting {
+                    core.preempting = true;
+                    self.stats.preemptions += 1;
+                    log::info!(
+                        "elastic job {id}: Slurm preempts its core on {}; giving up its nodes",
+                        j.nodes.as_deref().unwrap_or("?")
+                    );
+                    self.job_lost_nodes(jid);
+                }
+                return;
+            }
+            core.admit_at = None;
+            if !core.started
+                && status == JobStatus::Active
+                && !self.engine.job_nodes(jid).is_empty()
+            {
+                core.started = true;
+                log::info!(
+                    "elastic job {id} runs on {}",
+                    j.nodes.as_deref().unwrap_or("?")
+                );
+                self.emit(Event::JobStarted { job: jid });
+            }
+            self.observe_progress(id, j);
+            return;
+        }
+        // Pending.
+        core.preempting = false;
+        if let Some(t) = core.admit_at {
+            if now - t > self.cfg.admit_timeout_s {
+                core.admit_at = None;
+                let why = j.reason.as_deref().unwrap_or("no reason given").to_string();
+                log::warn!(
+                    "elastic job {id} did not start within {} s of its admission ({why}); holding it again and re-planning",
+                    self.cfg.admit_timeout_s,
+                );
+                // The nodes are idle (not claimed): back to the pool for a new plan.
+                for n in self.engine.job_nodes(jid).to_vec() {
+                    self.emit(Event::WorkerLeft { job: jid, node: n });
+                }
+                // Its own request, limits or begin time keep it from starting: it
+                // waits out a pause before the next admission, the nodes go to others.
+                if self.outage_ended < t && self.outage_since.is_none() {
+                    self.job_failed(
+                        id,
+                        format!(
+                            "it did not start within {} s of its admission ({why})",
+                            self.cfg.admit_timeout_s
+                        ),
+                        now,
+                    );
+                }
+            }
+        }
+    }
+
+    /// The runtime publishes its measured rate in the core job's Comment
+    /// ([`RunComment`]): a change of more than 1% (or of size) is a `Progress` event.
+    /// Its measured step time is kept for shrinks (a new run's unmeasured 0 keeps the
+    /// previous run's: the same script).
+    pub(super) fn observe_progress(&mut self, id: u32, j: &Job) {
+        let Some(rc) = j.comment.as_deref().and_then(RunComment::parse) else {
+            return;
+        };
+        let Some(core) = self.cores.get_mut(&id) else {
+            return;
+        };
+        if rc.step > 0.0 {
+            core.step_s = rc.step;
+        }
+        if !core.started || rc.rate <= 0.0 {
+            return;
+        }
+        let changed = core.rate.map_or(true, |(r, n)| {
+            n != rc.nodes || (rc.rate - r).abs() > 0.01 * r.max(f64::MIN_POSITIVE)
+        });
+        if changed {
+            core.rate = Some((rc.rate, rc.nodes));
+            let jid = core.jid;
+            self.emit(Event::Progress {
+                job: jid,
+                samples_per_s: rc.rate,
+                remaining: None,
+            });
+        }
+    }
+}

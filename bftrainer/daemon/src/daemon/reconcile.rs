@@ -1,0 +1,301 @@
+//! Reconcile (act): compare what the engine holds with the core and satellite jobs
+//! Slurm has and make idempotent calls to close the gap: pin and release (admit),
+//! submit satellites (grow), end them (shrink), requeue and hold cores.
+
+use super::*;
+
+impl<C: Cluster> Daemon<C> {
+    pub(super) fn reconcile(&mut self, now: f64) -> usize {
+        let mut calls = 0usize;
+        // Only the daemon's own jobs matter here (tagged; few).
+        let jobs: Vec<Job> = self
+            .cluster
+            .jobs()
+            .iter()
+            .filter(|j| j.admin_comment.as_deref().is_some_and(spec::looks_like_tag))
+            .cloned()
+            .collect();
+        let by_id: HashMap<u32, &Job> = jobs.iter().map(|j| (j.job_id, j)).collect();
+        let grace: HashMap<&str, f64> = self
+            .cluster
+            .partitions()
+            .iter()
+            .map(|p| (p.name.as_str(), f64::from(p.grace_time_s)))
+            .collect();
+        let grace: HashMap<String, f64> =
+            grace.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        // Active satellites per parent, by node name.
+        let mut sats: HashMap<u32, Vec<&Job>> = HashMap::new();
+        for j in &jobs {
+            if !j.state.is_active() || !self.sats.contains_key(&j.job_id) {
+                continue;
+            }
+            if let Some(Ok(s)) = j.admin_comment.as_deref().and_then(spec::parse_tag) {
+                sats.entry(s.parent.unwrap_or(0)).or_default().push(j);
+            }
+        }
+        let core_ids: Vec<u32> = self.cores.keys().copied().collect();
+        for id in core_ids {
+            let (jid, ended) = {
+                let c = &self.cores[&id];
+                (c.jid, c.ended)
+            };
+            let active = !ended
+                && matches!(
+                    self.engine.job_status(jid),
+                    JobStatus::Active | JobStatus::Queued
+                );
+            let want: Vec<NodeId> = if active {
+                self.engine.job_nodes(jid).to_vec()
+            } else {
+                Vec::new()
+            };
+            let anchors: Vec<NodeId> = if active {
+                self.engine.job_anchors(jid).to_vec()
+            } else {
+                Vec::new()
+            };
+            let core_job = by_id.get(&id).copied();
+            let mut core_running = false;
+            if let (true, Some(j)) = (active, core_job) {
+                calls += self.reconcile_core(id, j, &want, &anchors, &grace, now);
+                core_running =
+                    is_running(j) && j.preempt_time.is_none() && self.on_anchors(j, &anchors);
+            }
+            // Satellites: one per wanted non-core node, once the core runs.
+            let mine = sats.remove(&id).unwrap_or_default();
+            let mut have: HashMap<String, u32> = HashMap::new();
+            for s in &mine {
+                let node = s
+                    .nodes
+                    .clone()
+                    .or_else(|| s.req_nodes.clone())
+                    .unwrap_or_default();
+                let n = self.node_ids.get(&node).copied();
+                let wanted = n.is_some_and(|n| want.contains(&n) && !anchors.contains(&n));
+                let memo_ending = self.sats.get(&s.job_id).is_some_and(|m| m.ending);
+                if wanted && !memo_ending && !have.contains_key(&node) {
+                    have.insert(node, s.job_id);
+                    continue;
+                }
+                if wanted && have.contains_key(&node) && !memo_ending {
+                    log::warn!(
+                        "satellite {} duplicates {} on {node}; cancelling it",
+                        s.job_id,
+                        have[&node]
+                    );
+                }
+                calls += self.end_satellite(s, id, &node, &grace, now);
+            }
+            if !core_running {
+                continue;
+            }
+            let Some(core_job) = core_job else { continue };
+            for &n in &want {
+                if anchors.contains(&n) {
+                    continue;
+                }
+                let name = self.nodes[n as usize].name.clone();
+                if have.contains_key(&name) {
+                    continue;
+                }
+                if self.set_aside.get(&n).is_some_and(|s| s.until > now) {
+                    continue;
+                }
+                if self.over_budget() {
+                    continue;
+                }
+                calls += 1;
+                self.submit_satellite(id, core_job, &name, n, now);
+            }
+        }
+        // Satellites of parents the daemon does not manage (ended, gone, refused).
+        for (parent, list) in sats {
+            for s in list {
+                let node = s
+                    .nodes
+                    .clone()
+                    .or_else(|| s.req_nodes.clone())
+                    .unwrap_or_default();
+                if self.sats.get(&s.job_id).is_some_and(|m| !m.ending) {
+                    log::info!(
+                        "satellite {} on {node}: its parent job {parent} is gone",
+                        s.job_id
+                    );
+                }
+                calls += self.end_satellite(s, parent, &node, &grace, now);
+            }
+        }
+        calls
+    }
+
+    pub(super) fn reconcile_core(
+        &mut self,
+        id: u32,
+        j: &Job,
+        want: &[NodeId],
+        anchors: &[NodeId],
+        grace: &HashMap<String, f64>,
+        now: f64,
+    ) -> usize {
+        let core = &self.cores[&id];
+        let recently = now - core.asked_at < 5.0;
+        let anchor_names = self.names(anchors);
+        // Where an admission pins the core: its anchors, or with none (the engine
+        // re-planned this cycle) the first of its nodes, never an empty list, which would
+        // let Slurm start the core anywhere, on a node the engine lends as a satellite's
+        // (seen on 24.11 and 26.05: a regular job then requeued the unprotected core).
+        let pin: &[NodeId] = if anchors.is_empty() && !want.is_empty() {
+            &want[..1]
+        } else {
+            anchors
+        };
+        let pin_names = self.names(pin);
+        if j.state.base() == JobBase::Pending {
+            // Re-planned while its admission is in flight: take it back before Slurm
+            // starts it on nodes the engine has since given elsewhere.
+            let stale =
+                core.admit_at.is_some() && core.pinned.as_deref() != Some(pin_names.as_str());
+            if want.is_empty() || core.admit_at.is_none() && !j.is_held() || stale {
+                let c = self.cores.get_mut(&id).unwrap();
+                if stale {
+                    c.admit_at = None;
+                    c.pinned = None;
+                }
+                if !j.is_held() && (!recently || stale) {
+                    c.asked_at = now;
+                    c.admit_at = None;
+                    c.pinned = None;
+                    log::info!(
+                        "hold elastic job {id} ({})",
+                        if stale {
+                            "its admission was re-planned"
+                        } else {
+                            "pending, not admitted"
+                        }
+                    );
+                    self.call(|c| c.hold(id), "hold", id);
+                    return 1;
+                }
+                return 0;
+            }
+            if core.admit_at.is_none() && j.is_held() {
+                if self.over_budget() {
+                    return 0;
+                }
+                let names = pin_names;
+                let up = JobUpdate {
+                    node_list: Some(names.clone()),
+                    ..Default::default()
+                };
+                log::info!(
+                    "admit job {id} (user {}) on {names}{}",
+                    j.user_name.as_deref().unwrap_or("?"),
+                    if want.len() > pin.len() {
+                        format!(
+                            ", {} more node(s) by satellites once it runs",
+                            want.len() - pin.len()
+                        )
+                    } else {
+                        String::new()
+                    }
+                );
+                let pinned = self.cluster.update(id, &up);
+                if let Err(e) = &pinned {
+                    self.stats.slurm_errors += 1;
+                    self.error(format!("pin of job {id} to {names} failed: {e}"));
+                    if !e.is_unreachable() {
+                        // Slurm refuses the job on those nodes (its request does not fit
+                        // them, its limits): the job waits out a pause, not re-pinned at
+                        // every cycle.
+                        let jid = self.cores[&id].jid;
+                        for n in self.engine.job_nodes(jid).to_vec() {
+                            self.emit(Event::WorkerLeft { job: jid, node: n });
+                        }
+                        self.job_failed(
+                            id,
+                            format!("Slurm refused to pin it to {names}: {e}"),
+                            now,
+                        );
+                    }
+                }
+                let ok = pinned.is_ok() && self.call(|c| c.release(id), "release", id);
+                if ok {
+                    self.stats.admits += 1;
+                    let c = self.cores.get_mut(&id).unwrap();
+                    c.admit_at = Some(now);
+                    c.pinned = Some(names);
+                }
+                return 2;
+            }
+            return 0;
+        }
+        if !is_running(j) {
+            return 0;
+        }
+        if !want.is_empty() {
+            // Started on other nodes than the engine holds for its core (a race between
+            // a re-plan and the start): the engine's view must match Slurm's, so the
+            // job goes back and is admitted again on what the engine holds.
+            if j.preempt_time.is_some() || recently || self.on_anchors(j, anchors) {
+                return 0;
+            }
+            self.cores.get_mut(&id).unwrap().asked_at = now;
+            log::warn!(
+                "elastic job {id} runs on {} but its core should be on {anchor_names}; requeueing it held to admit it again",
+                j.nodes.as_deref().unwrap_or("?")
+            );
+            if self.call(|c| c.requeue(id, true), "requeue", id) {
+                self.stats.requeues += 1;
+                self.cores.get_mut(&id).unwrap().restarts = j.restart_count.saturating_add(1);
+            }
+            return 1;
+        }
+        // Running but the engine gave it no nodes: requeue it held. While Slurm
+        // preempts it, wait out the partition's grace time first.
+        if let Some(pt) = j.preempt_time {
+            let g = j
+                .partition
+                .as_deref()
+                .and_then(|p| grace.get(p))
+                .copied()
+                .unwrap_or(0.0);
+            if (now as i64) < pt + g as i64 {
+                return 0;
+            }
+        }
+        if recently {
+            return 0;
+        }
+        self.cores.get_mut(&id).unwrap().asked_at = now;
+        log::info!(
+            "requeue job {id} off {}: held until it is admitted again",
+            j.nodes.as_deref().unwrap_or("?")
+        );
+        if self.call(|c| c.requeue(id, true), "requeue", id) {
+            self.stats.requeues += 1;
+            // Our own requeue: not a preemption when the restart count moves.
+            self.cores.get_mut(&id).unwrap().restarts = j.restart_count.saturating_add(1);
+        }
+        1
+    }
+
+    /// Whether the running core job `j` is on exactly the engine's core nodes.
+    pub(super) fn on_anchors(&self, j: &Job, anchors: &[NodeId]) -> bool {
+        if anchors.is_empty() {
+            return true;
+        }
+        let mut actual = j
+            .nodes
+            .as_deref()
+            .map(|e| self.cluster.expand(e))
+            .unwrap_or_default();
+        let mut expected: Vec<String> = anchors
+            .iter()
+            .map(|&n| self.nodes[n as usize].name.clone())
+            .collect();
+        actual.sort();
+        expected.sort();
+        actual == expected
+    }
+}
