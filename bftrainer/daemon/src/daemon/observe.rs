@@ -5,10 +5,44 @@
 
 use super::*;
 
+/// What one pass over the job table found (`scan_jobs`).
+struct Scan {
+    /// The tagged jobs (cores, satellites, others with a bftrainer-looking tag).
+    jobs: Vec<Job>,
+    /// Core jobs by Slurm id: index in `jobs`.
+    cores_seen: HashMap<u32, usize>,
+    /// Satellites bftrainerd wrote: (index in `jobs`, parent).
+    sats: Vec<(usize, u32)>,
+    /// Satellites their owner changed since: (job id, parent), to cancel.
+    modified_sats: Vec<(u32, u32)>,
+    /// Nodes regular jobs hold, or that are being taken by preemption.
+    foreign_busy: HashSet<String>,
+    /// Earliest planned start of a pending regular job per node.
+    forecast: HashMap<String, f64>,
+    /// Nodes bftrainerd's jobs hold.
+    our_nodes: HashSet<String>,
+    /// Partitions where regular jobs wait.
+    pending_parts: HashSet<String>,
+    /// Each pending regular job's planned nodes, whole.
+    plans: Vec<Vec<String>>,
+}
+
 impl<C: Cluster> Daemon<C> {
+    /// One observation of the refreshed snapshot: jobs first (who holds or will take
+    /// which node), then nodes, core jobs and satellites, each turned into events.
     pub(super) fn observe(&mut self, now: f64) {
         let parts = self.cfg.elastic_partitions();
         let parts: Vec<String> = parts.into_iter().map(str::to_string).collect();
+        let scan = self.scan_jobs(now);
+        self.observe_nodes(&scan, &parts, now);
+        self.observe_cores(&scan, &parts, now);
+        self.observe_satellites(scan, now);
+    }
+
+    /// The job table in one pass: which jobs are bftrainerd's (cores, satellites, ones
+    /// their owners changed), which nodes regular jobs hold or are planned onto, and
+    /// where regular jobs wait.
+    fn scan_jobs(&mut self, now: f64) -> Scan {
         // Which jobs are ours, and which hold or will take which nodes.
         let mut foreign_busy: HashSet<String> = HashSet::new();
         let mut forecast: HashMap<String, f64> = HashMap::new();
@@ -155,6 +189,33 @@ impl<C: Cluster> Daemon<C> {
             }
         }
 
+        Scan {
+            jobs,
+            cores_seen,
+            sats,
+            modified_sats,
+            foreign_busy,
+            forecast,
+            our_nodes,
+            pending_parts,
+            plans,
+        }
+    }
+
+    /// Each node of the elastic partitions classed (open with its forecast, claimed,
+    /// planned, lost) and told to the engine when that changed.
+    fn observe_nodes(&mut self, scan: &Scan, parts: &[String], now: f64) {
+        let Scan {
+            jobs,
+            cores_seen,
+            modified_sats,
+            foreign_busy,
+            forecast,
+            our_nodes,
+            pending_parts,
+            plans,
+            ..
+        } = scan;
         // Core nodes are not released early on a forecast: losing one requeues the
         // whole job, and a pending job's planned nodes may change (measured: a 1-node
         // job planned on a core's node while Slurm preempted a satellite for it).
@@ -196,8 +257,12 @@ impl<C: Cluster> Daemon<C> {
                 .iter()
                 .any(|j| is_running(j) && j.preempt_time.is_some());
         let steers = |p: &[String]| p.len() <= non_core && p.iter().any(|n| core_nodes.contains(n));
-        let mut steered: HashSet<String> =
-            plans.into_iter().filter(|p| steers(p)).flatten().collect();
+        let mut steered: HashSet<String> = plans
+            .iter()
+            .filter(|p| steers(p))
+            .flatten()
+            .cloned()
+            .collect();
         // Nodes backfill flagged PLANNED without a plan we can read (sched_nodes unset)
         // count as one plan.
         let flagged: Vec<String> = self
@@ -304,7 +369,7 @@ impl<C: Cluster> Daemon<C> {
         }
         self.reclaimed
             .retain(|_, t| now - *t < self.cfg.reclaim_hold_s);
-        for (id, parent) in modified_sats {
+        for &(id, parent) in modified_sats {
             let memo = self.sats.entry(id).or_default();
             if memo.signalled_at.is_some_and(|t| now - t < 5.0) {
                 continue;
@@ -377,8 +442,14 @@ impl<C: Cluster> Daemon<C> {
                 self.observe_node(id, class);
             }
         }
+    }
 
-        // Core jobs.
+    /// Core jobs: the known ones followed, new ones adopted, waiting ones checked
+    /// against what the idle nodes can serve, gone and old ones ended and forgotten.
+    fn observe_cores(&mut self, scan: &Scan, parts: &[String], now: f64) {
+        let Scan {
+            jobs, cores_seen, ..
+        } = scan;
         let known: Vec<u32> = self.cores.keys().copied().collect();
         for id in known {
             let job = cores_seen.get(&id).map(|&i| &jobs[i]);
@@ -421,7 +492,7 @@ impl<C: Cluster> Daemon<C> {
             .map(|(&id, &i)| (id, i))
             .collect();
         for (id, i) in waiting {
-            let why = self.unservable_why(&jobs[i], &parts);
+            let why = self.unservable_why(&jobs[i], parts);
             self.set_unservable(id, why, now);
         }
         // Jobs the journal knows as queued or active that slurmctld no longer has
@@ -460,8 +531,12 @@ impl<C: Cluster> Daemon<C> {
                 self.emit(Event::JobForgotten { job: c.jid });
             }
         }
+    }
 
-        // Satellites. An ended one is news only if it is the newest of its parent on
+    /// Satellites: joined, preempted, failed or ended, each once.
+    fn observe_satellites(&mut self, scan: Scan, now: f64) {
+        let Scan { jobs, sats, .. } = scan;
+        // An ended satellite is news only if it is the newest of its parent on
         // its node and it ended while this daemon ran; older ones are history (handled
         // before a restart, or replaced since).
         let started = *self.started_at.get_or_insert(now);
