@@ -306,15 +306,24 @@ fn reconfigure(
                     "[metrics] listen",
                     cfg.metrics_listen != daemon.cfg.metrics_listen,
                 ),
+                (
+                    "[daemon] query_listen",
+                    cfg.query_listen != daemon.cfg.query_listen,
+                ),
             ] {
                 if changed {
                     log::warn!("reload: {what} changed; it takes effect at the next start");
                 }
             }
-            let (socket, listen) = (daemon.cfg.socket.clone(), daemon.cfg.metrics_listen);
+            let (socket, listen, query) = (
+                daemon.cfg.socket.clone(),
+                daemon.cfg.metrics_listen,
+                daemon.cfg.query_listen,
+            );
             daemon.reconfigure(cfg);
             daemon.cfg.socket = socket;
             daemon.cfg.metrics_listen = listen;
+            daemon.cfg.query_listen = query;
             if poll != interval.period() {
                 *interval = tokio::time::interval(poll);
                 interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
