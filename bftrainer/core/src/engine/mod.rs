@@ -999,6 +999,18 @@ impl<A: Allocator> Engine<A> {
         anchors.truncate(min);
     }
 
+    /// Of `jobs`, those holding some nodes but fewer than their minimum (a loss left
+    /// them there): they cannot run as they are and are requeued.
+    fn below_min(&self, jobs: &[JobId]) -> Vec<JobId> {
+        jobs.iter()
+            .copied()
+            .filter(|&j| {
+                let job = &self.jobs[j as usize];
+                !job.nodes.is_empty() && job.nodes.len() < job.spec.min_nodes as usize
+            })
+            .collect()
+    }
+
     /// Takes queued jobs into allocation while fewer than `max_jobs` are active:
     /// highest priority first; among equal priorities the job of the user with the
     /// fewest active jobs (one user's many jobs do not starve another's), then submit
@@ -1081,15 +1093,7 @@ impl<A: Allocator> Engine<A> {
         // change is decided when lending reopens. A job that a loss left below its
         // minimum cannot run there and is requeued all the same.
         if self.lending == Lending::Paused {
-            let below: Vec<JobId> = self
-                .active
-                .iter()
-                .copied()
-                .filter(|&j| {
-                    let job = &self.jobs[j as usize];
-                    !job.nodes.is_empty() && job.nodes.len() < job.spec.min_nodes as usize
-                })
-                .collect();
+            let below = self.below_min(&self.active);
             return Ok(self.requeue_jobs(&below, now));
         }
         let drained = self.lending == Lending::Drained;
@@ -1219,15 +1223,7 @@ impl<A: Allocator> Engine<A> {
             None => {
                 // Kept allocation: a job a loss left below its minimum is not left there.
                 self.stats.kept += 1;
-                let below: Vec<JobId> = self
-                    .deciding
-                    .iter()
-                    .copied()
-                    .filter(|&j| {
-                        let job = &self.jobs[j as usize];
-                        !job.nodes.is_empty() && job.nodes.len() < job.spec.min_nodes as usize
-                    })
-                    .collect();
+                let below = self.below_min(&self.deciding);
                 self.requeue_jobs(&below, now)
             }
         };
