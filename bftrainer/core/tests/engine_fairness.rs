@@ -2,46 +2,23 @@
 //! fairshare, QOS), ties in submit order; a user at `max_jobs_per_user` does not hold
 //! back other users; a user's jobs together never hold more than `max_nodes_per_user`.
 
-use bftrainer_core::alloc::Curve;
+mod engine_common;
+
 use bftrainer_core::engine::{
     Action, ElasticSpec, Engine, EngineConfig, Event, Exact, JobId, JobStatus,
 };
 
 fn spec(name: &str, user: u32, priority: u32, min: u32, max: u32) -> ElasticSpec {
     ElasticSpec {
-        name: name.into(),
-        min_nodes: min,
-        max_nodes: max,
-        scale_up_s: 1.0,
-        scale_down_s: 1.0,
-        objective: Curve {
-            points: vec![(1, 1.0), (8, 8.0)],
-        },
         user: Some(user),
         priority,
+        ..engine_common::spec(name, min, max, 1.0)
     }
 }
 
 fn engine(cfg: EngineConfig, nodes: u32) -> Engine<Exact> {
     let mut e = Engine::new(cfg, Exact::default());
-    for n in 0..nodes {
-        e.on_event(
-            &Event::NodeAdded {
-                node: n,
-                name: format!("n{n}"),
-            },
-            0.0,
-        )
-        .unwrap();
-        e.on_event(
-            &Event::NodeIdle {
-                node: n,
-                reclaim_at: None,
-            },
-            0.0,
-        )
-        .unwrap();
-    }
+    engine_common::idle_nodes(&mut e, nodes);
     e
 }
 

@@ -2,34 +2,10 @@
 //! holds and sits decisions out, so the pool goes to the other jobs; when the pause
 //! ends it takes part again.
 
-use bftrainer_core::alloc::Curve;
+mod engine_common;
+
 use bftrainer_core::engine::{Action, ElasticSpec, Engine, EngineConfig, Event, Exact};
-
-fn spec(name: &str, min: u32, max: u32, per_node: f64) -> ElasticSpec {
-    ElasticSpec {
-        name: name.into(),
-        min_nodes: min,
-        max_nodes: max,
-        scale_up_s: 1.0,
-        scale_down_s: 1.0,
-        objective: Curve {
-            points: vec![(1, per_node), (8, 8.0 * per_node)],
-        },
-        user: None,
-        priority: 0,
-    }
-}
-
-fn idle(e: &mut Engine<Exact>, n: u32, t: f64) {
-    e.on_event(
-        &Event::NodeIdle {
-            node: n,
-            reclaim_at: None,
-        },
-        t,
-    )
-    .unwrap();
-}
+use engine_common::{idle, idle_nodes, spec};
 
 #[test]
 fn a_paused_job_keeps_its_nodes_and_the_pool_goes_to_others() {
@@ -113,17 +89,7 @@ fn a_paused_job_keeps_its_nodes_and_the_pool_goes_to_others() {
 #[test]
 fn a_pause_can_be_lifted_and_a_loss_below_min_is_still_decided() {
     let mut e = Engine::new(EngineConfig::default(), Exact::default());
-    for n in 0..3 {
-        e.on_event(
-            &Event::NodeAdded {
-                node: n,
-                name: format!("n{n}"),
-            },
-            0.0,
-        )
-        .unwrap();
-        idle(&mut e, n, 0.0);
-    }
+    idle_nodes(&mut e, 3);
     e.on_event(
         &Event::JobSubmitted {
             job: 0,
@@ -179,17 +145,7 @@ fn engine_with(max_jobs: usize, nodes: u32) -> Engine<Exact> {
         },
         Exact::default(),
     );
-    for n in 0..nodes {
-        e.on_event(
-            &Event::NodeAdded {
-                node: n,
-                name: format!("n{n}"),
-            },
-            0.0,
-        )
-        .unwrap();
-        idle(&mut e, n, 0.0);
-    }
+    idle_nodes(&mut e, nodes);
     e
 }
 

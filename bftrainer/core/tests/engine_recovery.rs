@@ -3,27 +3,15 @@
 //! engine ignores `Decided`; a refused decision applies nothing; a job's core always
 //! counts `min_nodes` real nodes, and a job below its minimum is not left running.
 
-use bftrainer_core::alloc::{Curve, Instance, Objective, Options, Solution};
+use bftrainer_core::alloc::{Instance, Objective, Options, Solution};
 use bftrainer_core::engine::{
     Action, Allocator, ElasticSpec, Engine, EngineConfig, Event, Exact, JobStatus, Lending, Mode,
     NodeState, Record, EVENT_FORMAT_VERSION,
 };
+use engine_common::{idle_nodes, spec};
 use rand::{Rng, SeedableRng};
 
-fn spec(name: &str, min: u32, max: u32, per_node: f64) -> ElasticSpec {
-    ElasticSpec {
-        name: name.into(),
-        min_nodes: min,
-        max_nodes: max,
-        scale_up_s: 1.0,
-        scale_down_s: 1.0,
-        objective: Curve {
-            points: vec![(1, per_node), (8, 8.0 * per_node)],
-        },
-        user: None,
-        priority: 0,
-    }
-}
+mod engine_common;
 
 /// Drives a live engine and keeps its journal as bftrainerd writes it: every event,
 /// and after each Tick the decision it made.
@@ -427,24 +415,7 @@ fn sol(jobs: Vec<Vec<u32>>) -> Solution {
 }
 
 fn setup<A: Allocator>(e: &mut Engine<A>, nodes: u32, jobs: &[ElasticSpec]) {
-    for n in 0..nodes {
-        e.on_event(
-            &Event::NodeAdded {
-                node: n,
-                name: format!("n{n}"),
-            },
-            0.0,
-        )
-        .unwrap();
-        e.on_event(
-            &Event::NodeIdle {
-                node: n,
-                reclaim_at: None,
-            },
-            0.0,
-        )
-        .unwrap();
-    }
+    idle_nodes(e, nodes);
     for (j, s) in jobs.iter().enumerate() {
         e.on_event(
             &Event::JobSubmitted {
