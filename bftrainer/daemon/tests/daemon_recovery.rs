@@ -338,3 +338,33 @@ fn a_compacted_journal_restores_the_same_state() {
     let d = start(dir.path(), "max_jobs = 3", copy_cluster(&slurm));
     assert_eq!(state(&d), after);
 }
+
+#[test]
+fn a_rate_its_owner_changes_at_every_poll_is_journaled_at_most_every_30_s() {
+    // The runtime's rate comes from the job's Comment, which its owner may write: one
+    // that changes at every poll must not put a record in the journal at every poll.
+    let dir = tempfile::tempdir().unwrap();
+    let mut now = 3_000_000_000.0;
+    let mut d = start(dir.path(), "max_jobs = 3", cluster());
+    run(&mut d, &mut now, 8);
+    for k in 0..300 {
+        now += 1.0;
+        let j = d.cluster.jobs.iter_mut().find(|j| j.job_id == 1).unwrap();
+        j.comment = Some(format!(
+            "bftrainer-run:v1 coord=h:1 run=ab start=0 gen=1 nodes=2 rate={} step=1",
+            100.0 + f64::from(k % 2) * 50.0
+        ));
+        d.cluster.dirty = true;
+        d.cycle(now).unwrap();
+    }
+    drop(d);
+    let (_, records) = Journal::open(dir.path()).unwrap();
+    let progress = records
+        .iter()
+        .filter(|r| matches!(r.event, Event::Progress { .. }))
+        .count();
+    assert!(
+        (9..=12).contains(&progress),
+        "{progress} Progress records for 300 polls of a changing rate"
+    );
+}

@@ -139,6 +139,8 @@ struct Core {
     ended_at: f64,
     /// The runtime's last published rate (samples/s) and size, from the job's Comment.
     rate: Option<(f64, u32)>,
+    /// When that rate was journaled (`Event::Progress`), for the rate limit.
+    rate_at: f64,
     /// The runtime's last measured seconds per training step, from the job's Comment
     /// (0: never measured). Sets how long a shrunk satellite gets to leave.
     step_s: f64,
@@ -249,6 +251,10 @@ pub struct Daemon<C: Cluster> {
     pub poll_times: view::Window,
     pub decide_times: view::Window,
 }
+
+/// A job's measured rate at an unchanged size is journaled at most this often (its
+/// owner writes the Comment it comes from).
+pub const PROGRESS_EVERY_S: f64 = 30.0;
 
 /// The longest pause of a job's growth and the longest set-aside of a node.
 pub const MAX_BACKOFF_S: f64 = 3600.0;

@@ -811,6 +811,7 @@ impl<C: Cluster> Daemon<C> {
                 restarts: j.restart_count,
                 asked_at: f64::NEG_INFINITY,
                 rate: None,
+                rate_at: f64::NEG_INFINITY,
                 step_s: 0.0,
                 ended: false,
                 ended_at: f64::INFINITY,
@@ -946,7 +947,7 @@ impl<C: Cluster> Daemon<C> {
                 );
                 self.emit(Event::JobStarted { job: jid });
             }
-            self.observe_progress(id, j);
+            self.observe_progress(id, j, now);
             return;
         }
         // Pending.
@@ -983,7 +984,7 @@ impl<C: Cluster> Daemon<C> {
     /// ([`RunComment`]): a change of more than 1% (or of size) is a `Progress` event.
     /// Its measured step time is kept for shrinks (a new run's unmeasured 0 keeps the
     /// previous run's: the same script).
-    pub(super) fn observe_progress(&mut self, id: u32, j: &Job) {
+    pub(super) fn observe_progress(&mut self, id: u32, j: &Job, now: f64) {
         let Some(rc) = j.comment.as_deref().and_then(RunComment::parse) else {
             return;
         };
@@ -996,11 +997,16 @@ impl<C: Cluster> Daemon<C> {
         if !core.started || rc.rate <= 0.0 {
             return;
         }
-        let changed = core.rate.map_or(true, |(r, n)| {
-            n != rc.nodes || (rc.rate - r).abs() > 0.01 * r.max(f64::MIN_POSITIVE)
+        // The Comment is the owner's to write: a rate that changes at every poll would
+        // put a record in the journal at every poll. A new size is news at once; a new
+        // rate at the same size at most every PROGRESS_EVERY_S.
+        let resized = core.rate.map_or(true, |(_, n)| n != rc.nodes);
+        let changed = core.rate.map_or(true, |(r, _)| {
+            (rc.rate - r).abs() > 0.01 * r.max(f64::MIN_POSITIVE)
         });
-        if changed {
+        if resized || (changed && now - core.rate_at >= PROGRESS_EVERY_S) {
             core.rate = Some((rc.rate, rc.nodes));
+            core.rate_at = now;
             let jid = core.jid;
             self.emit(Event::Progress {
                 job: jid,
