@@ -69,6 +69,82 @@ pub const MIN_CYCLED_JOB_S: f64 = 1.0;
 /// about 300 bytes in the simulator, the engine and the report).
 pub const MAX_GENERATED_JOBS: usize = 1_000_000;
 
+/// What losing one of a job's core nodes (its `min_nodes` anchors) to a regular job
+/// costs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CoreLoss {
+    /// As bftrainerd: the core Slurm job is preempted, so the whole job is requeued:
+    /// its other core nodes go with it (held `reclaim_hold_s`), its satellites leave,
+    /// and it waits for a new admission.
+    #[default]
+    Job,
+    /// The node only, as any other (the simulator before it modelled the daemon).
+    Node,
+}
+
+/// bftrainerd's own rules around the engine's decisions, as the replay models them
+/// (`bftrainer replay --release-before`, `--reclaim-hold`, `--start-latency`,
+/// `--core-loss`). [`DaemonRules::DAEMON`] holds the daemon's defaults;
+/// [`DaemonRules::NONE`] (the library's default) the plain job model.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DaemonRules {
+    /// A node the trace gives a regular job within this many seconds is taken back
+    /// (not lent, or shrunk off its job) that long before; a job's core nodes are
+    /// excluded (the daemon's `release_before`). The trace's own claim times are the
+    /// backfill plan. 0: off.
+    pub release_before_s: f64,
+    /// A node a regular job leaves, or a core node freed by a requeue, is lent only
+    /// after this many seconds (the daemon's `reclaim_hold`). 0: off.
+    pub reclaim_hold_s: f64,
+    /// Seconds from an admission (grow) to the core job (satellite) running: its nodes
+    /// are held but do no work meanwhile; then `JobStarted` (`WorkerJoined`). 0: at once.
+    pub start_latency_s: f64,
+    pub core_loss: CoreLoss,
+}
+
+impl DaemonRules {
+    /// bftrainerd's defaults: release 30 s before a planned start, reclaim hold 10 s,
+    /// 1 s from admission or grow to running (measured: node idle -> satellite running
+    /// p50 0.98 s, docs/benchmarks.md), a core node lost requeues the job.
+    pub const DAEMON: DaemonRules = DaemonRules {
+        release_before_s: 30.0,
+        reclaim_hold_s: 10.0,
+        start_latency_s: 1.0,
+        core_loss: CoreLoss::Job,
+    };
+    /// None of the rules: nodes are lent the moment they are idle and until the
+    /// moment they are claimed, work starts at once, a core loss costs one node.
+    pub const NONE: DaemonRules = DaemonRules {
+        release_before_s: 0.0,
+        reclaim_hold_s: 0.0,
+        start_latency_s: 0.0,
+        core_loss: CoreLoss::Node,
+    };
+
+    /// Checks the settings; the message names the option and what is allowed.
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("release-before", self.release_before_s),
+            ("reclaim-hold", self.reclaim_hold_s),
+            ("start-latency", self.start_latency_s),
+        ] {
+            if !(0.0..=86_400.0).contains(&v) {
+                return Err(Error::Config(format!(
+                    "{name} must be seconds from 0 to 86400, found {v}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for DaemonRules {
+    fn default() -> Self {
+        Self::NONE
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub engine: EngineConfig,
@@ -93,6 +169,9 @@ pub struct SimConfig {
     pub journal: bool,
     /// The file's jobs once (default), cycled, or drawn by Poisson arrivals.
     pub workload: Workload,
+    /// bftrainerd's rules around the engine (none by default here; `bftrainer replay`
+    /// uses the daemon's).
+    pub rules: DaemonRules,
 }
 
 impl Default for SimConfig {
@@ -108,6 +187,7 @@ impl Default for SimConfig {
             journal: false,
             seed: 0,
             workload: Workload::File,
+            rules: DaemonRules::NONE,
         }
     }
 }
@@ -211,6 +291,12 @@ struct SimJob {
     n: u32,
     /// Claimed nodes it keeps for the grace period.
     draining: u32,
+    /// Nodes it holds that do no work yet (`DaemonRules::start_latency_s`).
+    starting: u32,
+    /// Admissions so far: tells a pending start of this admission from an older one.
+    admission: u32,
+    /// The admission whose start the engine was told (`JobStarted`).
+    announced: u32,
     first_admit: Option<f64>,
     finished: Option<f64>,
     node_s: f64,
@@ -347,6 +433,35 @@ fn rate(rec: &JobRecord, n: u32) -> f64 {
     } else {
         curve_at(&rec.rate, n.min(rec.max_nodes))
     }
+}
+
+/// Nodes of a job that do work: those it holds that have started, and those it keeps
+/// for a grace period.
+fn working(s: &SimJob) -> u32 {
+    s.n - s.starting + s.draining
+}
+
+/// Why the engine does not see a node that the trace shows idle as idle.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Gate {
+    /// It does (or the node is busy).
+    Open,
+    /// A regular job left it, or a requeue freed it: lent from `until` on.
+    Hold { until: f64, reclaim_at: Option<f64> },
+    /// A regular job takes it within `release_before_s`: taken back, not lent.
+    Planned,
+}
+
+/// A node given to a job that starts working at `due` (relative seconds).
+#[derive(Debug, Clone, Copy)]
+struct Start {
+    due: f64,
+    job: JobId,
+    node: u32,
+    /// The node's start sequence number when it was given (`Sim::start_seq`).
+    seq: u32,
+    /// The job's admission it belongs to, or 0 for a grow.
+    admission: u32,
 }
 
 /// Seconds to the next arrival of a Poisson process of `per_hour` arrivals per hour.
@@ -509,6 +624,30 @@ struct Sim<'a, A> {
     rng: u64,
     /// Times each record was submitted (names its next copy `NAME#k`).
     uses: Vec<u32>,
+    // bftrainerd's rules (`SimConfig::rules`).
+    rules: DaemonRules,
+    /// Trace items read ahead (release_before): every claim up to the present +
+    /// `release_before_s`, and the first claim after.
+    ahead: std::collections::VecDeque<TraceItem>,
+    /// Time of the last claim read ahead (Unix seconds).
+    ahead_claim: f64,
+    /// Per node: the times of its claims in `ahead`, in order.
+    claims_ahead: Vec<std::collections::VecDeque<i64>>,
+    /// (release time, node, claim time) of the claims in `ahead`, in time order.
+    releases: std::collections::VecDeque<(f64, u32, i64)>,
+    /// (node, claim time): core nodes due for release but kept while they are a core.
+    deferred: Vec<(u32, i64)>,
+    gate: Vec<Gate>,
+    /// (until, node): reclaim holds, in time order.
+    holds: std::collections::VecDeque<(f64, u32)>,
+    /// Pending starts, in time order.
+    starts: std::collections::VecDeque<Start>,
+    /// Per node: the sequence number of its pending start, 0 when none.
+    start_seq: Vec<u32>,
+    next_seq: u32,
+    /// (job, its rate before) of this step's releases before a planned start.
+    released: Vec<(JobId, f64)>,
+    starting_ns: f64,
 }
 
 #[derive(Default)]
@@ -516,6 +655,8 @@ struct Counts {
     actions: ActionCounts,
     preempted_nodes: u64,
     finished: u32,
+    released_nodes: u64,
+    core_losses: u64,
 }
 
 impl<'a, A: Allocator> Sim<'a, A> {
@@ -542,6 +683,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
             )));
         }
         cfg.engine.validate().map_err(Error::Config)?;
+        cfg.rules.validate()?;
         if recs.windows(2).any(|w| w[1].submit < w[0].submit) {
             return Err(Error::Config("jobs must be sorted by submit time".into()));
         }
@@ -595,11 +737,160 @@ impl<'a, A: Allocator> Sim<'a, A> {
             next_arrival,
             rng,
             uses: vec![0; recs.len()],
+            rules: cfg.rules,
+            ahead: Default::default(),
+            ahead_claim: f64::NEG_INFINITY,
+            claims_ahead: if cfg.rules.release_before_s > 0.0 {
+                vec![Default::default(); n]
+            } else {
+                Vec::new()
+            },
+            releases: Default::default(),
+            deferred: Vec::new(),
+            gate: vec![Gate::Open; n],
+            holds: Default::default(),
+            starts: Default::default(),
+            start_seq: vec![0; n],
+            next_seq: 0,
+            released: Vec::new(),
+            starting_ns: 0.0,
         })
     }
 
     fn abs(&self, t: f64) -> f64 {
         self.t0 + t
+    }
+
+    /// Moves one item of the trace into the read-ahead; false at its end.
+    fn pull(&mut self) -> Result<bool> {
+        let Some(item) = self.trace.next()? else {
+            return Ok(false);
+        };
+        if let TraceItem::Change(c) = item {
+            if !c.idle {
+                self.claims_ahead[c.node as usize].push_back(c.t);
+                let rt = c.t as f64 - self.rules.release_before_s;
+                self.releases.push_back((rt, c.node, c.t));
+                self.ahead_claim = c.t as f64;
+            }
+        }
+        self.ahead.push_back(item);
+        Ok(true)
+    }
+
+    /// Reads ahead every claim up to `upto` (Unix seconds) + `release_before_s`, and
+    /// the first one after (whose release is the next to come).
+    fn read_ahead(&mut self, upto: f64) -> Result<()> {
+        if self.rules.release_before_s > 0.0 {
+            while self.ahead_claim <= upto + self.rules.release_before_s && self.pull()? {}
+        }
+        Ok(())
+    }
+
+    fn tpeek(&mut self) -> Result<Option<TraceItem>> {
+        if self.rules.release_before_s > 0.0 && self.ahead.is_empty() {
+            self.pull()?;
+        }
+        match self.ahead.front() {
+            Some(&i) => Ok(Some(i)),
+            None => self.trace.peek(),
+        }
+    }
+
+    fn tnext(&mut self) -> Result<Option<TraceItem>> {
+        if self.rules.release_before_s > 0.0 && self.ahead.is_empty() {
+            self.pull()?;
+        }
+        let item = match self.ahead.pop_front() {
+            Some(i) => Some(i),
+            None => self.trace.next()?,
+        };
+        if let Some(TraceItem::Change(c)) = item {
+            if !c.idle && self.rules.release_before_s > 0.0 {
+                self.claims_ahead[c.node as usize].pop_front();
+            }
+        }
+        Ok(item)
+    }
+
+    /// Whether the trace gives idle node `n` to a regular job within
+    /// `release_before_s` of `now` (Unix seconds).
+    fn planned(&self, n: u32, now: f64) -> bool {
+        self.rules.release_before_s > 0.0
+            && self.claims_ahead[n as usize]
+                .front()
+                .is_some_and(|&c| c as f64 - self.rules.release_before_s <= now)
+    }
+
+    /// Node `n` leaves job `j`: a start pending there is dropped.
+    fn unstart(&mut self, n: u32, j: JobId) {
+        if std::mem::replace(&mut self.start_seq[n as usize], 0) != 0 {
+            self.jobs[j as usize].starting -= 1;
+        }
+    }
+
+    /// Node `n`, idle in the trace, is open to the engine again (a hold ended, or a
+    /// requeue freed it without a hold): idle, unless a regular job takes it soon.
+    fn reopen(&mut self, n: u32, reclaim_at: Option<f64>, t: f64) -> Result<()> {
+        if self.planned(n, self.abs(t)) {
+            self.gate[n as usize] = Gate::Planned;
+            return Ok(());
+        }
+        self.gate[n as usize] = Gate::Open;
+        self.send(
+            &Event::NodeIdle {
+                node: n,
+                reclaim_at,
+            },
+            t,
+        )?;
+        Ok(())
+    }
+
+    /// A regular job took node `n`, one of job `h`'s core nodes: Slurm preempts the
+    /// core job, so the whole job is requeued, as bftrainerd sees it: its core nodes
+    /// claimed (held before they are lent again), its satellites left, and it waits
+    /// for a new admission (active on no nodes). Returns the nodes preempted.
+    fn lose_core(&mut self, h: JobId, n: u32, t: f64) -> Result<u32> {
+        let anchors = self.engine.job_anchors(h).to_vec();
+        let nodes = self.engine.job_nodes(h).to_vec();
+        self.send(&Event::NodeClaimed { node: n }, t)?;
+        let mut reopen = Vec::new();
+        for &a in &anchors {
+            if a != n {
+                self.holder[a as usize] = NONE;
+                self.jobs[h as usize].n -= 1;
+                self.held_total -= 1;
+                self.unstart(a, h);
+                self.send(&Event::NodeClaimed { node: a }, t)?;
+                let reclaim_at = self.forecast;
+                if self.rules.reclaim_hold_s > 0.0 {
+                    let until = t + self.rules.reclaim_hold_s;
+                    self.gate[a as usize] = Gate::Hold { until, reclaim_at };
+                    self.holds.push_back((until, a));
+                } else {
+                    reopen.push(a);
+                }
+            }
+        }
+        for &a in &anchors {
+            self.send(&Event::WorkerPreempted { job: h, node: a }, t)?;
+        }
+        for &m in &nodes {
+            if !anchors.contains(&m) {
+                self.holder[m as usize] = NONE;
+                self.jobs[h as usize].n -= 1;
+                self.held_total -= 1;
+                self.unstart(m, h);
+                self.send(&Event::WorkerLeft { job: h, node: m }, t)?;
+            }
+        }
+        for a in reopen {
+            let f = self.forecast;
+            self.reopen(a, f, t)?;
+        }
+        self.counts.core_losses += 1;
+        Ok(anchors.len().max(1) as u32)
     }
 
     /// Submits a job of record `r` to the engine at step time `t`; `at` is when it was
@@ -638,6 +929,9 @@ impl<'a, A: Allocator> Sim<'a, A> {
             progress: 0.0,
             n: 0,
             draining: 0,
+            starting: 0,
+            admission: 0,
+            announced: 0,
             first_admit: None,
             finished: None,
             node_s: 0.0,
@@ -721,10 +1015,11 @@ impl<'a, A: Allocator> Sim<'a, A> {
             )?;
         }
         // Forecasts up to the start hold from it; the start's changes come in step 0.
-        while let Some(TraceItem::Forecast(_, f)) = self.trace.peek()?.filter(|i| i.t() <= start) {
-            self.trace.next()?;
+        while let Some(TraceItem::Forecast(_, f)) = self.tpeek()?.filter(|i| i.t() <= start) {
+            self.tnext()?;
             self.forecast = f.map(|r| r as f64);
         }
+        self.read_ahead(start as f64)?;
         let mut order: Vec<u32> = (0..nodes as u32).collect();
         if self.cfg.seed != 0 {
             let mut x = self.cfg.seed;
@@ -736,6 +1031,10 @@ impl<'a, A: Allocator> Sim<'a, A> {
         for i in order.into_iter().map(|i| i as usize) {
             if self.trace.initial_idle()[i] {
                 self.set_idle(i as u32, true);
+                if self.planned(i as u32, start as f64) {
+                    self.gate[i] = Gate::Planned;
+                    continue;
+                }
                 let ev = Event::NodeIdle {
                     node: i as u32,
                     reclaim_at: self.forecast,
@@ -753,8 +1052,18 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 (hooks.progress)(if end > 0.0 { t / end } else { 1.0 });
             }
             let mut next = f64::INFINITY;
-            if let Some(item) = self.trace.peek()? {
+            if let Some(item) = self.tpeek()? {
                 next = next.min((item.t() - start) as f64);
+            }
+            // The rules' timers: holds that end, starts due, releases before a claim.
+            if let Some(&(u, _)) = self.holds.front() {
+                next = next.min(u);
+            }
+            if let Some(s) = self.starts.front() {
+                next = next.min(s.due);
+            }
+            if let Some(&(rt, _, _)) = self.releases.front() {
+                next = next.min(rt - start as f64);
             }
             let exact = self.cfg.steps == Steps::Exact;
             let from_file = !matches!(self.cfg.workload, Workload::Arrivals { .. });
@@ -817,7 +1126,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
         let mut best = f64::INFINITY;
         for &j in self.engine.active() {
             let (s, rec) = (&self.jobs[j as usize], self.rec_of(j));
-            let r = rate(rec, s.n + s.draining);
+            let r = rate(rec, working(s));
             if r > 0.0 {
                 best = best.min(t + ((rec.total_samples - s.progress) / r).max(0.0));
             }
@@ -868,14 +1177,16 @@ impl<'a, A: Allocator> Sim<'a, A> {
             let j = self.engine.active()[k] as usize;
             let rec = self.rec_of(j as JobId);
             let s = &mut self.jobs[j];
-            let r = rate(rec, s.n + s.draining);
+            let w = working(s);
+            let r = rate(rec, w);
             let gross = r * dt;
             s.progress += gross;
             s.gross += gross;
             s.node_s += f64::from(s.n) * dt;
-            if s.n + s.draining >= rec.min_nodes {
-                self.useful_ns += f64::from(s.n) * dt;
+            if w >= rec.min_nodes {
+                self.useful_ns += f64::from(s.n - s.starting) * dt;
             }
+            self.starting_ns += f64::from(s.starting) * dt;
         }
         Ok(())
     }
@@ -917,12 +1228,15 @@ impl<'a, A: Allocator> Sim<'a, A> {
             let j = self.scratch[k];
             let (s, rec) = (&self.jobs[j as usize], self.rec_of(j));
             let rem = rec.total_samples - s.progress;
-            let r = rate(rec, s.n + s.draining);
+            let r = rate(rec, working(s));
             if rem <= 1e-9 * rec.total_samples || (r > 0.0 && rem / r < 1e-6) {
-                for &n in self.engine.job_nodes(j) {
+                for k in 0..self.engine.job_nodes(j).len() {
+                    let n = self.engine.job_nodes(j)[k];
                     self.holder[n as usize] = NONE;
+                    self.start_seq[n as usize] = 0;
                 }
                 let s = &mut self.jobs[j as usize];
+                s.starting = 0;
                 self.held_total -= s.n;
                 self.draining_total -= s.draining;
                 s.n = 0;
@@ -942,6 +1256,34 @@ impl<'a, A: Allocator> Sim<'a, A> {
                     self.fold(j);
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// A start falls due: the node works from now on, unless it left the job since;
+    /// the engine hears `JobStarted` for the admission's first node (the core job
+    /// runs) and `WorkerJoined` for each satellite's, as bftrainerd tells it.
+    fn start_now(&mut self, st: Start, t: f64) -> Result<()> {
+        let (n, j) = (st.node as usize, st.job);
+        if self.start_seq[n] != st.seq || self.holder[n] != j {
+            return Ok(());
+        }
+        self.start_seq[n] = 0;
+        let s = &mut self.jobs[j as usize];
+        s.starting -= 1;
+        let first = st.admission != 0 && s.admission == st.admission && s.announced != st.admission;
+        if first {
+            s.announced = st.admission;
+            self.send(&Event::JobStarted { job: j }, t)?;
+        }
+        if st.admission == 0 || !self.engine.job_anchors(j).contains(&st.node) {
+            self.send(
+                &Event::WorkerJoined {
+                    job: j,
+                    node: st.node,
+                },
+                t,
+            )?;
         }
         Ok(())
     }
@@ -968,13 +1310,32 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 }
             }
         }
+        // 2b. The daemon's timers: reclaim holds that end, starts that are due.
+        while let Some(&(until, n)) = self.holds.front().filter(|h| h.0 <= t) {
+            self.holds.pop_front();
+            if let Gate::Hold {
+                until: u,
+                reclaim_at,
+            } = self.gate[n as usize]
+            {
+                if u == until && self.idle[n as usize] {
+                    self.reopen(n, reclaim_at, t)?;
+                }
+            }
+        }
+        while let Some(&st) = self.starts.front().filter(|s| s.due <= t) {
+            self.starts.pop_front();
+            self.start_now(st, t)?;
+        }
         // 3. Node changes.
         self.preempted.clear();
+        self.released.clear();
         let mut preempted_nodes = 0u32;
+        self.read_ahead(self.abs(t))?;
         // The trace's events up to now: changes at once, forecasts after them.
         self.forecasts.clear();
-        while let Some(item) = self.trace.peek()?.filter(|i| i.t() <= tabs) {
-            self.trace.next()?;
+        while let Some(item) = self.tpeek()?.filter(|i| i.t() <= tabs) {
+            self.tnext()?;
             let c = match item {
                 TraceItem::Change(c) => {
                     self.rec.change(&c);
@@ -986,8 +1347,32 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 }
             };
             if c.idle {
+                let was_idle = self.idle[c.node as usize];
                 self.set_idle(c.node, true);
                 let reclaim_at = c.reclaim_at.map(|r| r as f64).or(self.forecast);
+                let n = c.node as usize;
+                if !was_idle && self.rules.reclaim_hold_s > 0.0 {
+                    // A regular job left it: the daemon holds it (regular jobs are
+                    // taken to be waiting, as on the busy machines worth harvesting).
+                    let until = t + self.rules.reclaim_hold_s;
+                    self.gate[n] = Gate::Hold { until, reclaim_at };
+                    self.holds.push_back((until, c.node));
+                    continue;
+                }
+                match self.gate[n] {
+                    Gate::Hold { until, .. } => {
+                        self.gate[n] = Gate::Hold { until, reclaim_at };
+                        continue;
+                    }
+                    Gate::Planned => continue,
+                    Gate::Open if self.planned(c.node, self.abs(t)) => {
+                        if !was_idle {
+                            self.gate[n] = Gate::Planned;
+                            continue;
+                        }
+                    }
+                    Gate::Open => {}
+                }
                 self.send(
                     &Event::NodeIdle {
                         node: c.node,
@@ -998,13 +1383,17 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 continue;
             }
             self.set_idle(c.node, false);
+            if std::mem::replace(&mut self.gate[c.node as usize], Gate::Open) != Gate::Open {
+                // Held back or released before: the engine counts it busy already.
+                continue;
+            }
             let h = std::mem::replace(&mut self.holder[c.node as usize], NONE);
             if h != NONE {
                 let rec = self.rec_of(h);
                 let s = &mut self.jobs[h as usize];
                 if !self.preempted.iter().any(|&(x, _, _)| x == h) {
                     self.preempted
-                        .push((h, rate(rec, s.n + s.draining), s.n + s.draining));
+                        .push((h, rate(rec, working(s)), s.n + s.draining));
                 }
                 s.n -= 1;
                 self.held_total -= 1;
@@ -1013,17 +1402,91 @@ impl<'a, A: Allocator> Sim<'a, A> {
                     self.draining_total += 1;
                     self.draining.push((t + self.cfg.grace_s, h));
                 }
-                preempted_nodes += 1;
-                self.counts.preempted_nodes += 1;
+                self.unstart(c.node, h);
+                let core = self.rules.core_loss == CoreLoss::Job
+                    && self.engine.job_anchors(h).contains(&c.node);
+                let k = if core {
+                    self.lose_core(h, c.node, t)?
+                } else {
+                    self.send(&Event::NodeClaimed { node: c.node }, t)?;
+                    self.send(
+                        &Event::WorkerPreempted {
+                            job: h,
+                            node: c.node,
+                        },
+                        t,
+                    )?;
+                    1
+                };
+                preempted_nodes += k;
+                self.counts.preempted_nodes += u64::from(k);
+                continue;
             }
             self.send(&Event::NodeClaimed { node: c.node }, t)?;
+        }
+        // 3b. Releases before a planned start: lent or idle nodes a regular job takes
+        // within release_before_s are taken back now (a job's core nodes excepted: it
+        // keeps them, and loses them when the regular job comes).
+        // Core nodes passed over before are looked at again (their job may have been
+        // requeued or shrunk since), until their claim comes.
+        let mut due = std::mem::take(&mut self.deferred);
+        while let Some(&(_, n, c)) = self.releases.front().filter(|r| r.0 <= self.abs(t)) {
+            self.releases.pop_front();
+            due.push((n, c));
+        }
+        for (n, c) in due {
+            let i = n as usize;
+            if self.claims_ahead[i].front() != Some(&c)
+                || !self.idle[i]
+                || self.gate[i] != Gate::Open
+            {
+                continue;
+            }
+            let h = self.holder[i];
+            if h != NONE && self.engine.job_anchors(h).contains(&n) {
+                self.deferred.push((n, c));
+                continue;
+            }
+            self.gate[i] = Gate::Planned;
+            if h != NONE {
+                let rec = self.rec_of(h);
+                let s = &mut self.jobs[h as usize];
+                if !self.released.iter().any(|&(x, _)| x == h) {
+                    self.released.push((h, rate(rec, working(s))));
+                }
+                s.n -= 1;
+                self.held_total -= 1;
+                self.holder[i] = NONE;
+                self.unstart(n, h);
+                self.counts.released_nodes += 1;
+            }
+            self.send(&Event::NodeClaimed { node: n }, t)?;
+        }
+        // Their charge: a shrink's, once per job per step, at the rate before.
+        for k in 0..self.released.len() {
+            let (j, r) = self.released[k];
+            let charge = self.rec_of(j).scale_down_s * r;
+            let s = &mut self.jobs[j as usize];
+            s.progress -= charge;
+            s.rescale_loss += charge;
+            self.record_size(t, j);
         }
         // 4. Plan-wide reclaim forecasts.
         for fk in 0..self.forecasts.len() {
             self.forecast = self.forecasts[fk].map(|r| r as f64);
             for k in 0..self.idle_list.len() {
+                let node = self.idle_list[k];
+                match self.gate[node as usize] {
+                    Gate::Open => {}
+                    Gate::Hold { until, .. } => {
+                        let reclaim_at = self.forecast;
+                        self.gate[node as usize] = Gate::Hold { until, reclaim_at };
+                        continue;
+                    }
+                    Gate::Planned => continue,
+                }
                 let ev = Event::NodeIdle {
-                    node: self.idle_list[k],
+                    node,
                     reclaim_at: self.forecast,
                 };
                 self.send(&ev, t)?;
@@ -1079,7 +1542,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 let scale = self.objective_scale(j);
                 let ev = Event::Progress {
                     job: j,
-                    samples_per_s: rate(rec, s.n + s.draining),
+                    samples_per_s: rate(rec, working(s)),
                     remaining: Some(((rec.total_samples - s.progress) * scale).max(0.0)),
                 };
                 self.send(&ev, t)?;
@@ -1094,12 +1557,19 @@ impl<'a, A: Allocator> Sim<'a, A> {
             self.decision_s.add(took);
         }
         let (mut grown, mut shrunk) = (0u32, 0u32);
+        let latency = self.rules.start_latency_s;
         for a in &actions {
             let j = a.job();
             let rec = self.rec_of(j);
             let s = &mut self.jobs[j as usize];
-            let r = rate(rec, s.n + s.draining);
+            let r = rate(rec, working(s));
             let k = a.nodes().len() as u32;
+            let admission = if matches!(a, Action::Admit { .. }) {
+                s.admission += 1;
+                s.admission
+            } else {
+                0
+            };
             match a {
                 Action::Admit { nodes, .. } | Action::Grow { nodes, .. } => {
                     for &n in nodes {
@@ -1117,6 +1587,18 @@ impl<'a, A: Allocator> Sim<'a, A> {
                             ));
                         }
                         self.holder[n as usize] = j;
+                        // Slurm starts the core job (a satellite) there a moment later.
+                        self.next_seq = self.next_seq.wrapping_add(1).max(1);
+                        let seq = self.next_seq;
+                        self.start_seq[n as usize] = seq;
+                        self.jobs[j as usize].starting += 1;
+                        self.starts.push_back(Start {
+                            due: t + latency,
+                            job: j,
+                            node: n,
+                            seq,
+                            admission,
+                        });
                     }
                     let s = &mut self.jobs[j as usize];
                     let charge = rec.scale_up_s * r;
@@ -1136,6 +1618,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
                             ));
                         }
                         self.holder[n as usize] = NONE;
+                        self.unstart(n, j);
                     }
                     let s = &mut self.jobs[j as usize];
                     let charge = rec.scale_down_s * r;
@@ -1148,6 +1631,12 @@ impl<'a, A: Allocator> Sim<'a, A> {
             }
             self.counts.actions.count(a);
             self.record_size(t, j);
+        }
+        if latency <= 0.0 {
+            // No start latency: everything given now runs now.
+            while let Some(st) = self.starts.pop_front() {
+                self.start_now(st, t)?;
+            }
         }
         if check {
             self.check_state(t, decided && self.engine.stats.kept == before.1)?;
@@ -1365,6 +1854,9 @@ impl<'a, A: Allocator> Sim<'a, A> {
             overrun_loss_samples: overrun,
             actions: c.actions,
             preempted_nodes: c.preempted_nodes,
+            released_nodes: c.released_nodes,
+            core_loss_requeues: c.core_losses,
+            starting_node_h: self.starting_ns / 3600.0,
             jobs_in_file: self.recs.len(),
             jobs_submitted: self.jobs.len(),
             jobs_admitted: admitted,

@@ -71,8 +71,17 @@ pub struct Report {
     pub overrun_loss_samples: f64,
     #[serde(flatten)]
     pub actions: ActionCounts,
-    /// Lent nodes taken back by the main scheduler.
+    /// Lent nodes taken back by the main scheduler (with `CoreLoss::Job`, a lost core
+    /// counts each of its core nodes).
     pub preempted_nodes: u64,
+    /// Lent nodes taken back before a planned start (`DaemonRules::release_before_s`).
+    pub released_nodes: u64,
+    /// Jobs requeued because a regular job took one of their core nodes
+    /// (`CoreLoss::Job`); the engine's own requeues are in `requeues`.
+    pub core_loss_requeues: u64,
+    /// Node-hours held by elastic jobs before their work started there
+    /// (`DaemonRules::start_latency_s`); part of the harvested node-hours.
+    pub starting_node_h: f64,
     pub jobs_in_file: usize,
     pub jobs_submitted: usize,
     pub jobs_admitted: usize,

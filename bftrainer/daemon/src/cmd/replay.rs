@@ -3,7 +3,7 @@
 
 use crate::replay::{self, compare, Input, Options};
 use bftrainer_core::easy::{Backfill, StartTimes};
-use bftrainer_core::sim::{Objective as CurveChoice, Steps, Workload};
+use bftrainer_core::sim::{CoreLoss, DaemonRules, Objective as CurveChoice, Steps, Workload};
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(
         long,
         value_name = "PATH",
-        conflicts_with_all = ["trace", "swf", "from_sacct", "jobs", "start", "end", "hours", "node_limit", "steps", "grace", "curve", "seed", "no_check", "csv", "sizes_csv", "plots", "write_journal", "strict", "repeat", "arrivals"]
+        conflicts_with_all = ["trace", "swf", "from_sacct", "jobs", "start", "end", "hours", "node_limit", "steps", "grace", "curve", "seed", "no_check", "csv", "sizes_csv", "plots", "write_journal", "strict", "repeat", "arrivals", "release_before", "reclaim_hold", "start_latency", "core_loss", "no_daemon_rules"]
     )]
     pub journal: Option<PathBuf>,
     /// Write every event the replay sent to the engine as a journal (JSON lines).
@@ -128,6 +128,27 @@ pub struct Args {
     /// from the job file (its submit times are ignored); seeded by --seed.
     #[arg(long, value_name = "RATE", allow_negative_numbers = true)]
     pub arrivals: Option<f64>,
+    /// bftrainerd's rule: a node the backfill plan gives a regular job within S seconds
+    /// is taken back (not lent, or shrunk off its job) that long before; a job's core
+    /// nodes are kept. The trace's own claim times stand for the plan. 0: off.
+    #[arg(long, default_value_t = DaemonRules::DAEMON.release_before_s, value_name = "S")]
+    pub release_before: f64,
+    /// bftrainerd's rule: a node a regular job leaves, or a core node freed when its job
+    /// is requeued, is lent only S seconds later. 0: off.
+    #[arg(long, default_value_t = DaemonRules::DAEMON.reclaim_hold_s, value_name = "S")]
+    pub reclaim_hold: f64,
+    /// Seconds from an admission (grow) to the core job (satellite) running; its nodes
+    /// are held but do no work meanwhile. 0: at once.
+    #[arg(long, default_value_t = DaemonRules::DAEMON.start_latency_s, value_name = "S")]
+    pub start_latency: f64,
+    /// What losing a core node to a regular job costs: job (as bftrainerd: the whole job
+    /// is requeued) or node (that node only).
+    #[arg(long, value_enum, default_value = "job")]
+    pub core_loss: CoreLossArg,
+    /// None of bftrainerd's rules (--release-before 0 --reclaim-hold 0 --start-latency 0
+    /// --core-loss node): the plain job model, as replays before they were modelled.
+    #[arg(long, conflicts_with_all = ["release_before", "reclaim_hold", "start_latency", "core_loss"])]
+    pub no_daemon_rules: bool,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -170,6 +191,12 @@ pub enum StartTimesArg {
 pub enum StepsArg {
     Exact,
     Trace,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum CoreLossArg {
+    Job,
+    Node,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -240,6 +267,19 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             (_, Some(per_hour)) => Workload::Arrivals { per_hour },
             (true, None) => Workload::Repeat,
             (false, None) => Workload::File,
+        },
+        rules: if args.no_daemon_rules {
+            DaemonRules::NONE
+        } else {
+            DaemonRules {
+                release_before_s: args.release_before,
+                reclaim_hold_s: args.reclaim_hold,
+                start_latency_s: args.start_latency,
+                core_loss: match args.core_loss {
+                    CoreLossArg::Job => CoreLoss::Job,
+                    CoreLossArg::Node => CoreLoss::Node,
+                },
+            }
         },
     };
     let several = args.objective.len() > 1 || args.t_fwd.len() > 1;

@@ -45,6 +45,9 @@ pub struct JournalReport {
     #[serde(flatten)]
     pub counts: ActionCounts,
     pub replay_s: f64,
+    /// Confirmations of the journal's own decisions (`JobStarted`, `WorkerJoined`) that
+    /// do not fit this replay's (another policy decided otherwise): skipped.
+    pub skipped_confirmations: u64,
     /// Every action with its time, when asked for (`keep_actions`); else empty.
     #[serde(skip)]
     pub actions: Vec<(f64, Action)>,
@@ -81,9 +84,21 @@ pub fn replay_journal<A: Allocator>(
             bftrainer_core::engine::Event::JobSubmitted { .. } => rep.jobs_submitted += 1,
             _ => {}
         }
-        let actions = engine
-            .on_event(&rec.event, rec.t)
-            .map_err(|e| anyhow::anyhow!("{what}:{n}: {e}"))?;
+        let confirmation = matches!(
+            rec.event,
+            bftrainer_core::engine::Event::JobStarted { .. }
+                | bftrainer_core::engine::Event::WorkerJoined { .. }
+        );
+        let actions = match engine.on_event(&rec.event, rec.t) {
+            Ok(a) => a,
+            // A start the journal's policy decided and this one did not: nothing to
+            // confirm (the engine checks these and changes nothing).
+            Err(_) if confirmation => {
+                rep.skipped_confirmations += 1;
+                continue;
+            }
+            Err(e) => return Err(anyhow::anyhow!("{what}:{n}: {e}")),
+        };
         for a in actions {
             rep.counts.count(&a);
             if keep_actions {
@@ -174,5 +189,37 @@ mod tests {
             String::from_utf8(csv).unwrap(),
             "t,action,job,nodes\n1.000000,admit,0,0\n"
         );
+    }
+
+    /// A journal's confirmations of its own decisions (the simulator and bftrainerd
+    /// send them) that another policy did not make are skipped and counted; those that
+    /// fit are applied, and other refused events still stop the replay.
+    #[test]
+    fn confirmations_of_other_decisions_are_skipped() {
+        let head = [
+            r#"{"v":1,"t":0,"event":{"type":"node_added","node":0,"name":"a"}}"#,
+            r#"{"v":1,"t":0,"event":{"type":"node_added","node":1,"name":"b"}}"#,
+            r#"{"v":1,"t":0,"event":{"type":"node_idle","node":0,"reclaim_at":null}}"#,
+            r#"{"v":1,"t":1,"event":{"type":"job_submitted","job":0,"spec":{"name":"J","min_nodes":1,"max_nodes":1,"scale_up_s":0.0,"scale_down_s":0.0,"objective":{"points":[[1,1.0]]}}}}"#,
+            r#"{"v":1,"t":1,"event":{"type":"tick"}}"#,
+            r#"{"v":1,"t":2,"event":{"type":"job_started","job":0}}"#,
+            r#"{"v":1,"t":2,"event":{"type":"worker_joined","job":0,"node":0}}"#,
+            r#"{"v":1,"t":2,"event":{"type":"worker_joined","job":0,"node":1}}"#,
+        ]
+        .join("\n");
+        let r = replay_journal(
+            head.as_bytes(),
+            "j",
+            EngineConfig::default(),
+            Exact::default(),
+            false,
+        )
+        .unwrap();
+        assert_eq!((r.records, r.skipped_confirmations), (8, 1));
+        assert!(err(&format!(
+            "{head}\n{}",
+            r#"{"v":1,"t":3,"event":{"type":"job_finished","job":7}}"#
+        ))
+        .contains("j.jsonl:9: engine at t=3: unknown job 7"));
     }
 }

@@ -15,7 +15,7 @@ use bftrainer_core::easy::{
 };
 use bftrainer_core::engine::{EngineConfig, Exact};
 use bftrainer_core::sim::{
-    self, Hooks, Objective as CurveChoice, Outcome, SimConfig, Steps, Workload,
+    self, DaemonRules, Hooks, Objective as CurveChoice, Outcome, SimConfig, Steps, Workload,
 };
 use bftrainer_core::timefmt::parse_time;
 use bftrainer_core::trace::jobs::{parse_jobs, JobRecord};
@@ -88,6 +88,9 @@ pub struct Options {
     pub strict: bool,
     /// `--repeat` / `--arrivals RATE`: the job file cycled or drawn from.
     pub workload: Workload,
+    /// bftrainerd's rules the replay models (`--release-before`, `--reclaim-hold`,
+    /// `--start-latency`, `--core-loss`, `--no-daemon-rules`).
+    pub rules: DaemonRules,
 }
 
 /// Wraps a byte stream, decompressing it when it starts with the gzip magic.
@@ -573,6 +576,12 @@ fn run_journal(o: &Options, p: &Path, objective: Objective) -> anyhow::Result<()
             "  actions     {} admits, {} grows, {} shrinks, {} requeues; {} nodes given, {} taken",
             c.admits, c.grows, c.shrinks, c.requeues, c.grown_nodes, c.shrunk_nodes
         );
+        if rep.skipped_confirmations > 0 {
+            println!(
+                "  skipped     {} starts the journal confirms that this policy did not decide",
+                rep.skipped_confirmations
+            );
+        }
     }
     if let Some(a) = &o.actions_csv {
         write_whole(a, |w| Ok(journal::write_actions_csv(w, &rep.actions)?))?;
@@ -675,6 +684,7 @@ fn sim_config(o: &Options, objective: Objective) -> SimConfig {
         report_progress: objective == Objective::RemainingWork,
         journal: o.write_journal.is_some() || o.actions_csv.is_some(),
         workload: o.workload,
+        rules: o.rules,
     }
 }
 
@@ -750,7 +760,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         let v = serde_json::json!({
             "trace": loaded.trace_name,
             "jobs_file": loaded.jobs_name,
-            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "steps": o.steps, "grace_s": o.grace, "objective": o.objective, "curve": o.curve, "seed": o.seed, "workload": o.workload, "strict": o.strict },
+            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "steps": o.steps, "grace_s": o.grace, "objective": o.objective, "curve": o.curve, "seed": o.seed, "workload": o.workload, "strict": o.strict, "daemon_rules": o.rules },
             "warnings": loaded.warnings,
             "scheduler": loaded.sched,
             "report": out.report,
@@ -894,6 +904,7 @@ mod replay_tests {
             progress: false,
             strict: false,
             workload: Workload::File,
+            rules: DaemonRules::DAEMON,
         }
     }
 

@@ -1,7 +1,7 @@
 //! Human and machine outputs of a replay: the summary table and the per-step CSV.
 
 use super::{Loaded, Options};
-use bftrainer_core::sim::{Report, SizeRecord, StepRecord, Steps, Workload};
+use bftrainer_core::sim::{CoreLoss, DaemonRules, Report, SizeRecord, StepRecord, Steps, Workload};
 use bftrainer_core::timefmt::format_time;
 use std::io::Write;
 
@@ -23,6 +23,30 @@ pub(super) fn thousands(v: f64, decimals: usize) -> String {
         out.insert(0, '-');
     }
     out
+}
+
+/// The daemon's rules in force, as the options that set them.
+pub fn rules_line(r: &DaemonRules) -> String {
+    if *r == DaemonRules::NONE {
+        return "none (--no-daemon-rules: lent while idle, work at once, a core loss costs one node)".into();
+    }
+    let s = |v: f64| {
+        if v > 0.0 {
+            format!("{v} s")
+        } else {
+            "off".into()
+        }
+    };
+    format!(
+        "release-before {}, reclaim-hold {}, start-latency {}, core-loss {}",
+        s(r.release_before_s),
+        s(r.reclaim_hold_s),
+        s(r.start_latency_s),
+        match r.core_loss {
+            CoreLoss::Job => "job",
+            CoreLoss::Node => "node",
+        }
+    )
 }
 
 fn dur(s: Option<f64>) -> String {
@@ -117,6 +141,7 @@ pub fn print_table(
             }
         ),
     );
+    row("daemon rules", rules_line(&o.rules));
     row(
         "idle node-hours",
         format!(
@@ -209,6 +234,17 @@ pub fn print_table(
             a.admits, a.grows, a.shrinks, a.requeues, r.preempted_nodes
         ),
     );
+    if o.rules != DaemonRules::NONE {
+        row(
+            "daemon rules' cost",
+            format!(
+                "{} jobs requeued for a lost core node, {} nodes released before a planned start, {} node-hours waiting for starts",
+                r.core_loss_requeues,
+                r.released_nodes,
+                thousands(r.starting_node_h, 1)
+            ),
+        );
+    }
     row(
         "jobs",
         format!(
