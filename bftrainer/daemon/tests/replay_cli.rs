@@ -179,7 +179,7 @@ fn compare_errors_name_file_and_key() {
     let err = text(&o).1;
     assert!(
         err.contains(&format!(
-            "{bad}: tfwd: unknown key; allowed keys: name, objective, t_fwd, max_jobs, grace, curve, steps"
+            "{bad}: tfwd: unknown key; allowed keys: name, objective, t_fwd, max_jobs, grace, curve, steps, release_before, reclaim_hold, start_latency, core_loss"
         )),
         "{err}"
     );

@@ -5,13 +5,13 @@ use super::output::thousands;
 use super::{load, sim_config, Options};
 use anyhow::{bail, Context};
 use bftrainer_core::alloc::Objective;
-use bftrainer_core::sim::{self, Objective as CurveChoice, Report, Steps};
+use bftrainer_core::sim::{self, CoreLoss, DaemonRules, Objective as CurveChoice, Report, Steps};
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
 /// Keys of a policy file: the replay's policy options.
-pub const KEYS: [&str; 7] = [
+pub const KEYS: [&str; 11] = [
     "name",
     "objective",
     "t_fwd",
@@ -19,6 +19,10 @@ pub const KEYS: [&str; 7] = [
     "grace",
     "curve",
     "steps",
+    "release_before",
+    "reclaim_hold",
+    "start_latency",
+    "core_loss",
 ];
 
 /// One column of the comparison: the policy options of a replay.
@@ -31,6 +35,9 @@ pub struct Policy {
     pub grace: f64,
     pub curve: CurveChoice,
     pub steps: Steps,
+    /// bftrainerd's rules (`release_before`, `reclaim_hold`, `start_latency`,
+    /// `core_loss`).
+    pub rules: DaemonRules,
 }
 
 impl Policy {
@@ -44,6 +51,7 @@ impl Policy {
             grace: o.grace,
             curve: o.curve,
             steps: o.steps,
+            rules: o.rules,
         }
     }
 
@@ -56,6 +64,7 @@ impl Policy {
             grace: self.grace,
             curve: self.curve,
             steps: self.steps,
+            rules: self.rules,
             policies: Vec::new(),
             ..o.clone()
         }
@@ -141,6 +150,13 @@ pub fn parse_policy(text: &str, file: &str, base: &Options) -> anyhow::Result<Po
                 let named = [("exact", Steps::Exact), ("trace", Steps::Trace)];
                 p.steps = choice(&string(k, v)?, &named).map_err(|m| err(k, m))?;
             }
+            "release_before" => p.rules.release_before_s = seconds(k, v, false)?,
+            "reclaim_hold" => p.rules.reclaim_hold_s = seconds(k, v, false)?,
+            "start_latency" => p.rules.start_latency_s = seconds(k, v, false)?,
+            "core_loss" => {
+                let named = [("job", CoreLoss::Job), ("node", CoreLoss::Node)];
+                p.rules.core_loss = choice(&string(k, v)?, &named).map_err(|m| err(k, m))?;
+            }
             _ => {
                 return Err(err(
                     k,
@@ -223,7 +239,7 @@ pub fn run_compare(o: &Options) -> anyhow::Result<()> {
                     "policy": p.name,
                     "trace": loaded.trace_name,
                     "jobs_file": loaded.jobs_name,
-                    "settings": { "max_jobs": p.max_jobs, "t_fwd_s": p.t_fwd, "steps": p.steps, "grace_s": p.grace, "objective": p.objective, "curve": p.curve, "seed": o.seed },
+                    "settings": { "max_jobs": p.max_jobs, "t_fwd_s": p.t_fwd, "steps": p.steps, "grace_s": p.grace, "objective": p.objective, "curve": p.curve, "seed": o.seed, "daemon_rules": p.rules },
                     "scheduler": loaded.sched,
                     "report": r,
                     "wall_s": { "load": load_s, "simulate": sim_s },
@@ -318,7 +334,7 @@ fn print_compare(
         &'static str,
         fn(&Policy, &Report, f64, &dyn Fn(f64, f64) -> f64) -> String,
     );
-    let rows: [Row; 18] = [
+    let rows: [Row; 21] = [
         ("objective", |p, _, _, _| p.objective.clone()),
         ("t-fwd", |p, _, _, _| format!("{} s", p.t_fwd)),
         ("max-jobs", |p, _, _, _| p.max_jobs.to_string()),
@@ -333,6 +349,22 @@ fn print_compare(
                 match p.steps {
                     Steps::Exact => "exact",
                     Steps::Trace => "trace",
+                }
+            )
+        }),
+        ("release-before / hold", |p, _, _, _| {
+            format!(
+                "{} s / {} s",
+                p.rules.release_before_s, p.rules.reclaim_hold_s
+            )
+        }),
+        ("start-latency / core-loss", |p, _, _, _| {
+            format!(
+                "{} s / {}",
+                p.rules.start_latency_s,
+                match p.rules.core_loss {
+                    CoreLoss::Job => "job",
+                    CoreLoss::Node => "node",
                 }
             )
         }),
@@ -368,6 +400,9 @@ fn print_compare(
         }),
         ("nodes preempted", |_, r, _, _| {
             r.preempted_nodes.to_string()
+        }),
+        ("core-loss requeues / released", |_, r, _, _| {
+            format!("{} / {}", r.core_loss_requeues, r.released_nodes)
         }),
         ("jobs completed", |_, r, _, _| {
             format!("{} of {}", r.jobs_completed, r.jobs_submitted)
@@ -434,6 +469,25 @@ mod tests {
                 grace: 30.5,
                 curve: CurveChoice::Samples,
                 steps: Steps::Trace,
+                rules: DaemonRules::DAEMON,
+            }
+        );
+        // bftrainerd's rules, one key each; the others keep the command line's.
+        let r = parse_policy(
+            "release_before = 0
+start_latency = 2.5
+core_loss = \"node\"\n",
+            "/x/r.toml",
+            &base,
+        )
+        .unwrap();
+        assert_eq!(
+            r.rules,
+            DaemonRules {
+                release_before_s: 0.0,
+                start_latency_s: 2.5,
+                core_loss: CoreLoss::Node,
+                ..DaemonRules::DAEMON
             }
         );
         // Keys left out take the command line's values; the name, the file's stem.
@@ -453,7 +507,7 @@ mod tests {
         };
         assert_eq!(
             e("tfwd = 10\n"),
-            "pol/b.toml: tfwd: unknown key; allowed keys: name, objective, t_fwd, max_jobs, grace, curve, steps"
+            "pol/b.toml: tfwd: unknown key; allowed keys: name, objective, t_fwd, max_jobs, grace, curve, steps, release_before, reclaim_hold, start_latency, core_loss"
         );
         assert_eq!(
             e("t_fwd = 0\n"),
@@ -472,6 +526,14 @@ mod tests {
         assert_eq!(
             e("steps = \"fast\"\n"),
             "pol/b.toml: steps: 'fast' is not allowed; expected one of: exact, trace"
+        );
+        assert_eq!(
+            e("core_loss = \"all\"\n"),
+            "pol/b.toml: core_loss: 'all' is not allowed; expected one of: job, node"
+        );
+        assert_eq!(
+            e("reclaim_hold = -1\n"),
+            "pol/b.toml: reclaim_hold: -1 is out of range; expected seconds >= 0"
         );
         assert!(e("t_fwd = \n").starts_with("pol/b.toml: not valid TOML: "));
         assert_eq!(e("name = \"\"\n"), "pol/b.toml: name: must not be empty");
