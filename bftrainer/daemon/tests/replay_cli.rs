@@ -242,3 +242,72 @@ fn plot_font_errors_come_first() {
         assert!(!plots.exists());
     }
 }
+
+/// bftrainerd's rules: on by default and named in the report; each flag changes its
+/// rule, `--no-daemon-rules` turns all off (and refuses to be mixed with them); a
+/// journal replay refuses them (it has no job model).
+#[test]
+fn daemon_rules_are_on_by_default_and_switchable() {
+    let rules_line = |args: &[&str]| {
+        let o = replay(args);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{args:?}: {err}");
+        out.lines()
+            .find(|l| l.trim_start().starts_with("daemon rules "))
+            .unwrap_or_else(|| panic!("no rules line in {out}"))
+            .split_whitespace()
+            .skip(2)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(
+        rules_line(&["--hours", "1"]),
+        "release-before 30 s, reclaim-hold 10 s, start-latency 1 s, core-loss job"
+    );
+    assert_eq!(
+        rules_line(&[
+            "--hours",
+            "1",
+            "--release-before",
+            "0",
+            "--reclaim-hold",
+            "5",
+            "--start-latency",
+            "2.5",
+            "--core-loss",
+            "node"
+        ]),
+        "release-before off, reclaim-hold 5 s, start-latency 2.5 s, core-loss node"
+    );
+    assert!(rules_line(&["--hours", "1", "--no-daemon-rules"]).starts_with("none"));
+    let json = |args: &[&str]| -> serde_json::Value {
+        let o = replay(args);
+        assert!(o.status.success(), "{}", text(&o).1);
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let on = json(&["--hours", "3", "--json"]);
+    let off = json(&["--hours", "3", "--json", "--no-daemon-rules"]);
+    assert_eq!(on["settings"]["daemon_rules"]["release_before_s"], 30.0);
+    assert_eq!(off["settings"]["daemon_rules"]["core_loss"], "node");
+    let h = |v: &serde_json::Value| v["report"]["harvested_node_h"].as_f64().unwrap();
+    assert!(h(&on) < h(&off), "{} {}", h(&on), h(&off));
+    assert!(on["report"]["released_nodes"].as_u64().unwrap() > 0);
+    assert_eq!(off["report"]["released_nodes"], 0);
+    for bad in [
+        vec!["--no-daemon-rules", "--reclaim-hold", "3"],
+        vec!["--journal", "j.jsonl", "--start-latency", "2"],
+    ] {
+        let o = replay(&bad);
+        assert!(!o.status.success());
+        assert!(text(&o).1.contains("cannot be used with"), "{}", text(&o).1);
+    }
+    let o = replay(&["--hours", "1", "--release-before=-5"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o)
+            .1
+            .contains("release-before must be seconds from 0 to 86400, found -5"),
+        "{}",
+        text(&o).1
+    );
+}
