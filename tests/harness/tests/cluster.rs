@@ -554,7 +554,7 @@ fn cluster_script_rejects_bad_input_clearly() {
     assert!(!out.status.success(), "up with a taken port succeeded");
     let named = (base..base + 8).any(|p| err.contains(&format!("port {p} (for ")));
     assert!(
-        named && err.contains("is taken; choose another --port-base"),
+        named && err.contains("is taken by another process; choose another --port-base"),
         "{err}"
     );
     assert!(!err.contains("Traceback"), "{err}");
