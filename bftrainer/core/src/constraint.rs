@@ -25,9 +25,14 @@ impl fmt::Display for ParseError {
 
 const SPECIAL: &[char] = &['&', '|', ',', '(', ')', '[', ']', '*'];
 
+/// Deepest nesting of `(...)`/`[...]` read: the expression comes from a user's job, and
+/// a recursive reader must not let one exhaust the daemon's stack.
+const MAX_DEPTH: usize = 32;
+
 struct Parser<'a> {
     s: &'a str,
     pos: usize,
+    depth: usize,
 }
 
 impl Parser<'_> {
@@ -72,8 +77,13 @@ impl Parser<'_> {
     fn factor(&mut self) -> Result<Constraint, ParseError> {
         let c = match self.peek() {
             Some(open @ ('(' | '[')) => {
+                if self.depth >= MAX_DEPTH {
+                    return Err(self.err(&format!("nested deeper than {MAX_DEPTH} groups")));
+                }
                 self.pos += 1;
+                self.depth += 1;
                 let inner = self.expr()?;
+                self.depth -= 1;
                 let close = if open == '(' { ')' } else { ']' };
                 if self.peek() != Some(close) {
                     return Err(self.err(&format!("expected '{close}'")));
@@ -113,6 +123,7 @@ impl Constraint {
         let mut p = Parser {
             s: s.trim(),
             pos: 0,
+            depth: 0,
         };
         let c = p.expr()?;
         if p.pos != p.s.len() {
@@ -170,5 +181,12 @@ mod tests {
             let err = Constraint::parse(e).unwrap_err().0;
             assert!(err.contains(want), "{e:?}: {err}");
         }
+        // A user's job writes it: deep nesting is refused, not recursed into.
+        let deep = format!("{}gpu{}", "(".repeat(100_000), ")".repeat(100_000));
+        assert!(Constraint::parse(&deep)
+            .unwrap_err()
+            .0
+            .contains("nested deeper than 32 groups"));
+        assert!(Constraint::parse(&format!("{}gpu{}", "(".repeat(32), ")".repeat(32))).is_ok());
     }
 }
