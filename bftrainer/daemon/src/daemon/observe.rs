@@ -5,6 +5,10 @@
 
 use super::*;
 
+/// What a waiting job asks of a node: its constraint, memory per node and tag (its
+/// minimum), the key of one unservability check per cycle.
+type Request = (Option<String>, Option<u64>, Option<String>);
+
 /// What one pass over the job table found (`scan_jobs`).
 struct Scan {
     /// The tagged jobs (cores, satellites, others with a bftrainer-looking tag).
@@ -491,8 +495,24 @@ impl<C: Cluster> Daemon<C> {
             })
             .map(|(&id, &i)| (id, i))
             .collect();
+        // One check per distinct request: users choose how many jobs wait, and each
+        // check walks the node table.
+        let mut checked: HashMap<Request, Option<String>> = HashMap::new();
         for (id, i) in waiting {
-            let why = self.unservable_why(&jobs[i], parts);
+            let j = &jobs[i];
+            let key = (
+                j.constraint.clone(),
+                j.mem_per_node_mb,
+                j.admin_comment.clone(),
+            );
+            let why = match checked.get(&key) {
+                Some(w) => w.clone(),
+                None => {
+                    let w = self.unservable_why(j, parts);
+                    checked.insert(key, w.clone());
+                    w
+                }
+            };
             self.set_unservable(id, why, now);
         }
         // Jobs the journal knows as queued or active that slurmctld no longer has
