@@ -9,10 +9,10 @@
 //!   cargo bench -p bftrainer-daemon --bench daemon_cycle -- [--nodes N] [--jobs N] [--cycles N] [--elastic N]
 
 use bftrainer_daemon::daemon::config;
-use bftrainer_daemon::daemon::gen::{job, node, GenCluster};
+use bftrainer_daemon::daemon::gen::{job, node, partition, GenCluster};
 use bftrainer_daemon::daemon::metrics::Metrics;
 use bftrainer_daemon::daemon::{control, Daemon};
-use bftrainer_slurm::{JobBase, JobState, NodeBase, NodeState, Partition};
+use bftrainer_slurm::{JobBase, JobState, NodeBase, NodeState};
 use rand::{Rng, SeedableRng};
 use std::path::Path;
 
@@ -22,24 +22,6 @@ mod live;
 mod support;
 use live::{arg, peak_rss_mb};
 use std::time::Instant;
-
-fn partition(name: &str, nodes: &[String], tier: u16) -> Partition {
-    Partition {
-        name: name.into(),
-        nodes: None,
-        node_names: nodes.to_vec(),
-        priority_tier: tier,
-        priority_job_factor: 1,
-        preempt_mode: 0,
-        grace_time_s: 30,
-        max_time: None,
-        default_time: None,
-        total_cpus: 0,
-        total_nodes: nodes.len() as u32,
-        up: true,
-        is_default: name == "batch",
-    }
-}
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);

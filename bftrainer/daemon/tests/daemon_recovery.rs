@@ -9,29 +9,11 @@
 //! itself does is tested on real clusters (tests/cluster_daemon.rs).
 
 use bftrainer_core::engine::{EngineState, Event, JobStatus};
-use bftrainer_daemon::daemon::gen::{job, node, GenCluster};
+use bftrainer_daemon::daemon::gen::{job, node, partition, GenCluster};
 use bftrainer_daemon::daemon::journal::{Journal, JOURNAL_FILE};
 use bftrainer_daemon::daemon::{config, Daemon};
-use bftrainer_slurm::{JobBase, Partition};
+use bftrainer_slurm::JobBase;
 use std::path::Path;
-
-fn partition(name: &str, nodes: &[String], tier: u16) -> Partition {
-    Partition {
-        name: name.into(),
-        nodes: None,
-        node_names: nodes.to_vec(),
-        priority_tier: tier,
-        priority_job_factor: 1,
-        preempt_mode: 0,
-        grace_time_s: 30,
-        max_time: None,
-        default_time: None,
-        total_cpus: 0,
-        total_nodes: nodes.len() as u32,
-        up: true,
-        is_default: name == "batch",
-    }
-}
 
 /// Six idle nodes and three held elastic core jobs of 1 to 2 nodes each.
 fn cluster() -> GenCluster {

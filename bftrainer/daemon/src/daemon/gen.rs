@@ -55,6 +55,26 @@ pub fn node(name: String, parts: &[&str]) -> Node {
     }
 }
 
+/// A partition over `nodes` at PriorityTier `tier` (GraceTime 30 s; `batch` is the
+/// default one).
+pub fn partition(name: &str, nodes: &[String], tier: u16) -> Partition {
+    Partition {
+        name: name.into(),
+        nodes: None,
+        node_names: nodes.to_vec(),
+        priority_tier: tier,
+        priority_job_factor: 1,
+        preempt_mode: 0,
+        grace_time_s: 30,
+        max_time: None,
+        default_time: None,
+        total_cpus: 0,
+        total_nodes: nodes.len() as u32,
+        up: true,
+        is_default: name == "batch",
+    }
+}
+
 pub fn job(id: u32, partition: &str, base: JobBase) -> Job {
     Job {
         job_id: id,
