@@ -318,10 +318,15 @@ impl<C: Cluster> Daemon<C> {
                 // Draining under a running core job: drain lets running jobs finish,
                 // and losing the node would requeue the whole job. It keeps the node,
                 // with a forecast of now so nothing more is lent there; the node is lost
-                // once the core leaves it (drained).
+                // once the core leaves it (drained). The forecast stays the one first
+                // sent, so a long drain is one event, not one per poll.
+                let since = node_id
+                    .and_then(|id| self.nodes[id as usize].sent_forecast)
+                    .filter(|&t| t <= now)
+                    .unwrap_or(now);
                 (
                     Some(Class::Available {
-                        reclaim_at: Some(now),
+                        reclaim_at: Some(since),
                     }),
                     Why::Unavailable,
                 )
