@@ -994,3 +994,76 @@ fn cluster_daemon_gives_a_free_slot_to_the_user_with_fewer_jobs() {
     });
     assert_eq!(l.state_of(a[2]), "PENDING", "{}", l.log_text());
 }
+
+#[test]
+fn cluster_daemon_admits_waiting_jobs_by_slurms_priority_factors() {
+    // Slurm gives held jobs no priority, so bftrainerd computes the one its multifactor
+    // plugin would give them. One slot (max_jobs = 1), held by a job of bftuser; then
+    // bftuser submits a job, and bftuser2 one later in QOS `high` (priority 100,
+    // PriorityWeightQOS=1000). When the slot frees, bftuser2's job is admitted first.
+    // Before this, both waited at priority 0 and submit order admitted bftuser's.
+    let mut l = Live::start_without_daemon("", "", "");
+    let conf = std::fs::read_to_string(&l.conf).unwrap();
+    std::fs::write(
+        &l.conf,
+        conf.replace("[engine]\n", "[engine]\nmax_jobs = 1\n"),
+    )
+    .unwrap();
+    let slurm_conf = l.c.slurm_conf().to_path_buf();
+    let text = std::fs::read_to_string(&slurm_conf).unwrap();
+    assert!(text.contains("PriorityType=priority/basic\n"));
+    std::fs::write(
+        &slurm_conf,
+        text.replace(
+            "PriorityType=priority/basic\n",
+            "PriorityType=priority/multifactor\nPriorityWeightQOS=1000\nPriorityWeightFairshare=100\nPriorityWeightAge=0\n",
+        ),
+    )
+    .unwrap();
+    l.c.stop_daemon("slurmctld", false).unwrap();
+    l.c.start_daemon("slurmctld").unwrap();
+    l.c.run("sacctmgr", &["-i", "add", "qos", "high", "Priority=100"])
+        .unwrap();
+    l.c.run(
+        "sacctmgr",
+        &["-i", "modify", "user", bftrainer_testcluster::OTHER_USER, "set", "qos+=high"],
+    )
+    .unwrap();
+    // slurmctld hears of the QOS from slurmdbd.
+    l.wait(60, "slurmctld to know QOS high", || {
+        l.c.run("scontrol", &["show", "assoc_mgr", "flags=qos"])
+            .ok()
+            .filter(|o| o.contains("QOS=high("))
+    });
+    // The safe layer reads the same table (bftrainerd's input).
+    let slurm = bftrainer_slurm::Slurm::init_with_config(&slurm_conf).unwrap();
+    let w = slurm.priority_weights().unwrap();
+    assert!(w.multifactor, "{w:?}");
+    assert_eq!((w.qos, w.fairshare, w.age), (1000, 100, 0));
+    let table = slurm.fairshare_table().unwrap();
+    assert_eq!(table.qos.get("high"), Some(&100), "{table:?}");
+    assert!(
+        table
+            .users
+            .keys()
+            .any(|(_, u)| u == bftrainer_testcluster::OTHER_USER),
+        "bftuser2's association: {table:?}"
+    );
+    assert!(table.users.values().all(|f| (0.0..=1.0).contains(f)));
+
+    l.spawn();
+    let first = l.submit_elastic("1:1");
+    l.wait(60, "bftuser's first job running", || {
+        (l.state_of(first) == "RUNNING").then_some(())
+    });
+    let a = l.submit_elastic("1:1");
+    let b = l.submit_elastic_as_with(bftrainer_testcluster::OTHER_USER, "1:1", &["--qos=high"]);
+    cycles_later(&l, 3);
+    assert_eq!(l.state_of(a), "PENDING");
+    assert_eq!(l.state_of(b), "PENDING");
+    l.c.run("scancel", &[&first.to_string()]).unwrap();
+    l.wait(60, "bftuser2's job (QOS high) admitted to the free slot", || {
+        (l.state_of(b) == "RUNNING").then_some(())
+    });
+    assert_eq!(l.state_of(a), "PENDING", "{}", l.log_text());
+}

@@ -168,6 +168,9 @@ pub struct Job {
     pub group_id: u32,
     /// The account the job is charged to.
     pub account: Option<String>,
+    /// Its QOS.
+    #[serde(default)]
+    pub qos: Option<String>,
     pub state: JobState,
     /// Why pending / why it ended ("Priority", "Resources", "JobHeldAdmin", ...).
     pub reason: Option<String>,
@@ -339,7 +342,7 @@ impl Drop for ConfMsg {
 
 impl Slurm {
     /// `f` of slurmctld's configuration (`slurm_load_ctl_conf`).
-    fn ctl_conf<T>(&self, f: impl FnOnce(&slurm_sys::slurm_conf_t) -> T) -> Result<T> {
+    pub(crate) fn ctl_conf<T>(&self, f: impl FnOnce(&slurm_sys::slurm_conf_t) -> T) -> Result<T> {
         let mut msg = ConfMsg(std::ptr::null_mut());
         clear_errno();
         // SAFETY: msg.0 receives a message owned by the guard.
@@ -579,6 +582,7 @@ fn convert_job(j: &slurm_sys::slurm_job_info_t, names: &mut NameCache) -> Job {
             user_name: opt_string(j.user_name).or_else(|| names.get(j.user_id)),
             group_id: j.group_id,
             account: opt_string(j.account),
+            qos: opt_string(j.qos),
             state: JobState(j.job_state),
             reason: (u32::from(j.state_reason) != slurm_sys::WAIT_NO_REASON)
                 .then(|| reason_name(u32::from(j.state_reason))),

@@ -32,6 +32,7 @@ mod ffi;
 mod info;
 pub mod munge;
 mod ops;
+mod priority;
 mod state;
 mod view;
 
@@ -45,6 +46,7 @@ pub use info::{
     assign_partitions, gpu_count, Job, Jobs, Loaded, Node, Nodes, Partition, Partitions,
 };
 pub use ops::{BatchJob, JobUpdate, SignalTarget, Submitted, WillRun};
+pub use priority::{FairshareTable, PriorityWeights};
 pub use state::{JobBase, JobState, NodeBase, NodeState, TimeLimit};
 pub use view::{ClusterView, Refresh};
 

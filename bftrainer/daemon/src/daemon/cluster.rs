@@ -3,7 +3,8 @@
 //! tests always use real Slurm.
 
 use bftrainer_slurm::{
-    BatchJob, ClusterView, Job, JobUpdate, Node, Partition, Refresh, SignalTarget, Slurm,
+    BatchJob, ClusterView, FairshareTable, Job, JobUpdate, Node, Partition, PriorityWeights,
+    Refresh, SignalTarget, Slurm,
 };
 
 pub type Result<T> = std::result::Result<T, bftrainer_slurm::Error>;
@@ -25,6 +26,8 @@ pub trait Cluster {
     fn compress(&self, names: &[String]) -> String;
     /// The names of a host expression.
     fn expand(&self, expr: &str) -> Vec<String>;
+    /// Slurm's priority weights and the fairshare factors and QOS priorities now.
+    fn priority_inputs(&mut self) -> Result<(PriorityWeights, FairshareTable)>;
 }
 
 /// slurmctld through libslurm.
@@ -83,5 +86,15 @@ impl Cluster for SlurmCluster {
     fn expand(&self, expr: &str) -> Vec<String> {
         bftrainer_slurm::hostlist_expand(expr)
             .unwrap_or_else(|_| expr.split(',').map(str::to_string).collect())
+    }
+    fn priority_inputs(&mut self) -> Result<(PriorityWeights, FairshareTable)> {
+        let weights = self.slurm.priority_weights()?;
+        // Under priority/basic there are no factors to read.
+        let table = if weights.multifactor {
+            self.slurm.fairshare_table()?
+        } else {
+            FairshareTable::default()
+        };
+        Ok((weights, table))
     }
 }

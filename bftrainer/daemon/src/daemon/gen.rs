@@ -5,8 +5,8 @@
 
 use super::cluster::{Cluster, Result};
 use bftrainer_slurm::{
-    BatchJob, Job, JobBase, JobState, JobUpdate, Node, NodeBase, NodeState, Partition, Refresh,
-    SignalTarget, TimeLimit,
+    BatchJob, FairshareTable, Job, JobBase, JobState, JobUpdate, Node, NodeBase, NodeState,
+    Partition, PriorityWeights, Refresh, SignalTarget, TimeLimit,
 };
 
 /// Calls the daemon made.
@@ -29,6 +29,8 @@ pub struct GenCluster {
     /// The next refresh reports a change.
     pub dirty: bool,
     pub calls: Calls,
+    /// What `priority_inputs` answers (priority/basic by default).
+    pub priority: (PriorityWeights, FairshareTable),
     next_id: u32,
 }
 
@@ -88,6 +90,7 @@ pub fn job(id: u32, partition: &str, base: JobBase) -> Job {
         user_name: None,
         group_id: 1000,
         account: None,
+        qos: None,
         state: JobState::from_base(base),
         reason: None,
         reason_detail: None,
@@ -125,6 +128,7 @@ impl GenCluster {
             jobs,
             dirty: true,
             calls: Calls::default(),
+            priority: Default::default(),
             next_id,
         }
     }
@@ -260,5 +264,8 @@ impl Cluster for GenCluster {
             .filter(|s| !s.is_empty())
             .map(str::to_string)
             .collect()
+    }
+    fn priority_inputs(&mut self) -> Result<(PriorityWeights, FairshareTable)> {
+        Ok(self.priority.clone())
     }
 }

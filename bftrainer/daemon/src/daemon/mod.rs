@@ -25,6 +25,7 @@ pub mod gen;
 pub mod journal;
 pub mod metrics;
 mod observe;
+pub mod priority;
 mod reconcile;
 mod recovery;
 pub mod run;
@@ -250,6 +251,8 @@ pub struct Daemon<C: Cluster> {
     /// Recent cycle timings: the Slurm refresh, and observe + decide.
     pub poll_times: view::Window,
     pub decide_times: view::Window,
+    /// Slurm's priority factors, for the waiting jobs' admission order (`priority`).
+    prio: priority::Inputs,
 }
 
 /// A job's measured rate at an unchanged size is journaled at most this often (its
@@ -337,6 +340,7 @@ impl<C: Cluster> Daemon<C> {
             cycle_t0: None,
             poll_times: view::Window::default(),
             decide_times: view::Window::default(),
+            prio: priority::Inputs::default(),
         };
         d.restore(records);
         Ok(d)
@@ -546,6 +550,7 @@ impl<C: Cluster> Daemon<C> {
         rep.slurm_ok = true;
         let t0 = std::time::Instant::now();
         self.observe(now);
+        self.refresh_priorities(now);
         rep.events = self.pending.len();
         let actions = self.decide(now)?;
         rep.decide_s = t0.elapsed().as_secs_f64();

@@ -316,6 +316,11 @@ impl Live {
 
     /// As [`Live::submit_elastic`], as `user` (e.g. the second test user).
     pub fn submit_elastic_as(&self, user: &str, spec: &str) -> u32 {
+        self.submit_elastic_as_with(user, spec, &[])
+    }
+
+    /// As [`Live::submit_elastic_as`], with more sbatch options (e.g. `--qos=high`).
+    pub fn submit_elastic_as_with(&self, user: &str, spec: &str, more: &[&str]) -> u32 {
         use std::os::unix::process::CommandExt;
         let (uid, gid) = bftrainer_testcluster::user_ids(user).unwrap();
         let mut cmd = self.c.command("sbatch");
@@ -325,6 +330,7 @@ impl Live {
             .env("LOGNAME", user)
             .current_dir("/tmp")
             .args(["--parsable", &format!("--elastic={spec}")])
+            .args(more)
             .args(["-J", "train", "-o", "/dev/null", "--wrap", "srun sleep 600"]);
         let out = cmd.output().unwrap();
         assert!(
