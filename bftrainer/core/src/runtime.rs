@@ -10,7 +10,11 @@
 //! `start` is the job's current start time, and then proves over MUNGE that the
 //! coordinator it reached is this run's (docs/design.md, "Trust"). `step` is the
 //! measured seconds per training step (0: not measured): bftrainerd waits that long,
-//! at least, for a leaving satellite to reach its step boundary.
+//! at least, for a leaving satellite to reach its step boundary. `done=1` is written
+//! last, once the training itself has finished (its workers exited 0): a core job
+//! that Slurm ends COMPLETED while preempting it is then counted finished by bftrainerd,
+//! not requeued to run its finished work again. Only the job's own fate depends on it
+//! (its owner could write it; it can only end their job).
 
 use std::fmt;
 
@@ -32,6 +36,8 @@ pub struct RunComment {
     pub rate: f64,
     /// Measured seconds per training step (0: not measured yet).
     pub step: f64,
+    /// The training has finished (written once, as the run's last word).
+    pub done: bool,
 }
 
 impl fmt::Display for RunComment {
@@ -40,7 +46,11 @@ impl fmt::Display for RunComment {
             f,
             "{PREFIX} coord={} run={} start={} gen={} nodes={} rate={:.1} step={:.3}",
             self.coord, self.run, self.start, self.gen, self.nodes, self.rate, self.step
-        )
+        )?;
+        if self.done {
+            f.write_str(" done=1")?;
+        }
+        Ok(())
     }
 }
 
@@ -60,6 +70,7 @@ impl RunComment {
             nodes: 0,
             rate: 0.0,
             step: 0.0,
+            done: false,
         };
         let non_negative = |v: &str| v.parse().ok().filter(|r: &f64| r.is_finite() && *r >= 0.0);
         for w in words {
@@ -75,10 +86,24 @@ impl RunComment {
                 "start" => c.start = v.parse().ok()?,
                 "rate" => c.rate = non_negative(v)?,
                 "step" => c.step = non_negative(v)?,
+                "done" => {
+                    c.done = match v {
+                        "1" => true,
+                        "0" => false,
+                        _ => return None,
+                    }
+                }
                 _ => {}
             }
         }
         (!c.coord.is_empty()).then_some(c)
+    }
+
+    /// Whether this comment says that the run which began at the job's current start
+    /// time (`job_start`, Slurm's) finished its training. A `done` of an earlier run
+    /// (the Comment survives a requeue) or with no start says nothing.
+    pub fn finished_run(&self, job_start: Option<i64>) -> bool {
+        self.done && self.start != 0 && job_start == Some(self.start)
     }
 }
 
@@ -96,6 +121,7 @@ mod tests {
             nodes: 3,
             rate: 1234.56,
             step: 2.5,
+            done: false,
         };
         let s = c.to_string();
         assert_eq!(
@@ -115,6 +141,17 @@ mod tests {
         );
         assert!((back.rate - 1234.6).abs() < 1e-9);
         assert!((back.step - 2.5).abs() < 1e-9);
+        assert!(!back.done);
+        // The run's last word: done, for this start time only.
+        let fin = RunComment { done: true, ..c.clone() };
+        let text = fin.to_string();
+        assert!(text.ends_with(" done=1"), "{text}");
+        let back = RunComment::parse(&text).unwrap();
+        assert!(back.finished_run(Some(1_795_000_000)));
+        assert!(!back.finished_run(Some(1_795_000_100)), "a later run (requeued) is not done");
+        assert!(!back.finished_run(None));
+        assert!(!RunComment { start: 0, ..back.clone() }.finished_run(Some(0)));
+        assert!(!RunComment::parse(&s).unwrap().finished_run(Some(1_795_000_000)));
         // An older bft-run's comment: no run, start or step.
         let old = RunComment::parse("bftrainer-run:v1 coord=h:1 gen=2 nodes=1 rate=3.0").unwrap();
         assert_eq!((old.run.as_str(), old.start, old.step), ("", 0, 0.0));
@@ -133,6 +170,8 @@ mod tests {
             "bftrainer-run:v1 coord=h:1 run=zz",
             "bftrainer-run:v1 coord=h:1 start=x",
             "bftrainer-run:v1 coord=h:1 gen=x",
+            "bftrainer-run:v1 coord=h:1 done=yes",
+            "bftrainer-run:v1 coord=h:1 done=",
             "bftrainer-run:v1 coord=h:1 junk",
             "bftrainer-run:v2 coord=h:1",
         ] {

@@ -350,3 +350,64 @@ fn a_rate_its_owner_changes_at_every_poll_is_journaled_at_most_every_30_s() {
         "{progress} Progress records for 300 polls of a changing rate"
     );
 }
+
+/// A core job that Slurm ends COMPLETED while it preempts it (its batch script left
+/// within the grace time) is counted finished only when its runtime wrote, for this
+/// run, that the training is done; otherwise it is a preemption, requeued held. The
+/// second job's runtime wrote `done=1` for an earlier run (its Comment survives a
+/// requeue): that says nothing about this run.
+#[test]
+fn a_core_ended_under_preemption_is_finished_only_when_its_run_said_done() {
+    use bftrainer_core::runtime::RunComment;
+    use bftrainer_slurm::JobState;
+    let dir = tempfile::tempdir().unwrap();
+    let mut now = 3_000_000_000.0;
+    let mut d = start(dir.path(), "max_jobs = 3", cluster());
+    run(&mut d, &mut now, 8);
+    let comment = |start: i64, done: bool| {
+        RunComment {
+            coord: "n1:4000".into(),
+            run: "ab12".into(),
+            start,
+            gen: 3,
+            nodes: 2,
+            rate: 10.0,
+            step: 1.0,
+            done,
+        }
+        .to_string()
+    };
+    for (id, done_for) in [(1u32, Some(0i64)), (2, Some(-100)), (3, None)] {
+        let j = d.cluster.jobs.iter_mut().find(|j| j.job_id == id).unwrap();
+        let start = j.start_time.expect("the core runs");
+        j.state = JobState::from_base(JobBase::Complete);
+        j.preempt_time = Some(now as i64);
+        j.comment = Some(match done_for {
+            Some(shift) => comment(start + shift, true),
+            None => comment(start, false),
+        });
+    }
+    d.cluster.dirty = true;
+    let requeues_before = d.cluster.calls.requeues;
+    run(&mut d, &mut now, 8);
+    // The engine's job whose spec names Slurm's job id.
+    let status = |d: &Daemon<GenCluster>, id: u32| {
+        let k = (0..d.engine().n_jobs() as u32)
+            .find(|&k| d.engine().job_spec(k).name == id.to_string())
+            .unwrap();
+        d.engine().job_status(k)
+    };
+    assert_eq!(status(&d, 1), JobStatus::Finished, "its run said done: finished");
+    let core = |d: &Daemon<GenCluster>, id: u32| {
+        d.cluster.jobs.iter().find(|j| j.job_id == id).unwrap().clone()
+    };
+    assert_eq!(core(&d, 1).state.base(), JobBase::Complete, "not requeued");
+    for id in [2, 3] {
+        assert!(
+            core(&d, id).restart_count >= 1,
+            "job {id}: a done of another run, or none, is a preemption: requeued"
+        );
+        assert_ne!(status(&d, id), JobStatus::Finished, "job {id}");
+    }
+    assert_eq!(d.cluster.calls.requeues - requeues_before, 2, "jobs 2 and 3 only");
+}

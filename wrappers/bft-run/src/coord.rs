@@ -286,10 +286,21 @@ impl Coordinator {
         for a in s.agents.values() {
             let _ = a.tx.send(line.clone());
         }
+        if code == 0 {
+            // The run's last word in the Comment: its training is finished (bftrainerd
+            // then counts a core that Slurm ends while preempting it as finished).
+            self.send_comment(s, true);
+        }
         self.end_tx.send_replace(Some((code, reason)));
     }
 
     fn publish(&self, s: &Shared) {
+        self.send_comment(s, false);
+    }
+
+    fn send_comment(&self, s: &Shared, done: bool) {
+        // Once the training finished, every later comment says so too.
+        let done = done || self.end_tx.borrow().as_ref().is_some_and(|(code, _)| *code == 0);
         if let Some(c) = &self.comment {
             let _ = c.lock().unwrap().send(RunComment {
                 coord: self.cfg.advertised.clone(),
@@ -299,6 +310,7 @@ impl Coordinator {
                 nodes: s.nodes,
                 rate: s.progress.rate,
                 step: s.progress.step,
+                done,
             });
         }
     }

@@ -420,7 +420,10 @@ async fn coordinate(cli: &Cli) -> i32 {
         advertised: advertised.clone(),
         ready_timeout: Duration::from_secs(600),
     };
-    let comment_tx = slurm.map(|s| comment_writer(s, job.parse().unwrap_or(0)));
+    let (comment_tx, comment_done) = match slurm.map(|s| comment_writer(s, job.parse().unwrap_or(0))) {
+        Some((tx, done)) => (Some(tx), Some(done)),
+        None => (None, None),
+    };
     let c = Coordinator::new(cfg, comment_tx);
     say!(
         "bft-run: coordinator of job {job} listening on {advertised}; starting agents on {nodes} node(s)"
@@ -546,14 +549,28 @@ async fn coordinate(cli: &Cli) -> i32 {
     let (code, reason) = ended.borrow().clone().unwrap_or((1, "unknown".into()));
     if code != 0 {
         say!("bft-run: job failed: {reason}");
+    } else if let Some(done) = comment_done {
+        // Exit only once the Comment says the training finished (bounded: slurmctld
+        // may be slow or away; the daemon then treats an end under preemption as one).
+        let written = tokio::task::spawn_blocking(move || done.recv_timeout(Duration::from_secs(10)))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if !written {
+            say!("bft-run: the training finished but its Comment could not say so within 10 s");
+        }
     }
     code
 }
 
 /// A thread that writes the job's Comment: at once when the generation or size
-/// changes, at most every 5 s for a rate change over 5%.
-fn comment_writer(slurm: bftrainer_slurm::Slurm, job: u32) -> coord::CommentTx {
+/// changes or the training is done, at most every 5 s for a rate change over 5%. The
+/// receiver hears once the `done` comment was written (or refused).
+fn comment_writer(
+    slurm: bftrainer_slurm::Slurm,
+    job: u32,
+) -> (coord::CommentTx, std::sync::mpsc::Receiver<()>) {
     let (tx, rx) = std::sync::mpsc::channel::<RunComment>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
         let mut written: Option<(RunComment, Instant)> = None;
         let mut pending: Option<RunComment> = None;
@@ -569,6 +586,7 @@ fn comment_writer(slurm: bftrainer_slurm::Slurm, job: u32) -> coord::CommentTx {
                 None => true,
                 Some((w, at)) => {
                     w.gen != c.gen
+                        || w.done != c.done
                         || w.nodes != c.nodes
                         || w.coord != c.coord
                         || (at.elapsed() >= Duration::from_secs(5)
@@ -582,6 +600,7 @@ fn comment_writer(slurm: bftrainer_slurm::Slurm, job: u32) -> coord::CommentTx {
                 comment: Some(c.to_string()),
                 ..Default::default()
             };
+            let done = c.done;
             match slurm.update_job(job, &update) {
                 Ok(()) => {
                     written = Some((c, Instant::now()));
@@ -595,9 +614,12 @@ fn comment_writer(slurm: bftrainer_slurm::Slurm, job: u32) -> coord::CommentTx {
                     written = Some((c, Instant::now()));
                 }
             }
+            if done {
+                let _ = done_tx.send(());
+            }
         }
     });
-    tx
+    (tx, done_rx)
 }
 
 #[cfg(test)]
@@ -640,6 +662,7 @@ mod tests {
             nodes: 1,
             rate: 0.0,
             step: 0.0,
+            done: false,
         };
         assert!(fresh_comment(&c("ab", 100), Some(100)));
         assert!(

@@ -754,8 +754,12 @@ impl<C: Cluster> Daemon<C> {
             objective,
             user: Some(j.user_id),
             // Slurm's priority where it has one; a core job held until admission has
-            // none (0), and then submit order decides among one user's jobs.
-            priority: if j.is_held() { 0 } else { j.priority },
+            // none, so it gets the one Slurm's factors would give it (`priority`).
+            priority: if j.is_held() {
+                priority::admission_priority(j, &self.prio, self.clock)
+            } else {
+                j.priority
+            },
         }
     }
 
@@ -887,9 +891,19 @@ impl<C: Cluster> Daemon<C> {
         let base = j.state.base();
         if !j.state.is_active() {
             // A run that ended while being preempted (the runtime left within the
-            // grace time, or PreemptMode=CANCEL) is a preemption, not an end.
+            // grace time, or PreemptMode=CANCEL) is a preemption, not an end, unless
+            // it COMPLETED and its runtime wrote that this run's training finished
+            // (`done=1` in the Comment, for this start time): then its work is done
+            // and a requeue would only run it again.
+            let finished_run = base == JobBase::Complete
+                && j
+                    .comment
+                    .as_deref()
+                    .and_then(RunComment::parse)
+                    .is_some_and(|c| c.finished_run(j.start_time));
             let preempted = base == JobBase::Preempted
                 || (j.preempt_time.is_some()
+                    && !finished_run
                     && matches!(base, JobBase::Complete | JobBase::Failed));
             if preempted && status == JobStatus::Active {
                 let core = self.cores.get_mut(&id).unwrap();
