@@ -1067,3 +1067,60 @@ fn cluster_daemon_admits_waiting_jobs_by_slurms_priority_factors() {
     });
     assert_eq!(l.state_of(a), "PENDING", "{}", l.log_text());
 }
+
+#[test]
+fn cluster_daemon_gives_satellites_the_core_jobs_gpus_per_node() {
+    // Four nodes with two stand-in GPUs each (`cluster up --gpus 2`). An elastic job
+    // asks --gres=gpu:2: each satellite is submitted with the core job's per-node
+    // request as Slurm holds it (TresPerNode), and the step that runs the satellite's
+    // work sees the node's two GPUs in CUDA_VISIBLE_DEVICES (a step gets no GPU unless
+    // it asks for them).
+    let s = live::setup_join("bftd-gpu", "", "", &|join: &std::path::Path| {
+        let seen = join.with_file_name("seen");
+        std::fs::create_dir_all(&seen).unwrap();
+        std::fs::set_permissions(&seen, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .unwrap();
+        let script = join.with_file_name("join-gpu.sh");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho \"${{CUDA_VISIBLE_DEVICES:-none}}\" > {}/$SLURMD_NODENAME\nexec sleep 3600\n",
+                seen.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        format!("{} {{parent}}", script.display())
+    });
+    let seen = s.dir.join("seen");
+    let mut l = Live::from_setup_with(
+        s,
+        bftrainer_testcluster::Options {
+            gpus: Some("2".into()),
+            ..Default::default()
+        },
+    );
+    l.spawn();
+    let job = l.submit_elastic_with("1:4", &["--gres=gpu:2"]);
+    let sats = l.grown_to_all(job);
+    assert_eq!(sats.len(), 3, "{sats:?}");
+    let core_tres = l
+        .c
+        .run("squeue", &["-h", "-j", &job.to_string(), "-o", "%b"])
+        .unwrap();
+    assert!(core_tres.contains("gpu:2"), "core's TresPerNode: {core_tres}");
+    for (node, sat) in &sats {
+        let tres = l
+            .c
+            .run("squeue", &["-h", "-j", &sat.to_string(), "-o", "%b"])
+            .unwrap();
+        assert_eq!(tres.trim(), core_tres.trim(), "satellite {sat} on {node}");
+        let cvd = l.wait(60, "the satellite's step to report its GPUs", || {
+            std::fs::read_to_string(seen.join(node)).ok()
+        });
+        let gpus: Vec<&str> = cvd.trim().split(',').collect();
+        assert_eq!(gpus.len(), 2, "satellite {sat} on {node} sees {cvd:?}");
+    }
+    l.assert_no_double_allocation();
+}

@@ -210,6 +210,21 @@ pub struct Job {
     /// Memory it asks per node in MB (`--mem`); `None` when unset or per CPU.
     #[serde(default)]
     pub mem_per_node_mb: Option<u64>,
+    /// Memory it asks per CPU in MB (`--mem-per-cpu`); `None` when unset or per node.
+    #[serde(default)]
+    pub mem_per_cpu_mb: Option<u64>,
+    /// Trackable resources per node (`--gres`, `--gpus-per-node`), as slurmctld stores
+    /// them (e.g. `gres:gpu:2` on 22.05, `gres/gpu:2` from 23.02): what a satellite of
+    /// this job asks for on its node.
+    #[serde(default)]
+    pub tres_per_node: Option<String>,
+    /// Trackable resources per task (`--gpus-per-task`).
+    #[serde(default)]
+    pub tres_per_task: Option<String>,
+    #[serde(default)]
+    pub cpus_per_task: Option<u16>,
+    #[serde(default)]
+    pub ntasks_per_node: Option<u16>,
 }
 
 impl Job {
@@ -561,6 +576,17 @@ impl NameCache {
     }
 }
 
+/// `--mem-per-cpu` from `pn_min_memory`: the MEM_PER_CPU bit (the top one) set, and not
+/// one of Slurm's "unset" markers (NO_VAL64, INFINITE64 have the top bit set too).
+fn mem_per_cpu(raw: u64) -> Option<u64> {
+    const PER_CPU: u64 = 1 << 63;
+    let unset = [0, u64::from(slurm_sys::NO_VAL), u64::MAX, u64::MAX - 1];
+    if raw & PER_CPU == 0 || unset.contains(&raw) {
+        return None;
+    }
+    Some(raw & !PER_CPU).filter(|&m| m != 0)
+}
+
 fn convert_job(j: &slurm_sys::slurm_job_info_t, names: &mut NameCache) -> Job {
     let array = j.array_job_id != 0 && j.array_task_id != slurm_sys::NO_VAL;
     let het = j.het_job_id != 0;
@@ -613,6 +639,11 @@ fn convert_job(j: &slurm_sys::slurm_job_info_t, names: &mut NameCache) -> Job {
                 && j.pn_min_memory & (1u64 << 63) == 0
                 && j.pn_min_memory != u64::from(slurm_sys::NO_VAL))
             .then_some(j.pn_min_memory),
+            mem_per_cpu_mb: mem_per_cpu(j.pn_min_memory),
+            tres_per_node: opt_string(j.tres_per_node).filter(|t| !t.is_empty()),
+            tres_per_task: opt_string(j.tres_per_task).filter(|t| !t.is_empty()),
+            cpus_per_task: opt_u16(j.cpus_per_task).filter(|&c| c > 0),
+            ntasks_per_node: opt_u16(j.ntasks_per_node).filter(|&c| c > 0),
         }
     }
 }
@@ -620,6 +651,16 @@ fn convert_job(j: &slurm_sys::slurm_job_info_t, names: &mut NameCache) -> Job {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_per_cpu_is_read_apart_from_unset_markers() {
+        assert_eq!(mem_per_cpu((1 << 63) | 2048), Some(2048));
+        assert_eq!(mem_per_cpu(2048), None, "per node");
+        assert_eq!(mem_per_cpu(u64::MAX - 1), None, "NO_VAL64");
+        assert_eq!(mem_per_cpu(u64::MAX), None, "INFINITE64");
+        assert_eq!(mem_per_cpu(1 << 63), None);
+        assert_eq!(mem_per_cpu(0), None);
+    }
 
     #[test]
     fn gpu_counts_from_gres_strings() {

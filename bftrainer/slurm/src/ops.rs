@@ -56,6 +56,26 @@ pub struct BatchJob {
     /// Entries of the job's SPANK environment (`spank_job_env`), as a SPANK option
     /// sets them: what job_submit plugins read (e.g. `BFTRAINER_ELASTIC`).
     pub spank_env: Vec<(String, String)>,
+    /// QOS (`--qos`).
+    #[serde(default)]
+    pub qos: Option<String>,
+    /// Required node features (`--constraint`).
+    #[serde(default)]
+    pub constraint: Option<String>,
+    /// Memory per node in MB (`--mem`); exclusive with `mem_per_cpu_mb`.
+    #[serde(default)]
+    pub mem_per_node_mb: Option<u64>,
+    /// Memory per CPU in MB (`--mem-per-cpu`).
+    #[serde(default)]
+    pub mem_per_cpu_mb: Option<u64>,
+    /// Trackable resources per node, in slurmctld's own form (as [`crate::Job`] reads it).
+    #[serde(default)]
+    pub tres_per_node: Option<String>,
+    /// Trackable resources per task (`--gpus-per-task`).
+    #[serde(default)]
+    pub tres_per_task: Option<String>,
+    #[serde(default)]
+    pub ntasks_per_node: Option<u16>,
 }
 
 /// What `submit_batch` got back.
@@ -185,6 +205,17 @@ fn batch_desc(job: &BatchJob) -> Result<Desc> {
     if job.min_nodes == Some(0) {
         return Err(Error::invalid("min_nodes", "must be at least 1"));
     }
+    if job.mem_per_node_mb.is_some() && job.mem_per_cpu_mb.is_some() {
+        return Err(Error::invalid(
+            "memory",
+            "give memory per node or per CPU, not both",
+        ));
+    }
+    for (what, mb) in [("mem_per_node_mb", job.mem_per_node_mb), ("mem_per_cpu_mb", job.mem_per_cpu_mb)] {
+        if mb.is_some_and(|m| m == 0 || m >= 1u64 << 62) {
+            return Err(Error::invalid(what, "must be between 1 and 2^62 - 1 MB"));
+        }
+    }
     for (k, _) in job.env.iter().chain(&job.spank_env) {
         if k.is_empty() || k.contains('=') {
             return Err(Error::invalid(
@@ -204,6 +235,20 @@ fn batch_desc(job: &BatchJob) -> Result<Desc> {
     b.msg.admin_comment = b.opt("admin_comment", &job.admin_comment)?;
     b.msg.std_out = b.opt("output", &job.output)?;
     b.msg.std_err = b.opt("error", &job.error)?;
+    b.msg.qos = b.opt("qos", &job.qos)?;
+    b.msg.features = b.opt("constraint", &job.constraint)?;
+    b.msg.tres_per_node = b.opt("tres_per_node", &job.tres_per_node)?;
+    b.msg.tres_per_task = b.opt("tres_per_task", &job.tres_per_task)?;
+    if let Some(m) = job.mem_per_node_mb {
+        b.msg.pn_min_memory = m;
+    }
+    if let Some(m) = job.mem_per_cpu_mb {
+        // MEM_PER_CPU: the top bit (slurm.h).
+        b.msg.pn_min_memory = m | (1u64 << 63);
+    }
+    if let Some(n) = job.ntasks_per_node {
+        b.msg.ntasks_per_node = n;
+    }
     if let Some(n) = job.min_nodes {
         b.msg.min_nodes = n;
     }
@@ -517,9 +562,28 @@ mod tests {
             requeue: Some(true),
             exclusive: true,
             spank_env: vec![("BFTRAINER_ELASTIC".into(), "1:1".into())],
+            qos: Some("high".into()),
+            constraint: Some("a100&ib".into()),
+            mem_per_cpu_mb: Some(4096),
+            tres_per_node: Some("gres/gpu:2".into()),
+            tres_per_task: Some("gres/gpu:1".into()),
+            ntasks_per_node: Some(2),
             ..Default::default()
         };
         let d = batch_desc(&job).unwrap();
+        unsafe {
+            assert_eq!(opt_string(d.msg.qos).as_deref(), Some("high"));
+            assert_eq!(opt_string(d.msg.features).as_deref(), Some("a100&ib"));
+            assert_eq!(opt_string(d.msg.tres_per_node).as_deref(), Some("gres/gpu:2"));
+            assert_eq!(opt_string(d.msg.tres_per_task).as_deref(), Some("gres/gpu:1"));
+        }
+        assert_eq!(d.msg.pn_min_memory, 4096 | (1 << 63));
+        assert_eq!(d.msg.ntasks_per_node, 2);
+        let both = BatchJob {
+            mem_per_node_mb: Some(1),
+            ..job.clone()
+        };
+        assert!(batch_desc(&both).unwrap_err().to_string().contains("not both"));
         assert_eq!(d.msg.shared, slurm_sys::JOB_SHARED_NONE as u16);
         assert_eq!(d.msg.spank_job_env_size, 1);
         unsafe {

@@ -96,6 +96,10 @@ pub struct Options {
     /// if set, else the release this process runs with (the root's when the tests run
     /// inside one, as `make test` does for 24.11 and 26.05).
     pub slurm: Option<String>,
+    /// Stand-in GPUs as GRES `gpu` (`cluster up --gpus`): "4", "a100:4", or per node
+    /// "1-2=a100:4,3=v100:2". Each is a character device like /dev/null under the
+    /// cluster's `dev/nK/`; Slurm allocates them and sets CUDA_VISIBLE_DEVICES.
+    pub gpus: Option<String>,
 }
 
 impl Default for Options {
@@ -109,6 +113,7 @@ impl Default for Options {
             slurm: std::env::var("BFT_SLURM_RELEASE")
                 .ok()
                 .filter(|v| !v.is_empty()),
+            gpus: None,
         }
     }
 }
@@ -181,6 +186,9 @@ impl Cluster {
         }
         if let Some(v) = &opts.slurm {
             cmd.arg("--slurm").arg(v);
+        }
+        if let Some(g) = &opts.gpus {
+            cmd.arg("--gpus").arg(g);
         }
         let out = run_script(&mut cmd)?;
         if !out.status.success() {

@@ -116,6 +116,11 @@ pub fn job(id: u32, partition: &str, base: JobBase) -> Job {
         std_out: None,
         constraint: None,
         mem_per_node_mb: None,
+        mem_per_cpu_mb: None,
+        tres_per_node: None,
+        tres_per_task: None,
+        cpus_per_task: None,
+        ntasks_per_node: None,
     }
 }
 

@@ -351,10 +351,14 @@ impl<C: Cluster> Daemon<C> {
             .replace("{parent}", &parent.to_string());
         // The work runs in a step, so a preemption's SIGTERM (Slurm signals steps, not
         // the batch shell) reaches it and this shell follows it out at once. A step
-        // ended by SIGTERM (shrink, preemption) is a clean end of a satellite.
+        // ended by SIGTERM (shrink, preemption) is a clean end of a satellite. The step
+        // takes every CPU and GPU the satellite holds on its node (a step gets no GPU
+        // unless it asks), as the core job's agents' step does.
         let script = format!(
             "#!/bin/sh\n# bftrainer satellite of job {parent} on {node}\n\
-             srun --ntasks=1 --nodes=1 --kill-on-bad-exit=1 {join}\n\
+             srun --ntasks=1 --nodes=1 --kill-on-bad-exit=1 \
+             ${{SLURM_CPUS_ON_NODE:+--cpus-per-task=$SLURM_CPUS_ON_NODE}} \
+             ${{SLURM_GPUS_ON_NODE:+--gres=gpu:$SLURM_GPUS_ON_NODE}} {join}\n\
              rc=$?\n\
              if [ $rc -eq 0 ] || [ $rc -eq 143 ]; then exit 0; fi\n\
              exit $rc\n"
@@ -387,6 +391,17 @@ impl<C: Cluster> Daemon<C> {
             requeue: Some(false),
             exclusive: true,
             spank_env: vec![(spec::JOB_ENV_NAME.into(), tag_spec)],
+            // The core job's per-node request, as Slurm holds it: the satellite gets on
+            // its node what the core's nodes have (GPUs with the job's GRES, its
+            // constraint, memory, QOS and task shape).
+            qos: core_job.qos.clone(),
+            constraint: core_job.constraint.clone(),
+            mem_per_node_mb: core_job.mem_per_node_mb,
+            mem_per_cpu_mb: core_job.mem_per_cpu_mb,
+            tres_per_node: core_job.tres_per_node.clone(),
+            tres_per_task: core_job.tres_per_task.clone(),
+            ntasks_per_node: core_job.ntasks_per_node,
+            cpus_per_task: core_job.cpus_per_task,
             ..Default::default()
         };
         match self.cluster.submit(&job) {

@@ -154,6 +154,12 @@ impl Live {
     }
 
     pub fn from_setup(s: Setup) -> Live {
+        Live::from_setup_with(s, Options::default())
+    }
+
+    /// As [`Live::from_setup`], with other cluster options (stand-in GPUs...); the
+    /// plugins and bftrainer.toml are the setup's, 4 nodes unless `opts` says.
+    pub fn from_setup_with(s: Setup, opts: Options) -> Live {
         let Setup {
             tmp,
             dir,
@@ -162,10 +168,9 @@ impl Live {
             ..
         } = s;
         let c = Cluster::start(Options {
-            nodes: 4,
             plugins: Some(plugins),
             bftrainer_conf: Some(conf.clone()),
-            ..Default::default()
+            ..opts
         })
         .expect("cluster with the plugins");
         let log = dir.join("bftrainerd.log");
