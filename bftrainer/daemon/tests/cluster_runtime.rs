@@ -340,7 +340,10 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     // bft-run's last word: this run's training finished (bftrainerd counts a core
     // ended under preemption as finished only then).
     let last = comment(&l, job).expect("the runtime's Comment");
-    assert!(last.done, "the Comment does not say done: {last:?}\njob output:\n{text}");
+    assert!(
+        last.done,
+        "the Comment does not say done: {last:?}\njob output:\n{text}"
+    );
     assert!(
         text.contains("rolling back"),
         "no rollback after kill -9:\n{text}"

@@ -397,9 +397,18 @@ fn a_core_ended_under_preemption_is_finished_only_when_its_run_said_done() {
             .unwrap();
         d.engine().job_status(k)
     };
-    assert_eq!(status(&d, 1), JobStatus::Finished, "its run said done: finished");
+    assert_eq!(
+        status(&d, 1),
+        JobStatus::Finished,
+        "its run said done: finished"
+    );
     let core = |d: &Daemon<GenCluster>, id: u32| {
-        d.cluster.jobs.iter().find(|j| j.job_id == id).unwrap().clone()
+        d.cluster
+            .jobs
+            .iter()
+            .find(|j| j.job_id == id)
+            .unwrap()
+            .clone()
     };
     assert_eq!(core(&d, 1).state.base(), JobBase::Complete, "not requeued");
     for id in [2, 3] {
@@ -409,5 +418,9 @@ fn a_core_ended_under_preemption_is_finished_only_when_its_run_said_done() {
         );
         assert_ne!(status(&d, id), JobStatus::Finished, "job {id}");
     }
-    assert_eq!(d.cluster.calls.requeues - requeues_before, 2, "jobs 2 and 3 only");
+    assert_eq!(
+        d.cluster.calls.requeues - requeues_before,
+        2,
+        "jobs 2 and 3 only"
+    );
 }

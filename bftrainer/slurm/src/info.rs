@@ -259,13 +259,16 @@ impl Jobs {
 /// GPUs in a GRES string such as "gpu:a100:4(S:0-1),gpu:1,nic:2": sums the counts of
 /// entries named `gpu`. An entry without a count counts 1, as in Slurm.
 pub fn gpu_count(gres: &str) -> u32 {
-    let mut total = 0u32;
+    gpus_of_type(gres, None)
+}
+
+/// The entries of a GRES string, without their socket lists: "gpu:a100:2(S:0-1)".
+fn gres_entries(gres: &str) -> Vec<&str> {
     // Entries are comma-separated, but socket lists in parentheses may hold commas.
     let mut depth = 0;
     let mut start = 0;
-    let bytes = gres.as_bytes();
     let mut entries = Vec::new();
-    for (i, &b) in bytes.iter().enumerate() {
+    for (i, &b) in gres.as_bytes().iter().enumerate() {
         match b {
             b'(' => depth += 1,
             b')' => depth -= 1,
@@ -277,20 +280,62 @@ pub fn gpu_count(gres: &str) -> u32 {
         }
     }
     entries.push(&gres[start..]);
-    for e in entries {
-        let e = e.split('(').next().unwrap_or("").trim();
+    entries
+        .into_iter()
+        .map(|e| e.split('(').next().unwrap_or("").trim())
+        .collect()
+}
+
+/// GPUs in a node's GRES string (`gpu:a100:2(S:0-1),gpu:v100:1`), all of them or only
+/// those of type `typ`.
+pub fn gpus_of_type(gres: &str, typ: Option<&str>) -> u32 {
+    let mut total = 0u32;
+    for e in gres_entries(gres) {
         let mut parts = e.split(':');
         if parts.next() != Some("gpu") {
             continue;
         }
         let rest: Vec<&str> = parts.collect();
-        let count = match rest.last() {
-            None => 1,
-            Some(last) => parse_count(last).unwrap_or(1),
+        let (t, count) = match rest.as_slice() {
+            [] => (None, 1),
+            [one] => match parse_count(one) {
+                Some(c) => (None, c),
+                None => (Some(*one), 1),
+            },
+            [t, c, ..] => (Some(*t), parse_count(c).unwrap_or(1)),
         };
+        if typ.is_some_and(|want| t != Some(want)) {
+            continue;
+        }
         total = total.saturating_add(count);
     }
     total
+}
+
+/// GPUs a job asks per node, from its TresPerNode as slurmctld stores it
+/// (`gres:gpu:2` on 22.05, `gres/gpu:a100:2` from 23.02, or a bare `gpu:2`): the type
+/// (None: any) and the count. None when it asks for no GPU.
+pub fn gpus_per_node(tres_per_node: &str) -> Option<(Option<String>, u32)> {
+    for e in gres_entries(tres_per_node) {
+        let e = e
+            .strip_prefix("gres:")
+            .or_else(|| e.strip_prefix("gres/"))
+            .unwrap_or(e);
+        let mut parts = e.split(':');
+        if parts.next() != Some("gpu") {
+            continue;
+        }
+        let rest: Vec<&str> = parts.collect();
+        return Some(match rest.as_slice() {
+            [] => (None, 1),
+            [one] => match parse_count(one) {
+                Some(c) => (None, c),
+                None => (Some(one.to_string()), 1),
+            },
+            [t, c, ..] => (Some(t.to_string()), parse_count(c).unwrap_or(1)),
+        });
+    }
+    None
 }
 
 /// "4", "2K" (Slurm allows suffixes on counts); None if not a count (a type name).
@@ -660,6 +705,28 @@ mod tests {
         assert_eq!(mem_per_cpu(u64::MAX), None, "INFINITE64");
         assert_eq!(mem_per_cpu(1 << 63), None);
         assert_eq!(mem_per_cpu(0), None);
+    }
+
+    #[test]
+    fn gpus_by_type_and_a_jobs_gpus_per_node() {
+        let node = "gpu:a100:2(S:0,1),gpu:v100:1,nic:8";
+        assert_eq!(gpus_of_type(node, Some("a100")), 2);
+        assert_eq!(gpus_of_type(node, Some("v100")), 1);
+        assert_eq!(gpus_of_type(node, Some("h100")), 0);
+        assert_eq!(gpus_of_type(node, None), 3);
+        assert_eq!(gpus_per_node("gres:gpu:2"), Some((None, 2)));
+        assert_eq!(
+            gpus_per_node("gres/gpu:a100:4"),
+            Some((Some("a100".into()), 4))
+        );
+        assert_eq!(gpus_per_node("gres/nic:1,gres/gpu:1"), Some((None, 1)));
+        assert_eq!(gpus_per_node("gpu"), Some((None, 1)));
+        assert_eq!(
+            gpus_per_node("gres:gpu:tesla"),
+            Some((Some("tesla".into()), 1))
+        );
+        assert_eq!(gpus_per_node("gres/nic:1"), None);
+        assert_eq!(gpus_per_node(""), None);
     }
 
     #[test]

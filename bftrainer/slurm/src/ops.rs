@@ -211,7 +211,10 @@ fn batch_desc(job: &BatchJob) -> Result<Desc> {
             "give memory per node or per CPU, not both",
         ));
     }
-    for (what, mb) in [("mem_per_node_mb", job.mem_per_node_mb), ("mem_per_cpu_mb", job.mem_per_cpu_mb)] {
+    for (what, mb) in [
+        ("mem_per_node_mb", job.mem_per_node_mb),
+        ("mem_per_cpu_mb", job.mem_per_cpu_mb),
+    ] {
         if mb.is_some_and(|m| m == 0 || m >= 1u64 << 62) {
             return Err(Error::invalid(what, "must be between 1 and 2^62 - 1 MB"));
         }
@@ -574,8 +577,14 @@ mod tests {
         unsafe {
             assert_eq!(opt_string(d.msg.qos).as_deref(), Some("high"));
             assert_eq!(opt_string(d.msg.features).as_deref(), Some("a100&ib"));
-            assert_eq!(opt_string(d.msg.tres_per_node).as_deref(), Some("gres/gpu:2"));
-            assert_eq!(opt_string(d.msg.tres_per_task).as_deref(), Some("gres/gpu:1"));
+            assert_eq!(
+                opt_string(d.msg.tres_per_node).as_deref(),
+                Some("gres/gpu:2")
+            );
+            assert_eq!(
+                opt_string(d.msg.tres_per_task).as_deref(),
+                Some("gres/gpu:1")
+            );
         }
         assert_eq!(d.msg.pn_min_memory, 4096 | (1 << 63));
         assert_eq!(d.msg.ntasks_per_node, 2);
@@ -583,7 +592,10 @@ mod tests {
             mem_per_node_mb: Some(1),
             ..job.clone()
         };
-        assert!(batch_desc(&both).unwrap_err().to_string().contains("not both"));
+        assert!(batch_desc(&both)
+            .unwrap_err()
+            .to_string()
+            .contains("not both"));
         assert_eq!(d.msg.shared, slurm_sys::JOB_SHARED_NONE as u16);
         assert_eq!(d.msg.spank_job_env_size, 1);
         unsafe {

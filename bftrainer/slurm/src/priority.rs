@@ -123,7 +123,9 @@ impl Slurm {
                 let (Some(acct), Some(user)) = (opt_string(a.acct), opt_string(a.user)) else {
                     return; // an account's association, not a user's
                 };
-                let Some(usage) = a.usage.as_ref() else { return };
+                let Some(usage) = a.usage.as_ref() else {
+                    return;
+                };
                 let fs = usage.fs_factor;
                 if !fs.is_finite() {
                     return;
@@ -135,7 +137,11 @@ impl Slurm {
             for_each_borrowed(m.qos_list, |p| {
                 let q = &*(p as *const slurm_sys::slurmdb_qos_rec_t);
                 if let Some(name) = opt_string(q.name) {
-                    let prio = if q.priority == slurm_sys::NO_VAL { 0 } else { q.priority };
+                    let prio = if q.priority == slurm_sys::NO_VAL {
+                        0
+                    } else {
+                        q.priority
+                    };
                     table.qos.insert(name, prio);
                 }
             });

@@ -628,12 +628,23 @@ fn cluster_with_stand_in_gpus_allocates_them_by_type_and_node() {
         ..Default::default()
     })
     .unwrap_or_else(|e| panic!("cluster did not start: {e}"));
-    let gres = c.run("sinfo", &["-h", "-N", "-p", "batch", "-o", "%N %G"]).unwrap();
+    let gres = c
+        .run("sinfo", &["-h", "-N", "-p", "batch", "-o", "%N %G"])
+        .unwrap();
     let gres: Vec<&str> = gres.lines().map(str::trim).collect();
-    assert!(gres.iter().any(|l| l.starts_with("n1 gpu:a100:2")), "{gres:?}");
-    assert!(gres.iter().any(|l| l.starts_with("n2 gpu:v100:1")), "{gres:?}");
+    assert!(
+        gres.iter().any(|l| l.starts_with("n1 gpu:a100:2")),
+        "{gres:?}"
+    );
+    assert!(
+        gres.iter().any(|l| l.starts_with("n2 gpu:v100:1")),
+        "{gres:?}"
+    );
     assert!(gres.contains(&"n3 (null)"), "{gres:?}");
-    let dir = tempfile::Builder::new().prefix("bftc-gpu").tempdir_in("/tmp").unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("bftc-gpu")
+        .tempdir_in("/tmp")
+        .unwrap();
     let out = |name: &str| dir.path().join(name).display().to_string();
     let run = |gres: &str, name: &str| {
         let o = out(name);

@@ -5,9 +5,9 @@
 
 use super::*;
 
-/// What a waiting job asks of a node: its constraint, memory per node and tag (its
-/// minimum), the key of one unservability check per cycle.
-type Request = (Option<String>, Option<u64>, Option<String>);
+/// What a waiting job asks of a node: its constraint, memory per node, tag (its
+/// minimum) and GPUs per node, the key of one unservability check per cycle.
+type Request = (Option<String>, Option<u64>, Option<String>, Option<String>);
 
 /// What one pass over the job table found (`scan_jobs`).
 struct Scan {
@@ -509,6 +509,7 @@ impl<C: Cluster> Daemon<C> {
                 j.constraint.clone(),
                 j.mem_per_node_mb,
                 j.admin_comment.clone(),
+                j.tres_per_node.clone(),
             );
             let why = match checked.get(&key) {
                 Some(w) => w.clone(),
@@ -608,7 +609,11 @@ impl<C: Cluster> Daemon<C> {
             Some(Err(_)) | None => None,
         };
         let mem = j.mem_per_node_mb;
-        if constraint.is_none() && mem.is_none() {
+        let gpus = j
+            .tres_per_node
+            .as_deref()
+            .and_then(bftrainer_slurm::gpus_per_node);
+        if constraint.is_none() && mem.is_none() && gpus.is_none() {
             return None;
         }
         let min = match j.admin_comment.as_deref().and_then(spec::parse_tag) {
@@ -630,6 +635,15 @@ impl<C: Cluster> Daemon<C> {
         let fit = open
             .filter(|n| constraint.as_ref().map_or(true, |c| c.matches(&n.features)))
             .filter(|n| mem.map_or(true, |m| n.real_memory_mb >= m))
+            .filter(|n| {
+                gpus.as_ref().map_or(true, |(typ, count)| {
+                    let have = n
+                        .gres
+                        .as_deref()
+                        .map_or(0, |g| bftrainer_slurm::gpus_of_type(g, typ.as_deref()));
+                    have >= *count
+                })
+            })
             .count() as u32;
         if fit >= min {
             return None;
@@ -640,6 +654,12 @@ impl<C: Cluster> Daemon<C> {
         }
         if let Some(m) = mem {
             asks.push(format!("--mem={m}M"));
+        }
+        if let Some((typ, count)) = &gpus {
+            asks.push(match typ {
+                Some(t) => format!("{count} GPUs of type {t} per node"),
+                None => format!("{count} GPUs per node"),
+            });
         }
         Some(format!(
             "it asks {} and {fit} of the idle nodes bftrainerd may lend meet that (it needs at least {min}); it waits for such nodes",
@@ -896,8 +916,7 @@ impl<C: Cluster> Daemon<C> {
             // (`done=1` in the Comment, for this start time): then its work is done
             // and a requeue would only run it again.
             let finished_run = base == JobBase::Complete
-                && j
-                    .comment
+                && j.comment
                     .as_deref()
                     .and_then(RunComment::parse)
                     .is_some_and(|c| c.finished_run(j.start_time));

@@ -155,7 +155,10 @@ mod tests {
         let bob = admission_priority(&held("bob", "normal", 1_000_000), &i, now);
         assert_eq!((ann, bob), (9000, 1000), "fairshare x its weight");
         // Bob's QOS outweighs Ann's fairshare lead; a week of waiting adds the age weight.
-        assert_eq!(admission_priority(&held("bob", "high", 1_000_000), &i, now), 6000);
+        assert_eq!(
+            admission_priority(&held("bob", "high", 1_000_000), &i, now),
+            6000
+        );
         let week = 7.0 * 86_400.0;
         assert_eq!(
             admission_priority(&held("bob", "normal", 1_000_000), &i, now + 2.0 * week),
@@ -163,7 +166,10 @@ mod tests {
             "the age factor stops at PriorityMaxAge"
         );
         // Unknown association or QOS: those terms are 0, never a failure.
-        assert_eq!(admission_priority(&held("eve", "gold", 1_000_000), &i, now), 1);
+        assert_eq!(
+            admission_priority(&held("eve", "gold", 1_000_000), &i, now),
+            1
+        );
         // priority/basic: no number, submit order decides.
         let basic = Inputs {
             weights: PriorityWeights::default(),
