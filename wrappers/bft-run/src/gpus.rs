@@ -179,12 +179,27 @@ pub fn probe_report() -> (String, u32) {
     (s, found)
 }
 
+/// The GPUs the agents' job step asks for on each node: all the job holds on the
+/// batch node (SLURM_GPUS_ON_NODE), so that the agents see what the batch script sees
+/// and the coordinator counts. Without it, a step gets only the GPUs the job asked for
+/// in so many words: none of those an exclusive node adds (the batch script sees 4, the
+/// step 2 or none), and one per node for a job that asked `--gpus-per-task=1`
+/// (measured on the test cluster with stand-in GPUs, Slurm 22.05). None when the job
+/// holds no GPU or the value is not a count.
+pub fn step_gpus(gpus_on_node: Option<&str>) -> Option<u32> {
+    let v = gpus_on_node?.trim();
+    if v.is_empty() || v.len() > 4 || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse::<u32>()
+        .ok()
+        .filter(|n| (1..=MAX_DEVICES as u32).contains(n))
+}
+
 /// Variables that the agents' job step must not inherit from the batch script's
 /// environment (srun reads them as its options): each would make the step ask for
-/// fewer GPUs than the job holds, or bind the step's one task per node to some of
-/// them. Without them, and without a GPU option of its own, a step is given every
-/// GRES the job holds on its nodes (srun(1), --gres), whether the job asked with
-/// --gres, --gpus-per-node, --gpus or --gpus-per-task.
+/// fewer GPUs than the job holds (`SLURM_STEP_GRES=none`: none at all), or bind the
+/// step's one task per node to some of them.
 pub const STEP_NARROWING_VARS: &[&str] = &[
     "SLURM_GPUS",
     "SLURM_GPUS_PER_NODE",
@@ -211,6 +226,16 @@ mod tests {
         assert_eq!(parse_visible_devices("0,0,1,0"), vec!["0", "1"]);
         let many: Vec<String> = (0..10_000).map(|i| i.to_string()).collect();
         assert_eq!(parse_visible_devices(&many.join(",")).len(), MAX_DEVICES);
+    }
+
+    #[test]
+    fn the_agents_step_asks_for_the_gpus_the_job_holds_on_a_node() {
+        assert_eq!(step_gpus(Some("4")), Some(4));
+        assert_eq!(step_gpus(Some("128")), Some(128));
+        for bad in ["", "0", "129", "-1", "4x", "1e3", "99999999999", " "] {
+            assert_eq!(step_gpus(Some(bad)), None, "{bad:?}");
+        }
+        assert_eq!(step_gpus(None), None);
     }
 
     #[test]

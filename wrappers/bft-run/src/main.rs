@@ -466,16 +466,22 @@ async fn coordinate(cli: &Cli) -> i32 {
         }
         None => {
             let mut cmd = tokio::process::Command::new("srun");
+            // One task per node, whatever the job asked for its own tasks.
             cmd.args([
                 "--ntasks-per-node=1".to_string(),
                 format!("--nodes={nodes}"),
+                format!("--ntasks={nodes}"),
                 "--kill-on-bad-exit=0".into(),
             ]);
             if let Ok(c) = std::env::var("SLURM_CPUS_ON_NODE") {
                 cmd.arg(format!("--cpus-per-task={c}"));
             }
-            // No GPU option of its own and none inherited: the step then gets every
-            // GPU the job holds on each node, and the agent one worker per GPU.
+            // Every GPU the job holds on each node (as the batch script sees them, and
+            // the coordinator counted), and nothing inherited that narrows it: the
+            // agent starts one worker per GPU.
+            if let Some(n) = gpus::step_gpus(std::env::var("SLURM_GPUS_ON_NODE").ok().as_deref()) {
+                cmd.arg(format!("--gres=gpu:{n}"));
+            }
             for v in gpus::STEP_NARROWING_VARS {
                 cmd.env_remove(v);
             }
