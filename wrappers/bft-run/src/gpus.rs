@@ -196,10 +196,13 @@ pub fn step_gpus(gpus_on_node: Option<&str>) -> Option<u32> {
         .filter(|n| (1..=MAX_DEVICES as u32).contains(n))
 }
 
-/// Variables that the agents' job step must not inherit from the batch script's
-/// environment (srun reads them as its options): each would make the step ask for
-/// fewer GPUs than the job holds (`SLURM_STEP_GRES=none`: none at all), or bind the
-/// step's one task per node to some of them.
+/// Variables that the agents' job step does not inherit from the batch script's
+/// environment (srun reads them as its options): each asks for fewer GPUs than the job
+/// holds (`SLURM_STEP_GRES=none`: none at all), or binds the step's one task per node
+/// to some of them. With the step's own `--gres` (above) Slurm 22.05 gives it every
+/// GPU even with them set (tests/cluster_gpus.rs); they are removed all the same, so
+/// that no release's srun combines them with the step's own options, and for a job
+/// without SLURM_GPUS_ON_NODE.
 pub const STEP_NARROWING_VARS: &[&str] = &[
     "SLURM_GPUS",
     "SLURM_GPUS_PER_NODE",
