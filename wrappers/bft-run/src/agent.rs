@@ -33,7 +33,8 @@ pub struct AgentOptions {
     pub slurm_job: Option<String>,
     /// Workers on this node when the coordinator leaves it to the agent.
     pub local_nproc: usize,
-    /// The node's GPUs (CUDA_VISIBLE_DEVICES values); worker slot i gets gpus[i % n].
+    /// The node's GPUs (CUDA_VISIBLE_DEVICES values, or NVML's indices). Every
+    /// worker sees all of them; the one in slot i (LOCAL_RANK i) uses the i-th.
     pub gpus: Vec<String>,
 }
 
@@ -41,8 +42,8 @@ const TAIL_LINES: usize = 20;
 const TAIL_LINE_MAX: usize = 400;
 
 /// Variables that describe this node, not the job: the coordinator does not pass its
-/// own to the workers; each agent gives its workers the node's (CUDA_VISIBLE_DEVICES
-/// narrowed to the worker's GPU).
+/// own to the workers; each agent gives its workers the node's, unchanged (every worker
+/// of a node sees all of its GPUs and picks its own by LOCAL_RANK, as under torchrun).
 pub const NODE_LOCAL_VARS: &[&str] = &[
     "CUDA_VISIBLE_DEVICES",
     "GPU_DEVICE_ORDINAL",
@@ -279,6 +280,14 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         0 => o.local_nproc.max(1),
         n => n as usize,
     };
+    if !o.gpus.is_empty() && nproc > o.gpus.len() {
+        say!(
+            "bft-run: {nproc} workers on {} GPU(s) of node {}: local ranks {} and up share a GPU (NCCL refuses two ranks on one GPU; the library then needs BFT_BACKEND=gloo)",
+            o.gpus.len(),
+            o.node_name,
+            o.gpus.len()
+        );
+    }
     let hang = Duration::from_secs_f64(opts.hang_timeout);
     let leave_timeout = Duration::from_secs_f64(opts.leave_timeout);
 
@@ -347,7 +356,6 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
             .iter()
             .filter_map(|k| Some((k.to_string(), std::env::var(k).ok()?)))
             .collect(),
-        gpus: o.gpus.clone(),
         sock: sock_path.to_string_lossy().into_owned(),
         host: host.clone(),
         node: o.node_name.clone(),
@@ -709,7 +717,6 @@ struct SpawnCfg {
     env: BTreeMap<String, String>,
     /// This node's values of [`NODE_LOCAL_VARS`].
     node_env: Vec<(String, String)>,
-    gpus: Vec<String>,
     sock: String,
     host: String,
     node: String,
@@ -732,6 +739,9 @@ fn spawn_worker(
         .env("BFT_AGENT_SOCK", &c.sock)
         .env("BFT_WORKER_ID", id)
         .envs(c.node_env.iter().map(|(k, v)| (k, v)))
+        // torchrun's names, and the library's own.
+        .env("LOCAL_RANK", slot.to_string())
+        .env("LOCAL_WORLD_SIZE", c.nproc.to_string())
         .env("BFT_LOCAL_RANK", slot.to_string())
         .env("BFT_NODE_ADDR", &c.host)
         .env("BFT_NODE_NAME", &c.node)
@@ -739,9 +749,6 @@ fn spawn_worker(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    if !c.gpus.is_empty() {
-        cmd.env("CUDA_VISIBLE_DEVICES", &c.gpus[slot % c.gpus.len()]);
-    }
     if !c.env.contains_key("OMP_NUM_THREADS") {
         let cpus = std::env::var("SLURM_CPUS_ON_NODE")
             .ok()

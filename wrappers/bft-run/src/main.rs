@@ -15,6 +15,7 @@ macro_rules! say {
 
 mod agent;
 mod coord;
+mod gpus;
 mod kv;
 mod membership;
 mod proto;
@@ -35,16 +36,22 @@ use std::time::{Duration, Instant};
     about = "Run an elastic training job on the nodes bftrainerd lends it",
     after_help = "Inside an elastic job:  bft-run -- python train.py\n\
                   In a satellite:          bft-run --join PARENT_JOB_ID   (bftrainerd runs it)\n\
-                  On this machine:         bft-run --local 2 -- python train.py"
+                  On this machine:         bft-run --local 2 -- python train.py\n\
+                  The GPUs it would use:   bft-run --probe-gpus"
 )]
 struct Cli {
+    /// Print the GPUs of this node (NVML: index, name, UUID, memory; and
+    /// CUDA_VISIBLE_DEVICES) and the workers per node they make, and exit.
+    #[arg(long, conflicts_with_all = ["join", "local", "agent"])]
+    probe_gpus: bool,
     /// Join the coordinator of this elastic job (in a satellite job).
     #[arg(long, value_name = "PARENT_JOB_ID", conflicts_with_all = ["local", "agent"])]
     join: Option<u32>,
     /// Run the coordinator and N agents on this machine, without Slurm.
     #[arg(long, value_name = "N")]
     local: Option<usize>,
-    /// Workers per node (default: one per GPU of the node, else 1).
+    /// Workers per node (default: one per GPU of the node, else 1). Every worker of a
+    /// node sees all of its GPUs and takes the one of its LOCAL_RANK.
     #[arg(long, value_name = "N")]
     nproc_per_node: Option<usize>,
     /// Workers that must be ready before the first generation (default: the core
@@ -124,6 +131,11 @@ fn fail(code: i32, msg: impl std::fmt::Display) -> i32 {
 }
 
 async fn run(cli: Cli) -> i32 {
+    if cli.probe_gpus {
+        let (report, _) = gpus::probe_report();
+        print!("{report}");
+        return 0;
+    }
     if cli.agent {
         let munge = Munge::from_auth_info(std::env::var("BFT_MUNGE_SOCKET").ok(), None);
         return agent::run(agent_options(
@@ -163,7 +175,7 @@ fn agent_options(
     coord_run: Option<String>,
     munge: Munge,
 ) -> agent::AgentOptions {
-    let gpus = node_gpus();
+    let gpus = gpus::node_gpus().devices;
     agent::AgentOptions {
         coord,
         coord_job,
@@ -174,29 +186,6 @@ fn agent_options(
         local_nproc: cli.nproc_per_node.unwrap_or(gpus.len()).max(1),
         gpus,
     }
-}
-
-/// The GPUs this node's workers may use. Slurm's binding first: in a step with GPUs
-/// Slurm sets CUDA_VISIBLE_DEVICES to the allocated ones (NVML would count the whole
-/// node's); set but empty means none. Else every device NVML finds; none when the
-/// NVML library is missing or fails.
-fn node_gpus() -> Vec<String> {
-    if let Ok(v) = std::env::var("CUDA_VISIBLE_DEVICES") {
-        return parse_visible_devices(&v);
-    }
-    match nvml_wrapper::Nvml::init().and_then(|n| n.device_count()) {
-        Ok(n) => (0..n).map(|i| i.to_string()).collect(),
-        Err(_) => Vec::new(),
-    }
-}
-
-/// CUDA_VISIBLE_DEVICES as a list ("NoDevFiles", which Slurm may set, means none).
-fn parse_visible_devices(v: &str) -> Vec<String> {
-    v.split(',')
-        .map(str::trim)
-        .filter(|d| !d.is_empty() && *d != "NoDevFiles")
-        .map(String::from)
-        .collect()
 }
 
 fn hostname() -> String {
@@ -241,6 +230,12 @@ const AGENT_SET_VARS: &[&str] = &[
     "BFT_AGENT_SOCK",
     "BFT_WORKER_ID",
     "BFT_LOCAL_RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    // The library sets these for each generation; a value from the batch script's
+    // environment would be stale.
+    "RANK",
+    "WORLD_SIZE",
     "BFT_NODE_ADDR",
     "BFT_NODE_NAME",
     "BFT_JOB",
@@ -399,7 +394,7 @@ async fn coordinate(cli: &Cli) -> i32 {
     };
     let per_node = cli
         .nproc_per_node
-        .unwrap_or_else(|| node_gpus().len())
+        .unwrap_or_else(|| gpus::node_gpus().devices.len())
         .max(1);
     let cfg = CoordConfig {
         job: job.clone(),
@@ -471,13 +466,24 @@ async fn coordinate(cli: &Cli) -> i32 {
         }
         None => {
             let mut cmd = tokio::process::Command::new("srun");
+            // One task per node, whatever the job asked for its own tasks.
             cmd.args([
                 "--ntasks-per-node=1".to_string(),
                 format!("--nodes={nodes}"),
+                format!("--ntasks={nodes}"),
                 "--kill-on-bad-exit=0".into(),
             ]);
             if let Ok(c) = std::env::var("SLURM_CPUS_ON_NODE") {
                 cmd.arg(format!("--cpus-per-task={c}"));
+            }
+            // Every GPU the job holds on each node (as the batch script sees them, and
+            // the coordinator counted), and nothing inherited that narrows it: the
+            // agent starts one worker per GPU.
+            if let Some(n) = gpus::step_gpus(std::env::var("SLURM_GPUS_ON_NODE").ok().as_deref()) {
+                cmd.arg(format!("--gres=gpu:{n}"));
+            }
+            for v in gpus::STEP_NARROWING_VARS {
+                cmd.env_remove(v);
             }
             cmd.arg(&exe).args(&agent_args);
             match spawn(cmd) {
@@ -636,6 +642,10 @@ mod tests {
             "SLURMD_NODENAME=n1",
             "BFT_MUNGE_SOCKET=/m",
             "BFT_WORKER_ID=1.0",
+            "LOCAL_RANK=3",
+            "LOCAL_WORLD_SIZE=4",
+            "RANK=9",
+            "WORLD_SIZE=16",
             "BFT_PG_TIMEOUT=90",
             "CUDA_VISIBLE_DEVICES=0,1",
             "ROCR_VISIBLE_DEVICES=0",
@@ -674,14 +684,6 @@ mod tests {
     }
 
     #[test]
-    fn visible_devices_lists() {
-        assert_eq!(parse_visible_devices("0,1, 3"), vec!["0", "1", "3"]);
-        assert_eq!(parse_visible_devices("GPU-a1b2"), vec!["GPU-a1b2"]);
-        assert!(parse_visible_devices("").is_empty());
-        assert!(parse_visible_devices("NoDevFiles").is_empty());
-    }
-
-    #[test]
     fn the_command_line() {
         let cli = Cli::try_parse_from(["bft-run", "--local", "2", "--", "python3", "-u", "x.py"])
             .unwrap();
@@ -697,5 +699,12 @@ mod tests {
             Cli::try_parse_from(["bft-run", "--agent"]).is_err(),
             "--agent needs --coord"
         );
+        assert!(
+            Cli::try_parse_from(["bft-run", "--probe-gpus"])
+                .unwrap()
+                .probe_gpus
+        );
+        let e = Cli::try_parse_from(["bft-run", "--probe-gpus", "--local", "1"]).unwrap_err();
+        assert!(e.to_string().contains("cannot be used with"), "{e}");
     }
 }

@@ -897,33 +897,138 @@ fn worker_2_0_replaced(
     (all, logs)
 }
 
-#[test]
-fn each_worker_gets_one_of_the_nodes_visible_gpus() {
-    let Some(m) = munged() else { return };
+/// bft-run --local 1 with the stand-in worker under this CUDA_VISIBLE_DEVICES (as Slurm
+/// binds a step to GPUs); the workers' logs and bft-run's output.
+fn under_visible_devices(
+    m: &Munged,
+    visible: &str,
+    size: &str,
+) -> (String, std::collections::BTreeMap<String, String>) {
     let tmp = tempfile::tempdir().unwrap();
-    // As Slurm binds a step to GPUs 3 and 5: two workers per node by default, and
-    // min-workers follows (1 node x 2).
     let o = run_local(
-        &m,
+        m,
         tmp.path(),
         &["--local", "1"],
-        &[("TEST_FINISH_AT", "1"), ("TEST_FINISH_SIZE", "2")],
+        &[("TEST_FINISH_AT", "1"), ("TEST_FINISH_SIZE", size)],
     )
-    .env("CUDA_VISIBLE_DEVICES", "3,5")
+    .env("CUDA_VISIBLE_DEVICES", visible)
+    .env("LOCAL_RANK", "7")
+    .env("RANK", "9")
     .output()
     .unwrap();
     let all = text(&o);
     let logs = worker_logs(tmp.path());
-    assert_eq!(o.status.code(), Some(0), "{all}\n{logs:?}");
+    assert_eq!(o.status.code(), Some(0), "{visible}: {all}\n{logs:?}");
+    (all, logs)
+}
+
+#[test]
+fn every_worker_sees_the_nodes_gpus_and_takes_the_one_of_its_local_rank() {
+    let Some(m) = munged() else { return };
+    // One worker per device, by default, and min-workers follows (1 node x 2); each
+    // sees all of them (as under torchrun) with its own LOCAL_RANK; a LOCAL_RANK of
+    // the batch script's environment does not leak through.
+    for visible in [
+        "3,5",
+        "GPU-1f2e3d4c-aaaa-bbbb-cccc-000000000001,GPU-1f2e3d4c-aaaa-bbbb-cccc-000000000002",
+    ] {
+        let (all, logs) = under_visible_devices(&m, visible, "2");
+        assert_eq!(logs.len(), 2, "{visible}: {logs:?}");
+        for (id, rank) in [("1.0", 0), ("1.1", 1)] {
+            let want = format!(
+                "start local_rank={rank} cuda={visible} LOCAL_RANK={rank} LOCAL_WORLD_SIZE=2\n"
+            );
+            assert!(logs[id].contains(&want), "{visible}: {id}: {logs:?}");
+        }
+        assert!(all.contains("generation 1: 2 workers on 1 nodes"), "{all}");
+        assert!(!all.contains("no GPUs on this node"), "{all}");
+    }
+    // Slurm's "no GPUs in this step": one worker, which sees it unchanged (CUDA finds
+    // no device), and bft-run says why.
+    let (all, logs) = under_visible_devices(&m, "NoDevFiles", "1");
+    assert_eq!(logs.len(), 1, "{logs:?}");
     assert!(
-        logs["1.0"].contains("start local_rank=0 cuda=3"),
+        logs["1.0"]
+            .contains("start local_rank=0 cuda=NoDevFiles LOCAL_RANK=0 LOCAL_WORLD_SIZE=1\n"),
         "{logs:?}"
     );
     assert!(
-        logs["1.1"].contains("start local_rank=1 cuda=5"),
-        "{logs:?}"
+        all.contains("bft-run: no GPUs on this node: CUDA_VISIBLE_DEVICES is \"NoDevFiles\""),
+        "{all}"
     );
-    assert!(all.contains("generation 1: 2 workers on 1 nodes"), "{all}");
+    // The same device twice is one device.
+    let (_, logs) = under_visible_devices(&m, "0,0", "1");
+    assert_eq!(logs.len(), 1, "{logs:?}");
+}
+
+/// The torch virtualenv (`BFT_VENV`, default /opt/bftrainer-venv), as faults.rs uses it.
+fn venv_python() -> PathBuf {
+    let venv =
+        PathBuf::from(std::env::var("BFT_VENV").unwrap_or_else(|_| "/opt/bftrainer-venv".into()));
+    let python = venv.join("bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: make it with scripts/python-env (make test does)",
+        python.display()
+    );
+    python
+}
+
+#[test]
+fn torch_workers_on_two_stand_in_gpus_get_torchruns_variables_and_the_librarys_device() {
+    let Some(m) = munged() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/env_worker.py");
+    let lib = concat!(env!("CARGO_MANIFEST_DIR"), "/../python/src");
+    let o = m
+        .bft()
+        .args(["--local", "1", "--"])
+        .arg(venv_python())
+        .arg(script)
+        .env("TEST_DIR", tmp.path())
+        .env("PYTHONPATH", lib)
+        .env("CUDA_VISIBLE_DEVICES", "0,1")
+        .env_remove("BFT_BACKEND")
+        .output()
+        .unwrap();
+    let all = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{all}");
+    let mut ranks = Vec::new();
+    for (id, local) in [("1.0", "0"), ("1.1", "1")] {
+        let f = tmp.path().join(format!("{id}.json"));
+        let seen: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}\n{all}", f.display())),
+        )
+        .unwrap();
+        let s = |k: &str| seen[k].as_str().unwrap_or("-").to_string();
+        assert_eq!(s("LOCAL_RANK"), local, "{seen}");
+        assert_eq!(s("BFT_LOCAL_RANK"), local, "{seen}");
+        assert_eq!(s("LOCAL_WORLD_SIZE"), "2", "{seen}");
+        assert_eq!(s("CUDA_VISIBLE_DEVICES"), "0,1", "{seen}");
+        assert_eq!(s("WORLD_SIZE"), "2", "{seen}");
+        assert_eq!(s("RANK"), seen["rank"].to_string(), "{seen}");
+        ranks.push(seen["rank"].as_u64().unwrap());
+        if seen["cuda"].as_bool() == Some(true) {
+            // A machine with GPUs: each worker on the GPU of its local rank.
+            assert_eq!(s("device"), format!("cuda:{local}"), "{seen}");
+            assert_eq!(s("backend"), "nccl", "{seen}");
+        } else {
+            // No CUDA device behind the stand-in ids: gloo on the CPU, and it says so.
+            assert_eq!(
+                (s("device"), s("backend")),
+                ("cpu".into(), "gloo".into()),
+                "{seen}"
+            );
+            assert!(
+                all.contains(&format!(
+                    "[{id}] bftrainer: worker {id}: no CUDA device (CUDA_VISIBLE_DEVICES '0,1'): gloo on the CPU"
+                )),
+                "{all}"
+            );
+        }
+    }
+    ranks.sort();
+    assert_eq!(ranks, vec![0, 1], "{all}");
 }
 
 #[test]

@@ -83,7 +83,15 @@ if probing:
 send({"t": "hello", "worker": wid})
 if os.environ.get("TEST_NO_HEARTBEAT") != wid:
     threading.Thread(target=heartbeat, daemon=True).start()
-log("start local_rank=%s cuda=%s" % (os.environ["BFT_LOCAL_RANK"], os.environ.get("CUDA_VISIBLE_DEVICES", "-")))
+log(
+    "start local_rank=%s cuda=%s LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s"
+    % (
+        os.environ["BFT_LOCAL_RANK"],
+        os.environ.get("CUDA_VISIBLE_DEVICES", "-"),
+        os.environ.get("LOCAL_RANK", "-"),
+        os.environ.get("LOCAL_WORLD_SIZE", "-"),
+    )
+)
 if probing:
     time.sleep(0.2)  # the agent has registered our own hello by now
     probe(wid)

@@ -30,14 +30,18 @@ p.add_argument("--timeline", default=None, help="rank 0 appends 'time step world
 p.add_argument("--report-rss", action="store_true", help="every rank prints its peak RSS at the end (benchmarks)")
 args = p.parse_args()
 
+# This worker's device: the GPU of its LOCAL_RANK (NCCL), else the CPU (gloo).
+dev = bftrainer.device()
+
 # The data: y = a nonlinear function of x, the same on every worker (fixed seed).
 g = torch.Generator().manual_seed(1234)
 X = torch.randn(args.samples, 16, generator=g)
 W_true = torch.randn(16, 1, generator=g)
 Y = torch.tanh(X @ W_true) + 0.05 * torch.randn(args.samples, 1, generator=g)
+X, Y = X.to(dev), Y.to(dev)
 
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1))
+model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1)).to(dev)
 opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 sampler = bftrainer.ElasticSampler(args.samples, batch_size=args.batch, seed=42)
 state = bftrainer.State(

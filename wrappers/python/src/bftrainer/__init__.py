@@ -22,8 +22,12 @@ preemption.
 
 from ._agent import AgentError, JobEnded
 from .elastic import (
+    DeviceChoice,
     PeerFailure,
     allreduce_gradients,
+    backend,
+    choose_device,
+    device,
     generation,
     rank,
     run,
@@ -37,11 +41,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AgentError",
+    "DeviceChoice",
     "ElasticSampler",
     "JobEnded",
     "PeerFailure",
     "State",
     "allreduce_gradients",
+    "backend",
+    "choose_device",
+    "device",
     "generation",
     "rank",
     "run",

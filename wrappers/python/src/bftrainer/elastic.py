@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import datetime
 import functools
+import inspect
 import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Iterable, List, Optional, TypeVar
+from typing import Any, Callable, Iterable, List, Mapping, NamedTuple, Optional, TypeVar
 
 from . import _agent, transfer
 from .state import State
@@ -53,6 +54,68 @@ def trace(phase: str) -> None:
             os.close(fd)
     if phase in _PAUSE:
         time.sleep(_PAUSE[phase])
+
+
+class DeviceChoice(NamedTuple):
+    """Where a worker trains and how it talks to its peers."""
+
+    device: str
+    """``"cpu"`` or ``"cuda:N"`` (N among the devices this process sees)."""
+    backend: str
+    """``"nccl"`` or ``"gloo"``."""
+    why: str
+    """One line for the worker's log."""
+
+
+BACKENDS = ("nccl", "gloo")
+
+
+def _local_rank(env: Mapping[str, str]) -> int:
+    for name in ("LOCAL_RANK", "BFT_LOCAL_RANK"):
+        v = env.get(name)
+        if v is None:
+            continue
+        if not (v.isascii() and v.isdigit()) or len(v) > 6:
+            raise ValueError(f"{name}={v[:40]!r} is not a local rank (a whole number from 0); bft-run sets it")
+        return int(v)
+    return 0
+
+
+def choose_device(env: Mapping[str, str], cuda_devices: int) -> DeviceChoice:
+    """The device and backend of a worker, as torchrun users expect: every worker of a
+    node sees all of the node's GPUs (CUDA_VISIBLE_DEVICES as Slurm set it) and takes
+    the one of its LOCAL_RANK, with NCCL; without a CUDA device, the CPU with gloo.
+    ``BFT_BACKEND`` (``nccl`` or ``gloo``) overrides the backend; with gloo on GPUs the
+    model may still live on the GPU (gloo all-reduces CUDA tensors through the host),
+    and several workers may then share one GPU, which NCCL refuses."""
+    backend = env.get("BFT_BACKEND", "")
+    if backend and backend not in BACKENDS:
+        raise ValueError(f"BFT_BACKEND={backend[:40]!r} is not a backend; give one of: {', '.join(BACKENDS)}")
+    local = _local_rank(env)
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    seen = "unset" if visible is None else repr(visible[:200])
+    if cuda_devices <= 0:
+        if backend == "nccl":
+            raise ValueError(f"BFT_BACKEND=nccl, but this worker sees no CUDA device (CUDA_VISIBLE_DEVICES {seen})")
+        return DeviceChoice("cpu", "gloo", f"no CUDA device (CUDA_VISIBLE_DEVICES {seen}): gloo on the CPU")
+    backend = backend or "nccl"
+    index = local % cuda_devices
+    shared = ""
+    if local >= cuda_devices:
+        if backend == "nccl":
+            raise ValueError(
+                f"local rank {local}, but this worker sees {cuda_devices} CUDA device(s) "
+                f"(CUDA_VISIBLE_DEVICES {seen}): NCCL cannot put two ranks on one GPU; "
+                "start one worker per GPU (bft-run's default) or set BFT_BACKEND=gloo"
+            )
+        shared = f", shared with local rank {index}"
+    workers = env.get("LOCAL_WORLD_SIZE", "?")[:6]
+    return DeviceChoice(
+        f"cuda:{index}",
+        backend,
+        f"local rank {local} of {workers} on cuda:{index}{shared} "
+        f"({cuda_devices} visible, CUDA_VISIBLE_DEVICES {seen}), {backend}",
+    )
 
 
 class PeerFailure(RuntimeError):
@@ -101,9 +164,10 @@ class _Runtime:
         # The store's and process groups' timeout: a safety net only; failures are
         # noticed through the coordinator (heartbeats, aborts) within seconds.
         self.pg_timeout = float(os.environ.get("BFT_PG_TIMEOUT", "1800"))
-        self.backend = os.environ.get("BFT_BACKEND", "")
         self.sigterm = False
+        # Where collectives' buffers live: the GPU with NCCL, else the CPU (None).
         self.device: Any = None
+        self._choice: Optional[DeviceChoice] = None
         # A gradient all-reduce of this step succeeded: the optimizer may have stepped
         # since the last commit, so a failure now cannot roll back in place.
         self.dirty = False
@@ -119,14 +183,22 @@ class _Runtime:
             self._store = _agent.store_class()(self.agent, self.pg_timeout)
         return self._store
 
-    def _pick_backend(self) -> str:
-        import torch
+    def choice(self) -> DeviceChoice:
+        """This worker's device and backend, chosen once (and said once on stderr); on
+        a GPU it becomes torch's current device."""
+        if self._choice is None:
+            import torch
 
-        if self.backend:
-            return self.backend
-        if torch.cuda.is_available():
-            return "nccl"
-        return "gloo"
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            c = choose_device(os.environ, n)
+            if c.device.startswith("cuda"):
+                torch.cuda.set_device(torch.device(c.device))
+            print(f"bftrainer: worker {self.worker}: {c.why}", file=sys.stderr, flush=True)
+            self._choice = c
+        return self._choice
+
+    def _pick_backend(self) -> str:
+        return self.choice().backend
 
     def _rendezvous(self, g: _agent.Generation) -> bool:
         """Agree with the other members whether generation ``g`` forms: every member
@@ -189,22 +261,31 @@ class _Runtime:
 
         rank = g.rank_of(self.worker)
         assert rank is not None
-        backend = self._pick_backend()
-        if backend == "nccl" and self.device is None:
-            local = int(os.environ.get("BFT_LOCAL_RANK", "0"))
-            torch.cuda.set_device(local % max(1, torch.cuda.device_count()))
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        choice = self.choice()
+        backend = choice.backend
+        kwargs: dict = {}
+        if backend == "nccl":
+            # The GPU of this worker's local rank, current before the group forms;
+            # where torch takes it, the group is bound to it (no guessing per rank).
+            self.device = torch.device(choice.device)
+            torch.cuda.set_device(self.device)
+            if "device_id" in inspect.signature(dist.init_process_group).parameters:
+                kwargs["device_id"] = self.device
         # The generation is current before the group forms: an abort of it during the
         # setup is acknowledged at once.
         assert self.agent is not None
         self.agent.current_gen = g.gen
         self.gen, self.rank, self.world, self.members = g.gen, rank, len(g.members), list(g.members)
+        # For code written for torchrun: this generation's rank and size.
+        os.environ["RANK"] = str(rank)
+        os.environ["WORLD_SIZE"] = str(len(g.members))
         dist.init_process_group(
             backend,
             store=dist.PrefixStore(f"g{g.gen}/pg", self.store()),
             rank=rank,
             world_size=len(g.members),
             timeout=datetime.timedelta(seconds=self.pg_timeout),
+            **kwargs,
         )
         self._flag = None
 
@@ -354,6 +435,20 @@ def generation() -> int:
 
 def worker_id() -> str:
     return _rt().worker
+
+
+def device() -> Any:
+    """The torch device this worker trains on: ``cuda:LOCAL_RANK`` (made current) when
+    it sees CUDA devices, else the CPU. Put the model and the batches there. The first
+    call says on stderr what was chosen and why (see ``choose_device``)."""
+    import torch
+
+    return torch.device(_rt().choice().device)
+
+
+def backend() -> str:
+    """The torch.distributed backend of this worker: ``nccl`` or ``gloo``."""
+    return _rt().choice().backend
 
 
 def allreduce_gradients(params: Iterable[Any], n_local: int) -> int:
