@@ -1,6 +1,6 @@
 //! bft-run in real Slurm jobs on nodes with stand-in GPUs: each node of the test
 //! cluster gets GRES `gpu:4` backed by four character devices (like /dev/null) in the
-//! cluster's directory, so that Slurm allocates them and sets CUDA_VISIBLE_DEVICES as
+//! cluster's directory (`cluster up --gpus 4`), so that Slurm allocates them and sets CUDA_VISIBLE_DEVICES as
 //! on a GPU cluster. The core job's agents' step must see every GPU the job holds on
 //! each node (as its batch script does), whatever the job asked and inherits, and start
 //! one worker per GPU, each seeing all of them with its own LOCAL_RANK. The workers are
@@ -9,75 +9,22 @@
 use bftrainer_testcluster::{Cluster, Options};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 const BFT: &str = env!("CARGO_BIN_EXE_bft-run");
 const WORKER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/worker.py");
 const GPUS: usize = 4;
 
-/// A cluster of `nodes` nodes with `gpu:4` each (the partitions are exclusive, so a job
-/// holds all four GPUs of its nodes whatever it asked).
+/// A cluster of `nodes` nodes with `gpu:4` each (`cluster up --gpus 4`; the
+/// partitions are exclusive, so a job holds all four GPUs of its nodes whatever it
+/// asked).
 fn gpu_cluster(nodes: usize) -> Cluster {
-    let c = Cluster::start(Options {
+    Cluster::start(Options {
         nodes,
+        gpus: Some(GPUS.to_string()),
         ..Default::default()
     })
-    .unwrap();
-    let dev = c.dir().join("dev");
-    std::fs::create_dir_all(&dev).unwrap();
-    for i in 0..GPUS {
-        let p = dev.join(format!("nvidia{i}"));
-        let st = Command::new("mknod")
-            .arg(&p)
-            .args(["c", "1", "3"])
-            .status()
-            .unwrap();
-        assert!(st.success(), "mknod {}", p.display());
-    }
-    let conf = std::fs::read_to_string(c.slurm_conf()).unwrap();
-    let conf: String = conf
-        .lines()
-        .map(|l| {
-            if l.starts_with("NodeName=") {
-                format!("{l} Gres=gpu:{GPUS}\n")
-            } else {
-                format!("{l}\n")
-            }
-        })
-        .collect();
-    std::fs::write(c.slurm_conf(), format!("GresTypes=gpu\n{conf}")).unwrap();
-    let gres = c.slurm_conf().with_file_name("gres.conf");
-    std::fs::write(
-        &gres,
-        format!(
-            "NodeName=n[1-{nodes}] Name=gpu File={}/nvidia[0-{}]\n",
-            dev.display(),
-            GPUS - 1
-        ),
-    )
-    .unwrap();
-    // Slurm reads GRES at start: restart the controller and the nodes.
-    for n in 1..=nodes {
-        c.stop_daemon(&format!("slurmd-n{n}"), false).unwrap();
-    }
-    c.stop_daemon("slurmctld", false).unwrap();
-    c.start_daemon("slurmctld").unwrap();
-    for n in 1..=nodes {
-        c.start_daemon(&format!("slurmd-n{n}")).unwrap();
-    }
-    let want = format!("idle gpu:{GPUS}");
-    bftrainer_testcluster::wait_until(
-        "nodes idle with their GPUs",
-        Duration::from_secs(60),
-        || {
-            let out = c.run("sinfo", &["-h", "-N", "-o", "%N %t %G"])?;
-            let ready = out.lines().filter(|l| l.ends_with(&want)).count();
-            Ok((ready >= nodes).then_some(()))
-        },
-    )
-    .unwrap();
-    c
+    .unwrap()
 }
 
 /// Submits `bft-run -- python3 worker.py` with `args` and `env` (`--export`), waits
