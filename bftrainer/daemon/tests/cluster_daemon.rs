@@ -1136,11 +1136,12 @@ fn cluster_daemon_gives_satellites_the_core_jobs_gpus_per_node() {
 }
 
 #[test]
-fn cluster_daemon_does_not_admit_a_gpu_job_while_no_idle_node_has_its_gpus() {
+fn cluster_daemon_places_a_gpu_job_only_on_nodes_with_its_gpus() {
     // n1 and n2 have two a100 GPUs each, n3 and n4 none. A regular job holds n1 and
-    // n2; an elastic job asking --gres=gpu:a100:2 is not admitted onto n3/n4: it waits
-    // and says why, in the log and in `bftrainer jobs`. (Which nodes the engine then
-    // picks is not yet restricted to GPU nodes: issue 22's placement in the engine.)
+    // n2; an elastic job asking --gres=gpu:a100:2 (1 to 4 nodes) is not admitted onto
+    // n3/n4: it waits and says why, in the log and in `bftrainer jobs`. Once the GPU
+    // nodes are free it is admitted onto one and grows onto the other, never onto n3
+    // or n4 (the engine places it by the nodes' GRES).
     let s = live::setup("bftd-gpuwait", "", "", "");
     let mut l = Live::from_setup_with(
         s,
@@ -1165,7 +1166,7 @@ fn cluster_daemon_does_not_admit_a_gpu_job_while_no_idle_node_has_its_gpus() {
     l.wait(30, "the regular job on n1,n2", || {
         (l.state_of(blocker) == "RUNNING").then_some(())
     });
-    let job = l.submit_elastic_with("1:1", &["--gres=gpu:a100:2"]);
+    let job = l.submit_elastic_with("1:4", &["--gres=gpu:a100:2"]);
     let why = format!(
         "elastic job {job} is not admitted: it asks 2 GPUs of type a100 per node and 0 of the idle nodes"
     );
@@ -1192,4 +1193,27 @@ fn cluster_daemon_does_not_admit_a_gpu_job_while_no_idle_node_has_its_gpus() {
         )),
         "{text}"
     );
+    l.c.run("scancel", &[&blocker.to_string()]).unwrap();
+    let sats = l.wait(90, "the job on both GPU nodes", || {
+        let sats = l.satellites(job);
+        (l.state_of(job) == "RUNNING" && sats.len() == 1).then_some(sats)
+    });
+    let core = l
+        .c
+        .run("squeue", &["-h", "-j", &job.to_string(), "-o", "%N"])
+        .unwrap();
+    let mut on: Vec<String> = sats.keys().cloned().collect();
+    on.push(core.trim().to_string());
+    on.sort();
+    assert_eq!(on, vec!["n1", "n2"], "core on {core}, satellites {sats:?}");
+    // n3 and n4 stay idle: no admission or growth onto them.
+    cycles_later(&l, 5);
+    let log = l.log_text();
+    for n in ["n3", "n4"] {
+        assert!(
+            !log.contains(&format!("grow job {job} onto {n}")) && !log.contains(&format!("admit job {job} (user bftuser) on {n}")),
+            "lent {n} without GPUs:\n{log}"
+        );
+    }
+    assert_eq!(l.satellites(job).len(), 1);
 }

@@ -289,27 +289,31 @@ fn gres_entries(gres: &str) -> Vec<&str> {
 /// GPUs in a node's GRES string (`gpu:a100:2(S:0-1),gpu:v100:1`), all of them or only
 /// those of type `typ`.
 pub fn gpus_of_type(gres: &str, typ: Option<&str>) -> u32 {
-    let mut total = 0u32;
+    gpu_entries(gres)
+        .into_iter()
+        .filter(|(t, _)| typ.is_none() || t.as_deref() == typ)
+        .fold(0u32, |a, (_, c)| a.saturating_add(c))
+}
+
+/// The GPU entries of a node's GRES string: (type, count) each.
+pub fn gpu_entries(gres: &str) -> Vec<(Option<String>, u32)> {
+    let mut out = Vec::new();
     for e in gres_entries(gres) {
         let mut parts = e.split(':');
         if parts.next() != Some("gpu") {
             continue;
         }
         let rest: Vec<&str> = parts.collect();
-        let (t, count) = match rest.as_slice() {
+        out.push(match rest.as_slice() {
             [] => (None, 1),
             [one] => match parse_count(one) {
                 Some(c) => (None, c),
-                None => (Some(*one), 1),
+                None => (Some(one.to_string()), 1),
             },
-            [t, c, ..] => (Some(*t), parse_count(c).unwrap_or(1)),
-        };
-        if typ.is_some_and(|want| t != Some(want)) {
-            continue;
-        }
-        total = total.saturating_add(count);
+            [t, c, ..] => (Some(t.to_string()), parse_count(c).unwrap_or(1)),
+        });
     }
-    total
+    out
 }
 
 /// GPUs a job asks per node, from its TresPerNode as slurmctld stores it

@@ -3,6 +3,7 @@
 
 use super::{EngineState, JobId, NodeId};
 use crate::alloc::Curve;
+use crate::placement::{Needs, NodeAttrs};
 use serde::{Deserialize, Serialize};
 
 /// Version of the journal format written in every `Record`. Bump it when a variant's
@@ -135,6 +136,14 @@ pub enum Event {
         activated: Vec<JobId>,
         actions: Vec<Action>,
     },
+    /// What node `node` offers (features, GPUs, memory), at its declaration and when it
+    /// changes: the engine lends it only to jobs it serves (`JobNeeds`). A node without
+    /// it serves every job. Added to format 1 without a version bump.
+    NodeAttrs { node: NodeId, attrs: NodeAttrs },
+    /// What job `job` asks of each node (`--constraint`, GPUs per node, memory): the
+    /// engine admits and grows it only onto nodes that serve it. Added to format 1
+    /// without a version bump.
+    JobNeeds { job: JobId, needs: Needs },
     /// A finished or cancelled job is forgotten (`Engine::forget_job`): journaled, so a
     /// restart forgets it too. A job still queued or active, or unknown, is refused;
     /// one forgotten already is a no-op. Added to format 1 without a version bump.

@@ -7,6 +7,7 @@ pub use event::{Action, ElasticSpec, Event, Lending, Record, EVENT_FORMAT_VERSIO
 
 use crate::alloc::{Instance, JobInput, Options, Solution};
 use crate::error::{Error, Result};
+use crate::placement::{self, Needs, NodeAttrs};
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -132,6 +133,8 @@ struct NodeSlot {
     idle_since: f64,
     /// Position in the last decision's view of the pool, or NONE.
     vpos: u32,
+    /// What it offers (`Event::NodeAttrs`); `None`: serves every job.
+    attrs: Option<Box<NodeAttrs>>,
 }
 
 struct JobSlot {
@@ -153,6 +156,8 @@ struct JobSlot {
     /// The most nodes the current decision may give it (`max_nodes`, or less under
     /// its user's node cap).
     budget: u32,
+    /// What it asks of each node (`Event::JobNeeds`), and that compiled.
+    needs: Option<Box<(Needs, placement::Compiled)>>,
 }
 
 /// The engine's jobs by id. A finished or cancelled job may be forgotten
@@ -290,6 +295,8 @@ pub struct NodeSnap {
     pub state: NodeState,
     pub reclaim_at: Option<f64>,
     pub idle_since: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attrs: Option<NodeAttrs>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -304,6 +311,8 @@ pub enum JobSnap {
         remaining: Option<f64>,
         last_rescale: Option<f64>,
         paused_until: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        needs: Option<Needs>,
     },
     Forgotten {
         status: JobStatus,
@@ -427,6 +436,7 @@ impl<A: Allocator> Engine<A> {
                     state: n.state,
                     reclaim_at: n.reclaim_at,
                     idle_since: n.idle_since,
+                    attrs: n.attrs.as_deref().cloned(),
                 })
                 .collect(),
             pool: self.pool.clone(),
@@ -446,6 +456,7 @@ impl<A: Allocator> Engine<A> {
                         remaining: s.remaining,
                         last_rescale: s.last_rescale,
                         paused_until: s.paused_until,
+                        needs: s.needs.as_ref().map(|n| n.0.clone()),
                     },
                     Entry::Forgotten(st) => JobSnap::Forgotten { status: *st },
                 })
@@ -533,6 +544,7 @@ impl<A: Allocator> Engine<A> {
                 pos,
                 idle_since: ns.idle_since,
                 vpos: NONE,
+                attrs: ns.attrs.clone().map(Box::new),
             })
             .collect();
         self.forecasts = st.nodes.iter().filter(|n| n.reclaim_at.is_some()).count();
@@ -551,6 +563,7 @@ impl<A: Allocator> Engine<A> {
                         remaining,
                         last_rescale,
                         paused_until,
+                        needs,
                     } => Entry::Live(Box::new(JobSlot {
                         spec: spec.clone(),
                         status: *status,
@@ -562,6 +575,7 @@ impl<A: Allocator> Engine<A> {
                         in_decision: false,
                         paused_until: *paused_until,
                         budget: spec.max_nodes,
+                        needs: needs.as_ref().map(|n| Box::new((n.clone(), n.compile()))),
                     })),
                     JobSnap::Forgotten { status } => Entry::Forgotten(*status),
                 })
@@ -648,6 +662,16 @@ impl<A: Allocator> Engine<A> {
     /// Returns false (and forgets nothing) for a job still queued or active.
     pub fn forget_job(&mut self, j: JobId) -> bool {
         self.jobs.forget(j as usize)
+    }
+
+    /// What node `n` offers, as the last `Event::NodeAttrs` said.
+    pub fn node_attrs(&self, n: NodeId) -> Option<&NodeAttrs> {
+        self.nodes.get(n as usize).and_then(|s| s.attrs.as_deref())
+    }
+
+    /// What job `j` asks of each node, as the last `Event::JobNeeds` said.
+    pub fn job_needs(&self, j: JobId) -> Option<&Needs> {
+        self.jobs.get(j as usize).and_then(|s| s.needs.as_ref()).map(|b| &b.0)
     }
 
     pub fn job_spec(&self, j: JobId) -> &ElasticSpec {
@@ -799,6 +823,7 @@ impl<A: Allocator> Engine<A> {
                     pos: NONE,
                     idle_since: now,
                     vpos: NONE,
+                    attrs: None,
                 });
             }
             Event::NodeIdle { node, reclaim_at } => {
@@ -854,6 +879,7 @@ impl<A: Allocator> Engine<A> {
                     in_decision: false,
                     paused_until: None,
                     budget: spec.max_nodes,
+                    needs: None,
                 });
                 self.queue.insert((Reverse(spec.priority), *job));
                 self.dirty = true;
@@ -938,6 +964,23 @@ impl<A: Allocator> Engine<A> {
             Event::Snapshot { state, .. } => {
                 self.load_state(state)
                     .map_err(|m| Self::err(now, format!("snapshot: {m}")))?;
+            }
+            Event::NodeAttrs { node, attrs } => {
+                self.node(*node, now)?;
+                let slot = &mut self.nodes[*node as usize];
+                if slot.attrs.as_deref() != Some(attrs) {
+                    slot.attrs = Some(Box::new(attrs.clone()));
+                    self.dirty = true;
+                }
+            }
+            Event::JobNeeds { job, needs } => {
+                self.job(*job, now)?;
+                let slot = &mut self.jobs[*job as usize];
+                let new = (!needs.is_empty()).then(|| Box::new((needs.clone(), needs.compile())));
+                if slot.needs.as_ref().map(|n| &n.0) != new.as_ref().map(|n| &n.0) {
+                    slot.needs = new;
+                    self.dirty = true;
+                }
             }
             Event::JobPriority { job, priority } => {
                 let st = self.job(*job, now)?.status;
@@ -1180,7 +1223,16 @@ impl<A: Allocator> Engine<A> {
             return Ok(self.requeue_jobs(&evict, now));
         }
         for (k, &j) in self.deciding.iter().enumerate() {
-            self.inst.jobs[k].max_nodes = self.jobs[j as usize].budget;
+            // A job with needs is offered no more nodes than serve it (`place` then
+            // picks those); fewer than its minimum, and `place` gives it none.
+            let serving = match &self.jobs[j as usize].needs {
+                None => u32::MAX,
+                Some(_) => {
+                    let n = self.view.iter().filter(|&&n| self.serves(n, j)).count() as u32;
+                    n.max(self.jobs[j as usize].spec.min_nodes)
+                }
+            };
+            self.inst.jobs[k].max_nodes = self.jobs[j as usize].budget.min(serving);
             let cur = &mut self.inst.jobs[k].current;
             cur.clear();
             cur.extend(
@@ -1409,6 +1461,62 @@ impl<A: Allocator> Engine<A> {
         }
     }
 
+    /// Whether node `n` serves job `j` (its needs against the node's attributes).
+    fn serves(&self, n: NodeId, j: JobId) -> bool {
+        match &self.jobs[j as usize].needs {
+            None => true,
+            Some(b) => b.1.served_by(self.nodes[n as usize].attrs.as_deref()),
+        }
+    }
+
+    /// A job is given only nodes that serve it: a new node of a job's set (one it does
+    /// not hold) that does not serve it is traded for a node of the view no job was
+    /// given that does, or dropped; an admission left with fewer than its minimum is
+    /// not made. Nodes a job holds stay; the allocator's other choices are kept.
+    /// Counts only go down, so the answer stays within the contract.
+    fn place(&mut self, sets: &mut [Vec<u32>]) {
+        if self.deciding.iter().all(|&j| self.jobs[j as usize].needs.is_none()) {
+            return;
+        }
+        for k in 0..sets.len() {
+            let j = self.deciding[k];
+            if self.jobs[j as usize].needs.is_none() {
+                continue;
+            }
+            let mut i = 0;
+            while i < sets[k].len() {
+                let v = sets[k][i];
+                let n = self.view[v as usize];
+                if self.nodes[n as usize].state == NodeState::Held(j) || self.serves(n, j) {
+                    i += 1;
+                    continue;
+                }
+                let free = (0..self.view.len() as u32).find(|&w| {
+                    self.mark[w as usize] == NONE && self.serves(self.view[w as usize], j)
+                });
+                self.mark[v as usize] = NONE;
+                match free {
+                    Some(w) => {
+                        self.mark[w as usize] = k as u32;
+                        sets[k][i] = w;
+                        i += 1;
+                    }
+                    None => {
+                        sets[k].remove(i);
+                    }
+                }
+            }
+            let job = &self.jobs[j as usize];
+            if job.nodes.is_empty() && (sets[k].len() as u32) < job.spec.min_nodes {
+                for &v in &sets[k] {
+                    self.mark[v as usize] = NONE;
+                }
+                sets[k].clear();
+            }
+            sets[k].sort_unstable();
+        }
+    }
+
     /// Checks the allocator's answer against its contract, then turns it into actions:
     /// shrinks first, so the environment frees nodes before others grow onto them.
     fn apply(&mut self, mut sol: Solution, now: f64) -> Result<Vec<Action>> {
@@ -1447,6 +1555,7 @@ impl<A: Allocator> Engine<A> {
             }
         }
         self.keep_anchors(&mut sol.jobs);
+        self.place(&mut sol.jobs);
         let mut shrinks = Vec::new();
         let mut grows = Vec::new();
         for (k, set) in sol.jobs.iter().enumerate() {

@@ -25,6 +25,7 @@ pub mod gen;
 pub mod journal;
 pub mod metrics;
 mod observe;
+mod placement;
 pub mod priority;
 mod reconcile;
 mod recovery;
@@ -68,6 +69,8 @@ struct NodeRec {
     class: Class,
     /// Why the node has its class, as last observed (for `bftrainer nodes`).
     why: Why,
+    /// Its features, GRES and memory as last compared with the engine's (`placement`).
+    seen_attrs: Option<(Vec<String>, Option<String>, u64)>,
 }
 
 /// Why a node is or is not open to elastic jobs, as the last observation decided.
@@ -368,6 +371,7 @@ impl<C: Cluster> Daemon<C> {
                     sent_forecast: None,
                     class: Class::Claimed,
                     why: Why::RegularJob,
+                    seen_attrs: None,
                 });
             }
             Event::NodeIdle { node, reclaim_at } => {
@@ -550,6 +554,7 @@ impl<C: Cluster> Daemon<C> {
         rep.slurm_ok = true;
         let t0 = std::time::Instant::now();
         self.observe(now);
+        self.sync_node_attrs();
         self.refresh_priorities(now);
         rep.events = self.pending.len();
         let actions = self.decide(now)?;

@@ -833,6 +833,11 @@ impl<C: Cluster> Daemon<C> {
                         if let Some(jr) = self.journal.as_mut() {
                             jr.push(&record(now, ev));
                         }
+                        // Where it may be placed: only nodes that serve it.
+                        let needs = placement::job_needs(j);
+                        if !needs.is_empty() {
+                            self.emit(Event::JobNeeds { job: jid, needs });
+                        }
                     }
                     Err(e) => {
                         log::warn!("engine refused elastic job {}: {e}", j.job_id);

@@ -1,0 +1,163 @@
+//! Which nodes can serve which job: a node's features, GPUs and memory against a job's
+//! `--constraint`, GPUs per node and memory per node. The engine gives a job only
+//! nodes that serve it (`Event::NodeAttrs`, `Event::JobNeeds`); nodes and jobs without
+//! them are served by and serve everything, as before.
+
+use crate::constraint::Constraint;
+use serde::{Deserialize, Serialize};
+
+/// GPUs of one type (`None`: untyped), or a job's request of them per node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub typ: Option<String>,
+    pub count: u32,
+}
+
+/// What a node offers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAttrs {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<Gpus>,
+    /// Real memory in MB (0: unknown, serves any memory request).
+    #[serde(default)]
+    pub mem_mb: u64,
+}
+
+impl NodeAttrs {
+    /// GPUs of type `typ` (any type for `None`).
+    pub fn gpus_of(&self, typ: Option<&str>) -> u32 {
+        self.gpus
+            .iter()
+            .filter(|g| typ.is_none() || g.typ.as_deref() == typ)
+            .map(|g| g.count)
+            .fold(0u32, u32::saturating_add)
+    }
+}
+
+/// What a job asks of each of its nodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Needs {
+    /// Slurm's `--constraint` expression.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<Gpus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_mb: Option<u64>,
+}
+
+impl Needs {
+    pub fn is_empty(&self) -> bool {
+        self.constraint.is_none() && self.gpus.is_none() && self.mem_mb.is_none()
+    }
+
+    /// The needs with the constraint parsed once (an expression that does not parse
+    /// is left to Slurm: it restricts nothing here).
+    pub fn compile(&self) -> Compiled {
+        Compiled {
+            constraint: self
+                .constraint
+                .as_deref()
+                .and_then(|c| Constraint::parse(c).ok()),
+            gpus: self.gpus.clone(),
+            mem_mb: self.mem_mb,
+        }
+    }
+}
+
+/// [`Needs`] ready to test nodes against.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    constraint: Option<Constraint>,
+    gpus: Option<Gpus>,
+    mem_mb: Option<u64>,
+}
+
+impl Compiled {
+    /// Whether a node with `attrs` serves the job; a node of unknown attributes does.
+    pub fn served_by(&self, attrs: Option<&NodeAttrs>) -> bool {
+        let Some(a) = attrs else { return true };
+        if let Some(c) = &self.constraint {
+            if !c.matches(&a.features) {
+                return false;
+            }
+        }
+        if let Some(g) = &self.gpus {
+            if a.gpus_of(g.typ.as_deref()) < g.count {
+                return false;
+            }
+        }
+        if let Some(m) = self.mem_mb {
+            if a.mem_mb != 0 && a.mem_mb < m {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(features: &[&str], gpus: &[(Option<&str>, u32)], mem: u64) -> NodeAttrs {
+        NodeAttrs {
+            features: features.iter().map(|s| s.to_string()).collect(),
+            gpus: gpus
+                .iter()
+                .map(|(t, c)| Gpus {
+                    typ: t.map(str::to_string),
+                    count: *c,
+                })
+                .collect(),
+            mem_mb: mem,
+        }
+    }
+
+    #[test]
+    fn features_gpus_and_memory() {
+        let a100 = node(&["rack1", "ib"], &[(Some("a100"), 4)], 512_000);
+        let cpu = node(&["rack2"], &[], 256_000);
+        let needs = Needs {
+            constraint: Some("ib".into()),
+            gpus: Some(Gpus {
+                typ: Some("a100".into()),
+                count: 2,
+            }),
+            mem_mb: Some(300_000),
+        }
+        .compile();
+        assert!(needs.served_by(Some(&a100)));
+        assert!(!needs.served_by(Some(&cpu)));
+        assert!(needs.served_by(None), "unknown attributes serve");
+        let any_gpu = Needs {
+            gpus: Some(Gpus {
+                typ: None,
+                count: 5,
+            }),
+            ..Default::default()
+        }
+        .compile();
+        assert!(!any_gpu.served_by(Some(&a100)), "4 < 5");
+        let v100 = Needs {
+            gpus: Some(Gpus {
+                typ: Some("v100".into()),
+                count: 1,
+            }),
+            ..Default::default()
+        }
+        .compile();
+        assert!(!v100.served_by(Some(&a100)), "wrong type");
+        assert!(Needs::default().compile().served_by(Some(&cpu)));
+        assert!(Needs::default().is_empty());
+        // An expression Slurm accepted but we cannot read restricts nothing.
+        let odd = Needs {
+            constraint: Some("[rack1*2&rack2*2]".into()),
+            ..Default::default()
+        };
+        let _ = odd.compile().served_by(Some(&cpu));
+    }
+}
