@@ -13,7 +13,16 @@
 //!
 //! `--rounds N`: N submissions of each kind (default 20). `--no-epilog`: the test
 //! cluster without its `Epilog=/bin/true` (docs/admin.md, "How long a regular job
-//! waits for lent nodes"), to see that lever alone.
+//! waits for lent nodes"), to see that lever alone. `--keep-logs DIR`: slurmctld at
+//! debug2 with DebugFlags=Backfill,Steps,TraceJobs (every preemption and scheduling
+//! pass, in milliseconds), its log and bftrainerd's copied to DIR at the end.
+//! `--daemon PATH`: another build of bftrainerd (e.g. main's, for a before/after
+//! with the same benchmark).
+//!
+//! slurmctld's scheduling passes run on 1-s ticks (its background loop, backfill's
+//! bf_interval=1), and the rounds' rhythm would otherwise fix the phase at which each
+//! kind is submitted: every submission waits first for a fraction of a second from a
+//! low-discrepancy sequence (round k: frac(k x 0.618...)), the same for both kinds.
 
 #[path = "../tests/live/mod.rs"]
 mod live;
@@ -131,6 +140,18 @@ struct Sub {
 fn main() {
     let rounds = live::arg("--rounds", 20);
     let no_epilog = std::env::args().any(|a| a == "--no-epilog");
+    let args: Vec<String> = std::env::args().collect();
+    let keep_logs = args
+        .iter()
+        .position(|a| a == "--keep-logs")
+        .and_then(|i| args.get(i + 1))
+        .map(std::path::PathBuf::from);
+    let daemon_bin = args
+        .iter()
+        .position(|a| a == "--daemon")
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_bftrainerd").to_string());
     let setup = live::setup("bftclaim", "", "", "");
     let (dir, plugins, conf) = (setup.dir.clone(), setup.plugins.clone(), setup.conf.clone());
     let socket = setup.state.join("bftrainerd.sock");
@@ -167,6 +188,11 @@ fn main() {
                 .any(|l| l.starts_with("Epilog ") && l.contains("(null)"))
         });
     }
+    if keep_logs.is_some() {
+        c.run("scontrol", &["setdebug", "debug2"]).unwrap();
+        c.run("scontrol", &["setdebugflags", "+Backfill,Steps,TraceJobs"])
+            .unwrap();
+    }
     let epilog = c
         .run("scontrol", &["show", "config"])
         .unwrap_or_default()
@@ -176,7 +202,7 @@ fn main() {
         .unwrap_or_default();
     let log = std::fs::File::create(dir.join("bftrainerd.log")).unwrap();
     let mut daemon: Child = c
-        .command(env!("CARGO_BIN_EXE_bftrainerd"))
+        .command(&daemon_bin)
         .arg("--config")
         .arg(&conf)
         .stdout(Stdio::from(log.try_clone().unwrap()))
@@ -241,6 +267,9 @@ fn main() {
             }
             ok
         });
+        // The same phase offsets for both kinds (round k of each waits the same).
+        let k = (i / 2 + 1) as f64;
+        std::thread::sleep(Duration::from_secs_f64((k * 0.618_033_988_75).fract()));
         let t = Instant::now();
         let r = c
             .sbatch(&[
@@ -332,10 +361,19 @@ fn main() {
             }
         }
     }
+    if let Some(d) = &keep_logs {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join("slurmctld.log"), &ctld_log).unwrap();
+        std::fs::copy(dir.join("bftrainerd.log"), d.join("bftrainerd.log")).unwrap();
+        for n in c.nodes() {
+            let f = format!("slurmd-{n}.log");
+            let _ = std::fs::copy(c.log_dir().join(&f), d.join(&f));
+        }
+    }
     c.stop().unwrap();
 
     println!(
-        "claim latency: 2-node regular job, submit -> RUNNING, 4-node test cluster, GraceTime {} s, bftrainerd polling 0.5 s, {rounds} rounds of each kind alternating, Epilog={epilog}",
+        "claim latency: 2-node regular job, submit -> RUNNING, 4-node test cluster, GraceTime {} s, bftrainerd polling 0.5 s, {rounds} rounds of each kind alternating, Epilog={epilog}, bftrainerd {daemon_bin}",
         live::GRACE_TIME_S
     );
     let (idle, lent) = (&by_kind[&false], &by_kind[&true]);
