@@ -353,10 +353,17 @@ impl<C: Cluster> Daemon<C> {
         // the batch shell) reaches it and this shell follows it out at once. A step
         // ended by SIGTERM (shrink, preemption) is a clean end of a satellite. The step
         // takes every CPU and GPU the satellite holds on its node (a step gets no GPU
-        // unless it asks), as the core job's agents' step does.
+        // unless it asks), as the core job's agents' step does. No --kill-on-bad-exit
+        // (one task: nothing else to kill): with it, srun answers the task's death by
+        // SIGTERM with a SIG_TERM_KILL cancel of the step, whose handler in slurmstepd
+        // sleeps KillWait, and slurmstepd then lingers up to 3 s
+        // (STEPD_MESSAGE_COMP_WAIT) waiting for that handler; when slurmd's terminate
+        // of the job sees it, the node stays COMPLETING that long and the regular job
+        // that preempted the satellite waits (measured 2-3 s in half the rounds;
+        // docs/benchmarks.md, "What harvesting costs a regular job").
         let script = format!(
             "#!/bin/sh\n# bftrainer satellite of job {parent} on {node}\n\
-             srun --ntasks=1 --nodes=1 --kill-on-bad-exit=1 \
+             srun --ntasks=1 --nodes=1 \
              ${{SLURM_CPUS_ON_NODE:+--cpus-per-task=$SLURM_CPUS_ON_NODE}} \
              ${{SLURM_GPUS_ON_NODE:+--gres=gpu:$SLURM_GPUS_ON_NODE}} {join}\n\
              rc=$?\n\
