@@ -220,8 +220,79 @@ pub fn parse(input: &str) -> Result<ElasticSpec, SpecError> {
 
 /// Parses an admin-comment tag written by [`ElasticSpec::to_tag`]. `None` when the
 /// comment is not a bftrainer tag at all.
+/// A core tag may end with [`ADMIN_HOLD`], which this ignores (see [`site_hold`]).
 pub fn parse_tag(comment: &str) -> Option<Result<ElasticSpec, SpecError>> {
-    comment.strip_prefix(TAG_PREFIX).map(parse)
+    split_admin_hold(comment).0.strip_prefix(TAG_PREFIX).map(parse)
+}
+
+/// A hold that someone other than bftrainerd placed on a waiting core job, which
+/// bftrainerd honours: it does not admit the job until the hold is lifted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SiteHold {
+    /// `scontrol hold` by root, SlurmUser or `daemon_user` (not bftrainerd itself):
+    /// job_submit/bftrainer appends [`ADMIN_HOLD`] to the core job's tag.
+    Admin,
+    /// `scontrol hold` by the job's owner: job_submit/bftrainer sets the job's Comment
+    /// to a note starting with [`OWNER_HOLD_NOTE`] (owners may not write admin comments).
+    Owner,
+}
+
+impl SiteHold {
+    /// What `bftrainer jobs` and the log say about a job held so.
+    pub fn describe(self) -> &'static str {
+        match self {
+            SiteHold::Admin => {
+                "held by an administrator (scontrol hold); `scontrol release` hands it back to bftrainerd"
+            }
+            SiteHold::Owner => {
+                "held by its owner (scontrol hold); `scontrol release` by the owner hands it back to bftrainerd"
+            }
+        }
+    }
+}
+
+/// The key job_submit/bftrainer appends to a core job's tag (`...,role=core,hold=admin`)
+/// when a privileged user holds it. Only in tags, after `role=core`: `--elastic` refuses
+/// it (a user cannot write it), and satellites' tags never carry it.
+pub const ADMIN_HOLD: &str = ",hold=admin";
+
+/// Start of the Comment job_submit/bftrainer gives a core job its owner holds.
+pub const OWNER_HOLD_NOTE: &str = "bftrainer: held by its owner";
+
+/// The Comment of a core job its owner held.
+pub fn owner_hold_note() -> String {
+    format!("{OWNER_HOLD_NOTE}; `scontrol release` hands it back to bftrainerd")
+}
+
+/// The Comment of a core job waiting for bftrainerd (set at submission when the user
+/// gave none, and again when its owner lifts their hold).
+pub fn waiting_note(s: &ElasticSpec) -> String {
+    format!(
+        "bftrainer: elastic job ({}-{} nodes) waiting for bftrainerd to admit it",
+        s.min,
+        s.max.map(|m| m.to_string()).unwrap_or_else(|| "any".into())
+    )
+}
+
+/// Splits an admin hold off a tag's text: `(tag without it, held)`. Only a core tag
+/// (one that ends `,role=core` once the key is gone) can carry it.
+pub fn split_admin_hold(comment: &str) -> (&str, bool) {
+    match comment.strip_suffix(ADMIN_HOLD) {
+        Some(rest) if rest.starts_with(TAG_PREFIX) && rest.ends_with(",role=core") => (rest, true),
+        _ => (comment, false),
+    }
+}
+
+/// The site hold a job's admin comment and Comment record, if any: see [`SiteHold`].
+/// Only meaningful for a waiting core job (Slurm ignores holds of running jobs).
+pub fn site_hold(admin_comment: Option<&str>, comment: Option<&str>) -> Option<SiteHold> {
+    if admin_comment.is_some_and(|c| split_admin_hold(c).1) {
+        return Some(SiteHold::Admin);
+    }
+    if comment.is_some_and(|c| c.starts_with(OWNER_HOLD_NOTE)) {
+        return Some(SiteHold::Owner);
+    }
+    None
 }
 
 /// Whether an admin comment claims to be a bftrainer tag (valid or not). Used to stop
@@ -474,6 +545,38 @@ mod tests {
         assert!(looks_like_tag("  BFTRAINER:v1 1:1"));
         assert!(looks_like_tag("bftrainer:v1"));
         assert!(!looks_like_tag("bftrainer rocks"));
+    }
+
+    #[test]
+    fn admin_hold_rides_on_core_tags_only() {
+        let s = parse("2:4,up=2").unwrap();
+        let held = format!("{}{ADMIN_HOLD}", s.to_tag());
+        assert_eq!(held, "bftrainer:v1 2:4,up=2,role=core,hold=admin");
+        assert_eq!(parse_tag(&held).unwrap().unwrap(), s);
+        assert_eq!(split_admin_hold(&held), (s.to_tag().as_str(), true));
+        assert_eq!(site_hold(Some(&held), None), Some(SiteHold::Admin));
+        assert_eq!(site_hold(Some(&s.to_tag()), None), None);
+        // Users cannot ask for it, and it means nothing on a satellite or out of place.
+        assert!(err("2:4,hold=admin").contains("unknown key 'hold'"));
+        let sat = "bftrainer:v1 1:1,role=satellite,parent=7,hold=admin";
+        assert_eq!(split_admin_hold(sat), (sat, false));
+        assert!(parse_tag(sat).unwrap().is_err());
+        assert!(parse_tag("bftrainer:v1 2:4,hold=admin,role=core")
+            .unwrap()
+            .is_err());
+        assert!(parse_tag("bftrainer:v1 2:4,role=core,hold=admin,hold=admin")
+            .unwrap()
+            .is_err());
+        // The owner's hold lives in the Comment.
+        assert_eq!(
+            site_hold(Some(&s.to_tag()), Some(&owner_hold_note())),
+            Some(SiteHold::Owner)
+        );
+        assert_eq!(site_hold(None, Some(&waiting_note(&s))), None);
+        assert_eq!(
+            waiting_note(&s),
+            "bftrainer: elastic job (2-4 nodes) waiting for bftrainerd to admit it"
+        );
     }
 
     #[test]

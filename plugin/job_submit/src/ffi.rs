@@ -443,7 +443,7 @@ unsafe fn modify_inner(
     uid: u32,
     err_msg: *mut *mut c_char,
 ) -> c_int {
-    let Some(jd) = (unsafe { job_desc.as_ref() }) else {
+    let Some(jd) = (unsafe { job_desc.as_mut() }) else {
         return SLURM_SUCCESS;
     };
     let Some(pol) = snapshot() else {
@@ -489,6 +489,8 @@ unsafe fn modify_inner(
     let m = unsafe {
         Modification {
             uid,
+            owner: jd.user_id,
+            comment: common::bytes(jd.comment),
             current_admin_comment: current,
             admin_comment: common::bytes(jd.admin_comment),
             partition: common::bytes(jd.partition),
@@ -502,8 +504,54 @@ unsafe fn modify_inner(
             others: other_fields(jd),
         }
     };
-    match policy::modify(&pol, &m) {
-        Ok(()) => SLURM_SUCCESS,
+    let verdict = policy::modify(&pol, &m);
+    let tag = current
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default();
+    let job = match record {
+        Some(r) => r.describe(&tag),
+        None => format!("the job tagged '{tag}'"),
+    };
+    match verdict {
+        Ok(edit) if edit.is_none() => SLURM_SUCCESS,
+        Ok(edit) => {
+            // SAFETY: string fields of job_desc are NULL or xmalloc'd and owned by it;
+            // slurmctld applies them after this hook (_update_job, 22.05 to 26.05).
+            let applied = unsafe {
+                let admin = match &edit.admin_comment {
+                    Some(c) => common::set_field(&mut jd.admin_comment, c),
+                    None => Ok(()),
+                };
+                admin.and_then(|()| match &edit.comment {
+                    Some(c) => common::set_field(&mut jd.comment, c),
+                    None => Ok(()),
+                })
+            };
+            if let Err(e) = applied {
+                LOG.error(&format!("job_modify: cannot rewrite the update of {job}: {e}"));
+                return SLURM_ERROR;
+            }
+            if edit.keep_held {
+                jd.priority = NO_VAL;
+            }
+            LOG.info(&format!(
+                "update by uid {uid} of {job}:{}{}{}",
+                edit.admin_comment
+                    .as_deref()
+                    .map(|c| format!(" admin comment set to '{c}'"))
+                    .unwrap_or_default(),
+                edit.comment
+                    .as_deref()
+                    .map(|c| format!(" comment set to '{c}'"))
+                    .unwrap_or_default(),
+                if edit.keep_held {
+                    " the release only lifts a hold: the job stays held until bftrainerd admits it"
+                } else {
+                    ""
+                }
+            ));
+            SLURM_SUCCESS
+        }
         Err(why) => {
             let (what, rc) = match why {
                 ModifyDenied::Access(what) => (what, slurm_sys::ESLURM_ACCESS_DENIED as c_int),
@@ -511,13 +559,6 @@ unsafe fn modify_inner(
                     "moves an elastic job to a partition closed to elastic jobs".to_string(),
                     slurm_sys::ESLURM_INVALID_PARTITION_NAME as c_int,
                 ),
-            };
-            let tag = current
-                .map(|b| String::from_utf8_lossy(b).into_owned())
-                .unwrap_or_default();
-            let job = match record {
-                Some(r) => r.describe(&tag),
-                None => format!("the job tagged '{tag}'"),
             };
             LOG.info(&format!(
                 "refused an update by uid {uid} of {job}: it {what}"

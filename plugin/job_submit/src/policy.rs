@@ -281,15 +281,7 @@ fn elastic(pol: &Policy, s: &Submission<'_>, mut spec: ElasticSpec, privileged: 
         ), Code::Invalid);
     }
     let hold = pol.hold && spec.role == Role::Core;
-    let comment = (hold && s.comment.is_none()).then(|| {
-        format!(
-            "bftrainer: elastic job ({}-{} nodes) waiting for bftrainerd to admit it",
-            spec.min,
-            spec.max
-                .map(|m| m.to_string())
-                .unwrap_or_else(|| "any".into())
-        )
-    });
+    let comment = (hold && s.comment.is_none()).then(|| spec::waiting_note(&spec));
     Verdict::Elastic(Box::new(Rewrite {
         partition,
         nodes: spec.min,
@@ -306,6 +298,11 @@ fn elastic(pol: &Policy, s: &Submission<'_>, mut spec: ElasticSpec, privileged: 
 #[derive(Debug, Clone, Default)]
 pub struct Modification<'a> {
     pub uid: u32,
+    /// The job's owner (slurmctld fills job_desc.user_id in before calling job_modify);
+    /// NO_VAL when unknown.
+    pub owner: u32,
+    /// The update's Comment (NULL: not changed).
+    pub comment: Option<&'a [u8]>,
     /// The job's current admin comment (its tag, if elastic).
     pub current_admin_comment: Option<&'a [u8]>,
     pub admin_comment: Option<&'a [u8]>,
@@ -331,15 +328,36 @@ pub struct Modification<'a> {
 pub const SATELLITE_RULE: &str =
     "satellites are bftrainerd's: you may cancel or hold them, nothing else";
 
-/// `Ok(())` lets the update through; `Err` is logged and turned into an error code.
-pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<(), ModifyDenied> {
-    if pol.privileged(m.uid) {
-        return Ok(());
+/// Changes job_modify makes to an update it lets through, so that holds placed by
+/// others than bftrainerd stay visible to it (see [`spec::SiteHold`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Edit {
+    /// New admin comment (the tag with or without [`spec::ADMIN_HOLD`]).
+    pub admin_comment: Option<String>,
+    /// New Comment (the owner's hold note, or the waiting note when they lift it).
+    pub comment: Option<String>,
+    /// Drop the update's priority change: a release that only lifts a hold, the job
+    /// staying held until bftrainerd admits it.
+    pub keep_held: bool,
+}
+
+impl Edit {
+    pub fn is_none(&self) -> bool {
+        *self == Edit::default()
     }
-    let tag = m
-        .current_admin_comment
-        .map(text)
-        .and_then(|c| spec::parse_tag(&c));
+}
+
+/// `Ok(edit)` lets the update through with `edit` applied; `Err` is logged and turned
+/// into an error code.
+pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<Edit, ModifyDenied> {
+    let current = m.current_admin_comment.map(text);
+    let tag = current.as_deref().and_then(spec::parse_tag);
+    if pol.privileged(m.uid) {
+        return match (tag, current.as_deref()) {
+            (Some(Ok(s)), Some(cur)) if s.role == Role::Core => privileged_core(m, cur),
+            _ => Ok(Edit::default()),
+        };
+    }
     let Some(Ok(spec)) = tag else {
         if m.admin_comment
             .map(text)
@@ -347,16 +365,17 @@ pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<(), ModifyDenied> {
         {
             return Err(ModifyDenied::Access("sets bftrainer's tag on a job".into()));
         }
-        return Ok(());
+        return Ok(Edit::default());
     };
     if spec.role == Role::Satellite {
-        return satellite(m, spec.parent);
+        return satellite(m, spec.parent).map(|()| Edit::default());
     }
     if m.admin_comment.is_some() {
         return Err(ModifyDenied::Access(
             "edits the admin comment (bftrainer's tag) of an elastic job".into(),
         ));
     }
+    let owner = m.owner == m.uid;
     if let Some(p) = m.partition.map(text) {
         if p.split(',').any(|p| !pol.partition_ok(p)) {
             return Err(ModifyDenied::Partition);
@@ -376,8 +395,11 @@ pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<(), ModifyDenied> {
             )));
         }
     }
-    // Holding one's own job is fine; releasing a held core job is bftrainerd's call.
-    if m.priority != NO_VAL && m.priority != 0 {
+    // Holding one's own job is fine; releasing a held core job is bftrainerd's call,
+    // so the owner's release only lifts their own hold (the job stays held until
+    // bftrainerd admits it).
+    let release = m.priority == INFINITE && owner;
+    if m.priority != NO_VAL && m.priority != 0 && !release {
         return Err(ModifyDenied::Access(
             "releases or reprioritises an elastic job (bftrainerd admits it)".into(),
         ));
@@ -387,7 +409,52 @@ pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<(), ModifyDenied> {
             "turns requeue off for an elastic job (preemption requeues it)".into(),
         ));
     }
-    Ok(())
+    // The owner's hold is written where bftrainerd reads it and the owner may write:
+    // the Comment (an update that sets the Comment itself keeps its own). Another
+    // user's hold (a Slurm operator's, an account coordinator's) is Slurm's alone.
+    let mut edit = Edit::default();
+    if owner && m.comment.is_none() {
+        if m.priority == 0 {
+            edit.comment = Some(spec::owner_hold_note());
+        } else if release {
+            edit.comment = Some(spec::waiting_note(&spec));
+        }
+    }
+    edit.keep_held = release;
+    Ok(edit)
+}
+
+/// A core job updated by root, SlurmUser or `daemon_user`. bftrainerd's own holds and
+/// releases carry its marker: the admin comment set to the job's tag as it read it.
+/// Any other hold is an administrator's, recorded in the tag ([`spec::ADMIN_HOLD`]) so
+/// that bftrainerd does not admit the job; a release lifts it and leaves the job held
+/// for bftrainerd to admit.
+fn privileged_core(m: &Modification<'_>, current: &str) -> Result<Edit, ModifyDenied> {
+    let (bare, held) = spec::split_admin_hold(current);
+    let hold = m.priority == 0;
+    let release = m.priority == INFINITE;
+    match m.admin_comment.map(text) {
+        // bftrainerd's marker, read before an administrator's hold: it must not
+        // release a job held since.
+        Some(marker) if held && release && (marker == current || marker == bare) => {
+            Err(ModifyDenied::Access(
+                "releases an elastic job an administrator holds (`scontrol release` it first)"
+                    .into(),
+            ))
+        }
+        // bftrainerd's own update (or an administrator writing the tag on purpose).
+        Some(_) => Ok(Edit::default()),
+        None if hold && !held => Ok(Edit {
+            admin_comment: Some(format!("{current}{}", spec::ADMIN_HOLD)),
+            ..Edit::default()
+        }),
+        None if release && held => Ok(Edit {
+            admin_comment: Some(bare.to_string()),
+            keep_held: true,
+            ..Edit::default()
+        }),
+        None => Ok(Edit::default()),
+    }
 }
 
 /// An update of a job whose record slurmctld passed in a layout this build does not know
@@ -806,6 +873,7 @@ mod tests {
     fn change(current: &'static [u8]) -> Modification<'static> {
         Modification {
             uid: 1000,
+            owner: NO_VAL,
             current_admin_comment: Some(current),
             min_nodes: NO_VAL,
             max_nodes: NO_VAL,
@@ -978,11 +1046,148 @@ mod tests {
         ];
         for (what, m, want) in cases {
             match (&want, modify(&p, &m)) {
-                (Allowed, Ok(())) | (Partition, Err(ModifyDenied::Partition)) => {}
+                (Allowed, Ok(e)) if e.is_none() => {}
+                (Partition, Err(ModifyDenied::Partition)) => {}
                 (Access(part), Err(ModifyDenied::Access(why))) if why.contains(*part) => {}
                 (_, got) => panic!("{what}: expected {want:?}, got {got:?}"),
             }
         }
+    }
+
+    /// Holds that others than bftrainerd place on a core job are written where
+    /// bftrainerd reads them; bftrainerd's own (marked with the job's tag) are not.
+    #[test]
+    fn holds_are_recorded_for_bftrainerd() {
+        let p = pol("");
+        let core: &'static [u8] = b"bftrainer:v1 2:4,role=core";
+        let held: &'static [u8] = b"bftrainer:v1 2:4,role=core,hold=admin";
+        let by = |uid: u32, current: &'static [u8], priority: u32| Modification {
+            uid,
+            owner: 1000,
+            priority,
+            alloc_sid: if priority == 0 { 0 } else { NO_VAL },
+            ..change(current)
+        };
+        let admin_held = Edit {
+            admin_comment: Some("bftrainer:v1 2:4,role=core,hold=admin".into()),
+            ..Edit::default()
+        };
+        let handed_back = Edit {
+            admin_comment: Some("bftrainer:v1 2:4,role=core".into()),
+            keep_held: true,
+            ..Edit::default()
+        };
+        let owner_held = Edit {
+            comment: Some(spec::owner_hold_note()),
+            ..Edit::default()
+        };
+        let owner_lifted = Edit {
+            comment: Some(
+                "bftrainer: elastic job (2-4 nodes) waiting for bftrainerd to admit it".into(),
+            ),
+            keep_held: true,
+            ..Edit::default()
+        };
+        let marked = |m: Modification<'static>, tag: &'static [u8]| Modification {
+            admin_comment: Some(tag),
+            ..m
+        };
+        let cases: Vec<(&str, Modification<'static>, Result<Edit, &str>)> = vec![
+            // An administrator's `scontrol hold` / `uhold` (root, SlurmUser, daemon_user).
+            ("root holds", by(0, core, 0), Ok(admin_held.clone())),
+            (
+                "root uholds",
+                Modification {
+                    alloc_sid: 2,
+                    ..by(0, core, 0)
+                },
+                Ok(admin_held.clone()),
+            ),
+            ("daemon_user holds by hand", by(990, core, 0), Ok(admin_held.clone())),
+            ("root holds again", by(0, held, 0), Ok(Edit::default())),
+            // Its release lifts the hold; the job waits for bftrainerd.
+            ("root releases its hold", by(0, held, INFINITE), Ok(handed_back)),
+            // A release of a job no administrator holds is Slurm's as before.
+            ("root releases a waiting job", by(0, core, INFINITE), Ok(Edit::default())),
+            // bftrainerd's own hold and release carry the tag it read: nothing recorded.
+            ("bftrainerd holds", marked(by(0, core, 0), core), Ok(Edit::default())),
+            ("bftrainerd releases", marked(by(0, core, INFINITE), core), Ok(Edit::default())),
+            ("bftrainerd holds a held job", marked(by(0, held, 0), held), Ok(Edit::default())),
+            // bftrainerd's release read before an administrator's hold, or despite it.
+            (
+                "bftrainerd releases a job held since it looked",
+                marked(by(0, held, INFINITE), core),
+                Err("releases an elastic job an administrator holds"),
+            ),
+            (
+                "bftrainerd releases a held job",
+                marked(by(0, held, INFINITE), held),
+                Err("releases an elastic job an administrator holds"),
+            ),
+            // The owner: a hold becomes the note in the Comment, a release lifts it only.
+            ("the owner holds", by(1000, core, 0), Ok(owner_held.clone())),
+            (
+                "the owner uholds",
+                Modification {
+                    alloc_sid: 2,
+                    ..by(1000, core, 0)
+                },
+                Ok(owner_held),
+            ),
+            ("the owner releases", by(1000, core, INFINITE), Ok(owner_lifted.clone())),
+            (
+                "the owner releases a job an administrator holds (that hold stays)",
+                by(1000, held, INFINITE),
+                Ok(owner_lifted),
+            ),
+            (
+                "the owner holds and sets their own comment",
+                Modification {
+                    comment: Some(b"mine"),
+                    ..by(1000, core, 0)
+                },
+                Ok(Edit::default()),
+            ),
+            (
+                "the owner sets a priority",
+                by(1000, core, 5),
+                Err("releases or reprioritises an elastic job"),
+            ),
+            // Nobody else may write the tag, with or without the key.
+            (
+                "the owner writes the hold key",
+                marked(by(1000, core, 0), held),
+                Err("edits the admin comment"),
+            ),
+            (
+                "the owner rewrites a held tag",
+                marked(by(1000, held, INFINITE), core),
+                Err("edits the admin comment"),
+            ),
+            (
+                "a user plants a held tag on a plain job",
+                marked(by(1000, b"", 0), held),
+                Err("sets bftrainer's tag on a job"),
+            ),
+            // Another user (a Slurm operator, a coordinator): Slurm's own rules.
+            ("an operator holds", by(1001, core, 0), Ok(Edit::default())),
+            (
+                "an operator releases",
+                by(1001, core, INFINITE),
+                Err("releases or reprioritises an elastic job"),
+            ),
+        ];
+        for (what, m, want) in cases {
+            match (modify(&p, &m), want) {
+                (Ok(got), Ok(want)) if got == want => {}
+                (Err(ModifyDenied::Access(why)), Err(part)) if why.contains(part) => {}
+                (got, want) => panic!("{what}: expected {want:?}, got {got:?}"),
+            }
+        }
+        // A satellite's tag never takes the key, whoever holds it.
+        let sat: &'static [u8] = b"bftrainer:v1 1:1,role=satellite,parent=7";
+        assert_eq!(modify(&p, &by(0, sat, 0)), Ok(Edit::default()));
+        assert_eq!(modify(&p, &by(1000, sat, 0)), Ok(Edit::default()));
     }
 
     #[test]
@@ -1047,7 +1252,7 @@ mod tests {
             ),
         ];
         for (what, m) in allowed {
-            assert_eq!(modify(&p, &m), Ok(()), "{what}");
+            assert_eq!(modify(&p, &m), Ok(Edit::default()), "{what}");
         }
         let refused = [
             (

@@ -255,10 +255,11 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
         "elastic|JobHeldUser|bftrainer: elastic job (2-4 nodes) waiting for bftrainerd to admit it"
     );
 
-    // The user may not release, resize, move or re-tag it; the daemon's user (root) may.
+    // The user may not reprioritise, resize, move or re-tag it; the daemon's user
+    // (root) may.
     let id_s = id.to_string();
     for args in [
-        vec!["release", id_s.as_str()],
+        vec!["update", "jobid", id_s.as_str(), "priority=5"],
         vec!["update", "jobid", id_s.as_str(), "numnodes=4"],
         vec!["update", "jobid", id_s.as_str(), "partition=batch"],
         vec!["update", "jobid", id_s.as_str(), "requeue=0"],
@@ -288,18 +289,53 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
             "{field} change not refused in the log"
         );
     }
-    // The user may still hold their own job.
-    let out = c
-        .command_as_test_user("scontrol")
-        .unwrap()
-        .args(["hold", &id_s])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "user hold refused: {}",
-        String::from_utf8_lossy(&out.stderr)
+    // The user may still hold their own job, which the plugin notes in its Comment for
+    // bftrainerd; their release only lifts that hold: the job stays held for bftrainerd.
+    let as_user = |args: &[&str]| {
+        let out = c
+            .command_as_test_user("scontrol")
+            .unwrap()
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "user {args:?} refused: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    as_user(&["hold", &id_s]);
+    let comment = |c: &Cluster| {
+        c.run("squeue", &["-h", "-j", &id_s, "-o", "%k"])
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        comment(&c),
+        "bftrainer: held by its owner; `scontrol release` hands it back to bftrainerd"
     );
+    as_user(&["release", &id_s]);
+    assert_eq!(show(id)["Priority"], "0", "the owner's release started the job");
+    assert_eq!(
+        comment(&c),
+        "bftrainer: elastic job (2-4 nodes) waiting for bftrainerd to admit it"
+    );
+    // root's hold is an administrator's: the tag says so until root releases it, and
+    // that release leaves the job held for bftrainerd.
+    c.run("scontrol", &["hold", &id_s]).unwrap();
+    let full = c.run("scontrol", &["show", "job", &id_s]).unwrap();
+    assert!(
+        full.contains("AdminComment=bftrainer:v1 2:4,up=30,role=core,hold=admin"),
+        "{full}"
+    );
+    c.run("scontrol", &["release", &id_s]).unwrap();
+    let full = c.run("scontrol", &["show", "job", &id_s]).unwrap();
+    assert!(
+        full.contains("AdminComment=bftrainer:v1 2:4,up=30,role=core") && !full.contains("hold=admin"),
+        "{full}"
+    );
+    assert_eq!(show(id)["Priority"], "0", "root's release of its hold started the job");
 
     c.run("scontrol", &["release", &id_s])
         .expect("root (daemon_user) releases");
