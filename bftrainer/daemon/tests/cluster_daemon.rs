@@ -1217,3 +1217,121 @@ fn cluster_daemon_places_a_gpu_job_only_on_nodes_with_its_gpus() {
     }
     assert_eq!(l.satellites(job).len(), 1);
 }
+
+/// `scontrol` as bftuser; panics with its stderr when it fails.
+fn scontrol_as_user(l: &Live, args: &[&str]) {
+    let out =
+        l.c.command_as_test_user("scontrol")
+            .unwrap()
+            .args(args)
+            .output()
+            .unwrap();
+    assert!(
+        out.status.success(),
+        "scontrol {args:?} as bftuser: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `scontrol show job` of `id`, as root.
+fn show_job(l: &Live, id: u32) -> String {
+    l.c.run("scontrol", &["show", "job", &id.to_string()])
+        .unwrap()
+}
+
+/// The nodes of bftrainerd's admission of `job` ("admit job J (user U) on NODES...").
+fn admitted_on(l: &Live, job: u32) -> Option<String> {
+    let text = l.log_text();
+    // The last one: an admission re-planned before it started is made again.
+    let at = text.rfind(&format!("admit job {job} "))?;
+    let line = text[at..].lines().next()?;
+    let nodes = line.split(" on ").nth(1)?;
+    Some(nodes.split(',').next()?.trim().to_string())
+}
+
+/// A hold placed by an administrator (root's `scontrol hold`) or by the job's owner
+/// keeps a waiting elastic job from being admitted while nodes sit idle, and `bftrainer
+/// jobs` says why; `scontrol release` hands it back and bftrainerd admits it onto the
+/// nodes it chooses. bftrainerd's own holds and releases are not taken for either.
+#[test]
+fn cluster_daemon_honours_admin_and_owner_holds_of_waiting_jobs() {
+    let mut l = Live::start_without_daemon("", "", "");
+    let by_admin = l.submit_elastic("1:2");
+    let by_owner = l.submit_elastic("1:2");
+    l.c.run("scontrol", &["hold", &by_admin.to_string()]).unwrap();
+    scontrol_as_user(&l, &["hold", &by_owner.to_string()]);
+    assert!(
+        show_job(&l, by_admin).contains(&format!("AdminComment=bftrainer:v1 1:2,role=core,hold=admin")),
+        "{}",
+        show_job(&l, by_admin)
+    );
+    assert!(
+        show_job(&l, by_owner).contains("Comment=bftrainer: held by its owner"),
+        "{}",
+        show_job(&l, by_owner)
+    );
+    l.spawn();
+    for (id, who) in [(by_admin, "an administrator"), (by_owner, "its owner")] {
+        let why = format!("elastic job {id} is not admitted: held by {who}");
+        l.wait(30, &format!("job {id} reported held by {who}"), || {
+            l.log_text().contains(&why).then_some(())
+        });
+    }
+    // Several cycles with every node idle: neither is admitted.
+    cycles_later(&l, 3);
+    for id in [by_admin, by_owner] {
+        assert!(
+            admitted_on(&l, id).is_none(),
+            "held job {id} admitted:\n{}",
+            l.log_text()
+        );
+        assert_eq!(l.state_of(id), "PENDING");
+    }
+    let out =
+        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
+            .args(["jobs", "--config"])
+            .arg(&l.conf)
+            .output()
+            .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for (id, who) in [(by_admin, "an administrator"), (by_owner, "its owner")] {
+        assert!(
+            text.contains(&format!("Job {id}: not admitted: held by {who}")),
+            "{text}"
+        );
+    }
+
+    // Released: admitted where bftrainerd chose, and running there.
+    let released = |id: u32| {
+        let pinned = l.wait(30, &format!("job {id} admitted"), || admitted_on(&l, id));
+        l.wait(30, &format!("job {id} running"), || {
+            (l.state_of(id) == "RUNNING").then_some(())
+        });
+        let core = l
+            .squeue()
+            .into_iter()
+            .find(|r| r.id == id)
+            .map(|r| r.nodes)
+            .unwrap_or_default();
+        assert_eq!(core, pinned, "job {id} runs elsewhere:\n{}", l.log_text());
+    };
+    l.c.run("scontrol", &["release", &by_admin.to_string()])
+        .unwrap();
+    let after = show_job(&l, by_admin);
+    assert!(
+        after.contains("AdminComment=bftrainer:v1 1:2,role=core") && !after.contains("hold=admin"),
+        "{after}"
+    );
+    released(by_admin);
+    assert_eq!(l.state_of(by_owner), "PENDING", "{}", l.log_text());
+    scontrol_as_user(&l, &["release", &by_owner.to_string()]);
+    released(by_owner);
+    for id in [by_admin, by_owner] {
+        assert!(
+            l.log_text()
+                .contains(&format!("elastic job {id}: its hold was lifted")),
+            "{}",
+            l.log_text()
+        );
+    }
+}

@@ -17,8 +17,12 @@ pub trait Cluster {
     fn jobs(&self) -> &[Job];
     fn submit(&mut self, job: &BatchJob) -> Result<u32>;
     fn update(&mut self, job_id: u32, update: &JobUpdate) -> Result<()>;
-    fn hold(&mut self, job_id: u32) -> Result<()>;
-    fn release(&mut self, job_id: u32) -> Result<()>;
+    /// Holds a core job. `tag` is its admin comment as the daemon read it, sent back in
+    /// the same update: job_submit/bftrainer takes that for bftrainerd's own hold, where
+    /// any other privileged hold is an administrator's (docs/admin.md, "Holds").
+    fn hold(&mut self, job_id: u32, tag: &str) -> Result<()>;
+    /// Releases a held core job, with the same marker as [`Cluster::hold`].
+    fn release(&mut self, job_id: u32, tag: &str) -> Result<()>;
     fn signal(&mut self, job_id: u32, signal: i32, target: SignalTarget) -> Result<()>;
     fn cancel(&mut self, job_id: u32) -> Result<()>;
     fn requeue(&mut self, job_id: u32, hold: bool) -> Result<()>;
@@ -65,11 +69,11 @@ impl Cluster for SlurmCluster {
     fn update(&mut self, job_id: u32, update: &JobUpdate) -> Result<()> {
         self.slurm.update_job(job_id, update)
     }
-    fn hold(&mut self, job_id: u32) -> Result<()> {
-        self.slurm.hold(job_id)
+    fn hold(&mut self, job_id: u32, tag: &str) -> Result<()> {
+        self.slurm.update_job(job_id, &marked(0, tag))
     }
-    fn release(&mut self, job_id: u32) -> Result<()> {
-        self.slurm.release(job_id)
+    fn release(&mut self, job_id: u32, tag: &str) -> Result<()> {
+        self.slurm.update_job(job_id, &marked(INFINITE, tag))
     }
     fn signal(&mut self, job_id: u32, signal: i32, target: SignalTarget) -> Result<()> {
         self.slurm.signal_job(job_id, signal, target)
@@ -98,3 +102,15 @@ impl Cluster for SlurmCluster {
         Ok((weights, table))
     }
 }
+
+/// A hold (priority 0) or release (INFINITE) carrying bftrainerd's marker.
+fn marked(priority: u32, tag: &str) -> JobUpdate {
+    JobUpdate {
+        priority: Some(priority),
+        admin_comment: Some(tag.to_string()),
+        ..Default::default()
+    }
+}
+
+/// Slurm's INFINITE, the priority `scontrol release` sends.
+const INFINITE: u32 = u32::MAX;

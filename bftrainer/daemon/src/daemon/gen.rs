@@ -220,7 +220,7 @@ impl Cluster for GenCluster {
         self.dirty = true;
         Ok(())
     }
-    fn hold(&mut self, id: u32) -> Result<()> {
+    fn hold(&mut self, id: u32, _tag: &str) -> Result<()> {
         self.calls.updates += 1;
         if let Some(j) = find(&mut self.jobs, id) {
             j.priority = 0;
@@ -228,7 +228,7 @@ impl Cluster for GenCluster {
         self.dirty = true;
         Ok(())
     }
-    fn release(&mut self, id: u32) -> Result<()> {
+    fn release(&mut self, id: u32, _tag: &str) -> Result<()> {
         self.calls.updates += 1;
         if let Some(j) = find(&mut self.jobs, id) {
             j.priority = 1000;

@@ -505,6 +505,10 @@ impl<C: Cluster> Daemon<C> {
         let mut checked: HashMap<Request, Option<String>> = HashMap::new();
         for (id, i) in waiting {
             let j = &jobs[i];
+            if let Some(why) = held_why(j) {
+                self.set_unservable(id, Some(why), now);
+                continue;
+            }
             let key = (
                 j.constraint.clone(),
                 j.mem_per_node_mb,
@@ -521,6 +525,7 @@ impl<C: Cluster> Daemon<C> {
             };
             self.set_unservable(id, why, now);
         }
+        self.take_back_held(scan, now);
         // Jobs the journal knows as queued or active that slurmctld no longer has
         // (they ended while the daemon was down and aged out): finished. Only the
         // engine's live jobs are looked at, not every job ever.
@@ -667,6 +672,34 @@ impl<C: Cluster> Daemon<C> {
         ))
     }
 
+    /// A job held by an administrator or its owner after bftrainerd chose its nodes but
+    /// before Slurm started it (job_submit/bftrainer refuses bftrainerd's release then):
+    /// its nodes go back to the pool and it waits, paused, for the hold to be lifted.
+    fn take_back_held(&mut self, scan: &Scan, now: f64) {
+        let held: Vec<(u32, JobId, String)> = scan
+            .cores_seen
+            .iter()
+            .filter_map(|(&id, &i)| {
+                let c = self.cores.get(&id).filter(|c| !c.ended)?;
+                if self.engine.job_nodes(c.jid).is_empty() {
+                    return None;
+                }
+                held_why(&scan.jobs[i]).map(|why| (id, c.jid, why))
+            })
+            .collect();
+        for (id, jid, why) in held {
+            log::info!("elastic job {id} was held before it started: its nodes go back to the pool");
+            for n in self.engine.job_nodes(jid).to_vec() {
+                self.emit(Event::WorkerLeft { job: jid, node: n });
+            }
+            if let Some(c) = self.cores.get_mut(&id) {
+                c.admit_at = None;
+                c.pinned = None;
+            }
+            self.set_unservable(id, Some(why), now);
+        }
+    }
+
     /// Keeps a waiting job out of admission while no lent node can serve it, and lets
     /// it back when one can (a pause the engine journals; a blame pause stays).
     pub(super) fn set_unservable(&mut self, id: u32, why: Option<String>, now: f64) {
@@ -675,8 +708,11 @@ impl<C: Cluster> Daemon<C> {
         };
         match why {
             Some(why) => {
-                if self.unservable.insert(id, why.clone()).is_none() {
+                let before = self.unservable.insert(id, why.clone());
+                if before.as_ref() != Some(&why) {
                     log::warn!("elastic job {id} is not admitted: {why}");
+                }
+                if before.is_none() {
                     self.emit(Event::JobPaused {
                         job: jid,
                         until: Some(now + UNSERVABLE_PAUSE_S),
@@ -684,8 +720,12 @@ impl<C: Cluster> Daemon<C> {
                 }
             }
             None => {
-                if self.unservable.remove(&id).is_some() {
-                    log::info!("elastic job {id}: lent nodes can serve it now");
+                if let Some(was) = self.unservable.remove(&id) {
+                    if was.starts_with("held by") {
+                        log::info!("elastic job {id}: its hold was lifted");
+                    } else {
+                        log::info!("elastic job {id}: lent nodes can serve it now");
+                    }
                     let until = self.blame.paused(id, now).map(|p| p.until);
                     self.emit(Event::JobPaused { job: jid, until });
                 }
@@ -1078,4 +1118,14 @@ impl<C: Cluster> Daemon<C> {
             });
         }
     }
+}
+
+/// Why a waiting core job must not be admitted: a hold placed by an administrator or
+/// its owner, which job_submit/bftrainer recorded (`spec::SiteHold`). Holds of running
+/// jobs mean nothing to Slurm, nor here.
+fn held_why(j: &Job) -> Option<String> {
+    if j.state.base() != JobBase::Pending {
+        return None;
+    }
+    spec::site_hold(j.admin_comment.as_deref(), j.comment.as_deref()).map(|h| h.describe().to_string())
 }

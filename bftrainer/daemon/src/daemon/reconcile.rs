@@ -174,7 +174,8 @@ impl<C: Cluster> Daemon<C> {
                             "pending, not admitted"
                         }
                     );
-                    self.call(|c| c.hold(id), "hold", id);
+                    let tag = j.admin_comment.clone().unwrap_or_default();
+                    self.call(|c| c.hold(id, &tag), "hold", id);
                     return 1;
                 }
                 return 0;
@@ -219,7 +220,8 @@ impl<C: Cluster> Daemon<C> {
                         );
                     }
                 }
-                let ok = pinned.is_ok() && self.call(|c| c.release(id), "release", id);
+                let tag = j.admin_comment.clone().unwrap_or_default();
+                let ok = pinned.is_ok() && self.call(|c| c.release(id, &tag), "release", id);
                 if ok {
                     self.stats.admits += 1;
                     let c = self.cores.get_mut(&id).unwrap();

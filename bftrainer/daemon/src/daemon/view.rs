@@ -130,7 +130,8 @@ pub struct JobView {
     pub paused_until: Option<f64>,
     #[serde(default)]
     pub pause_reason: Option<String>,
-    /// Not admitted: no node bftrainerd lends meets its constraint or memory (why).
+    /// Not admitted: no node bftrainerd lends meets its constraint or memory, or an
+    /// administrator or its owner holds it (why).
     #[serde(default)]
     pub unservable: Option<String>,
 }
