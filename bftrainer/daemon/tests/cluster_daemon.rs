@@ -1278,7 +1278,7 @@ fn cluster_daemon_honours_admin_and_owner_holds_of_waiting_jobs() {
         });
     }
     // Several cycles with every node idle: neither is admitted.
-    cycles_later(&l, 3);
+    cycles_later(&l, 5);
     for id in [by_admin, by_owner] {
         assert!(
             admitted_on(&l, id).is_none(),
