@@ -98,7 +98,7 @@ impl Slurm {
     /// slurmctld's association manager (`scontrol show assoc_mgr flags=assoc,qos`).
     pub fn fairshare_table(&self) -> Result<FairshareTable> {
         let mut req = slurm_sys::assoc_mgr_info_request_msg_t {
-            flags: slurm_sys::ASSOC_MGR_INFO_FLAG_ASSOC | slurm_sys::ASSOC_MGR_INFO_FLAG_QOS,
+            flags: (slurm_sys::ASSOC_MGR_INFO_FLAG_ASSOC | slurm_sys::ASSOC_MGR_INFO_FLAG_QOS) as _,
             ..Default::default()
         };
         let mut msg = AssocMgrMsg(std::ptr::null_mut());
