@@ -298,10 +298,14 @@ pub fn site_hold(admin_comment: Option<&str>, comment: Option<&str>) -> Option<S
 /// Whether an admin comment claims to be a bftrainer tag (valid or not). Used to stop
 /// users from planting one: the prefix is matched without its trailing space.
 pub fn looks_like_tag(comment: &str) -> bool {
+    // Compared in place, without a lowercased copy (bftrainerd asks this of every job
+    // with an admin comment, every poll). The prefix is lowercase ASCII.
+    let prefix = TAG_PREFIX.trim_end().as_bytes();
     comment
         .trim_start()
-        .to_ascii_lowercase()
-        .starts_with(TAG_PREFIX.trim_end())
+        .as_bytes()
+        .get(..prefix.len())
+        .is_some_and(|b| b.eq_ignore_ascii_case(prefix))
 }
 
 fn shown(input: &[u8]) -> String {
@@ -545,6 +549,8 @@ mod tests {
         assert!(looks_like_tag("  BFTRAINER:v1 1:1"));
         assert!(looks_like_tag("bftrainer:v1"));
         assert!(!looks_like_tag("bftrainer rocks"));
+        assert!(looks_like_tag("BfTrainer:V1 x") && !looks_like_tag("bftrainer:v"));
+        assert!(!looks_like_tag("bftrainér:v1 1:1") && !looks_like_tag(""));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Loading nodes, partitions and jobs from slurmctld into owned snapshots, passing the
 //! previous snapshot's update time so an unchanged cluster costs one cheap RPC.
 
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{clear_errno, last_error, Result};
@@ -87,22 +88,44 @@ impl Nodes {
 /// Sets each node's `partitions` from the partitions' node lists, in partition order.
 pub fn assign_partitions(nodes: &mut [Node], parts: &[Partition]) {
     // One pass over each table through a name index: O(nodes + partition nodes), not a
-    // scan of the node table per partition node (10^8 compares at 10,000 nodes).
-    let index: std::collections::HashMap<&str, usize> = nodes
+    // scan of the node table per partition node (10^8 compares at 10,000 nodes). A name
+    // the table lists twice gets its partitions on its last entry.
+    let index: FxHashMap<&str, u32> = nodes
         .iter()
         .enumerate()
-        .map(|(i, n)| (n.name.as_str(), i))
+        .map(|(i, n)| (n.name.as_str(), i as u32))
         .collect();
-    let mut found: Vec<Vec<String>> = vec![Vec::new(); nodes.len()];
-    for p in parts {
+    // (node, partition) in partition order, then grouped by node (a stable sort keeps
+    // each node's partitions in partition order).
+    let mut pairs: Vec<(u32, u32)> =
+        Vec::with_capacity(parts.iter().map(|p| p.node_names.len()).sum());
+    for (k, p) in parts.iter().enumerate() {
         for name in &p.node_names {
             if let Some(&i) = index.get(name.as_str()) {
-                found[i].push(p.name.clone());
+                pairs.push((i, k as u32));
             }
         }
     }
-    for (n, parts) in nodes.iter_mut().zip(found) {
-        n.partitions = parts;
+    drop(index);
+    pairs.sort_by_key(|&(i, _)| i);
+    let mut at = 0;
+    for (i, n) in nodes.iter_mut().enumerate() {
+        let from = at;
+        while at < pairs.len() && pairs[at].0 as usize == i {
+            at += 1;
+        }
+        let mine = &pairs[from..at];
+        // A node whose list is already right keeps it (no copies of the names).
+        let same = n.partitions.len() == mine.len()
+            && n.partitions
+                .iter()
+                .zip(mine)
+                .all(|(have, &(_, k))| *have == parts[k as usize].name);
+        if !same {
+            n.partitions.clear();
+            n.partitions
+                .extend(mine.iter().map(|&(_, k)| parts[k as usize].name.clone()));
+        }
     }
 }
 
@@ -782,6 +805,18 @@ mod tests {
                 vec!["batch".into()],
                 vec!["batch".into(), "gpu".into()],
             ]
+        );
+        // Again on the assigned table: unchanged. A name the table lists twice gets its
+        // partitions on its last entry; a partition listing a node twice, twice.
+        assign_partitions(&mut nodes, &parts);
+        let again: Vec<Vec<String>> = nodes.iter().map(|n| n.partitions.clone()).collect();
+        assert_eq!(again, got);
+        nodes[1].name = "a".into();
+        assign_partitions(&mut nodes, &[p("batch", &["a", "c", "a"])]);
+        let got: Vec<Vec<String>> = nodes.iter().map(|n| n.partitions.clone()).collect();
+        assert_eq!(
+            got,
+            vec![vec![], vec!["batch".to_string(), "batch".into()], vec!["batch".into()]]
         );
     }
 

@@ -46,10 +46,14 @@ impl JobBook {
     }
 }
 
-/// The books of all jobs, indexed by engine job id, and the harvest total.
+/// The books of the jobs not forgotten, by engine job id, and the harvest total.
 #[derive(Debug, Default)]
 pub struct Book {
-    pub jobs: Vec<JobBook>,
+    /// Books of jobs from engine id `base` on; `None` once forgotten. Forgotten ones at
+    /// the front are dropped, so what is kept follows the jobs not forgotten, not every
+    /// job ever.
+    jobs: VecDeque<Option<JobBook>>,
+    base: usize,
     /// Jobs whose size may still change (active or holding nodes).
     open: Vec<JobId>,
     /// Node-seconds of closed size intervals, all jobs.
@@ -57,6 +61,26 @@ pub struct Book {
 }
 
 impl Book {
+    /// Job `j`'s book; `None` if unknown or forgotten.
+    pub fn get(&self, j: JobId) -> Option<&JobBook> {
+        (j as usize)
+            .checked_sub(self.base)
+            .and_then(|k| self.jobs.get(k))
+            .and_then(Option::as_ref)
+    }
+
+    fn get_mut(&mut self, j: JobId) -> Option<&mut JobBook> {
+        (j as usize)
+            .checked_sub(self.base)
+            .and_then(|k| self.jobs.get_mut(k))
+            .and_then(Option::as_mut)
+    }
+
+    /// Jobs booked, forgotten ones included (the next engine id).
+    fn len(&self) -> usize {
+        self.base + self.jobs.len()
+    }
+
     /// The elastic job a regular job takes a node from with `ev`, asked before the
     /// engine sees `ev` (it forgets who held the node once it has the event).
     pub fn taken_from(engine: &Engine<Exact>, ev: &Event) -> Option<JobId> {
@@ -82,20 +106,20 @@ impl Book {
         t: f64,
     ) {
         if let Event::JobSubmitted { job, .. } = ev {
-            if *job as usize == self.jobs.len() {
-                self.jobs.push(JobBook {
+            if *job as usize == self.len() {
+                self.jobs.push_back(Some(JobBook {
                     submitted_at: t,
                     since: t,
                     ..Default::default()
-                });
+                }));
                 self.open.push(*job);
             }
         }
-        if let Some(j) = taken.and_then(|j| self.jobs.get_mut(j as usize)) {
+        if let Some(j) = taken.and_then(|j| self.get_mut(j)) {
             j.preemptions += 1;
         }
         for a in actions {
-            let Some(b) = self.jobs.get_mut(a.job() as usize) else {
+            let Some(b) = self.get_mut(a.job()) else {
                 continue;
             };
             match a {
@@ -113,10 +137,14 @@ impl Book {
 
     /// Records every open job's size as the engine has it at `t`.
     fn sizes(&mut self, engine: &Engine<Exact>, t: f64) {
-        let jobs = &mut self.jobs;
+        let (jobs, base) = (&mut self.jobs, self.base);
         let closed = &mut self.closed_node_seconds;
         self.open.retain(|&j| {
-            let Some(b) = jobs.get_mut(j as usize) else {
+            let Some(b) = (j as usize)
+                .checked_sub(base)
+                .and_then(|k| jobs.get_mut(k))
+                .and_then(Option::as_mut)
+            else {
                 return false;
             };
             let n = engine.job_nodes(j).len() as u32;
@@ -145,20 +173,27 @@ impl Book {
         });
     }
 
-    /// Node-seconds all elastic jobs used up to `now`.
-    /// Drops an ended job's size history (its counters stay, a few words).
+    /// Drops an ended job's book (its node-seconds stay in the harvest total).
     pub fn forget(&mut self, job: JobId) {
-        if let Some(b) = self.jobs.get_mut(job as usize) {
-            b.history = VecDeque::new();
+        if let Some(k) = (job as usize).checked_sub(self.base) {
+            if let Some(b) = self.jobs.get_mut(k) {
+                *b = None;
+            }
+        }
+        while let Some(None) = self.jobs.front() {
+            self.jobs.pop_front();
+            self.base += 1;
         }
     }
+
+    /// Node-seconds all elastic jobs used up to `now`.
 
     pub fn harvested_node_seconds(&self, now: f64) -> f64 {
         self.closed_node_seconds
             + self
                 .open
                 .iter()
-                .filter_map(|&j| self.jobs.get(j as usize))
+                .filter_map(|&j| self.get(j))
                 .map(|b| f64::from(b.size) * (now - b.since).max(0.0))
                 .sum::<f64>()
     }

@@ -32,6 +32,8 @@ pub struct GenCluster {
     /// What `priority_inputs` answers (priority/basic by default).
     pub priority: (PriorityWeights, FairshareTable),
     next_id: u32,
+    /// Jobs already ended at the last `purge_ended`.
+    ended: std::collections::HashSet<u32>,
 }
 
 pub fn node(name: String, parts: &[&str]) -> Node {
@@ -135,11 +137,40 @@ impl GenCluster {
             calls: Calls::default(),
             priority: Default::default(),
             next_id,
+            ended: Default::default(),
         }
     }
 
     pub fn node_mut(&mut self, name: &str) -> Option<&mut Node> {
         self.nodes.iter_mut().find(|n| n.name == name)
+    }
+
+    /// Adds `j` under the next job id (as a submission would), which it returns.
+    pub fn add_job(&mut self, mut j: Job) -> u32 {
+        let id = self.next_id;
+        self.next_id += 1;
+        j.job_id = id;
+        self.jobs.push(j);
+        self.dirty = true;
+        id
+    }
+
+    /// What slurmctld does MinJobAge after a job ended: forgets it. Called once per
+    /// MinJobAge, it removes the jobs that had ended by the previous call.
+    pub fn purge_ended(&mut self) {
+        let old = std::mem::take(&mut self.ended);
+        let before = self.jobs.len();
+        self.jobs
+            .retain(|j| j.state.is_active() || !old.contains(&j.job_id));
+        self.ended = self
+            .jobs
+            .iter()
+            .filter(|j| !j.state.is_active())
+            .map(|j| j.job_id)
+            .collect();
+        if self.jobs.len() != before {
+            self.dirty = true;
+        }
     }
 
     /// What slurmctld does between two polls for the daemon's own jobs: released
@@ -162,8 +193,13 @@ impl GenCluster {
     }
 }
 
+/// Job `id`: the table is in id order as the generator and `submit` build it (a binary
+/// search, as slurmctld's hash of job ids), else searched in full.
 fn find(jobs: &mut [Job], id: u32) -> Option<&mut Job> {
-    jobs.iter_mut().find(|j| j.job_id == id)
+    match jobs.binary_search_by_key(&id, |j| j.job_id) {
+        Ok(i) => Some(&mut jobs[i]),
+        Err(_) => jobs.iter_mut().find(|j| j.job_id == id),
+    }
 }
 
 impl Cluster for GenCluster {

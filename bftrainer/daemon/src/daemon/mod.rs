@@ -31,6 +31,7 @@ mod reconcile;
 mod recovery;
 pub mod run;
 mod satellites;
+mod slots;
 mod status;
 pub mod view;
 
@@ -216,8 +217,12 @@ pub struct Daemon<C: Cluster> {
     node_ids: HashMap<String, NodeId>,
     /// Engine job -> Slurm job id of its core job.
     jobs: Vec<u32>,
+    /// Slurm job id -> its newest engine job, for `jobs[..indexed]` (`engine_job`);
+    /// forgotten jobs leave it.
+    job_index: rustc_hash::FxHashMap<u32, JobId>,
+    indexed: usize,
     cores: BTreeMap<u32, Core>,
-    sats: HashMap<u32, SatMemo>,
+    sats: rustc_hash::FxHashMap<u32, SatMemo>,
     set_aside: HashMap<NodeId, SetAside>,
     /// Failed growths charged to jobs, and users' failures per node (`blame`).
     blame: blame::Blame,
@@ -231,14 +236,17 @@ pub struct Daemon<C: Cluster> {
     last_t: f64,
     last_full: f64,
     outage_since: Option<f64>,
-    expand_cache: HashMap<String, Vec<String>>,
+    /// Node names interned per node table, host expressions expanded (`slots`).
+    slots: slots::Slots,
+    /// Tagged jobs' parsed tags, by Slurm id (`observe`).
+    tags: rustc_hash::FxHashMap<u32, observe::TagMemo>,
     /// Nodes taken from elastic jobs by preemption, and when: not lent again for
     /// `reclaim_hold_s` unless a regular job shows up there first.
-    reclaimed: HashMap<NodeId, f64>,
+    reclaimed: rustc_hash::FxHashMap<NodeId, f64>,
     /// Nodes whose hold after a regular job left has run during this idle period: not
     /// held again until a job runs there (else a long queue of regular jobs that do not
     /// fit would keep the node from ever being lent).
-    held_after_job: HashSet<NodeId>,
+    held_after_job: rustc_hash::FxHashSet<NodeId>,
     /// The first cycle's time.
     started_at: Option<f64>,
     pub stats: Stats,
@@ -321,8 +329,10 @@ impl<C: Cluster> Daemon<C> {
             nodes: Vec::new(),
             node_ids: HashMap::new(),
             jobs: Vec::new(),
+            job_index: Default::default(),
+            indexed: 0,
             cores: BTreeMap::new(),
-            sats: HashMap::new(),
+            sats: Default::default(),
             set_aside: HashMap::new(),
             blame: blame::Blame::default(),
             unservable: HashMap::new(),
@@ -331,9 +341,10 @@ impl<C: Cluster> Daemon<C> {
             last_t: f64::NEG_INFINITY,
             last_full: f64::NEG_INFINITY,
             outage_since: None,
-            expand_cache: HashMap::new(),
-            reclaimed: HashMap::new(),
-            held_after_job: HashSet::new(),
+            slots: slots::Slots::default(),
+            tags: rustc_hash::FxHashMap::default(),
+            reclaimed: Default::default(),
+            held_after_job: Default::default(),
             started_at: None,
             stats: Stats::default(),
             pending: Vec::new(),
@@ -366,6 +377,7 @@ impl<C: Cluster> Daemon<C> {
         match ev {
             Event::NodeAdded { node, name } => {
                 self.node_ids.insert(name.clone(), *node);
+                self.slots.node_added(name, *node);
                 self.nodes.push(NodeRec {
                     name: name.clone(),
                     sent_forecast: None,
@@ -383,7 +395,14 @@ impl<C: Cluster> Daemon<C> {
             }
             Event::NodeClaimed { node } => self.nodes[*node as usize].class = Class::Claimed,
             Event::NodeLost { node } => self.nodes[*node as usize].class = Class::Lost,
-            Event::JobForgotten { job } => self.book.forget(*job),
+            Event::JobForgotten { job } => {
+                self.book.forget(*job);
+                if let Some(&id) = self.jobs.get(*job as usize) {
+                    if self.job_index.get(&id) == Some(job) {
+                        self.job_index.remove(&id);
+                    }
+                }
+            }
             Event::JobSubmitted { spec, .. } => {
                 let id: u32 = spec.name.parse().map_err(|_| {
                     anyhow::anyhow!("journal: job name '{}' is not a Slurm job id", spec.name)
@@ -495,16 +514,24 @@ impl<C: Cluster> Daemon<C> {
         self.cluster.compress(&v)
     }
 
-    fn expand(&mut self, expr: &str) -> Vec<String> {
-        if let Some(v) = self.expand_cache.get(expr) {
-            return v.clone();
+    /// The newest engine job of Slurm job `id` that is not forgotten (Slurm may reuse
+    /// an id), without a scan of every job ever.
+    fn engine_job(&mut self, id: u32) -> Option<JobId> {
+        if self.indexed > self.jobs.len() {
+            self.job_index.clear();
+            self.indexed = 0;
         }
-        if self.expand_cache.len() > 100_000 {
-            self.expand_cache.clear();
+        while self.indexed < self.jobs.len() {
+            let k = self.indexed;
+            // One the book has forgotten already (a journal replayed at start) is not
+            // indexed: only its status is left, which the scan this replaces found
+            // ended, as `adopt_core` does without it.
+            if self.book.get(k as JobId).is_some() {
+                self.job_index.insert(self.jobs[k], k as JobId);
+            }
+            self.indexed += 1;
         }
-        let v = self.cluster.expand(expr);
-        self.expand_cache.insert(expr.to_string(), v.clone());
-        v
+        self.job_index.get(&id).copied()
     }
 
     fn emit(&mut self, ev: Event) {

@@ -2,33 +2,150 @@
 //! claimed by a regular job, planned for one, lost); elastic core jobs are adopted,
 //! followed through start, preemption and end, and checked against what the lent
 //! nodes can serve; progress comes from the runtime's Comment.
+//!
+//! Nodes are looked up by slot (`slots`: names interned once per node table), so a
+//! cycle hashes no node name; tags are parsed once per job and comment (`TagMemo`).
 
+use super::slots::Marks;
 use super::*;
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::sync::Arc;
 
 /// What a waiting job asks of a node: its constraint, memory per node, tag (its
 /// minimum) and GPUs per node, the key of one unservability check per cycle.
 type Request = (Option<String>, Option<u64>, Option<String>, Option<String>);
 
-/// What one pass over the job table found (`scan_jobs`).
+/// What a tagged job's admin comment says.
+#[derive(Debug, Clone, Copy)]
+enum Tag {
+    Core,
+    /// `as_written`: its tag and name are exactly those bftrainerd gives a satellite of
+    /// `parent`.
+    Satellite { parent: u32, as_written: bool },
+    Malformed,
+    /// Looks like a tag but lacks the exact prefix: not ours, not refused.
+    Other,
+}
+
+/// A tagged job's admin comment and name, and what they say, kept while the job is in
+/// the snapshot: parsed again only when either changes.
+#[derive(Debug)]
+pub(super) struct TagMemo {
+    comment: String,
+    name: String,
+    tag: Tag,
+    /// The cycle that last saw it.
+    seen: u64,
+}
+
+fn tag_of(cache: &mut FxHashMap<u32, TagMemo>, j: &Job, seen: u64) -> Tag {
+    let comment = j.admin_comment.as_deref().unwrap_or("");
+    if let Some(m) = cache.get_mut(&j.job_id) {
+        if m.comment == comment && m.name == j.name {
+            m.seen = seen;
+            return m.tag;
+        }
+    }
+    let tag = match spec::parse_tag(comment) {
+        Some(Ok(s)) if s.role == Role::Core => Tag::Core,
+        Some(Ok(s)) if s.role == Role::Satellite => {
+            let parent = s.parent.unwrap_or(0);
+            Tag::Satellite {
+                parent,
+                as_written: comment == satellite_tag(parent) && j.name == satellite_name(parent),
+            }
+        }
+        Some(_) => Tag::Malformed,
+        None => Tag::Other,
+    };
+    cache.insert(
+        j.job_id,
+        TagMemo {
+            comment: comment.to_string(),
+            name: j.name.clone(),
+            tag,
+            seen,
+        },
+    );
+    tag
+}
+
+/// What observing a satellite reads of its job (copied out of the snapshot, so that
+/// the daemon can act while reading it).
+pub(super) struct SatJob {
+    pub job_id: u32,
+    pub user_id: u32,
+    pub state: bftrainer_slurm::JobState,
+    pub preempt_time: Option<i64>,
+    pub start_time: Option<i64>,
+    pub end_time: Option<i64>,
+    pub submit_time: Option<i64>,
+    /// Why it pends (only read while it does).
+    pub reason: Option<String>,
+    /// Its node (`nodes`, else `req_nodes`; empty when neither).
+    pub node: String,
+}
+
+impl SatJob {
+    fn of(j: &Job) -> SatJob {
+        SatJob {
+            job_id: j.job_id,
+            user_id: j.user_id,
+            state: j.state,
+            preempt_time: j.preempt_time,
+            start_time: j.start_time,
+            end_time: j.end_time,
+            submit_time: j.submit_time,
+            reason: if j.state.base() == JobBase::Pending {
+                j.reason.clone()
+            } else {
+                None
+            },
+            node: sat_node(j).to_string(),
+        }
+    }
+}
+
+/// A satellite's node as the snapshot shows it: where it runs, else where it is pinned.
+fn sat_node(j: &Job) -> &str {
+    j.nodes
+        .as_deref()
+        .or(j.req_nodes.as_deref())
+        .unwrap_or_default()
+}
+
+/// What one pass over the job table found (`scan_jobs`). Nodes are slots.
 struct Scan {
-    /// The tagged jobs (cores, satellites, others with a bftrainer-looking tag).
+    /// The core jobs (copied: observing one may act on it).
     jobs: Vec<Job>,
     /// Core jobs by Slurm id: index in `jobs`.
     cores_seen: HashMap<u32, usize>,
-    /// Satellites bftrainerd wrote: (index in `jobs`, parent).
+    /// Satellites bftrainerd wrote: (index in the snapshot's job table, parent).
     sats: Vec<(usize, u32)>,
     /// Satellites their owner changed since: (job id, parent), to cancel.
     modified_sats: Vec<(u32, u32)>,
     /// Nodes regular jobs hold, or that are being taken by preemption.
-    foreign_busy: HashSet<String>,
+    foreign_busy: Marks,
     /// Earliest planned start of a pending regular job per node.
-    forecast: HashMap<String, f64>,
+    forecast: Vec<Option<f64>>,
     /// Nodes bftrainerd's jobs hold.
-    our_nodes: HashSet<String>,
+    our_nodes: Marks,
     /// Partitions where regular jobs wait.
     pending_parts: HashSet<String>,
     /// Each pending regular job's planned nodes, whole.
-    plans: Vec<Vec<String>>,
+    plans: Vec<Arc<[u32]>>,
+    /// A tagged job runs while Slurm preempts it.
+    tagged_preempted: bool,
+}
+
+/// The earliest of `start` and what `forecast` has for slot `s`.
+fn plan_at(forecast: &mut Vec<Option<f64>>, s: u32, start: f64) {
+    let s = s as usize;
+    if s >= forecast.len() {
+        forecast.resize(s + 1, None);
+    }
+    let e = forecast[s].get_or_insert(start);
+    *e = e.min(start);
 }
 
 impl<C: Cluster> Daemon<C> {
@@ -37,8 +154,10 @@ impl<C: Cluster> Daemon<C> {
     pub(super) fn observe(&mut self, now: f64) {
         let parts = self.cfg.elastic_partitions();
         let parts: Vec<String> = parts.into_iter().map(str::to_string).collect();
+        self.slots
+            .sync(self.cluster.nodes(), &self.node_ids, &parts);
         let scan = self.scan_jobs(now);
-        self.observe_nodes(&scan, &parts, now);
+        self.observe_nodes(&scan, now);
         self.observe_cores(&scan, &parts, now);
         self.observe_satellites(scan, now);
     }
@@ -47,80 +166,84 @@ impl<C: Cluster> Daemon<C> {
     /// their owners changed), which nodes regular jobs hold or are planned onto, and
     /// where regular jobs wait.
     fn scan_jobs(&mut self, now: f64) -> Scan {
-        // Which jobs are ours, and which hold or will take which nodes.
-        let mut foreign_busy: HashSet<String> = HashSet::new();
-        let mut forecast: HashMap<String, f64> = HashMap::new();
-        let mut our_nodes: HashSet<String> = HashSet::new();
+        let mut foreign_busy = Marks::default();
+        foreign_busy.reset(self.slots.len());
+        let mut our_nodes = Marks::default();
+        our_nodes.reset(self.slots.len());
+        let mut forecast: Vec<Option<f64>> = vec![None; self.slots.len()];
         // Partitions where regular jobs wait.
         let mut pending_parts: HashSet<String> = HashSet::new();
-        let mut cores_seen: HashMap<u32, usize> = HashMap::new();
-        let mut sats: Vec<(usize, u32)> = Vec::new(); // (index in jobs, parent)
-        let mut modified_sats: Vec<(u32, u32)> = Vec::new(); // (job id, parent)
-                                                             // One pass over the snapshot without copying it: tagged jobs are cloned (few),
-                                                             // of the others only the node expressions are kept.
-        let mut jobs: Vec<Job> = Vec::new();
-        let mut foreign_holding: Vec<String> = Vec::new();
-        let mut foreign_planned: Vec<(String, i64)> = Vec::new();
-        for j in self.cluster.jobs() {
+        // Each pending regular job's planned nodes, kept whole: a plan that runs over a
+        // core's node is not acted on early (`observe_nodes`).
+        let mut plans: Vec<Arc<[u32]>> = Vec::new();
+        // One pass over the snapshot without copying it: of the tagged jobs the index
+        // is kept, of the others what they hold or are planned onto.
+        let mut tagged: Vec<usize> = Vec::new();
+        let jobs = self.cluster.jobs();
+        let mut last_part: Option<&str> = None;
+        for (i, j) in jobs.iter().enumerate() {
             if j.admin_comment.as_deref().is_some_and(spec::looks_like_tag) {
-                jobs.push(j.clone());
+                tagged.push(i);
             } else if is_running(j) || j.state.is_completing() {
                 if let Some(e) = &j.nodes {
-                    foreign_holding.push(e.clone());
+                    for &s in self.slots.expand(e, &self.cluster, &self.node_ids).iter() {
+                        // A regular job is there: a hold after a preemption has served.
+                        if let Some(id) = self.slots.engine(s) {
+                            self.reclaimed.remove(&id);
+                        }
+                        foreign_busy.set(s);
+                    }
                 }
             } else if j.state.base() == JobBase::Pending && !j.is_held() {
-                if let Some(p) = &j.partition {
-                    for p in p.split(',') {
-                        if !pending_parts.contains(p) {
-                            pending_parts.insert(p.to_string());
+                if let Some(p) = j.partition.as_deref() {
+                    // Most waiting jobs name the same partitions as the one before.
+                    if last_part != Some(p) {
+                        for p in p.split(',') {
+                            if !pending_parts.contains(p) {
+                                pending_parts.insert(p.to_string());
+                            }
                         }
+                        last_part = Some(p);
                     }
                 }
                 if let (Some(e), Some(start)) = (&j.sched_nodes, j.expected_start()) {
-                    foreign_planned.push((e.clone(), start));
+                    let nodes = self.slots.expand(e, &self.cluster, &self.node_ids);
+                    for &s in nodes.iter() {
+                        plan_at(&mut forecast, s, start as f64);
+                    }
+                    plans.push(nodes);
                 }
             }
         }
-        for expr in foreign_holding {
-            for n in self.expand(&expr) {
-                // A regular job is there: a hold after a preemption has served.
-                if let Some(id) = self.node_ids.get(&n) {
-                    self.reclaimed.remove(id);
-                }
-                foreign_busy.insert(n);
-            }
-        }
-        // Each pending regular job's planned nodes, kept whole: a plan that runs over a
-        // core's node is not acted on early (below).
-        let mut plans: Vec<Vec<String>> = Vec::new();
-        for (expr, start) in foreign_planned {
-            let nodes = self.expand(&expr);
-            for n in &nodes {
-                let e = forecast.entry(n.clone()).or_insert(start as f64);
-                *e = e.min(start as f64);
-            }
-            plans.push(nodes);
-        }
-        let uid_of: HashMap<u32, u32> = jobs.iter().map(|j| (j.job_id, j.user_id)).collect();
-        for (i, j) in jobs.iter().enumerate() {
-            let tag = j.admin_comment.as_deref().and_then(spec::parse_tag);
-            let ours = match tag {
-                Some(Ok(s)) if s.role == Role::Core => {
+        let uid_of: FxHashMap<u32, u32> = tagged
+            .iter()
+            .map(|&i| (jobs[i].job_id, jobs[i].user_id))
+            .collect();
+        let seen = self.stats.cycles;
+        let mut core_jobs: Vec<Job> = Vec::new();
+        let mut cores_seen: HashMap<u32, usize> = HashMap::new();
+        let mut sats: Vec<(usize, u32)> = Vec::new(); // (index in the snapshot, parent)
+        let mut modified_sats: Vec<(u32, u32)> = Vec::new(); // (job id, parent)
+        let mut refusals: Vec<(usize, &'static str)> = Vec::new();
+        let mut tagged_preempted = false;
+        for &i in &tagged {
+            let j = &jobs[i];
+            let ours = match tag_of(&mut self.tags, j, seen) {
+                Tag::Core => {
                     if j.partition
                         .as_deref()
                         .is_some_and(|p| self.cfg.core_partition_ok(p))
                     {
-                        cores_seen.insert(j.job_id, i);
+                        cores_seen.insert(j.job_id, core_jobs.len());
+                        core_jobs.push(j.clone());
                         true
                     } else {
-                        self.refuse(j, "a core tag outside the elastic partitions");
+                        refusals.push((i, "a core tag outside the elastic partitions"));
                         false
                     }
                 }
-                Some(Ok(s)) if s.role == Role::Satellite => {
-                    let parent = s.parent.unwrap_or(0);
-                    let consistent = j.admin_comment.as_deref() == Some(&satellite_tag(parent))
-                        && j.name == satellite_name(parent)
+                Tag::Satellite { parent, as_written } => {
+                    let consistent = as_written
                         && j.partition.as_deref() == Some(self.cfg.satellite_partition.as_str())
                         && uid_of.get(&parent).map_or(true, |&u| u == j.user_id)
                         && self.cores.get(&parent).map_or(true, |c| c.uid == j.user_id);
@@ -143,37 +266,40 @@ impl<C: Cluster> Daemon<C> {
                         }
                         false
                     } else {
-                        self.refuse(
-                            j,
+                        refusals.push((
+                            i,
                             "a satellite tag, name, partition or owner bftrainerd did not write",
-                        );
+                        ));
                         false
                     }
                 }
-                Some(_) => {
+                Tag::Malformed => {
                     if j.state.is_active() {
-                        self.refuse(j, "a malformed bftrainer tag");
+                        refusals.push((i, "a malformed bftrainer tag"));
                     }
                     false
                 }
-                None => false,
+                Tag::Other => false,
             };
             let holding = is_running(j) || j.state.is_completing();
+            if is_running(j) && j.preempt_time.is_some() {
+                tagged_preempted = true;
+            }
             if holding {
-                if let Some(expr) = j.nodes.clone() {
-                    for n in self.expand(&expr) {
+                if let Some(expr) = &j.nodes {
+                    for &s in self.slots.expand(expr, &self.cluster, &self.node_ids).iter() {
                         if ours {
                             // A satellite or core being preempted goes to a regular job.
                             if j.preempt_time.is_some() {
-                                if let Some(&id) = self.node_ids.get(&n) {
+                                if let Some(id) = self.slots.engine(s) {
                                     self.reclaimed.insert(id, now);
                                 }
-                                foreign_busy.insert(n);
+                                foreign_busy.set(s);
                             } else {
-                                our_nodes.insert(n);
+                                our_nodes.set(s);
                             }
                         } else {
-                            foreign_busy.insert(n);
+                            foreign_busy.set(s);
                         }
                     }
                 }
@@ -182,19 +308,29 @@ impl<C: Cluster> Daemon<C> {
                 if let Some(p) = &j.partition {
                     pending_parts.extend(p.split(',').map(str::to_string));
                 }
-                if let (Some(expr), Some(start)) = (j.sched_nodes.clone(), j.expected_start()) {
-                    let nodes = self.expand(&expr);
-                    for n in &nodes {
-                        let e = forecast.entry(n.clone()).or_insert(start as f64);
-                        *e = e.min(start as f64);
+                if let (Some(expr), Some(start)) = (&j.sched_nodes, j.expected_start()) {
+                    let nodes = self.slots.expand(expr, &self.cluster, &self.node_ids);
+                    for &s in nodes.iter() {
+                        plan_at(&mut forecast, s, start as f64);
                     }
                     plans.push(nodes);
                 }
             }
         }
+        // Memos of jobs gone from the snapshot are dropped.
+        if self.tags.len() > 2 * tagged.len() + 1024 {
+            self.tags.retain(|_, m| m.seen == seen);
+        }
+        for (i, why) in refusals {
+            let j = &self.cluster.jobs()[i];
+            if !self.refused.contains(&j.job_id) {
+                let j = j.clone();
+                self.refuse(&j, why);
+            }
+        }
 
         Scan {
-            jobs,
+            jobs: core_jobs,
             cores_seen,
             sats,
             modified_sats,
@@ -203,12 +339,13 @@ impl<C: Cluster> Daemon<C> {
             our_nodes,
             pending_parts,
             plans,
+            tagged_preempted,
         }
     }
 
     /// Each node of the elastic partitions classed (open with its forecast, claimed,
     /// planned, lost) and told to the engine when that changed.
-    fn observe_nodes(&mut self, scan: &Scan, parts: &[String], now: f64) {
+    fn observe_nodes(&mut self, scan: &Scan, now: f64) {
         let Scan {
             jobs,
             cores_seen,
@@ -218,26 +355,34 @@ impl<C: Cluster> Daemon<C> {
             our_nodes,
             pending_parts,
             plans,
+            tagged_preempted,
             ..
         } = scan;
+        let forecast_of = |s: u32| forecast.get(s as usize).copied().flatten();
         // Core nodes are not released early on a forecast: losing one requeues the
         // whole job, and a pending job's planned nodes may change (measured: a 1-node
         // job planned on a core's node while Slurm preempted a satellite for it).
-        let mut core_nodes: HashSet<String> = self
-            .cores
-            .values()
-            .filter(|c| !c.ended)
-            .flat_map(|c| self.engine.job_anchors(c.jid).iter())
-            .map(|&n| self.nodes[n as usize].name.clone())
-            .collect();
+        let mut core_nodes = Marks::default();
+        core_nodes.reset(self.slots.len());
+        for c in self.cores.values().filter(|c| !c.ended) {
+            for &n in self.engine.job_anchors(c.jid) {
+                core_nodes.set(
+                    self.slots
+                        .slot(&self.nodes[n as usize].name, &self.node_ids),
+                );
+            }
+        }
         // ... and where Slurm says the cores run, whatever the engine holds.
         for &i in cores_seen.values() {
             if is_running(&jobs[i]) {
                 if let Some(e) = &jobs[i].nodes {
-                    core_nodes.extend(self.expand(e));
+                    for &s in self.slots.expand(e, &self.cluster, &self.node_ids).iter() {
+                        core_nodes.set(s);
+                    }
                 }
             }
         }
+        let table = self.cluster.nodes();
         // Nor are the other nodes of a plan that includes a core's node: freeing them
         // would only help Slurm start the job there, requeueing the core. Slurm's own
         // preemption picks satellites first (their partition's lower PriorityTier);
@@ -245,58 +390,54 @@ impl<C: Cluster> Daemon<C> {
         // node and the core's while Slurm was preempting two other satellites for it.
         // A plan that cannot fit beside the cores (a job as large as the partition) has
         // to preempt one anyway: its other nodes are released ahead as usual.
-        let non_core = self
-            .cluster
-            .nodes()
-            .iter()
-            .filter(|n| n.partitions.iter().any(|p| parts.contains(p)))
-            .filter(|n| !core_nodes.contains(&n.name))
+        let non_core = (0..table.len())
+            .filter(|&i| self.slots.elastic(i) && !core_nodes.get(self.slots.of_node(i)))
             .count();
         // While Slurm preempts elastic jobs for a regular job (or just did: their nodes
         // are reclaimed), it has chosen the nodes; the pending job's plan can still name
         // others (24.11 and 26.05 keep it pending until the preempted jobs completed),
         // and releasing those too would only shrink the elastic job for nothing.
-        let preempting = !self.reclaimed.is_empty()
-            || jobs
-                .iter()
-                .any(|j| is_running(j) && j.preempt_time.is_some());
-        let steers = |p: &[String]| p.len() <= non_core && p.iter().any(|n| core_nodes.contains(n));
-        let mut steered: HashSet<String> = plans
-            .iter()
-            .filter(|p| steers(p))
-            .flatten()
-            .cloned()
-            .collect();
+        let preempting = !self.reclaimed.is_empty() || *tagged_preempted;
+        let steers =
+            |p: &[u32]| p.len() <= non_core && p.iter().any(|&s| core_nodes.get(s));
+        let mut steered = Marks::default();
+        steered.reset(self.slots.len());
+        for p in plans.iter().filter(|p| steers(p)) {
+            for &s in p.iter() {
+                steered.set(s);
+            }
+        }
         // Nodes backfill flagged PLANNED without a plan we can read (sched_nodes unset)
         // count as one plan.
-        let flagged: Vec<String> = self
-            .cluster
-            .nodes()
-            .iter()
-            .filter(|n| n.state.is_planned() && !forecast.contains_key(&n.name))
-            .map(|n| n.name.clone())
+        let flagged: Vec<u32> = (0..table.len())
+            .filter(|&i| {
+                table[i].state.is_planned() && forecast_of(self.slots.of_node(i)).is_none()
+            })
+            .map(|i| self.slots.of_node(i))
             .collect();
         if steers(&flagged) {
-            steered.extend(flagged);
+            for &s in &flagged {
+                steered.set(s);
+            }
         }
-        // Nodes.
-        let mut cluster_nodes: Vec<(String, Option<Class>, Why)> = Vec::new();
-        for n in self.cluster.nodes() {
-            if !n.partitions.iter().any(|p| parts.contains(p)) {
+        // Nodes, by their index in the table.
+        let mut classes: Vec<Option<(Option<Class>, Why)>> = vec![None; table.len()];
+        for (i, n) in table.iter().enumerate() {
+            if !self.slots.elastic(i) {
                 continue;
             }
+            let s = self.slots.of_node(i);
             let st = n.state;
             let uncertain =
                 st.is_not_responding() || st.base() == bftrainer_slurm::NodeBase::Unknown;
-            let reclaimed = self
-                .node_ids
-                .get(&n.name)
-                .and_then(|id| self.reclaimed.get(id))
+            let node_id = self.slots.engine(s);
+            let reclaimed = node_id
+                .and_then(|id| self.reclaimed.get(&id))
                 .is_some_and(|&t| now - t < self.cfg.reclaim_hold_s);
-            let node_id = self.node_ids.get(&n.name).copied();
-            let busy = foreign_busy.contains(&n.name)
-                || (!our_nodes.contains(&n.name) && st.base() != bftrainer_slurm::NodeBase::Idle)
-                || our_nodes.contains(&n.name);
+            let ours = our_nodes.get(s);
+            let busy = foreign_busy.get(s)
+                || (!ours && st.base() != bftrainer_slurm::NodeBase::Idle)
+                || ours;
             if busy {
                 if let Some(id) = node_id {
                     self.held_after_job.remove(&id);
@@ -312,8 +453,8 @@ impl<C: Cluster> Daemon<C> {
             } else if st.is_drain()
                 && !st.is_unavailable()
                 && !st.is_reserved()
-                && our_nodes.contains(&n.name)
-                && core_nodes.contains(&n.name)
+                && ours
+                && core_nodes.get(s)
             {
                 // Draining under a running core job: drain lets running jobs finish,
                 // and losing the node would requeue the whole job. It keeps the node,
@@ -332,17 +473,14 @@ impl<C: Cluster> Daemon<C> {
                 )
             } else if st.is_unavailable() || st.is_drain() || st.is_reserved() {
                 (Some(Class::Lost), Why::Unavailable)
-            } else if foreign_busy.contains(&n.name) {
+            } else if foreign_busy.get(s) {
                 (Some(Class::Claimed), Why::RegularJob)
-            } else if !our_nodes.contains(&n.name) && st.base() != bftrainer_slurm::NodeBase::Idle {
+            } else if !ours && st.base() != bftrainer_slurm::NodeBase::Idle {
                 // Allocated to something not in our snapshot (a job just started).
                 (Some(Class::Claimed), Why::RegularJob)
-            } else if !our_nodes.contains(&n.name)
+            } else if !ours
                 && n.partitions.iter().any(|p| pending_parts.contains(p))
-                && self
-                    .node_ids
-                    .get(&n.name)
-                    .is_some_and(|&id| self.nodes[id as usize].class == Class::Claimed)
+                && node_id.is_some_and(|id| self.nodes[id as usize].class == Class::Claimed)
                 && !reclaimed
                 && !node_id.is_some_and(|id| self.held_after_job.contains(&id))
             {
@@ -353,20 +491,20 @@ impl<C: Cluster> Daemon<C> {
                     self.held_after_job.insert(id);
                 }
                 (Some(Class::Claimed), Why::QueueWaits)
-            } else if reclaimed && !our_nodes.contains(&n.name) {
+            } else if reclaimed && !ours {
                 // Taken from an elastic job by preemption moments ago: the regular job
                 // that preempted it is about to start there; do not lend it back.
                 (Some(Class::Claimed), Why::Reclaimed)
             } else {
-                let mut r = forecast.get(&n.name).copied();
+                let mut r = forecast_of(s);
                 if r.is_none() && st.is_planned() {
                     r = Some(now);
                 }
                 match r {
                     Some(t)
                         if t <= now + self.cfg.release_before_s
-                            && !core_nodes.contains(&n.name)
-                            && !steered.contains(&n.name)
+                            && !core_nodes.get(s)
+                            && !steered.get(s)
                             && !preempting =>
                     {
                         (Some(Class::Claimed), Why::Planned)
@@ -374,7 +512,7 @@ impl<C: Cluster> Daemon<C> {
                     _ => (Some(Class::Available { reclaim_at: r }), Why::Open),
                 }
             };
-            cluster_nodes.push((n.name.clone(), class, why));
+            classes[i] = Some((class, why));
         }
         self.reclaimed
             .retain(|_, t| now - *t < self.cfg.reclaim_hold_s);
@@ -392,9 +530,16 @@ impl<C: Cluster> Daemon<C> {
         }
         // Nodes the engine knows that left the elastic partitions (removed from them,
         // renamed, deleted from slurm.conf): lost until they come back.
-        let listed: HashSet<&str> = cluster_nodes.iter().map(|c| c.0.as_str()).collect();
+        let mut listed = vec![false; self.nodes.len()];
+        for (i, c) in classes.iter().enumerate() {
+            if c.is_some() {
+                if let Some(id) = self.slots.engine(self.slots.of_node(i)) {
+                    listed[id as usize] = true;
+                }
+            }
+        }
         let vanished: Vec<NodeId> = (0..self.nodes.len() as NodeId)
-            .filter(|&id| !listed.contains(self.nodes[id as usize].name.as_str()))
+            .filter(|&id| !listed[id as usize])
             .collect();
         for id in vanished {
             if self.nodes[id as usize].class != Class::Lost {
@@ -406,16 +551,21 @@ impl<C: Cluster> Daemon<C> {
             self.nodes[id as usize].why = Why::Unavailable;
             self.observe_node(id, Class::Lost);
         }
-        cluster_nodes.sort_by(|a, b| a.0.cmp(&b.0));
-        for (name, mut class, mut why) in cluster_nodes {
-            let id = match self.node_ids.get(&name) {
-                Some(&id) => id,
+        // In the order of their names.
+        let order = self.slots.take_order();
+        for &i in &order {
+            let i = i as usize;
+            let Some((mut class, mut why)) = classes[i] else {
+                continue;
+            };
+            let id = match self.slots.engine(self.slots.of_node(i)) {
+                Some(id) => id,
                 None => {
                     let id = self.nodes.len() as NodeId;
                     // Declared at once (the engine needs the id for later events).
                     let ev = Event::NodeAdded {
                         node: id,
-                        name: name.clone(),
+                        name: self.cluster.nodes()[i].name.clone(),
                     };
                     if self.feed(&ev, now).is_ok() {
                         self.learn(&ev).ok();
@@ -432,7 +582,8 @@ impl<C: Cluster> Daemon<C> {
                     why = Why::SetAside;
                 } else {
                     log::info!(
-                        "node {name}: back in the pool after being set aside ({})",
+                        "node {}: back in the pool after being set aside ({})",
+                        self.cluster.nodes()[i].name,
                         sa.reason
                     );
                     let failures = sa.failures;
@@ -451,10 +602,9 @@ impl<C: Cluster> Daemon<C> {
                 self.observe_node(id, class);
             }
         }
+        self.slots.put_order(order);
     }
 
-    /// Core jobs: the known ones followed, new ones adopted, waiting ones checked
-    /// against what the idle nodes can serve, gone and old ones ended and forgotten.
     fn observe_cores(&mut self, scan: &Scan, parts: &[String], now: f64) {
         let Scan {
             jobs, cores_seen, ..
@@ -566,40 +716,54 @@ impl<C: Cluster> Daemon<C> {
 
     /// Satellites: joined, preempted, failed or ended, each once.
     fn observe_satellites(&mut self, scan: Scan, now: f64) {
-        let Scan { jobs, sats, .. } = scan;
+        let Scan { sats, .. } = scan;
         // An ended satellite is news only if it is the newest of its parent on
         // its node and it ended while this daemon ran; older ones are history (handled
         // before a restart, or replaced since).
         let started = *self.started_at.get_or_insert(now);
-        let mut newest: HashMap<(u32, String), u32> = HashMap::new();
-        for &(i, parent) in &sats {
-            let j = &jobs[i];
-            let node = j
-                .nodes
-                .clone()
-                .or_else(|| j.req_nodes.clone())
-                .unwrap_or_default();
-            let e = newest.entry((parent, node)).or_insert(j.job_id);
-            *e = (*e).max(j.job_id);
-        }
-        let mut live: HashSet<u32> = HashSet::new();
-        for (i, parent) in sats {
-            let j = &jobs[i];
-            live.insert(j.job_id);
-            if !j.state.is_active() {
-                let node = j
-                    .nodes
-                    .clone()
-                    .or_else(|| j.req_nodes.clone())
-                    .unwrap_or_default();
-                let old = newest.get(&(parent, node)).is_some_and(|&n| n > j.job_id)
-                    || j.end_time.is_some_and(|e| (e as f64) < started.floor());
+        let old: Vec<bool> = {
+            let jobs = self.cluster.jobs();
+            let mut newest: FxHashMap<(u32, &str), u32> = FxHashMap::default();
+            for &(i, parent) in &sats {
+                let j = &jobs[i];
+                let e = newest.entry((parent, sat_node(j))).or_insert(j.job_id);
+                *e = (*e).max(j.job_id);
+            }
+            sats.iter()
+                .map(|&(i, parent)| {
+                    let j = &jobs[i];
+                    !j.state.is_active()
+                        && (newest
+                            .get(&(parent, sat_node(j)))
+                            .is_some_and(|&n| n > j.job_id)
+                            || j.end_time.is_some_and(|e| (e as f64) < started.floor()))
+                })
+                .collect()
+        };
+        let mut live: FxHashSet<u32> = FxHashSet::default();
+        for (&(i, parent), old) in sats.iter().zip(old) {
+            let sj = {
+                let j = &self.cluster.jobs()[i];
+                live.insert(j.job_id);
+                let memo = self.sats.entry(j.job_id).or_default();
                 if old {
-                    self.sats.entry(j.job_id).or_default().done = true;
+                    memo.done = true;
                     continue;
                 }
-            }
-            self.observe_satellite(j, parent, now);
+                memo.parent = parent;
+                let node = sat_node(j);
+                if memo.node != node {
+                    memo.node.clear();
+                    memo.node.push_str(node);
+                }
+                // Its end was seen: nothing more to observe (most satellites in a
+                // snapshot that keeps ended jobs).
+                if memo.done {
+                    continue;
+                }
+                SatJob::of(j)
+            };
+            self.observe_satellite(&sj, parent, now);
         }
         self.sats.retain(|id, _| live.contains(id));
     }
@@ -826,7 +990,8 @@ impl<C: Cluster> Daemon<C> {
     pub(super) fn adopt_core(&mut self, j: &Job, now: f64) {
         // An ended job is adopted only if the journal knows it (it ended while the
         // daemon was down): observe_core then tells an end from a preemption.
-        if !j.state.is_active() && !self.jobs.contains(&j.job_id) {
+        let newest = self.engine_job(j.job_id);
+        if !j.state.is_active() && newest.is_none() {
             return;
         }
         let s = match j.admin_comment.as_deref().and_then(spec::parse_tag) {
@@ -836,12 +1001,7 @@ impl<C: Cluster> Daemon<C> {
         // The journal may know it already (restart): find its engine id. One the engine
         // has ended that Slurm shows active again (requeued after its end, or a job id
         // that wrapped onto it) is a new job.
-        let known = self
-            .jobs
-            .iter()
-            .rposition(|&x| x == j.job_id)
-            .map(|k| k as JobId)
-            .filter(|&k| {
+        let known = newest.filter(|&k| {
                 !(j.state.is_active()
                     && matches!(
                         self.engine.job_status(k),

@@ -98,6 +98,7 @@ impl<C: Cluster> Daemon<C> {
     ) {
         self.nodes.clear();
         self.node_ids.clear();
+        self.slots.invalidate();
         for (i, name) in nodes.iter().enumerate() {
             let ev = Event::NodeAdded {
                 node: i as NodeId,

@@ -5,17 +5,13 @@
 use super::*;
 
 impl<C: Cluster> Daemon<C> {
-    pub(super) fn observe_satellite(&mut self, j: &Job, parent: u32, now: f64) {
-        let node_name = j
-            .nodes
-            .clone()
-            .or_else(|| j.req_nodes.clone())
-            .unwrap_or_default();
-        let node = self.node_ids.get(&node_name).copied();
+    pub(super) fn observe_satellite(&mut self, j: &observe::SatJob, parent: u32, now: f64) {
+        let node_name = &j.node;
+        let node = self.node_ids.get(node_name).copied();
         let jid = self.cores.get(&parent).map(|c| c.jid);
         let memo = self.sats.entry(j.job_id).or_default();
         memo.parent = parent;
-        memo.node.clone_from(&node_name);
+        memo.node.clone_from(node_name);
         let held = |d: &Self| match (jid, node) {
             (Some(jid), Some(n)) => d.engine.node_state(n) == NodeState::Held(jid),
             _ => false,
@@ -88,7 +84,7 @@ impl<C: Cluster> Daemon<C> {
             }
             return;
         }
-        if is_running(j) {
+        if matches!(j.state.base(), JobBase::Running | JobBase::Suspended) {
             if j.preempt_time.is_some() {
                 if !memo.preempted {
                     memo.preempted = true;

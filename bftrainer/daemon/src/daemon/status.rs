@@ -96,7 +96,7 @@ impl<C: Cluster> Daemon<C> {
                     }
                 };
                 let spec = self.engine.job_spec(c.jid);
-                let b = self.book.jobs.get(c.jid as usize);
+                let b = self.book.get(c.jid);
                 let mut satellites = sats_of.remove(&id).unwrap_or_default();
                 satellites.sort_by_key(|s| s.job_id);
                 view::JobView {

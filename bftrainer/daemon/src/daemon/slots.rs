@@ -1,0 +1,180 @@
+//! Node names interned once per node table, so that observe's per-cycle work looks
+//! nodes up by index instead of hashing and cloning their names.
+//!
+//! A slot is a node's index in the node table (the first of its name, should a name be
+//! listed twice), then one per name that only host expressions carry (a job on a node
+//! the table no longer has). Host expressions are expanded once and kept as slots while
+//! a job in the snapshot still shows them.
+
+use super::cluster::Cluster;
+use bftrainer_core::engine::NodeId;
+use bftrainer_slurm::Node;
+use rustc_hash::FxHashMap;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Names only host expressions carry, beyond which the index starts again (a bound on
+/// what expressions naming nodes outside the table can make it hold).
+const MAX_EXTRA: usize = 100_000;
+
+#[derive(Debug, Default)]
+pub(super) struct Slots {
+    /// The node table's names, in its order, as last synced.
+    names: Vec<String>,
+    /// Slot of each node of the table (its index, or that of the first of its name).
+    table: Vec<u32>,
+    /// Name -> slot.
+    by_name: FxHashMap<String, u32>,
+    /// Engine id of each slot's name, if the engine knows it.
+    engine: Vec<Option<NodeId>>,
+    /// Whether each node of the table is in one of `parts`.
+    elastic: Vec<bool>,
+    /// Host expressions expanded: used this cycle, and in the previous one (dropped
+    /// when a whole cycle passes without them).
+    exprs: FxHashMap<String, Arc<[u32]>>,
+    exprs_prev: FxHashMap<String, Arc<[u32]>>,
+    /// The node table's indices in the order of their names.
+    order: Vec<u32>,
+    /// The engine ids must be read again from the daemon's name map.
+    stale: bool,
+}
+
+impl Slots {
+    /// Brings the index in step with the node table, the engine's names and the elastic
+    /// partitions; once per cycle, before any lookup. The names are compared in order
+    /// (a string compare per node); the index is rebuilt only when they differ.
+    pub fn sync(&mut self, nodes: &[Node], node_ids: &HashMap<String, NodeId>, parts: &[String]) {
+        let same = self.names.len() == nodes.len()
+            && self.names.iter().zip(nodes).all(|(a, n)| *a == n.name);
+        if !same || self.stale || self.by_name.len() > nodes.len() + MAX_EXTRA {
+            self.names = nodes.iter().map(|n| n.name.clone()).collect();
+            self.by_name.clear();
+            self.exprs.clear();
+            self.exprs_prev.clear();
+            self.table.clear();
+            self.engine.clear();
+            for (i, name) in self.names.iter().enumerate() {
+                let slot = *self.by_name.entry(name.clone()).or_insert(i as u32);
+                self.table.push(slot);
+                self.engine.push(node_ids.get(name).copied());
+            }
+            let mut order: Vec<u32> = (0..self.names.len() as u32).collect();
+            order.sort_by(|&a, &b| self.names[a as usize].cmp(&self.names[b as usize]));
+            self.order = order;
+            self.stale = false;
+        }
+        // Expressions unused for a whole cycle are dropped.
+        std::mem::swap(&mut self.exprs, &mut self.exprs_prev);
+        self.exprs.clear();
+        self.elastic.clear();
+        let mut last: Option<(&[String], bool)> = None;
+        for n in nodes {
+            let e = match last {
+                Some((p, e)) if p == n.partitions.as_slice() => e,
+                _ => {
+                    let e = n.partitions.iter().any(|p| parts.contains(p));
+                    last = Some((&n.partitions, e));
+                    e
+                }
+            };
+            self.elastic.push(e);
+        }
+    }
+
+    /// The engine ids must be read again (the daemon's name map was rebuilt).
+    pub fn invalidate(&mut self) {
+        self.stale = true;
+    }
+
+    /// The engine learnt node `name` as `id`.
+    pub fn node_added(&mut self, name: &str, id: NodeId) {
+        if let Some(&s) = self.by_name.get(name) {
+            self.engine[s as usize] = Some(id);
+        }
+    }
+
+    /// Slots in use (table nodes and names beyond it).
+    pub fn len(&self) -> usize {
+        self.engine.len()
+    }
+
+    /// The node table's indices in the order of their names (given back with
+    /// `put_order`).
+    pub fn take_order(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.order)
+    }
+
+    pub fn put_order(&mut self, order: Vec<u32>) {
+        self.order = order;
+    }
+
+    /// The slot of the `i`th node of the table.
+    pub fn of_node(&self, i: usize) -> u32 {
+        self.table[i]
+    }
+
+    /// Whether the `i`th node of the table is in an elastic partition.
+    pub fn elastic(&self, i: usize) -> bool {
+        self.elastic[i]
+    }
+
+    /// The engine id of slot `s`.
+    pub fn engine(&self, s: u32) -> Option<NodeId> {
+        self.engine[s as usize]
+    }
+
+    /// The slot of `name`, given one if it has none.
+    pub fn slot(&mut self, name: &str, node_ids: &HashMap<String, NodeId>) -> u32 {
+        if let Some(&s) = self.by_name.get(name) {
+            return s;
+        }
+        let s = self.engine.len() as u32;
+        self.by_name.insert(name.to_string(), s);
+        self.engine.push(node_ids.get(name).copied());
+        s
+    }
+
+    /// The slots of host expression `expr`, in its order (a name listed twice twice).
+    pub fn expand<C: Cluster>(
+        &mut self,
+        expr: &str,
+        cluster: &C,
+        node_ids: &HashMap<String, NodeId>,
+    ) -> Arc<[u32]> {
+        if let Some(v) = self.exprs.get(expr) {
+            return v.clone();
+        }
+        if let Some((k, v)) = self.exprs_prev.remove_entry(expr) {
+            self.exprs.insert(k, v.clone());
+            return v;
+        }
+        let v: Arc<[u32]> = cluster
+            .expand(expr)
+            .iter()
+            .map(|n| self.slot(n, node_ids))
+            .collect();
+        self.exprs.insert(expr.to_string(), v.clone());
+        v
+    }
+}
+
+/// Per-slot flags for one cycle, grown on demand (slots may be added while scanning).
+#[derive(Debug, Default)]
+pub(super) struct Marks(Vec<bool>);
+
+impl Marks {
+    pub fn reset(&mut self, len: usize) {
+        self.0.clear();
+        self.0.resize(len, false);
+    }
+    pub fn set(&mut self, s: u32) {
+        let s = s as usize;
+        if s >= self.0.len() {
+            self.0.resize(s + 1, false);
+        }
+        self.0[s] = true;
+    }
+    pub fn get(&self, s: u32) -> bool {
+        self.0.get(s as usize).copied().unwrap_or(false)
+    }
+}
