@@ -61,7 +61,13 @@ fn main() {
         Path::new("/bench/bftrainer.toml"),
     )
     .unwrap();
-    let mut d = Daemon::new(cfg, GenCluster::new(nodes, partitions, Vec::new()), None, &[]).unwrap();
+    let mut d = Daemon::new(
+        cfg,
+        GenCluster::new(nodes, partitions, Vec::new()),
+        None,
+        &[],
+    )
+    .unwrap();
     let mut now = 3_000_000_000.0f64;
     let (rss0, _) = rss_mb();
     // (Slurm id, round at which it ends) of the cores submitted.

@@ -816,7 +816,11 @@ mod tests {
         let got: Vec<Vec<String>> = nodes.iter().map(|n| n.partitions.clone()).collect();
         assert_eq!(
             got,
-            vec![vec![], vec!["batch".to_string(), "batch".into()], vec!["batch".into()]]
+            vec![
+                vec![],
+                vec!["batch".to_string(), "batch".into()],
+                vec!["batch".into()]
+            ]
         );
     }
 

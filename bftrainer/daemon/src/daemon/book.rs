@@ -198,3 +198,49 @@ impl Book {
                 .sum::<f64>()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bftrainer_core::engine::ElasticSpec;
+
+    #[test]
+    fn forgotten_jobs_leave_the_book_from_the_front() {
+        let engine = Engine::new(
+            Default::default(),
+            Exact {
+                opts: bftrainer_core::alloc::Options::new(Default::default()),
+            },
+        );
+        let mut b = Book::default();
+        let spec = ElasticSpec {
+            name: "1".into(),
+            min_nodes: 1,
+            max_nodes: 1,
+            scale_up_s: 0.0,
+            scale_down_s: 0.0,
+            objective: Default::default(),
+            user: None,
+            priority: 0,
+        };
+        for j in 0..3 {
+            let ev = Event::JobSubmitted {
+                job: j,
+                spec: spec.clone(),
+            };
+            b.event(&engine, &ev, None, &[], f64::from(j));
+        }
+        // The middle one first: kept in place until the front goes.
+        b.forget(1);
+        assert!(b.get(1).is_none() && b.get(0).is_some() && b.get(2).is_some());
+        assert_eq!((b.base, b.jobs.len()), (0, 3));
+        b.forget(0);
+        assert_eq!((b.base, b.jobs.len()), (2, 1));
+        assert_eq!(b.get(2).map(|j| j.submitted_at), Some(2.0));
+        // The next job is still booked under its id.
+        let ev = Event::JobSubmitted { job: 3, spec };
+        b.event(&engine, &ev, None, &[], 3.0);
+        assert_eq!(b.get(3).map(|j| j.submitted_at), Some(3.0));
+        assert!(b.get(7).is_none());
+    }
+}

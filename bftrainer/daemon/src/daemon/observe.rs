@@ -21,7 +21,10 @@ enum Tag {
     Core,
     /// `as_written`: its tag and name are exactly those bftrainerd gives a satellite of
     /// `parent`.
-    Satellite { parent: u32, as_written: bool },
+    Satellite {
+        parent: u32,
+        as_written: bool,
+    },
     Malformed,
     /// Looks like a tag but lacks the exact prefix: not ours, not refused.
     Other,
@@ -119,7 +122,7 @@ struct Scan {
     /// The core jobs (copied: observing one may act on it).
     jobs: Vec<Job>,
     /// Core jobs by Slurm id: index in `jobs`.
-    cores_seen: HashMap<u32, usize>,
+    cores_seen: FxHashMap<u32, usize>,
     /// Satellites bftrainerd wrote: (index in the snapshot's job table, parent).
     sats: Vec<(usize, u32)>,
     /// Satellites their owner changed since: (job id, parent), to cancel.
@@ -131,7 +134,7 @@ struct Scan {
     /// Nodes bftrainerd's jobs hold.
     our_nodes: Marks,
     /// Partitions where regular jobs wait.
-    pending_parts: HashSet<String>,
+    pending_parts: FxHashSet<String>,
     /// Each pending regular job's planned nodes, whole.
     plans: Vec<Arc<[u32]>>,
     /// A tagged job runs while Slurm preempts it.
@@ -172,7 +175,7 @@ impl<C: Cluster> Daemon<C> {
         our_nodes.reset(self.slots.len());
         let mut forecast: Vec<Option<f64>> = vec![None; self.slots.len()];
         // Partitions where regular jobs wait.
-        let mut pending_parts: HashSet<String> = HashSet::new();
+        let mut pending_parts: FxHashSet<String> = FxHashSet::default();
         // Each pending regular job's planned nodes, kept whole: a plan that runs over a
         // core's node is not acted on early (`observe_nodes`).
         let mut plans: Vec<Arc<[u32]>> = Vec::new();
@@ -221,7 +224,7 @@ impl<C: Cluster> Daemon<C> {
             .collect();
         let seen = self.stats.cycles;
         let mut core_jobs: Vec<Job> = Vec::new();
-        let mut cores_seen: HashMap<u32, usize> = HashMap::new();
+        let mut cores_seen: FxHashMap<u32, usize> = FxHashMap::default();
         let mut sats: Vec<(usize, u32)> = Vec::new(); // (index in the snapshot, parent)
         let mut modified_sats: Vec<(u32, u32)> = Vec::new(); // (job id, parent)
         let mut refusals: Vec<(usize, &'static str)> = Vec::new();
@@ -287,7 +290,11 @@ impl<C: Cluster> Daemon<C> {
             }
             if holding {
                 if let Some(expr) = &j.nodes {
-                    for &s in self.slots.expand(expr, &self.cluster, &self.node_ids).iter() {
+                    for &s in self
+                        .slots
+                        .expand(expr, &self.cluster, &self.node_ids)
+                        .iter()
+                    {
                         if ours {
                             // A satellite or core being preempted goes to a regular job.
                             if j.preempt_time.is_some() {
@@ -398,8 +405,7 @@ impl<C: Cluster> Daemon<C> {
         // others (24.11 and 26.05 keep it pending until the preempted jobs completed),
         // and releasing those too would only shrink the elastic job for nothing.
         let preempting = !self.reclaimed.is_empty() || *tagged_preempted;
-        let steers =
-            |p: &[u32]| p.len() <= non_core && p.iter().any(|&s| core_nodes.get(s));
+        let steers = |p: &[u32]| p.len() <= non_core && p.iter().any(|&s| core_nodes.get(s));
         let mut steered = Marks::default();
         steered.reset(self.slots.len());
         for p in plans.iter().filter(|p| steers(p)) {
@@ -443,75 +449,73 @@ impl<C: Cluster> Daemon<C> {
                     self.held_after_job.remove(&id);
                 }
             }
-            let (class, why) = if uncertain
-                && !st.is_drain()
-                && st.base() != bftrainer_slurm::NodeBase::Down
-            {
-                // slurmctld just restarted, or the node misses pings: Slurm has not
-                // decided; neither have we (no event until it does).
-                (None, Why::NotResponding)
-            } else if st.is_drain()
-                && !st.is_unavailable()
-                && !st.is_reserved()
-                && ours
-                && core_nodes.get(s)
-            {
-                // Draining under a running core job: drain lets running jobs finish,
-                // and losing the node would requeue the whole job. It keeps the node,
-                // with a forecast of now so nothing more is lent there; the node is lost
-                // once the core leaves it (drained). The forecast stays the one first
-                // sent, so a long drain is one event, not one per poll.
-                let since = node_id
-                    .and_then(|id| self.nodes[id as usize].sent_forecast)
-                    .filter(|&t| t <= now)
-                    .unwrap_or(now);
-                (
-                    Some(Class::Available {
-                        reclaim_at: Some(since),
-                    }),
-                    Why::Unavailable,
-                )
-            } else if st.is_unavailable() || st.is_drain() || st.is_reserved() {
-                (Some(Class::Lost), Why::Unavailable)
-            } else if foreign_busy.get(s) {
-                (Some(Class::Claimed), Why::RegularJob)
-            } else if !ours && st.base() != bftrainer_slurm::NodeBase::Idle {
-                // Allocated to something not in our snapshot (a job just started).
-                (Some(Class::Claimed), Why::RegularJob)
-            } else if !ours
-                && n.partitions.iter().any(|p| pending_parts.contains(p))
-                && node_id.is_some_and(|id| self.nodes[id as usize].class == Class::Claimed)
-                && !reclaimed
-                && !node_id.is_some_and(|id| self.held_after_job.contains(&id))
-            {
-                // A regular job just left while regular jobs wait in its partitions:
-                // Slurm's scheduler is about to fill it; lend it only if it stays idle.
-                if let Some(id) = node_id {
-                    self.reclaimed.insert(id, now);
-                    self.held_after_job.insert(id);
-                }
-                (Some(Class::Claimed), Why::QueueWaits)
-            } else if reclaimed && !ours {
-                // Taken from an elastic job by preemption moments ago: the regular job
-                // that preempted it is about to start there; do not lend it back.
-                (Some(Class::Claimed), Why::Reclaimed)
-            } else {
-                let mut r = forecast_of(s);
-                if r.is_none() && st.is_planned() {
-                    r = Some(now);
-                }
-                match r {
-                    Some(t)
-                        if t <= now + self.cfg.release_before_s
-                            && !core_nodes.get(s)
-                            && !steered.get(s)
-                            && !preempting =>
-                    {
-                        (Some(Class::Claimed), Why::Planned)
+            let (class, why) =
+                if uncertain && !st.is_drain() && st.base() != bftrainer_slurm::NodeBase::Down {
+                    // slurmctld just restarted, or the node misses pings: Slurm has not
+                    // decided; neither have we (no event until it does).
+                    (None, Why::NotResponding)
+                } else if st.is_drain()
+                    && !st.is_unavailable()
+                    && !st.is_reserved()
+                    && ours
+                    && core_nodes.get(s)
+                {
+                    // Draining under a running core job: drain lets running jobs finish,
+                    // and losing the node would requeue the whole job. It keeps the node,
+                    // with a forecast of now so nothing more is lent there; the node is lost
+                    // once the core leaves it (drained). The forecast stays the one first
+                    // sent, so a long drain is one event, not one per poll.
+                    let since = node_id
+                        .and_then(|id| self.nodes[id as usize].sent_forecast)
+                        .filter(|&t| t <= now)
+                        .unwrap_or(now);
+                    (
+                        Some(Class::Available {
+                            reclaim_at: Some(since),
+                        }),
+                        Why::Unavailable,
+                    )
+                } else if st.is_unavailable() || st.is_drain() || st.is_reserved() {
+                    (Some(Class::Lost), Why::Unavailable)
+                } else if foreign_busy.get(s) {
+                    (Some(Class::Claimed), Why::RegularJob)
+                } else if !ours && st.base() != bftrainer_slurm::NodeBase::Idle {
+                    // Allocated to something not in our snapshot (a job just started).
+                    (Some(Class::Claimed), Why::RegularJob)
+                } else if !ours
+                    && n.partitions.iter().any(|p| pending_parts.contains(p))
+                    && node_id.is_some_and(|id| self.nodes[id as usize].class == Class::Claimed)
+                    && !reclaimed
+                    && !node_id.is_some_and(|id| self.held_after_job.contains(&id))
+                {
+                    // A regular job just left while regular jobs wait in its partitions:
+                    // Slurm's scheduler is about to fill it; lend it only if it stays idle.
+                    if let Some(id) = node_id {
+                        self.reclaimed.insert(id, now);
+                        self.held_after_job.insert(id);
                     }
-                    _ => (Some(Class::Available { reclaim_at: r }), Why::Open),
-                }
-            };
+                    (Some(Class::Claimed), Why::QueueWaits)
+                } else if reclaimed && !ours {
+                    // Taken from an elastic job by preemption moments ago: the regular job
+                    // that preempted it is about to start there; do not lend it back.
+                    (Some(Class::Claimed), Why::Reclaimed)
+                } else {
+                    let mut r = forecast_of(s);
+                    if r.is_none() && st.is_planned() {
+                        r = Some(now);
+                    }
+                    match r {
+                        Some(t)
+                            if t <= now + self.cfg.release_before_s
+                                && !core_nodes.get(s)
+                                && !steered.get(s)
+                                && !preempting =>
+                        {
+                            (Some(Class::Claimed), Why::Planned)
+                        }
+                        _ => (Some(Class::Available { reclaim_at: r }), Why::Open),
+                    }
+                };
             classes[i] = Some((class, why));
         }
         self.reclaimed
@@ -1002,12 +1006,12 @@ impl<C: Cluster> Daemon<C> {
         // has ended that Slurm shows active again (requeued after its end, or a job id
         // that wrapped onto it) is a new job.
         let known = newest.filter(|&k| {
-                !(j.state.is_active()
-                    && matches!(
-                        self.engine.job_status(k),
-                        JobStatus::Finished | JobStatus::Cancelled
-                    ))
-            });
+            !(j.state.is_active()
+                && matches!(
+                    self.engine.job_status(k),
+                    JobStatus::Finished | JobStatus::Cancelled
+                ))
+        });
         let jid = match known {
             Some(k) => k,
             None => {

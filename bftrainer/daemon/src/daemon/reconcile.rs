@@ -7,12 +7,16 @@ use super::*;
 impl<C: Cluster> Daemon<C> {
     pub(super) fn reconcile(&mut self, now: f64) -> usize {
         let mut calls = 0usize;
-        // Only the daemon's own jobs matter here (tagged; few).
+        // Only the daemon's own jobs matter here (tagged; few), and of those the ones
+        // still pending or running: an ended core or satellite calls for nothing below
+        // (not copied: Slurm keeps ended jobs for MinJobAge).
         let jobs: Vec<Job> = self
             .cluster
             .jobs()
             .iter()
-            .filter(|j| j.admin_comment.as_deref().is_some_and(spec::looks_like_tag))
+            .filter(|j| {
+                j.state.is_active() && j.admin_comment.as_deref().is_some_and(spec::looks_like_tag)
+            })
             .cloned()
             .collect();
         let by_id: HashMap<u32, &Job> = jobs.iter().map(|j| (j.job_id, j)).collect();

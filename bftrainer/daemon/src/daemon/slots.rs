@@ -178,3 +178,72 @@ impl Marks {
         self.0.get(s as usize).copied().unwrap_or(false)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::gen::{node, GenCluster};
+
+    fn table(names: &[&str], parts: &[&str]) -> Vec<Node> {
+        names.iter().map(|n| node(n.to_string(), parts)).collect()
+    }
+
+    #[test]
+    fn slots_follow_the_table_and_expressions() {
+        let parts = vec!["elastic".to_string()];
+        let mut ids: HashMap<String, NodeId> = HashMap::new();
+        ids.insert("b".into(), 7);
+        let nodes = table(&["b", "a", "b"], &["elastic"]);
+        let c = GenCluster::new(nodes.clone(), Vec::new(), Vec::new());
+        let mut s = Slots::default();
+        s.sync(&nodes, &ids, &parts);
+        // A name listed twice has one slot, the first's; engine ids by name.
+        assert_eq!((s.of_node(0), s.of_node(1), s.of_node(2)), (0, 1, 0));
+        assert_eq!((s.engine(0), s.engine(1)), (Some(7), None));
+        assert!(s.elastic(0) && s.elastic(2));
+        assert_eq!(s.take_order(), vec![1, 0, 2]);
+        // Names only an expression carries get slots past the table, in its order.
+        assert_eq!(&*s.expand("a,zz,b,zz", &c, &ids), &[1, 3, 0, 3]);
+        assert_eq!(s.len(), 4);
+        s.node_added("a", 9);
+        assert_eq!(s.engine(1), Some(9));
+        // Another table (a node renamed): rebuilt, the extra names gone.
+        let nodes = table(&["a", "c"], &["batch"]);
+        s.sync(&nodes, &ids, &parts);
+        assert_eq!((s.len(), s.of_node(1), s.engine(0)), (2, 1, None));
+        assert!(!s.elastic(0) && !s.elastic(1));
+        assert_eq!(&*s.expand("c", &c, &ids), &[1]);
+        // The same table with the daemon's names rebuilt (a snapshot restored).
+        ids.insert("c".into(), 3);
+        s.invalidate();
+        s.sync(&nodes, &ids, &parts);
+        assert_eq!(s.engine(1), Some(3));
+    }
+
+    #[test]
+    fn expressions_unused_for_a_cycle_are_dropped() {
+        let parts: Vec<String> = Vec::new();
+        let ids = HashMap::new();
+        let nodes = table(&["a", "b"], &[]);
+        let c = GenCluster::new(nodes.clone(), Vec::new(), Vec::new());
+        let mut s = Slots::default();
+        s.sync(&nodes, &ids, &parts);
+        s.expand("a,b", &c, &ids);
+        s.expand("b", &c, &ids);
+        s.sync(&nodes, &ids, &parts);
+        s.expand("a,b", &c, &ids);
+        s.sync(&nodes, &ids, &parts);
+        assert!(s.exprs_prev.contains_key("a,b") && !s.exprs_prev.contains_key("b"));
+        assert!(s.exprs.is_empty());
+    }
+
+    #[test]
+    fn marks_grow_on_demand() {
+        let mut m = Marks::default();
+        m.reset(2);
+        m.set(5);
+        assert!(m.get(5) && !m.get(1) && !m.get(100));
+        m.reset(2);
+        assert!(!m.get(5));
+    }
+}
