@@ -187,7 +187,6 @@ impl Book {
     }
 
     /// Node-seconds all elastic jobs used up to `now`.
-
     pub fn harvested_node_seconds(&self, now: f64) -> f64 {
         self.closed_node_seconds
             + self

@@ -441,9 +441,7 @@ impl<C: Cluster> Daemon<C> {
                 .and_then(|id| self.reclaimed.get(&id))
                 .is_some_and(|&t| now - t < self.cfg.reclaim_hold_s);
             let ours = our_nodes.get(s);
-            let busy = foreign_busy.get(s)
-                || (!ours && st.base() != bftrainer_slurm::NodeBase::Idle)
-                || ours;
+            let busy = foreign_busy.get(s) || ours || st.base() != bftrainer_slurm::NodeBase::Idle;
             if busy {
                 if let Some(id) = node_id {
                     self.held_after_job.remove(&id);
