@@ -42,8 +42,12 @@ impl<C: Cluster> Daemon<C> {
     /// what the node table holds, nothing allocated while nothing changes.
     pub(super) fn sync_node_attrs(&mut self) {
         let mut events = Vec::new();
-        for n in self.cluster.nodes() {
-            let Some(&id) = self.node_ids.get(&n.name) else {
+        // The slots index is in step with this node table (observe synced it).
+        for (i, n) in self.cluster.nodes().iter().enumerate() {
+            if i >= self.slots.table_len() {
+                break;
+            }
+            let Some(id) = self.slots.engine(self.slots.of_node(i)) else {
                 continue;
             };
             let rec = &mut self.nodes[id as usize];

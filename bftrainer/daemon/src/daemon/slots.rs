@@ -93,6 +93,11 @@ impl Slots {
         }
     }
 
+    /// Nodes of the table as last synced.
+    pub fn table_len(&self) -> usize {
+        self.table.len()
+    }
+
     /// Slots in use (table nodes and names beyond it).
     pub fn len(&self) -> usize {
         self.engine.len()
