@@ -257,8 +257,10 @@ pub struct Daemon<C: Cluster> {
     last_error: Option<view::LastError>,
     /// The current cycle's time (for `last_error`).
     clock: f64,
-    /// When the current cycle began (for `[daemon] cycle_budget`).
-    cycle_t0: Option<std::time::Instant>,
+    /// When the current cycle's calls began (for `[daemon] cycle_budget`), and
+    /// whether one of them lent nodes yet.
+    calls_t0: Option<std::time::Instant>,
+    lent_in_cycle: bool,
     /// Recent cycle timings: the Slurm refresh, and observe + decide.
     pub poll_times: view::Window,
     pub decide_times: view::Window,
@@ -351,7 +353,8 @@ impl<C: Cluster> Daemon<C> {
             book: book::Book::default(),
             last_error: None,
             clock: 0.0,
-            cycle_t0: None,
+            calls_t0: None,
+            lent_in_cycle: false,
             poll_times: view::Window::default(),
             decide_times: view::Window::default(),
             prio: priority::Inputs::default(),
@@ -547,7 +550,6 @@ impl<C: Cluster> Daemon<C> {
         // plan_refresh 0: never force a full job load (node-table changes still do).
         let full = self.cfg.plan_refresh_s > 0.0 && now - self.last_full >= self.cfg.plan_refresh_s;
         let t0 = std::time::Instant::now();
-        self.cycle_t0 = Some(t0);
         let refreshed = self.cluster.refresh(full);
         rep.poll_s = t0.elapsed().as_secs_f64();
         // What was observed is as of the end of the refresh, not its start (a slow
@@ -588,6 +590,8 @@ impl<C: Cluster> Daemon<C> {
         rep.decide_s = t0.elapsed().as_secs_f64();
         self.decide_times.push(rep.decide_s);
         rep.actions = actions;
+        self.calls_t0 = Some(std::time::Instant::now());
+        self.lent_in_cycle = false;
         rep.calls = self.reconcile(now);
         self.last_t = now;
         Ok(rep)
@@ -669,14 +673,22 @@ impl<C: Cluster> Daemon<C> {
         Ok(actions.len())
     }
 
-    /// Whether this cycle has used up `[daemon] cycle_budget`: calls that lend nodes
-    /// wait for the next cycle (counted); calls that give nodes back still run.
+    /// Whether this cycle's calls have used up `[daemon] cycle_budget`: further calls
+    /// that lend nodes wait for the next cycle (counted); calls that give nodes back
+    /// still run. The budget counts the calls, not the refresh before them, and the
+    /// first lending call of a cycle always runs: with a slurmctld slower per call than
+    /// the whole budget, lending goes on one call per cycle (counting the refresh, a
+    /// refresh of three slow calls used the budget up and nothing was ever lent).
+    /// `false` means the caller makes the call.
     fn over_budget(&mut self) -> bool {
-        let over = self
-            .cycle_t0
-            .is_some_and(|t| t.elapsed().as_secs_f64() > self.cfg.cycle_budget_s);
+        let over = self.lent_in_cycle
+            && self
+                .calls_t0
+                .is_some_and(|t| t.elapsed().as_secs_f64() > self.cfg.cycle_budget_s);
         if over {
             self.stats.deferred_calls += 1;
+        } else {
+            self.lent_in_cycle = true;
         }
         over
     }
@@ -724,6 +736,148 @@ fn round1(s: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bftrainer_slurm::{
+        BatchJob, FairshareTable, JobUpdate, Node, Partition, PriorityWeights, Refresh,
+        SignalTarget,
+    };
+    use std::time::Duration;
+
+    /// A slurmctld that answers every call `delay` late: the generated cluster behind a
+    /// sleep.
+    struct Slow {
+        inner: gen::GenCluster,
+        delay: Duration,
+    }
+
+    impl Slow {
+        fn wait(&self) {
+            std::thread::sleep(self.delay);
+        }
+    }
+
+    impl Cluster for Slow {
+        fn refresh(&mut self, full_jobs: bool) -> cluster::Result<Refresh> {
+            self.wait();
+            self.inner.refresh(full_jobs)
+        }
+        fn nodes(&self) -> &[Node] {
+            self.inner.nodes()
+        }
+        fn partitions(&self) -> &[Partition] {
+            self.inner.partitions()
+        }
+        fn jobs(&self) -> &[Job] {
+            self.inner.jobs()
+        }
+        fn submit(&mut self, job: &BatchJob) -> cluster::Result<u32> {
+            self.wait();
+            self.inner.submit(job)
+        }
+        fn update(&mut self, job_id: u32, update: &JobUpdate) -> cluster::Result<()> {
+            self.wait();
+            self.inner.update(job_id, update)
+        }
+        fn hold(&mut self, job_id: u32) -> cluster::Result<()> {
+            self.wait();
+            self.inner.hold(job_id)
+        }
+        fn release(&mut self, job_id: u32) -> cluster::Result<()> {
+            self.wait();
+            self.inner.release(job_id)
+        }
+        fn signal(
+            &mut self,
+            job_id: u32,
+            signal: i32,
+            target: SignalTarget,
+        ) -> cluster::Result<()> {
+            self.wait();
+            self.inner.signal(job_id, signal, target)
+        }
+        fn cancel(&mut self, job_id: u32) -> cluster::Result<()> {
+            self.wait();
+            self.inner.cancel(job_id)
+        }
+        fn requeue(&mut self, job_id: u32, hold: bool) -> cluster::Result<()> {
+            self.wait();
+            self.inner.requeue(job_id, hold)
+        }
+        fn compress(&self, names: &[String]) -> String {
+            self.inner.compress(names)
+        }
+        fn expand(&self, expr: &str) -> Vec<String> {
+            self.inner.expand(expr)
+        }
+        fn priority_inputs(&mut self) -> cluster::Result<(PriorityWeights, FairshareTable)> {
+            self.wait();
+            self.inner.priority_inputs()
+        }
+    }
+
+    #[test]
+    fn a_slurmctld_slower_than_the_cycle_budget_still_gets_nodes_lent() {
+        // Every call takes longer than the whole cycle_budget. The budget counts the
+        // cycle's calls, not its refresh, and the first lending call of a cycle always
+        // runs: the job is admitted and grows, one lending call per cycle, the others
+        // deferred. (When the budget counted the refresh, nothing was ever lent.)
+        let names: Vec<String> = (1..=4).map(|i| format!("n{i}")).collect();
+        let parts = ["batch", "elastic", "elastic-sat"];
+        let nodes = names.iter().map(|n| gen::node(n.clone(), &parts)).collect();
+        let partitions = vec![
+            gen::partition("batch", &names, 10),
+            gen::partition("elastic", &names, 2),
+            gen::partition("elastic-sat", &names, 1),
+        ];
+        let mut core = gen::job(1, "elastic", JobBase::Pending);
+        core.admin_comment = Some("bftrainer:v1 1:4,role=core".into());
+        core.priority = 0;
+        let state = tempfile::tempdir().unwrap();
+        let cfg = config::parse(
+            &format!(
+                "[policy]\nsatellite_partition = \"elastic-sat\"\n\
+                 [daemon]\nstate_dir = \"{}\"\ncycle_budget = 0.1\n",
+                state.path().display()
+            ),
+            std::path::Path::new("/test/bftrainer.toml"),
+        )
+        .unwrap();
+        let slow = Slow {
+            inner: gen::GenCluster::new(nodes, partitions, vec![core]),
+            delay: Duration::from_millis(150),
+        };
+        let mut d = Daemon::new(cfg, slow, None, &[]).unwrap();
+        let size = |d: &Daemon<Slow>| {
+            d.cluster
+                .jobs()
+                .iter()
+                .filter(|j| {
+                    j.state.base() == JobBase::Running
+                        && (j.job_id == 1 || j.name == satellite_name(1))
+                })
+                .count()
+        };
+        let mut now = 3_000_000_000.0;
+        // Admission (pin and release), then three satellites: 4 lending steps, with
+        // room for cycles that only observe.
+        for cycle in 0.. {
+            assert!(
+                cycle < 40,
+                "not grown onto 4 nodes after {cycle} cycles: {} running, {} calls deferred",
+                size(&d),
+                d.stats.deferred_calls
+            );
+            now += 1.0;
+            d.cluster.inner.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+            if size(&d) == 4 {
+                break;
+            }
+        }
+        assert!(
+            d.stats.deferred_calls > 0,
+            "satellites beyond the first of a cycle wait for the next one"
+        );
+    }
 
     #[test]
     fn shrink_deadline_follows_the_step_time_up_to_the_cap() {
