@@ -2,7 +2,8 @@
 //! `jobs`, `nodes` as root and as another user (who sees only their own jobs and may
 //! not pause); `pause`, `drain` and `resume` acting on a real elastic job and holding
 //! across a restart; the control socket and the metrics endpoint against garbage,
-//! oversized, truncated, idle and vanishing clients.
+//! oversized, truncated, idle and vanishing clients; verbs and SIGTERM while slurmctld
+//! hangs, and while it answers each of the daemon's calls 5 s late during a 20-node grow.
 
 mod live;
 #[path = "../../../plugin/job_submit/tests/support/mod.rs"]
@@ -490,6 +491,187 @@ fn cluster_control_answers_while_slurmctld_hangs() {
         l.log_text().contains("a cycle was under way"),
         "{}",
         l.log_text()
+    );
+}
+
+/// A timed `bftrainer ARGS` (the CLI, as an operator runs it): its output and how long
+/// it took from start to exit.
+fn timed(l: &Live, args: &[&str]) -> (String, Duration) {
+    let t = Instant::now();
+    let o = run(bftrainer(l, args));
+    let took = t.elapsed();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "bftrainer {args:?}: {out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (out, took)
+}
+
+/// The seconds a queued verb's answer says the cycle under way has waited on slurmctld
+/// ("... (it has waited 12.3 s on slurmctld) ..."); None when it was not queued.
+fn waited_s(reply: &str) -> Option<f64> {
+    reply
+        .split("it has waited ")
+        .nth(1)?
+        .split(" s on slurmctld")
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn cluster_control_answers_under_a_slow_slurmctld_while_growing_to_20_nodes() {
+    // Every call bftrainerd makes to slurmctld takes D more (a proxy in front of
+    // slurmctld that only bftrainerd's slurm.conf names), while one elastic job grows
+    // onto 20 nodes: a refresh alone (partitions, nodes, jobs) takes 3 D. The job must
+    // still grow onto every node, each node lent once; `pause` and `status` must be
+    // answered well within D (they never wait for a call), and SIGTERM obeyed within
+    // D + 2 s. Figures are printed; the growth's duration is not asserted.
+    const NODES: usize = 20;
+    const D: Duration = Duration::from_secs(5);
+    let setup = live::setup_sized("bftslow", NODES, "", "", &|join| {
+        format!("env BAD_NODE= {} {{parent}}", join.display())
+    });
+    let mut l = Live::from_setup(setup);
+    let proxy = live::DelayProxy::start(live::slurmctld_addr(l.c.slurm_conf()), D);
+    let slow = live::slurm_conf_via(l.c.slurm_conf(), proxy.port, "slurm-slow.conf");
+    // The delay applies per call: one squeue through the proxy takes D or more.
+    let t = Instant::now();
+    let o =
+        l.c.command("squeue")
+            .env("SLURM_CONF", &slow)
+            .arg("-h")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+    let took = t.elapsed();
+    assert!(o.status.success(), "squeue through the proxy: {o:?}");
+    eprintln!(
+        "squeue through the proxy: {:.2} s ({} connection(s), delay {:.0} s each)",
+        took.as_secs_f64(),
+        proxy.accepted.load(std::sync::atomic::Ordering::SeqCst),
+        D.as_secs_f64()
+    );
+    assert!(took >= D, "squeue took {took:?}, less than the delay");
+    l.daemon_slurm_conf = Some(slow);
+    let t0 = Instant::now();
+    l.spawn();
+    // Start-up itself calls slurmctld a few times before the socket opens.
+    l.wait(180, "the control socket", || {
+        UnixStream::connect(socket(&l)).ok().map(|_| ())
+    });
+    eprintln!(
+        "control socket open {:.1} s after the start",
+        t0.elapsed().as_secs_f64()
+    );
+    let job = l.submit_elastic(&format!("1:{NODES}"));
+    let sat_name = format!("bftsat-{job}");
+    let (mut samples, mut most_sats) = (0usize, 0usize);
+    let mut pauses: Vec<f64> = Vec::new();
+    let mut probed = false;
+    let t_submit = Instant::now();
+    l.wait(600, &format!("job {job} to run on {NODES} nodes"), || {
+        let rows = l.squeue();
+        samples += 1;
+        if let Some(e) = live::double_allocation(&rows) {
+            panic!("{e}: {rows:#?}");
+        }
+        let sats = rows
+            .iter()
+            .filter(|r| {
+                r.name == sat_name
+                    && ["RUNNING", "PENDING", "CONFIGURING"].contains(&r.state.as_str())
+            })
+            .count();
+        most_sats = most_sats.max(sats);
+        let size: usize = rows
+            .iter()
+            .filter(|r| r.state == "RUNNING" && (r.id == job || r.name == sat_name))
+            .map(|r| bftrainer_slurm::hostlist_expand(&r.nodes).unwrap().len())
+            .sum();
+        if !probed && size >= 2 {
+            // Mid-growth, a cycle waiting on slurmctld: pause until an answer says it
+            // was queued behind such a cycle (an answer while the daemon was between
+            // cycles applies at once), then status, then resume.
+            probed = true;
+            let reply = l.wait(120, "a pause answered during a slow cycle", || {
+                let (out, took) = timed(&l, &["pause", "--timeout", "30"]);
+                eprintln!(
+                    "pause answered in {:.3} s: {}",
+                    took.as_secs_f64(),
+                    out.trim()
+                );
+                pauses.push(took.as_secs_f64());
+                assert!(
+                    took < D,
+                    "pause took {took:?} while slurmctld is slow: {out}"
+                );
+                out.contains("when the current cycle ends").then_some(out)
+            });
+            assert!(
+                reply.contains("accepted: lending becomes paused"),
+                "{reply}"
+            );
+            let (out, took) = timed(&l, &["status", "--json", "--timeout", "30"]);
+            eprintln!("status answered in {:.3} s", took.as_secs_f64());
+            assert!(took < D, "status took {took:?} while slurmctld is slow");
+            serde_json::from_str::<serde_json::Value>(&out).expect("status --json is JSON");
+            let (out, took) = timed(&l, &["resume", "--timeout", "30"]);
+            eprintln!(
+                "resume answered in {:.3} s: {}",
+                took.as_secs_f64(),
+                out.trim()
+            );
+            assert!(took < D, "resume took {took:?} while slurmctld is slow");
+        }
+        (size == NODES).then_some(())
+    });
+    assert!(probed, "pause and status were tried during the growth");
+    eprintln!(
+        "grown onto {NODES} nodes {:.1} s after the submission; {} squeue samples, at most {most_sats} satellites; {} calls through the proxy so far",
+        t_submit.elapsed().as_secs_f64(),
+        samples,
+        proxy.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    );
+    assert!(
+        most_sats < NODES,
+        "{most_sats} satellites at once for a job of at most {NODES} nodes"
+    );
+    l.assert_no_double_allocation();
+    assert_eq!(json(&l, &["status"])["lending"], "open", "resumed");
+    // SIGTERM during a cycle that has just begun (its refresh alone takes 3 D): the
+    // daemon stops without waiting for it.
+    let reply = l.wait(120, "a cycle under way for less than D", || {
+        let (out, _) = timed(&l, &["resume", "--timeout", "30"]);
+        waited_s(&out).filter(|w| *w < D.as_secs_f64()).map(|_| out)
+    });
+    eprintln!("before SIGTERM: {}", reply.trim());
+    let mut d = l.daemon.take().expect("daemon running");
+    let t = Instant::now();
+    assert_eq!(unsafe { libc::kill(d.id() as i32, libc::SIGTERM) }, 0);
+    let status = l.wait(60, "bftrainerd to stop on SIGTERM", || {
+        d.try_wait().unwrap()
+    });
+    let took = t.elapsed();
+    eprintln!("SIGTERM to exit: {:.3} s", took.as_secs_f64());
+    assert!(status.success(), "{status:?}");
+    assert!(
+        took < D + Duration::from_secs(2),
+        "stopped {took:?} after SIGTERM"
+    );
+    assert!(
+        l.log_text().contains("a cycle was under way"),
+        "{}",
+        l.log_text()
+    );
+    eprintln!(
+        "pause latencies: {:?} s",
+        pauses
+            .iter()
+            .map(|p| (p * 1000.0).round() / 1000.0)
+            .collect::<Vec<_>>()
     );
 }
 

@@ -7,9 +7,13 @@
 
 use bftrainer_testcluster::{wait_until, Cluster, Options};
 use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A satellite's join command for tests and benchmarks (bft-run is another issue):
@@ -23,6 +27,8 @@ exec sleep 3600
 "#;
 
 pub struct Setup {
+    /// Nodes of the cluster (`n1..nN`); also the largest MAX a request may ask for.
+    pub nodes: usize,
     pub tmp: tempfile::TempDir,
     pub dir: PathBuf,
     pub plugins: PathBuf,
@@ -50,6 +56,17 @@ pub fn setup_join(
     daemon_extra: &str,
     join_command: &dyn Fn(&std::path::Path) -> String,
 ) -> Setup {
+    setup_sized(prefix, 4, policy_extra, daemon_extra, join_command)
+}
+
+/// As [`setup_join`], for a cluster of `nodes` nodes (1 to 64; `max_nodes` follows).
+pub fn setup_sized(
+    prefix: &str,
+    nodes: usize,
+    policy_extra: &str,
+    daemon_extra: &str,
+    join_command: &dyn Fn(&std::path::Path) -> String,
+) -> Setup {
     let tmp = tempfile::Builder::new()
         .prefix(prefix)
         .tempdir_in("/tmp")
@@ -67,7 +84,7 @@ pub fn setup_join(
         &conf,
         format!(
             "[policy]\npartition = \"elastic\"\nsatellite_partition = \"elastic-sat\"\n\
-             daemon_user = \"root\"\nmax_nodes = 4\n{policy_extra}\n\
+             daemon_user = \"root\"\nmax_nodes = {nodes}\n{policy_extra}\n\
              [daemon]\nstate_dir = \"{}\"\npoll_interval = 0.5\nshrink_grace = 3\n\
              grow_timeout = 20\nnode_backoff = 120\n{daemon_extra}\n\
              [engine]\nt_fwd = 600\n\
@@ -79,6 +96,7 @@ pub fn setup_join(
     )
     .unwrap();
     Setup {
+        nodes,
         tmp,
         dir,
         plugins,
@@ -109,12 +127,157 @@ pub fn arg(name: &str, default: usize) -> usize {
 
 pub const GRACE_TIME_S: u64 = 5;
 
+/// A node that carries two running jobs in one `squeue` sample, if any ("node n3 holds
+/// jobs 5 and 9").
+pub fn double_allocation(rows: &[Row]) -> Option<String> {
+    let mut seen: BTreeMap<String, u32> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.state == "RUNNING") {
+        for n in bftrainer_slurm::hostlist_expand(&r.nodes).unwrap() {
+            if let Some(other) = seen.insert(n.clone(), r.id) {
+                return Some(format!("node {n} holds jobs {other} and {}", r.id));
+            }
+        }
+    }
+    None
+}
+
+/// A slow slurmctld for one client, with no kernel feature (no netem): a TCP proxy on
+/// 127.0.0.1 that, for each connection it accepts, waits `delay`, then connects to
+/// slurmctld and copies both ways until either side closes. libslurm opens a
+/// connection per call, so every call through it takes `delay` more; clients using the
+/// cluster's own slurm.conf (the tests' squeue, sbatch, the slurmds) are not slowed.
+pub struct DelayProxy {
+    pub port: u16,
+    pub delay: Duration,
+    /// Connections accepted so far.
+    pub accepted: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DelayProxy {
+    pub fn start(upstream: SocketAddr, delay: Duration) -> DelayProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a port for the proxy");
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (n, quit) = (accepted.clone(), stop.clone());
+        let acceptor = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if quit.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(client) = conn else { continue };
+                n.fetch_add(1, Ordering::SeqCst);
+                std::thread::spawn(move || relay(client, upstream, delay));
+            }
+        });
+        DelayProxy {
+            port,
+            delay,
+            accepted,
+            stop,
+            acceptor: Some(acceptor),
+        }
+    }
+}
+
+impl Drop for DelayProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wakes the acceptor, which then sees the flag.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+    }
+}
+
+/// One proxied connection: the delay, then bytes both ways until either side closes.
+/// If slurmctld cannot be reached the client sees its connection closed.
+fn relay(client: TcpStream, upstream: SocketAddr, delay: Duration) {
+    std::thread::sleep(delay);
+    let Ok(server) = TcpStream::connect(upstream) else {
+        return;
+    };
+    let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
+        return;
+    };
+    let pump = |mut from: TcpStream, mut to: TcpStream| {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => {
+                    if to.write_all(&buf[..k]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        // Either side closed: close both, which ends the other direction too.
+        let _ = from.shutdown(Shutdown::Both);
+        let _ = to.shutdown(Shutdown::Both);
+    };
+    let up = std::thread::spawn(move || pump(c2, s2));
+    pump(server, client);
+    let _ = up.join();
+}
+
+/// slurmctld's address from a cluster's slurm.conf (`SlurmctldPort`, on 127.0.0.1 as
+/// `SlurmctldHost` names it in the test clusters).
+pub fn slurmctld_addr(slurm_conf: &Path) -> SocketAddr {
+    let text = std::fs::read_to_string(slurm_conf).unwrap();
+    let port: u16 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("SlurmctldPort="))
+        .and_then(|p| p.trim().parse().ok())
+        .expect("SlurmctldPort in slurm.conf");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("SlurmctldHost=") && l.contains("(127.0.0.1)")),
+        "the test cluster's slurmctld listens on 127.0.0.1"
+    );
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// A copy of `slurm_conf` beside it (same directory, so anything found relative to it
+/// is the same) whose `SlurmctldPort` is `port`, everything else as it was: the
+/// controller's address, the munge socket (`AuthInfo`, `AccountingStoragePass`), the
+/// plugin directory and plugstack, the timeouts.
+pub fn slurm_conf_via(slurm_conf: &Path, port: u16, name: &str) -> PathBuf {
+    let text = std::fs::read_to_string(slurm_conf).unwrap();
+    let mut replaced = 0;
+    let out: Vec<String> = text
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("SlurmctldPort=") {
+                replaced += 1;
+                format!("SlurmctldPort={port}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    assert_eq!(
+        replaced,
+        1,
+        "one SlurmctldPort line in {}",
+        slurm_conf.display()
+    );
+    let path = slurm_conf.with_file_name(name);
+    std::fs::write(&path, out.join("\n") + "\n").unwrap();
+    path
+}
+
 pub struct Live {
     pub c: Cluster,
     pub dir: PathBuf,
     pub conf: PathBuf,
     pub log: PathBuf,
     pub daemon: Option<Child>,
+    /// The slurm.conf bftrainerd reads, when not the cluster's (a proxied slurmctld).
+    pub daemon_slurm_conf: Option<PathBuf>,
     pub _tmp: tempfile::TempDir,
 }
 
@@ -158,9 +321,10 @@ impl Live {
     }
 
     /// As [`Live::from_setup`], with other cluster options (stand-in GPUs...); the
-    /// plugins and bftrainer.toml are the setup's, 4 nodes unless `opts` says.
+    /// plugins, bftrainer.toml and node count are the setup's (4 unless it was sized).
     pub fn from_setup_with(s: Setup, opts: Options) -> Live {
         let Setup {
+            nodes,
             tmp,
             dir,
             plugins,
@@ -168,6 +332,7 @@ impl Live {
             ..
         } = s;
         let c = Cluster::start(Options {
+            nodes,
             plugins: Some(plugins),
             bftrainer_conf: Some(conf.clone()),
             ..opts
@@ -180,6 +345,7 @@ impl Live {
             conf,
             log,
             daemon: None,
+            daemon_slurm_conf: None,
             _tmp: tmp,
         }
     }
@@ -190,6 +356,9 @@ impl Live {
             "RUST_LOG",
             std::env::var("BFTD_TEST_LOG").unwrap_or_else(|_| "info".into()),
         );
+        if let Some(conf) = &self.daemon_slurm_conf {
+            cmd.env("SLURM_CONF", conf);
+        }
         cmd
     }
 
@@ -366,17 +535,9 @@ impl Live {
     /// Every node of the cluster carries at most one running job (elastic jobs own
     /// whole nodes; no node in two elastic jobs).
     pub fn assert_no_double_allocation(&self) {
-        let mut seen: BTreeMap<String, u32> = BTreeMap::new();
-        for r in self.squeue().into_iter().filter(|r| r.state == "RUNNING") {
-            for n in bftrainer_slurm::hostlist_expand(&r.nodes).unwrap() {
-                if let Some(other) = seen.insert(n.clone(), r.id) {
-                    panic!(
-                        "node {n} holds jobs {other} and {}: {:#?}",
-                        r.id,
-                        self.squeue()
-                    );
-                }
-            }
+        let rows = self.squeue();
+        if let Some(e) = double_allocation(&rows) {
+            panic!("{e}: {rows:#?}");
         }
     }
 
