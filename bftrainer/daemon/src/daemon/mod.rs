@@ -777,13 +777,13 @@ mod tests {
             self.wait();
             self.inner.update(job_id, update)
         }
-        fn hold(&mut self, job_id: u32) -> cluster::Result<()> {
+        fn hold(&mut self, job_id: u32, tag: &str) -> cluster::Result<()> {
             self.wait();
-            self.inner.hold(job_id)
+            self.inner.hold(job_id, tag)
         }
-        fn release(&mut self, job_id: u32) -> cluster::Result<()> {
+        fn release(&mut self, job_id: u32, tag: &str) -> cluster::Result<()> {
             self.wait();
-            self.inner.release(job_id)
+            self.inner.release(job_id, tag)
         }
         fn signal(
             &mut self,
