@@ -531,7 +531,10 @@ fn cluster_control_answers_under_a_slow_slurmctld_while_growing_to_20_nodes() {
     // D + 2 s. Figures are printed; the growth's duration is not asserted.
     const NODES: usize = 20;
     const D: Duration = Duration::from_secs(5);
-    let setup = live::setup_sized("bftslow", NODES, "", "", &|join| {
+    // A cycle may spend 120 s on calls: the 19 satellites go out in one cycle (95 s of
+    // calls), during which pause and status must still answer; with the default 5 s
+    // the growth takes one satellite a cycle (about 7 minutes).
+    let setup = live::setup_sized("bftslow", NODES, "", "cycle_budget = 120", &|join| {
         format!("env BAD_NODE= {} {{parent}}", join.display())
     });
     let mut l = Live::from_setup(setup);

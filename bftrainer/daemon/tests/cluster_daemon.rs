@@ -913,49 +913,8 @@ fn cluster_daemon_does_not_admit_a_job_whose_constraint_no_idle_node_meets() {
     // holds both; an elastic job asking --constraint=rack1 must not be admitted onto
     // n3/n4 (it would only time out there, again and again): it waits, and says why.
     let l = Live::start("", "", "");
-    let blocker =
-        l.c.sbatch(&[
-            "-p",
-            "batch",
-            "-w",
-            "n1,n2",
-            "--exclusive",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "sleep 600",
-        ])
-        .unwrap();
-    l.wait(30, "the regular job on n1,n2", || {
-        (l.state_of(blocker) == "RUNNING").then_some(())
-    });
-    let job = l.submit_elastic_with("1:2", &["--constraint=rack1"]);
-    let why = format!(
-        "elastic job {job} is not admitted: it asks --constraint=rack1 and 0 of the idle nodes"
-    );
-    l.wait(30, "the job reported unservable", || {
-        l.log_text().contains(&why).then_some(())
-    });
-    cycles_later(&l, 3);
-    assert!(
-        !l.log_text().contains(&format!("admit job {job} ")),
-        "admitted onto nodes without rack1:\n{}",
-        l.log_text()
-    );
-    assert_eq!(l.state_of(job), "PENDING");
-    let out =
-        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
-            .args(["jobs", "--config"])
-            .arg(&l.conf)
-            .output()
-            .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains(&format!(
-            "Job {job}: not admitted: it asks --constraint=rack1"
-        )),
-        "{text}"
-    );
+    let (blocker, job) =
+        unservable_while_n1_n2_are_taken(&l, "1:2", "--constraint=rack1", "--constraint=rack1");
     // rack1's nodes free up: the job may be admitted again.
     l.c.run("scancel", &[&blocker.to_string()]).unwrap();
     l.wait(30, "the job servable again", || {
@@ -1151,57 +1110,20 @@ fn cluster_daemon_places_a_gpu_job_only_on_nodes_with_its_gpus() {
         },
     );
     l.spawn();
-    let blocker =
-        l.c.sbatch(&[
-            "-p",
-            "batch",
-            "-w",
-            "n1,n2",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "sleep 600",
-        ])
-        .unwrap();
-    l.wait(30, "the regular job on n1,n2", || {
-        (l.state_of(blocker) == "RUNNING").then_some(())
-    });
-    let job = l.submit_elastic_with("1:4", &["--gres=gpu:a100:2"]);
-    let why = format!(
-        "elastic job {job} is not admitted: it asks 2 GPUs of type a100 per node and 0 of the idle nodes"
-    );
-    l.wait(30, "the job reported unservable", || {
-        l.log_text().contains(&why).then_some(())
-    });
-    cycles_later(&l, 3);
-    assert_eq!(l.state_of(job), "PENDING", "{}", l.log_text());
-    assert!(
-        !l.log_text().contains(&format!("admit job {job} ")),
-        "admitted onto a node without its GPUs:\n{}",
-        l.log_text()
-    );
-    let out =
-        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
-            .args(["jobs", "--config"])
-            .arg(&l.conf)
-            .output()
-            .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains(&format!(
-            "Job {job}: not admitted: it asks 2 GPUs of type a100 per node"
-        )),
-        "{text}"
+    let (blocker, job) = unservable_while_n1_n2_are_taken(
+        &l,
+        "1:4",
+        "--gres=gpu:a100:2",
+        "2 GPUs of type a100 per node",
     );
     l.c.run("scancel", &[&blocker.to_string()]).unwrap();
     let sats = l.wait(90, "the job on both GPU nodes", || {
         let sats = l.satellites(job);
         (l.state_of(job) == "RUNNING" && sats.len() == 1).then_some(sats)
     });
-    let core = l
-        .c
-        .run("squeue", &["-h", "-j", &job.to_string(), "-o", "%N"])
-        .unwrap();
+    let core =
+        l.c.run("squeue", &["-h", "-j", &job.to_string(), "-o", "%N"])
+            .unwrap();
     let mut on: Vec<String> = sats.keys().cloned().collect();
     on.push(core.trim().to_string());
     on.sort();
@@ -1211,7 +1133,8 @@ fn cluster_daemon_places_a_gpu_job_only_on_nodes_with_its_gpus() {
     let log = l.log_text();
     for n in ["n3", "n4"] {
         assert!(
-            !log.contains(&format!("grow job {job} onto {n}")) && !log.contains(&format!("admit job {job} (user bftuser) on {n}")),
+            !log.contains(&format!("grow job {job} onto {n}"))
+                && !log.contains(&format!("admit job {job} (user bftuser) on {n}")),
             "lent {n} without GPUs:\n{log}"
         );
     }
@@ -1258,10 +1181,13 @@ fn cluster_daemon_honours_admin_and_owner_holds_of_waiting_jobs() {
     let mut l = Live::start_without_daemon("", "", "");
     let by_admin = l.submit_elastic("1:2");
     let by_owner = l.submit_elastic("1:2");
-    l.c.run("scontrol", &["hold", &by_admin.to_string()]).unwrap();
+    l.c.run("scontrol", &["hold", &by_admin.to_string()])
+        .unwrap();
     scontrol_as_user(&l, &["hold", &by_owner.to_string()]);
     assert!(
-        show_job(&l, by_admin).contains(&format!("AdminComment=bftrainer:v1 1:2,role=core,hold=admin")),
+        show_job(&l, by_admin).contains(&format!(
+            "AdminComment=bftrainer:v1 1:2,role=core,hold=admin"
+        )),
         "{}",
         show_job(&l, by_admin)
     );
@@ -1334,4 +1260,51 @@ fn cluster_daemon_honours_admin_and_owner_holds_of_waiting_jobs() {
             l.log_text()
         );
     }
+}
+
+/// A regular job takes n1 and n2; then an elastic job `spec` with sbatch option `arg`,
+/// which only n1 and n2 can serve, waits: the log and `bftrainer jobs` say that it asks
+/// `asks`, and it is not admitted for three cycles. The regular job's and the elastic
+/// job's ids.
+fn unservable_while_n1_n2_are_taken(l: &Live, spec: &str, arg: &str, asks: &str) -> (u32, u32) {
+    let blocker =
+        l.c.sbatch(&[
+            "-p",
+            "batch",
+            "-w",
+            "n1,n2",
+            "--exclusive",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 600",
+        ])
+        .unwrap();
+    l.wait(30, "the regular job on n1,n2", || {
+        (l.state_of(blocker) == "RUNNING").then_some(())
+    });
+    let job = l.submit_elastic_with(spec, &[arg]);
+    let why = format!("elastic job {job} is not admitted: it asks {asks} and 0 of the idle nodes");
+    l.wait(30, "the job reported unservable", || {
+        l.log_text().contains(&why).then_some(())
+    });
+    cycles_later(l, 3);
+    assert_eq!(l.state_of(job), "PENDING", "{}", l.log_text());
+    assert!(
+        !l.log_text().contains(&format!("admit job {job} ")),
+        "admitted onto a node that cannot serve it:\n{}",
+        l.log_text()
+    );
+    let out =
+        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
+            .args(["jobs", "--config"])
+            .arg(&l.conf)
+            .output()
+            .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("Job {job}: not admitted: it asks {asks}")),
+        "{text}"
+    );
+    (blocker, job)
 }

@@ -854,7 +854,9 @@ impl<C: Cluster> Daemon<C> {
             })
             .collect();
         for (id, jid, why) in held {
-            log::info!("elastic job {id} was held before it started: its nodes go back to the pool");
+            log::info!(
+                "elastic job {id} was held before it started: its nodes go back to the pool"
+            );
             for n in self.engine.job_nodes(jid).to_vec() {
                 self.emit(Event::WorkerLeft { job: jid, node: n });
             }
@@ -1289,5 +1291,6 @@ fn held_why(j: &Job) -> Option<String> {
     if j.state.base() != JobBase::Pending {
         return None;
     }
-    spec::site_hold(j.admin_comment.as_deref(), j.comment.as_deref()).map(|h| h.describe().to_string())
+    spec::site_hold(j.admin_comment.as_deref(), j.comment.as_deref())
+        .map(|h| h.describe().to_string())
 }
