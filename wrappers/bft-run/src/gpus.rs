@@ -212,7 +212,12 @@ pub const STEP_NARROWING_VARS: &[&str] = &[
     "SLURM_STEP_GRES",
     "SLURM_TRES_PER_TASK",
     "SLURM_GPU_BIND",
+    // From 24.11 sbatch also exports --gpu-bind as --tres-bind, which srun reads (on
+    // 26.05 it bound the step's one task to one GPU: the agent saw 1 of 4).
+    "SLURM_TRES_BIND",
     "SLURM_CPUS_PER_GPU",
+    "SLURM_NTASKS_PER_GPU",
+    "SLURM_MEM_PER_GPU",
 ];
 
 #[cfg(test)]
