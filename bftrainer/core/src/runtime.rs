@@ -143,15 +143,27 @@ mod tests {
         assert!((back.step - 2.5).abs() < 1e-9);
         assert!(!back.done);
         // The run's last word: done, for this start time only.
-        let fin = RunComment { done: true, ..c.clone() };
+        let fin = RunComment {
+            done: true,
+            ..c.clone()
+        };
         let text = fin.to_string();
         assert!(text.ends_with(" done=1"), "{text}");
         let back = RunComment::parse(&text).unwrap();
         assert!(back.finished_run(Some(1_795_000_000)));
-        assert!(!back.finished_run(Some(1_795_000_100)), "a later run (requeued) is not done");
+        assert!(
+            !back.finished_run(Some(1_795_000_100)),
+            "a later run (requeued) is not done"
+        );
         assert!(!back.finished_run(None));
-        assert!(!RunComment { start: 0, ..back.clone() }.finished_run(Some(0)));
-        assert!(!RunComment::parse(&s).unwrap().finished_run(Some(1_795_000_000)));
+        assert!(!RunComment {
+            start: 0,
+            ..back.clone()
+        }
+        .finished_run(Some(0)));
+        assert!(!RunComment::parse(&s)
+            .unwrap()
+            .finished_run(Some(1_795_000_000)));
         // An older bft-run's comment: no run, start or step.
         let old = RunComment::parse("bftrainer-run:v1 coord=h:1 gen=2 nodes=1 rate=3.0").unwrap();
         assert_eq!((old.run.as_str(), old.start, old.step), ("", 0, 0.0));

@@ -222,7 +222,10 @@ pub fn parse(input: &str) -> Result<ElasticSpec, SpecError> {
 /// comment is not a bftrainer tag at all.
 /// A core tag may end with [`ADMIN_HOLD`], which this ignores (see [`site_hold`]).
 pub fn parse_tag(comment: &str) -> Option<Result<ElasticSpec, SpecError>> {
-    split_admin_hold(comment).0.strip_prefix(TAG_PREFIX).map(parse)
+    split_admin_hold(comment)
+        .0
+        .strip_prefix(TAG_PREFIX)
+        .map(parse)
 }
 
 /// A hold that someone other than bftrainerd placed on a waiting core job, which
@@ -570,9 +573,11 @@ mod tests {
         assert!(parse_tag("bftrainer:v1 2:4,hold=admin,role=core")
             .unwrap()
             .is_err());
-        assert!(parse_tag("bftrainer:v1 2:4,role=core,hold=admin,hold=admin")
-            .unwrap()
-            .is_err());
+        assert!(
+            parse_tag("bftrainer:v1 2:4,role=core,hold=admin,hold=admin")
+                .unwrap()
+                .is_err()
+        );
         // The owner's hold lives in the Comment.
         assert_eq!(
             site_hold(Some(&s.to_tag()), Some(&owner_hold_note())),

@@ -54,8 +54,13 @@ fn engine() -> Engine<Exact> {
     let mut e = Engine::new(EngineConfig::default(), Exact::default());
     idle_nodes(&mut e, 6);
     for n in 0..6 {
-        let attrs = if n >= 4 { gpu_node("a100", 2) } else { cpu_node() };
-        e.on_event(&Event::NodeAttrs { node: n, attrs }, 0.0).unwrap();
+        let attrs = if n >= 4 {
+            gpu_node("a100", 2)
+        } else {
+            cpu_node()
+        };
+        e.on_event(&Event::NodeAttrs { node: n, attrs }, 0.0)
+            .unwrap();
     }
     e
 }
@@ -71,8 +76,14 @@ fn a_gpu_job_gets_only_gpu_nodes_and_no_more_than_there_are() {
         0.0,
     )
     .unwrap();
-    e.on_event(&Event::JobNeeds { job: 0, needs: a100s(2) }, 0.0)
-        .unwrap();
+    e.on_event(
+        &Event::JobNeeds {
+            job: 0,
+            needs: a100s(2),
+        },
+        0.0,
+    )
+    .unwrap();
     let acts = e.on_event(&Event::Tick, 0.0).unwrap();
     assert_eq!(nodes_of(&acts, 0), vec![4, 5], "{acts:?}");
     assert_eq!(e.job_nodes(0).len(), 2);
@@ -97,8 +108,14 @@ fn a_job_no_node_serves_is_not_admitted_and_others_are_placed_as_before() {
         0.0,
     )
     .unwrap();
-    e.on_event(&Event::JobNeeds { job: 0, needs: a100s(4) }, 0.0)
-        .unwrap();
+    e.on_event(
+        &Event::JobNeeds {
+            job: 0,
+            needs: a100s(4),
+        },
+        0.0,
+    )
+    .unwrap();
     // A job with no needs.
     e.on_event(
         &Event::JobSubmitted {
@@ -150,6 +167,12 @@ fn attributes_of_unknown_nodes_and_jobs_are_refused() {
         )
         .is_err());
     assert!(e
-        .on_event(&Event::JobNeeds { job: 3, needs: a100s(1) }, 0.0)
+        .on_event(
+            &Event::JobNeeds {
+                job: 3,
+                needs: a100s(1)
+            },
+            0.0
+        )
         .is_err());
 }

@@ -528,7 +528,9 @@ unsafe fn modify_inner(
                 })
             };
             if let Err(e) = applied {
-                LOG.error(&format!("job_modify: cannot rewrite the update of {job}: {e}"));
+                LOG.error(&format!(
+                    "job_modify: cannot rewrite the update of {job}: {e}"
+                ));
                 return SLURM_ERROR;
             }
             if edit.keep_held {

@@ -1103,16 +1103,40 @@ mod tests {
                 },
                 Ok(admin_held.clone()),
             ),
-            ("daemon_user holds by hand", by(990, core, 0), Ok(admin_held.clone())),
+            (
+                "daemon_user holds by hand",
+                by(990, core, 0),
+                Ok(admin_held.clone()),
+            ),
             ("root holds again", by(0, held, 0), Ok(Edit::default())),
             // Its release lifts the hold; the job waits for bftrainerd.
-            ("root releases its hold", by(0, held, INFINITE), Ok(handed_back)),
+            (
+                "root releases its hold",
+                by(0, held, INFINITE),
+                Ok(handed_back),
+            ),
             // A release of a job no administrator holds is Slurm's as before.
-            ("root releases a waiting job", by(0, core, INFINITE), Ok(Edit::default())),
+            (
+                "root releases a waiting job",
+                by(0, core, INFINITE),
+                Ok(Edit::default()),
+            ),
             // bftrainerd's own hold and release carry the tag it read: nothing recorded.
-            ("bftrainerd holds", marked(by(0, core, 0), core), Ok(Edit::default())),
-            ("bftrainerd releases", marked(by(0, core, INFINITE), core), Ok(Edit::default())),
-            ("bftrainerd holds a held job", marked(by(0, held, 0), held), Ok(Edit::default())),
+            (
+                "bftrainerd holds",
+                marked(by(0, core, 0), core),
+                Ok(Edit::default()),
+            ),
+            (
+                "bftrainerd releases",
+                marked(by(0, core, INFINITE), core),
+                Ok(Edit::default()),
+            ),
+            (
+                "bftrainerd holds a held job",
+                marked(by(0, held, 0), held),
+                Ok(Edit::default()),
+            ),
             // bftrainerd's release read before an administrator's hold, or despite it.
             (
                 "bftrainerd releases a job held since it looked",
@@ -1134,7 +1158,11 @@ mod tests {
                 },
                 Ok(owner_held),
             ),
-            ("the owner releases", by(1000, core, INFINITE), Ok(owner_lifted.clone())),
+            (
+                "the owner releases",
+                by(1000, core, INFINITE),
+                Ok(owner_lifted.clone()),
+            ),
             (
                 "the owner releases a job an administrator holds (that hold stays)",
                 by(1000, held, INFINITE),

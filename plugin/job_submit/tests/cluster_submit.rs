@@ -316,7 +316,11 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
         "bftrainer: held by its owner; `scontrol release` hands it back to bftrainerd"
     );
     as_user(&["release", &id_s]);
-    assert_eq!(show(id)["Priority"], "0", "the owner's release started the job");
+    assert_eq!(
+        show(id)["Priority"],
+        "0",
+        "the owner's release started the job"
+    );
     assert_eq!(
         comment(&c),
         "bftrainer: elastic job (2-4 nodes) waiting for bftrainerd to admit it"
@@ -332,10 +336,15 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
     c.run("scontrol", &["release", &id_s]).unwrap();
     let full = c.run("scontrol", &["show", "job", &id_s]).unwrap();
     assert!(
-        full.contains("AdminComment=bftrainer:v1 2:4,up=30,role=core") && !full.contains("hold=admin"),
+        full.contains("AdminComment=bftrainer:v1 2:4,up=30,role=core")
+            && !full.contains("hold=admin"),
         "{full}"
     );
-    assert_eq!(show(id)["Priority"], "0", "root's release of its hold started the job");
+    assert_eq!(
+        show(id)["Priority"],
+        "0",
+        "root's release of its hold started the job"
+    );
 
     c.run("scontrol", &["release", &id_s])
         .expect("root (daemon_user) releases");

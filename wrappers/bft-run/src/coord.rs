@@ -300,7 +300,12 @@ impl Coordinator {
 
     fn send_comment(&self, s: &Shared, done: bool) {
         // Once the training finished, every later comment says so too.
-        let done = done || self.end_tx.borrow().as_ref().is_some_and(|(code, _)| *code == 0);
+        let done = done
+            || self
+                .end_tx
+                .borrow()
+                .as_ref()
+                .is_some_and(|(code, _)| *code == 0);
         if let Some(c) = &self.comment {
             let _ = c.lock().unwrap().send(RunComment {
                 coord: self.cfg.advertised.clone(),

@@ -415,10 +415,11 @@ async fn coordinate(cli: &Cli) -> i32 {
         advertised: advertised.clone(),
         ready_timeout: Duration::from_secs(600),
     };
-    let (comment_tx, comment_done) = match slurm.map(|s| comment_writer(s, job.parse().unwrap_or(0))) {
-        Some((tx, done)) => (Some(tx), Some(done)),
-        None => (None, None),
-    };
+    let (comment_tx, comment_done) =
+        match slurm.map(|s| comment_writer(s, job.parse().unwrap_or(0))) {
+            Some((tx, done)) => (Some(tx), Some(done)),
+            None => (None, None),
+        };
     let c = Coordinator::new(cfg, comment_tx);
     say!(
         "bft-run: coordinator of job {job} listening on {advertised}; starting agents on {nodes} node(s)"
@@ -558,9 +559,10 @@ async fn coordinate(cli: &Cli) -> i32 {
     } else if let Some(done) = comment_done {
         // Exit only once the Comment says the training finished (bounded: slurmctld
         // may be slow or away; the daemon then treats an end under preemption as one).
-        let written = tokio::task::spawn_blocking(move || done.recv_timeout(Duration::from_secs(10)))
-            .await
-            .is_ok_and(|r| r.is_ok());
+        let written =
+            tokio::task::spawn_blocking(move || done.recv_timeout(Duration::from_secs(10)))
+                .await
+                .is_ok_and(|r| r.is_ok());
         if !written {
             say!("bft-run: the training finished but its Comment could not say so within 10 s");
         }

@@ -671,7 +671,10 @@ impl<A: Allocator> Engine<A> {
 
     /// What job `j` asks of each node, as the last `Event::JobNeeds` said.
     pub fn job_needs(&self, j: JobId) -> Option<&Needs> {
-        self.jobs.get(j as usize).and_then(|s| s.needs.as_ref()).map(|b| &b.0)
+        self.jobs
+            .get(j as usize)
+            .and_then(|s| s.needs.as_ref())
+            .map(|b| &b.0)
     }
 
     pub fn job_spec(&self, j: JobId) -> &ElasticSpec {
@@ -1475,7 +1478,11 @@ impl<A: Allocator> Engine<A> {
     /// not made. Nodes a job holds stay; the allocator's other choices are kept.
     /// Counts only go down, so the answer stays within the contract.
     fn place(&mut self, sets: &mut [Vec<u32>]) {
-        if self.deciding.iter().all(|&j| self.jobs[j as usize].needs.is_none()) {
+        if self
+            .deciding
+            .iter()
+            .all(|&j| self.jobs[j as usize].needs.is_none())
+        {
             return;
         }
         for k in 0..sets.len() {
