@@ -1490,6 +1490,10 @@ impl<A: Allocator> Engine<A> {
             if self.jobs[j as usize].needs.is_none() {
                 continue;
             }
+            // Replacements are searched from where the last one was found: nodes before
+            // it are taken or do not serve the job, so one job's repair walks the view
+            // once, not once per node it replaces.
+            let mut from = 0u32;
             let mut i = 0;
             while i < sets[k].len() {
                 let v = sets[k][i];
@@ -1498,9 +1502,10 @@ impl<A: Allocator> Engine<A> {
                     i += 1;
                     continue;
                 }
-                let free = (0..self.view.len() as u32).find(|&w| {
+                let free = (from..self.view.len() as u32).find(|&w| {
                     self.mark[w as usize] == NONE && self.serves(self.view[w as usize], j)
                 });
+                from = free.map_or(self.view.len() as u32, |w| w + 1);
                 self.mark[v as usize] = NONE;
                 match free {
                     Some(w) => {
