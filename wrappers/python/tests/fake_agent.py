@@ -1,6 +1,7 @@
 """A stand-in for bft-run's agent and coordinator, driven by the test: workers connect
-to its Unix socket exactly as to a real agent; the test decides the generations and may
-abort one. It holds the job's store as the coordinator does (``kv`` requests)."""
+to its Unix socket exactly as to a real agent; the test decides the generations. A
+member's first ``broken`` report aborts its generation for all, as the coordinator does
+(a test may also abort one itself). It holds the job's store as the coordinator does (``kv`` requests)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class FakeAgent:
         self.gen = 0
         self.last_gen: Optional[Dict[str, Any]] = None
         self.kv: Dict[str, bytes] = {}
+        self.aborted: set = set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -57,6 +59,12 @@ class FakeAgent:
                         self._send(c, self.last_gen)
                 elif msg["t"] == "ready":
                     self.ready[msg["worker"]] = "coord"
+                elif msg["t"] == "broken" and int(msg["gen"]) not in self.aborted:
+                    # As the coordinator does: the first report of a failed collective
+                    # aborts the generation for every member. A member whose own
+                    # collective waits on a live peer (which gave up on the dead one
+                    # mid-ring and never sends again) learns of the loss only this way.
+                    self._abort_locked(int(msg["gen"]))
                 elif msg["t"] == "kv":
                     threading.Thread(target=self._kv, args=(c, msg), daemon=True).start()
                 self.lock.notify_all()
@@ -142,8 +150,12 @@ class FakeAgent:
     def abort(self, gen: int) -> None:
         """As the coordinator does at a member's first ``broken`` report."""
         with self.lock:
-            for c in list(self.conns.values()):
-                self._send(c, {"t": "abort", "gen": gen})
+            self._abort_locked(gen)
+
+    def _abort_locked(self, gen: int) -> None:
+        self.aborted.add(gen)
+        for c in list(self.conns.values()):
+            self._send(c, {"t": "abort", "gen": gen})
 
     def count(self, t: str, **match: Any) -> int:
         with self.lock:
