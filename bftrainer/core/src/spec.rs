@@ -238,6 +238,12 @@ pub enum SiteHold {
     /// `scontrol hold` by the job's owner: job_submit/bftrainer sets the job's Comment
     /// to a note starting with [`OWNER_HOLD_NOTE`] (owners may not write admin comments).
     Owner,
+    /// `scontrol requeuehold` of a running core job (by its owner or an operator: Slurm
+    /// does not say who, and gives both the owner's hold, `JobHeldUser`), or a requeue
+    /// Slurm held by itself (a failed launch): bftrainerd, which sees the job come back
+    /// held though it did not requeue it, sets the job's Comment to a note starting with
+    /// [`REQUEUE_HOLD_NOTE`]. The owner's `scontrol release` lifts it, as in Slurm.
+    Requeue,
 }
 
 impl SiteHold {
@@ -249,6 +255,9 @@ impl SiteHold {
             }
             SiteHold::Owner => {
                 "held by its owner (scontrol hold); `scontrol release` by the owner hands it back to bftrainerd"
+            }
+            SiteHold::Requeue => {
+                "held by a requeue with hold (scontrol requeuehold); `scontrol release` by the owner hands it back to bftrainerd"
             }
         }
     }
@@ -265,6 +274,15 @@ pub const OWNER_HOLD_NOTE: &str = "bftrainer: held by its owner";
 /// The Comment of a core job its owner held.
 pub fn owner_hold_note() -> String {
     format!("{OWNER_HOLD_NOTE}; `scontrol release` hands it back to bftrainerd")
+}
+
+/// Start of the Comment bftrainerd gives a core job that came back from a requeue held,
+/// a requeue it did not ask for ([`SiteHold::Requeue`]).
+pub const REQUEUE_HOLD_NOTE: &str = "bftrainer: held by scontrol requeuehold";
+
+/// The Comment of a core job requeued held by someone else than bftrainerd.
+pub fn requeue_hold_note() -> String {
+    format!("{REQUEUE_HOLD_NOTE}; `scontrol release` by its owner hands it back to bftrainerd")
 }
 
 /// The Comment of a core job waiting for bftrainerd (set at submission when the user
@@ -294,6 +312,9 @@ pub fn site_hold(admin_comment: Option<&str>, comment: Option<&str>) -> Option<S
     }
     if comment.is_some_and(|c| c.starts_with(OWNER_HOLD_NOTE)) {
         return Some(SiteHold::Owner);
+    }
+    if comment.is_some_and(|c| c.starts_with(REQUEUE_HOLD_NOTE)) {
+        return Some(SiteHold::Requeue);
     }
     None
 }
@@ -584,6 +605,16 @@ mod tests {
             Some(SiteHold::Owner)
         );
         assert_eq!(site_hold(None, Some(&waiting_note(&s))), None);
+        // bftrainerd's note for a requeue with hold it did not ask for; the runtime's
+        // Comment (after the job ran) is no hold.
+        assert_eq!(
+            site_hold(Some(&s.to_tag()), Some(&requeue_hold_note())),
+            Some(SiteHold::Requeue)
+        );
+        assert_eq!(
+            site_hold(Some(&s.to_tag()), Some("bftrainer-run:v1 coord=10.0.0.1:4000 run=ab start=1 gen=2 nodes=2 rate=0.0 step=0.000")),
+            None
+        );
         assert_eq!(
             waiting_note(&s),
             "bftrainer: elastic job (2-4 nodes) waiting for bftrainerd to admit it"

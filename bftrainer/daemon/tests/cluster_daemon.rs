@@ -1262,6 +1262,69 @@ fn cluster_daemon_honours_admin_and_owner_holds_of_waiting_jobs() {
     }
 }
 
+/// `scontrol requeuehold` of a running elastic job (root's here; Slurm records it as
+/// the owner's hold whoever gives it): bftrainerd did not ask for that requeue, so it
+/// does not admit the job again, writes the hold into its Comment and says why in
+/// `bftrainer jobs`; the owner's `scontrol release` hands it back and it runs again.
+#[test]
+fn cluster_daemon_honours_a_requeuehold_of_a_running_elastic_job() {
+    let l = Live::start("", "", "");
+    let job = l.submit_elastic("1:2");
+    l.wait(60, "the elastic job running", || {
+        (l.state_of(job) == "RUNNING").then_some(())
+    });
+    let admissions = || {
+        l.log_text()
+            .matches(&format!("admit job {job} (user"))
+            .count()
+    };
+    assert_eq!(admissions(), 1, "{}", l.log_text());
+    l.c.run("scontrol", &["requeuehold", &job.to_string()])
+        .unwrap();
+    l.wait(60, "the requeue hold seen", || {
+        l.log_text()
+            .contains(&format!("elastic job {job} came back held"))
+            .then_some(())
+    });
+    l.wait(30, "the hold written into the Comment", || {
+        show_job(&l, job)
+            .contains("Comment=bftrainer: held by scontrol requeuehold")
+            .then_some(())
+    });
+    // Several cycles with idle nodes: not admitted again.
+    cycles_later(&l, 5);
+    assert_eq!(l.state_of(job), "PENDING", "{}", l.log_text());
+    assert_eq!(
+        admissions(),
+        1,
+        "admitted again while held:\n{}",
+        l.log_text()
+    );
+    let out =
+        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
+            .args(["jobs", "--config"])
+            .arg(&l.conf)
+            .output()
+            .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "Job {job}: not admitted: held by a requeue with hold (scontrol requeuehold)"
+        )),
+        "{text}"
+    );
+    // The owner's release: admitted again by bftrainerd, once Slurm's requeue delay
+    // (its BeginTime) has passed and not before (an admission then would hold idle
+    // nodes and time out), and running.
+    scontrol_as_user(&l, &["release", &job.to_string()]);
+    l.wait(300, "the job running again", || {
+        (l.state_of(job) == "RUNNING").then_some(())
+    });
+    let log = l.log_text();
+    assert_eq!(admissions(), 2, "{log}");
+    assert!(!log.contains("did not start within"), "{log}");
+}
+
 /// A regular job takes n1 and n2; then an elastic job `spec` with sbatch option `arg`,
 /// which only n1 and n2 can serve, waits: the log and `bftrainer jobs` say that it asks
 /// `asks`, and it is not admitted for three cycles. The regular job's and the elastic

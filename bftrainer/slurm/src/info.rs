@@ -225,6 +225,10 @@ pub struct Job {
     pub restart_count: u16,
     /// When preemption of this job began, if it has.
     pub preempt_time: Option<i64>,
+    /// The earliest time it may start (its BeginTime, `EligibleTime` in `scontrol show
+    /// job`; a requeue sets it a while ahead); `None` when unset.
+    #[serde(default)]
+    pub eligible_time: Option<i64>,
     pub work_dir: Option<String>,
     pub std_out: Option<String>,
     /// The job's `--constraint` (required node features), as Slurm shows it.
@@ -703,6 +707,8 @@ fn convert_job(j: &slurm_sys::slurm_job_info_t, names: &mut NameCache) -> Job {
             requeue: opt_u16(j.requeue).unwrap_or(0) != 0,
             restart_count: j.restart_cnt,
             preempt_time: opt_time(j.preempt_time),
+            // Packed by slurmctld from the job's details->begin_time.
+            eligible_time: opt_time(j.eligible_time),
             work_dir: opt_string(j.work_dir),
             std_out: opt_string(j.std_out),
             constraint: opt_string(j.features).filter(|f| !f.is_empty()),

@@ -114,6 +114,7 @@ pub fn job(id: u32, partition: &str, base: JobBase) -> Job {
         requeue: true,
         restart_count: 0,
         preempt_time: None,
+        eligible_time: None,
         work_dir: Some("/tmp".into()),
         std_out: None,
         constraint: None,

@@ -139,6 +139,12 @@ struct Core {
     /// When the daemon last asked Slurm to requeue or hold it (not more than once per
     /// few seconds).
     asked_at: f64,
+    /// It came back from a requeue held, a requeue the daemon did not ask for
+    /// (`scontrol requeuehold`): not admitted until the hold is lifted; the note
+    /// ([`spec::requeue_hold_note`]) is still to be written into its Comment.
+    requeue_hold: bool,
+    /// When writing that note was last tried.
+    hold_tried: f64,
     ended: bool,
     /// When the daemon saw it end (for `[daemon] job_retention`).
     ended_at: f64,
@@ -276,6 +282,9 @@ pub const PROGRESS_EVERY_S: f64 = 30.0;
 pub const MAX_BACKOFF_S: f64 = 3600.0;
 /// The pause of a job no lent node can serve, lifted as soon as one can (a year).
 const UNSERVABLE_PAUSE_S: f64 = 365.0 * 86_400.0;
+/// A core job back from a requeue within this many seconds of the daemon asking for
+/// one is taken for the daemon's own requeue, even when the call reported an error.
+const OWN_REQUEUE_S: f64 = 60.0;
 
 fn record(t: f64, event: Event) -> Record {
     Record {

@@ -657,7 +657,11 @@ impl<C: Cluster> Daemon<C> {
         let mut checked: HashMap<Request, Option<String>> = HashMap::new();
         for (id, i) in waiting {
             let j = &jobs[i];
-            if let Some(why) = held_why(j) {
+            let pending_note = self.cores[&id].requeue_hold && j.is_held();
+            let why = held_why(j)
+                .or_else(|| pending_note.then(|| spec::SiteHold::Requeue.describe().to_string()))
+                .or_else(|| not_yet_eligible(j, now));
+            if let Some(why) = why {
                 self.set_unservable(id, Some(why), now);
                 continue;
             }
@@ -891,6 +895,8 @@ impl<C: Cluster> Daemon<C> {
                 if let Some(was) = self.unservable.remove(&id) {
                     if was.starts_with("held by") {
                         log::info!("elastic job {id}: its hold was lifted");
+                    } else if was.starts_with(NOT_BEFORE) {
+                        log::info!("elastic job {id}: its BeginTime has passed");
                     } else {
                         log::info!("elastic job {id}: lent nodes can serve it now");
                     }
@@ -1068,6 +1074,8 @@ impl<C: Cluster> Daemon<C> {
                 preempting: false,
                 restarts: j.restart_count,
                 asked_at: f64::NEG_INFINITY,
+                requeue_hold: false,
+                hold_tried: f64::NEG_INFINITY,
                 rate: None,
                 rate_at: f64::NEG_INFINITY,
                 step_s: 0.0,
@@ -1186,7 +1194,29 @@ impl<C: Cluster> Daemon<C> {
                 "elastic job {id} was requeued by Slurm (restart {})",
                 j.restart_count
             );
+            // Back held from a requeue the daemon did not ask for (not within
+            // OWN_REQUEUE_S of asking: a call that timed out may still have been done):
+            // someone's `scontrol requeuehold`, which Slurm records as the owner's hold
+            // whoever gave it, or Slurm's own hold of a failed launch. Admitting it
+            // again would undo that hold.
+            if j.is_held()
+                && now - core.asked_at >= OWN_REQUEUE_S
+                && spec::site_hold(j.admin_comment.as_deref(), j.comment.as_deref()).is_none()
+            {
+                core.requeue_hold = true;
+                log::info!(
+                    "elastic job {id} came back held ({}): not admitted until it is released",
+                    j.reason.as_deref().unwrap_or("no reason given")
+                );
+            }
+            let held = core.requeue_hold;
             self.job_lost_nodes(jid);
+            if held {
+                // Out of this cycle's decision already (the waiting jobs' check below
+                // skips a job the engine still counts nodes for).
+                self.set_unservable(id, Some(spec::SiteHold::Requeue.describe().into()), now);
+                self.write_requeue_hold(id, j, now);
+            }
             return;
         }
         if is_running(j) {
@@ -1219,6 +1249,12 @@ impl<C: Cluster> Daemon<C> {
         }
         // Pending.
         core.preempting = false;
+        if core.requeue_hold {
+            self.write_requeue_hold(id, j, now);
+        }
+        let Some(core) = self.cores.get_mut(&id) else {
+            return;
+        };
         if let Some(t) = core.admit_at {
             if now - t > self.cfg.admit_timeout_s {
                 core.admit_at = None;
@@ -1244,6 +1280,40 @@ impl<C: Cluster> Daemon<C> {
                     );
                 }
             }
+        }
+    }
+
+    /// Puts the note of a requeue with hold ([`spec::requeue_hold_note`]) into the
+    /// waiting core job's Comment, where the hold is then on record for this daemon and
+    /// the next (and the owner's `scontrol release` lifts it: job_submit/bftrainer sets
+    /// the waiting note then). Done once the Comment shows the note or another hold, or
+    /// the job is no longer held (released before the note was written).
+    fn write_requeue_hold(&mut self, id: u32, j: &Job, now: f64) {
+        let Some(core) = self.cores.get_mut(&id) else {
+            return;
+        };
+        if !core.requeue_hold {
+            return;
+        }
+        if !j.is_held()
+            || spec::site_hold(j.admin_comment.as_deref(), j.comment.as_deref()).is_some()
+        {
+            core.requeue_hold = false;
+            return;
+        }
+        if now - core.hold_tried < 5.0 {
+            return;
+        }
+        core.hold_tried = now;
+        let up = JobUpdate {
+            comment: Some(spec::requeue_hold_note()),
+            ..Default::default()
+        };
+        if let Err(e) = self.cluster.update(id, &up) {
+            self.stats.slurm_errors += 1;
+            self.error(format!(
+                "recording the requeue hold of elastic job {id} in its Comment failed: {e}"
+            ));
         }
     }
 
@@ -1283,6 +1353,22 @@ impl<C: Cluster> Daemon<C> {
         }
     }
 }
+
+/// Why a waiting core job cannot start yet: its BeginTime is ahead (a requeue sets it
+/// a while ahead, Slurm's delay before a requeued job may start again). Admitted before
+/// it, the job would hold its pinned nodes idle and time out of its admission.
+fn not_yet_eligible(j: &Job, now: f64) -> Option<String> {
+    let t = j.eligible_time?;
+    ((t as f64) > now).then(|| {
+        format!(
+            "{NOT_BEFORE} {} UTC (its BeginTime: Slurm delays a requeued job's next start)",
+            bftrainer_core::timefmt::format_time(t)
+        )
+    })
+}
+
+/// Start of [`not_yet_eligible`]'s reason.
+const NOT_BEFORE: &str = "it may not start before";
 
 /// Why a waiting core job must not be admitted: a hold placed by an administrator or
 /// its owner, which job_submit/bftrainer recorded (`spec::SiteHold`). Holds of running
