@@ -299,6 +299,9 @@ pub struct NodeSnap {
     pub attrs: Option<NodeAttrs>,
 }
 
+// A snapshot is written once per dump and read once per start: boxing the live
+// variant would only add an allocation per job there.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum JobSnap {
@@ -1485,7 +1488,7 @@ impl<A: Allocator> Engine<A> {
         {
             return;
         }
-        for k in 0..sets.len() {
+        for (k, set) in sets.iter_mut().enumerate() {
             let j = self.deciding[k];
             if self.jobs[j as usize].needs.is_none() {
                 continue;
@@ -1495,8 +1498,8 @@ impl<A: Allocator> Engine<A> {
             // once, not once per node it replaces.
             let mut from = 0u32;
             let mut i = 0;
-            while i < sets[k].len() {
-                let v = sets[k][i];
+            while i < set.len() {
+                let v = set[i];
                 let n = self.view[v as usize];
                 if self.nodes[n as usize].state == NodeState::Held(j) || self.serves(n, j) {
                     i += 1;
@@ -1510,22 +1513,22 @@ impl<A: Allocator> Engine<A> {
                 match free {
                     Some(w) => {
                         self.mark[w as usize] = k as u32;
-                        sets[k][i] = w;
+                        set[i] = w;
                         i += 1;
                     }
                     None => {
-                        sets[k].remove(i);
+                        set.remove(i);
                     }
                 }
             }
             let job = &self.jobs[j as usize];
-            if job.nodes.is_empty() && (sets[k].len() as u32) < job.spec.min_nodes {
-                for &v in &sets[k] {
+            if job.nodes.is_empty() && (set.len() as u32) < job.spec.min_nodes {
+                for &v in set.iter() {
                     self.mark[v as usize] = NONE;
                 }
-                sets[k].clear();
+                set.clear();
             }
-            sets[k].sort_unstable();
+            set.sort_unstable();
         }
     }
 
