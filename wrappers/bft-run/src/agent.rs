@@ -361,7 +361,27 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         node: o.node_name.clone(),
         job: job.clone(),
         nproc,
+        native: true,
+        coord: o.coord.clone(),
+        run: run.clone(),
+        ifname: iface_of(&host),
+        extra: Vec::new(),
     };
+    if welcome.get("mode").and_then(Value::as_str) == Some("torchrun") {
+        let ctx = WorldAgent {
+            agent_id,
+            coord: o.coord.clone(),
+            hang,
+            leave_timeout,
+            cfg: SpawnCfg {
+                native: false,
+                ..spawn_cfg
+            },
+        };
+        let r = world_agent(ctx, wr, ev_tx, ev_rx).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        return r;
+    }
     let mut workers: HashMap<String, Worker> = HashMap::new();
     let mut conns: HashMap<String, mpsc::UnboundedSender<String>> = HashMap::new();
     let mut next_local = 0usize;
@@ -723,6 +743,16 @@ struct SpawnCfg {
     /// The elastic job (BFT_JOB: checkpoints are bound to it).
     job: String,
     nproc: usize,
+    /// Native mode: workers talk to this agent (BFT_AGENT_SOCK, BFT_WORKER_ID).
+    native: bool,
+    /// The coordinator and run (BFT_COORD, BFT_COORD_RUN: `bft-run hosts` asks it).
+    coord: String,
+    run: String,
+    /// The interface of this node's address toward the coordinator: the default
+    /// GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME.
+    ifname: Option<String>,
+    /// More variables (torchrun mode: the world's).
+    extra: Vec<(String, String)>,
 }
 
 fn spawn_worker(
@@ -736,8 +766,6 @@ fn spawn_worker(
         .current_dir(&c.cwd)
         .env_clear()
         .envs(&c.env)
-        .env("BFT_AGENT_SOCK", &c.sock)
-        .env("BFT_WORKER_ID", id)
         .envs(c.node_env.iter().map(|(k, v)| (k, v)))
         // torchrun's names, and the library's own.
         .env("LOCAL_RANK", slot.to_string())
@@ -746,9 +774,27 @@ fn spawn_worker(
         .env("BFT_NODE_ADDR", &c.host)
         .env("BFT_NODE_NAME", &c.node)
         .env("BFT_JOB", &c.job)
+        .env("BFT_COORD", &c.coord)
+        .env("BFT_COORD_RUN", &c.run)
+        .envs(c.extra.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    if c.native {
+        cmd.env("BFT_AGENT_SOCK", &c.sock).env("BFT_WORKER_ID", id);
+    }
+    if let Some(m) = std::env::var_os("BFT_MUNGE_SOCKET") {
+        cmd.env("BFT_MUNGE_SOCKET", m);
+    }
+    // The interface the coordinator is reached over, unless the job chose one
+    // (--gloo-socket-ifname, --nccl-socket-ifname or its own environment).
+    if let Some(ifname) = &c.ifname {
+        for k in ["GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"] {
+            if !c.env.contains_key(k) {
+                cmd.env(k, ifname);
+            }
+        }
+    }
     if !c.env.contains_key("OMP_NUM_THREADS") {
         let cpus = std::env::var("SLURM_CPUS_ON_NODE")
             .ok()
@@ -908,6 +954,277 @@ fn claim(live: &Live, w: &str) -> Result<(), String> {
             ))
         }
     }
+}
+
+/// The name of the network interface that holds `addr` (an IP address), if any.
+pub fn iface_of(addr: &str) -> Option<String> {
+    let want: std::net::IpAddr = addr.parse().ok()?;
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list`, freed below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut p = list;
+    while !p.is_null() {
+        // SAFETY: p is a node of the list getifaddrs returned.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr points to a sockaddr of the family it names.
+        let ip = unsafe {
+            match i32::from((*ifa.ifa_addr).sa_family) {
+                libc::AF_INET => {
+                    let a = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                    Some(std::net::IpAddr::from(
+                        u32::from_be(a.sin_addr.s_addr).to_be_bytes(),
+                    ))
+                }
+                libc::AF_INET6 => {
+                    let a = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                    Some(std::net::IpAddr::from(a.sin6_addr.s6_addr))
+                }
+                _ => None,
+            }
+        };
+        if ip == Some(want) {
+            // SAFETY: ifa_name is a NUL-terminated string.
+            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+            found = Some(name.to_string_lossy().into_owned());
+            break;
+        }
+    }
+    // SAFETY: list came from getifaddrs.
+    unsafe { libc::freeifaddrs(list) };
+    found
+}
+
+/// What a torchrun-mode agent works with.
+struct WorldAgent {
+    agent_id: u64,
+    coord: String,
+    hang: Duration,
+    /// The grace of a stop: SIGTERM, then SIGKILL after this long.
+    leave_timeout: Duration,
+    cfg: SpawnCfg,
+}
+
+/// A torchrun-mode worker: its world, its local rank, and whether this agent
+/// signalled it (its exit is then no failure).
+struct WorldWorker {
+    pid: i32,
+    gen: u64,
+    local: usize,
+    signalled: bool,
+}
+
+/// The torchrun-mode agent: starts the node's part of each world the coordinator
+/// plans (torchrun's environment), stops it on request (SIGTERM, SIGKILL after the
+/// grace) and reports every worker's exit; SIGTERM to the agent leaves the job.
+async fn world_agent(
+    mut ctx: WorldAgent,
+    mut wr: tokio::net::tcp::OwnedWriteHalf,
+    ev_tx: mpsc::UnboundedSender<Ev>,
+    mut ev_rx: mpsc::UnboundedReceiver<Ev>,
+) -> Result<i32, (i32, String)> {
+    let id = ctx.agent_id;
+    let mut workers: HashMap<String, WorldWorker> = HashMap::new();
+    // The world this node runs (or last ran), and one whose stop awaits its workers.
+    let mut gen = 0u64;
+    let mut stopping: Option<u64> = None;
+    let mut deadline: Option<Instant> = None;
+    let mut heard_coord = Instant::now();
+    let (mut leaving, mut ending, mut lost) = (false, false, false);
+    macro_rules! send {
+        ($v:expr) => {{
+            let _ = wr.write_all(proto::line(&$v).as_bytes()).await;
+        }};
+    }
+    let term = |workers: &mut HashMap<String, WorldWorker>, sig: i32| {
+        for w in workers.values_mut() {
+            w.signalled = true;
+            kill(w.pid, sig);
+        }
+    };
+    loop {
+        if (ending || leaving || lost) && workers.is_empty() {
+            break;
+        }
+        let Some(ev) = ev_rx.recv().await else { break };
+        if let Ev::Coord(Ok(Some(m))) = &ev {
+            heard_coord = Instant::now();
+            if proto::verbose() && proto::t(m) != "hb" {
+                say!("bft-run: coordinator -> agent {id}: {m}");
+            }
+        }
+        match ev {
+            Ev::Tick => {
+                send!(json!({"t": "hb"}));
+                if !lost && !ending && heard_coord.elapsed() > 2 * ctx.hang {
+                    say!(
+                        "bft-run: heard nothing from the coordinator at {} for {:.0} s; taking it as lost",
+                        ctx.coord,
+                        heard_coord.elapsed().as_secs_f64()
+                    );
+                    let _ = ev_tx.send(Ev::Coord(Err("no heartbeat".into())));
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    deadline = None;
+                    for (wid, w) in &workers {
+                        say!("bft-run: worker {wid} did not stop within the grace; killing it");
+                        kill(w.pid, libc::SIGKILL);
+                    }
+                }
+            }
+            Ev::Coord(Ok(Some(m))) => match proto::t(&m) {
+                "port" => {
+                    let g = proto::u64_field(&m, "gen").unwrap_or(0);
+                    // A free port for rank 0's store (TCPStore listens on every
+                    // interface); it is free again the moment this returns.
+                    let port = std::net::TcpListener::bind("0.0.0.0:0")
+                        .and_then(|l| l.local_addr())
+                        .map(|a| a.port())
+                        .map_err(|e| (1, format!("cannot find a free port: {e}")))?;
+                    send!(json!({"t": "port", "gen": g, "port": port}));
+                }
+                "world" => {
+                    let num = |k: &str| proto::u64_field(&m, k);
+                    let fields = (|| -> Result<_, String> {
+                        Ok((
+                            num("gen")?,
+                            num("rank_base")?,
+                            num("world_size")?,
+                            num("group_rank")?,
+                            num("nnodes")?,
+                            num("restarts")?,
+                            num("master_port")?,
+                            proto::str_field(&m, "master_addr")?.to_string(),
+                            proto::str_field(&m, "run_id")?.to_string(),
+                        ))
+                    })();
+                    let (g, base, size, group, nnodes, restarts, port, addr, run_id) =
+                        fields.map_err(|e| (2, format!("a bad world message: {e}")))?;
+                    if leaving || ending {
+                        continue;
+                    }
+                    // Workers of an older world still here (never, unless a stop was
+                    // missed): they must not share the node with the new one.
+                    term(&mut workers, libc::SIGKILL);
+                    gen = g;
+                    stopping = None;
+                    deadline = None;
+                    let n = ctx.cfg.nproc;
+                    for local in 0..n {
+                        let rank = base as usize + local;
+                        let v = |k: &str, x: String| (k.to_string(), x);
+                        ctx.cfg.extra = vec![
+                            v("RANK", rank.to_string()),
+                            v("WORLD_SIZE", size.to_string()),
+                            v("GROUP_RANK", group.to_string()),
+                            v("GROUP_WORLD_SIZE", nnodes.to_string()),
+                            v("ROLE_RANK", rank.to_string()),
+                            v("ROLE_NAME", "default".into()),
+                            v("ROLE_WORLD_SIZE", size.to_string()),
+                            v("MASTER_ADDR", addr.clone()),
+                            v("MASTER_PORT", port.to_string()),
+                            v("TORCHELASTIC_RESTART_COUNT", restarts.to_string()),
+                            v("TORCHELASTIC_MAX_RESTARTS", "0".into()),
+                            v("TORCHELASTIC_RUN_ID", run_id.clone()),
+                            v("TORCHELASTIC_USE_AGENT_STORE", "False".into()),
+                            v("BFT_GENERATION", g.to_string()),
+                        ];
+                        let wid = format!("{id}.{local}.g{g}");
+                        match spawn_worker(&ctx.cfg, &wid, local, &ev_tx) {
+                            Ok(pid) => {
+                                workers.insert(
+                                    wid,
+                                    WorldWorker {
+                                        pid,
+                                        gen: g,
+                                        local,
+                                        signalled: false,
+                                    },
+                                );
+                            }
+                            Err(e) => {
+                                say!("bft-run: {e}");
+                                send!(
+                                    json!({"t": "wexit", "gen": g, "local": local, "code": 127, "stderr_tail": e})
+                                );
+                            }
+                        }
+                    }
+                    send!(json!({"t": "started", "gen": g}));
+                }
+                "stop" => {
+                    let g = proto::u64_field(&m, "gen").unwrap_or(0);
+                    if g != gen || workers.is_empty() {
+                        send!(json!({"t": "stopped", "gen": g}));
+                    } else {
+                        stopping = Some(g);
+                        term(&mut workers, libc::SIGTERM);
+                        deadline = Some(Instant::now() + ctx.leave_timeout);
+                    }
+                }
+                "end" => {
+                    ending = true;
+                    if !workers.is_empty() {
+                        term(&mut workers, libc::SIGTERM);
+                        deadline = Some(Instant::now() + ctx.leave_timeout);
+                    }
+                }
+                "error" => say!(
+                    "bft-run: the coordinator says: {}",
+                    brief(m.get("msg").and_then(Value::as_str).unwrap_or("?"))
+                ),
+                _ => {}
+            },
+            Ev::Coord(r) => {
+                if !ending && !lost {
+                    lost = true;
+                    let why = match r {
+                        Err(e) => format!(" ({e})"),
+                        _ => String::new(),
+                    };
+                    say!(
+                        "bft-run: lost the coordinator at {}{why}; stopping {} worker(s)",
+                        ctx.coord,
+                        workers.len()
+                    );
+                    term(&mut workers, libc::SIGKILL);
+                }
+            }
+            Ev::Exited(wid, code, tail) => {
+                let Some(w) = workers.remove(&wid) else {
+                    continue;
+                };
+                send!(json!({
+                    "t": "wexit", "gen": w.gen, "local": w.local, "code": code,
+                    "stopped": w.signalled, "stderr_tail": tail,
+                }));
+                if stopping == Some(w.gen) && !workers.values().any(|x| x.gen == w.gen) {
+                    stopping = None;
+                    deadline = None;
+                    send!(json!({"t": "stopped", "gen": w.gen}));
+                }
+            }
+            Ev::Term => {
+                if !leaving && !ending {
+                    leaving = true;
+                    send!(json!({"t": "leaving"}));
+                    term(&mut workers, libc::SIGTERM);
+                    deadline = Some(Instant::now() + ctx.leave_timeout);
+                }
+            }
+            Ev::Worker(..) | Ev::WorkerConn(..) | Ev::WorkerGone(..) => {}
+        }
+    }
+    if lost {
+        return Err((1, format!("lost the coordinator at {}", ctx.coord)));
+    }
+    Ok(0)
 }
 
 fn kill(pid: i32, sig: i32) {

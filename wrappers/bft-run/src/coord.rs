@@ -5,6 +5,7 @@
 use crate::kv::{self, Kv, Op, Reply};
 use crate::membership::{Gen, Membership, Outcome};
 use crate::proto::{self, brief, PROTO};
+use crate::world::{Act, World, WorldCfg};
 use bftrainer_core::runtime::RunComment;
 use bftrainer_slurm::munge::{Decoded, Munge};
 use serde_json::{json, Value};
@@ -87,12 +88,49 @@ pub struct CoordConfig {
     pub advertised: String,
     /// Give up if no worker is ready after this long.
     pub ready_timeout: Duration,
+    /// How workers run: with the library (native), or restarted whole at each
+    /// generation (torchrun).
+    pub mode: Mode,
+    /// torchrun mode: seconds a joining node waits so that others come with it.
+    pub settle: f64,
+}
+
+/// How the job's workers are run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Workers use the bftrainer library: they stay up across generations.
+    Native,
+    /// Unmodified torchrun-style scripts: every generation is a new static-size
+    /// world (torchrun's environment), the old one stopped with SIGTERM first.
+    Torchrun,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Native => "native",
+            Mode::Torchrun => "torchrun",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Mode> {
+        match s {
+            "native" => Some(Mode::Native),
+            "torchrun" => Some(Mode::Torchrun),
+            _ => None,
+        }
+    }
 }
 
 struct AgentRec {
     tx: mpsc::UnboundedSender<String>,
     workers: BTreeSet<String>,
     host: String,
+    /// Its node's name (for `bft-run hosts`), and its worker slots.
+    node: String,
+    slots: usize,
+    /// It said it leaves (SIGTERM): no longer one of the job's hosts.
+    leaving: bool,
     /// When it was last heard from (seconds since the start).
     seen: f64,
     /// Closes its connection (it froze or fell silent).
@@ -145,6 +183,8 @@ impl RateMeter {
 
 struct Shared {
     m: Membership,
+    /// torchrun mode: the worlds restarted at each generation.
+    world: Option<World>,
     agents: HashMap<u64, AgentRec>,
     next_agent: u64,
     progress: RateMeter,
@@ -153,6 +193,88 @@ struct Shared {
     last_members: Vec<String>,
     start: Instant,
     kv: Kv,
+}
+
+impl Shared {
+    /// The current generation, in either mode.
+    fn gen(&self) -> u64 {
+        self.world.as_ref().map_or_else(|| self.m.gen(), World::gen)
+    }
+}
+
+/// A torchrun-mode agent's message: what the world must do about it.
+fn world_msg(
+    s: &mut Shared,
+    id: u64,
+    host: &str,
+    msg: &Value,
+    now: f64,
+) -> Result<Vec<Act>, String> {
+    let gen = || proto::u64_field(msg, "gen");
+    let Some(w) = s.world.as_mut() else {
+        return Ok(Vec::new());
+    };
+    Ok(match proto::t(msg) {
+        "hb" | "started" => Vec::new(),
+        "port" => {
+            let port = proto::u64_field(msg, "port")?;
+            let port = u16::try_from(port)
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("{port} is not a port number"))?;
+            w.port(id, gen()?, port, now)
+        }
+        "wexit" => {
+            let g = gen()?;
+            let local = proto::u64_field(msg, "local")?.min(1 << 20) as usize;
+            let code = msg
+                .get("code")
+                .and_then(Value::as_i64)
+                .ok_or("a wexit without a whole-number \"code\"")?
+                .clamp(-255, 255) as i32;
+            if msg.get("stopped").and_then(Value::as_bool).unwrap_or(false) {
+                return Ok(Vec::new());
+            }
+            let rank = w
+                .running()
+                .filter(|p| p.gen == g)
+                .and_then(|p| p.parts.iter().find(|x| x.agent == id))
+                .map(|x| format!(" (rank {})", x.rank_base + local))
+                .unwrap_or_default();
+            let what = format!("worker {id}.{local}{rank} of generation {g} on {host}");
+            if code != 0 && w.running().is_some_and(|p| p.gen == g) {
+                let tail = proto::clip(
+                    msg.get("stderr_tail").and_then(Value::as_str).unwrap_or(""),
+                    16 << 10,
+                );
+                say!(
+                    "bft-run: {} {what} ended ({}); last lines of its stderr:\n{}",
+                    ts(),
+                    if code < 0 {
+                        format!("signal {}", -code)
+                    } else {
+                        format!("code {code}")
+                    },
+                    if tail.is_empty() { "(none)" } else { &tail }
+                );
+            }
+            w.exited(id, g, local, code, &what, now)
+        }
+        "stopped" => w.stopped(id, gen()?, now),
+        "leaving" => {
+            say!("bft-run: {} agent {id} ({host}) leaves", ts());
+            if let Some(a) = s.agents.get_mut(&id) {
+                a.leaving = true;
+            }
+            s.world.as_mut().map_or_else(Vec::new, |w| w.leave(id, now))
+        }
+        other => {
+            return Err(format!(
+                "unknown message type {:?} in torchrun mode",
+                brief(other)
+            ))
+        }
+    })
 }
 
 /// Unauthenticated connections now, oldest first: over a cap, the oldest (of that
@@ -247,6 +369,14 @@ impl Coordinator {
         let c = Arc::new(Coordinator {
             shared: Mutex::new(Shared {
                 m,
+                world: (cfg.mode == Mode::Torchrun).then(|| {
+                    World::new(WorldCfg {
+                        min_slots: cfg.min_workers,
+                        settle: cfg.settle,
+                        max_restarts: cfg.opts.max_restarts,
+                        restart_window: cfg.opts.restart_window,
+                    })
+                }),
                 agents: HashMap::new(),
                 next_agent: 1,
                 progress: RateMeter::default(),
@@ -275,6 +405,9 @@ impl Coordinator {
     pub fn end(&self, code: i32, reason: String) {
         let mut s = self.shared.lock().unwrap();
         s.m.end();
+        if let Some(w) = s.world.as_mut() {
+            w.end();
+        }
         self.finish(&mut s, code, reason);
     }
 
@@ -311,7 +444,7 @@ impl Coordinator {
                 coord: self.cfg.advertised.clone(),
                 run: self.cfg.run.clone(),
                 start: self.cfg.start,
-                gen: s.m.gen(),
+                gen: s.gen(),
                 nodes: s.nodes,
                 rate: s.progress.rate,
                 step: s.progress.step,
@@ -337,6 +470,73 @@ impl Coordinator {
                     say!("bft-run: {} {reason}", ts());
                 }
                 self.finish(s, code, reason);
+            }
+        }
+    }
+
+    /// Carries out what the world decided (torchrun mode).
+    fn world_acts(&self, s: &mut Shared, acts: Vec<Act>) {
+        for act in acts {
+            match act {
+                Act::AskPort { gen, agent } => {
+                    if let Some(a) = s.agents.get(&agent) {
+                        let _ = a.tx.send(proto::line(&json!({"t": "port", "gen": gen})));
+                    }
+                }
+                Act::Start(plan) => {
+                    let master = s
+                        .agents
+                        .get(&plan.parts[0].agent)
+                        .map(|a| a.host.clone())
+                        .unwrap_or_default();
+                    let nodes: Vec<String> = plan
+                        .parts
+                        .iter()
+                        .map(|p| {
+                            let node = s.agents.get(&p.agent).map_or("?", |a| a.node.as_str());
+                            format!("{node}:{}", p.slots)
+                        })
+                        .collect();
+                    say!(
+                        "bft-run: {} generation {}: world of {} workers on {} nodes ({}), rank 0 at {master}:{}, restart {}",
+                        ts(),
+                        plan.gen,
+                        plan.world_size,
+                        plan.parts.len(),
+                        nodes.join(" "),
+                        plan.master_port,
+                        plan.restarts
+                    );
+                    for p in &plan.parts {
+                        if let Some(a) = s.agents.get(&p.agent) {
+                            let _ = a.tx.send(proto::line(&json!({
+                                "t": "world", "gen": plan.gen, "master_addr": master,
+                                "master_port": plan.master_port, "group_rank": p.group_rank,
+                                "rank_base": p.rank_base, "world_size": plan.world_size,
+                                "nnodes": plan.parts.len(), "restarts": plan.restarts,
+                                "run_id": self.cfg.job,
+                            })));
+                        }
+                    }
+                    s.nodes = plan.parts.len() as u32;
+                    s.progress.reset(plan.gen);
+                    self.publish(s);
+                }
+                Act::Stop { gen, agents, why } => {
+                    say!("bft-run: {} stopping generation {gen}: {why}", ts());
+                    let line = proto::line(&json!({"t": "stop", "gen": gen}));
+                    for id in agents {
+                        if let Some(a) = s.agents.get(&id) {
+                            let _ = a.tx.send(line.clone());
+                        }
+                    }
+                }
+                Act::End { code, reason } => {
+                    if code == 0 {
+                        say!("bft-run: {} {reason}", ts());
+                    }
+                    self.finish(s, code, reason);
+                }
             }
         }
     }
@@ -424,7 +624,15 @@ impl Coordinator {
                 let gone: Vec<String> = a.workers.into_iter().collect();
                 let out = s.m.drop_workers(&gone, true);
                 self.apply(&mut s, out);
+                if let Some(w) = s.world.as_mut() {
+                    let acts = w.leave(id, now);
+                    self.world_acts(&mut s, acts);
+                }
             }
+        }
+        if let Some(w) = s.world.as_mut() {
+            let acts = w.tick(now);
+            self.world_acts(&mut s, acts);
         }
         let expired = s.kv.expire(now);
         self.answer(&s, expired);
@@ -445,7 +653,7 @@ impl Coordinator {
                 let _ = a.tx.send(proto::line(&json!({"t": "kill", "worker": w})));
             }
         }
-        if s.m.gen() == 0 && s.start.elapsed() > self.cfg.ready_timeout {
+        if s.gen() == 0 && s.start.elapsed() > self.cfg.ready_timeout {
             let why = format!(
                 "no worker became ready within {} s of the start",
                 self.cfg.ready_timeout.as_secs()
@@ -524,9 +732,25 @@ impl Coordinator {
             _ = evicted.notified() => return,
         };
         self.unadmit(gate_id);
-        let (host, nproc, mut welcome) = match greeted {
-            Ok(x) => x,
+        let (host, node, nproc, mut welcome) = match greeted {
+            Ok(Greeted::Agent {
+                host,
+                node,
+                nproc,
+                welcome,
+            }) => (host, node, nproc, welcome),
+            Ok(Greeted::Query(answer)) => {
+                let _ = wr.write_all(proto::line(&answer).as_bytes()).await;
+                let _ = wr.shutdown().await;
+                return;
+            }
             Err(why) => return refuse(&mut wr, &peer, &why).await,
+        };
+        // Every node of the job runs the same number of workers when the core's
+        // bft-run says how many; else each agent its own.
+        let slots = match self.cfg.nproc {
+            0 => (nproc as usize).max(1),
+            n => n,
         };
         let (tx, mut rx) = mpsc::unbounded_channel::<String>();
         let kick = Arc::new(Notify::new());
@@ -541,6 +765,9 @@ impl Coordinator {
                     tx: tx.clone(),
                     workers: BTreeSet::new(),
                     host: host.clone(),
+                    node,
+                    slots,
+                    leaving: false,
                     seen,
                     kick: kick.clone(),
                 },
@@ -557,6 +784,13 @@ impl Coordinator {
             let _ = tx.send(proto::line(
                 &json!({"t": "end", "code": code, "reason": reason}),
             ));
+        } else {
+            let mut s = self.shared.lock().unwrap();
+            let now = s.start.elapsed().as_secs_f64();
+            if let Some(w) = s.world.as_mut() {
+                let acts = w.join(id, slots, now);
+                self.world_acts(&mut s, acts);
+            }
         }
         let writer = tokio::spawn(async move {
             while let Some(l) = rx.recv().await {
@@ -595,6 +829,11 @@ impl Coordinator {
                 s.kv.forget_agent(id);
                 let out = s.m.drop_workers(&gone, true);
                 self.apply(&mut s, out);
+                let now = s.start.elapsed().as_secs_f64();
+                if let Some(w) = s.world.as_mut() {
+                    let acts = w.leave(id, now);
+                    self.world_acts(&mut s, acts);
+                }
             }
         }
         drop(tx);
@@ -608,7 +847,7 @@ impl Coordinator {
         &self,
         rd: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
         wr: &mut tokio::net::tcp::OwnedWriteHalf,
-    ) -> Result<(String, u64, Value), String> {
+    ) -> Result<Greeted, String> {
         let nonce = proto::fresh_id();
         let challenge = json!({
             "t": "challenge", "proto": PROTO, "nonce": nonce,
@@ -622,7 +861,14 @@ impl Coordinator {
             Ok(None) => return Err("closed before its hello".into()),
             Err(e) => return Err(e),
         };
-        let (host, nproc, anonce) = self.check_hello(&hello, &nonce).await?;
+        let query = hello.get("query").and_then(Value::as_str) == Some("hosts");
+        let (host, nproc, anonce) = self.check_hello(&hello, &nonce, query).await?;
+        let node = hello
+            .get("node")
+            .and_then(Value::as_str)
+            .filter(|n| proto::is_node_name(n))
+            .unwrap_or(&host)
+            .to_string();
         let munge = self.cfg.munge.clone();
         let payload = proto::coord_payload(&self.cfg.job, &self.cfg.run, &anonce);
         let owner = self.cfg.uid;
@@ -630,18 +876,46 @@ impl Coordinator {
             .await
             .map_err(|e| format!("credential failed: {e}"))?
             .map_err(|e| format!("cannot prove this coordinator to the agent: {e}"))?;
+        if query {
+            return Ok(Greeted::Query(json!({
+                "t": "hosts", "proto": PROTO, "cred": cred, "job": self.cfg.job,
+                "run": self.cfg.run, "hosts": self.hosts(),
+            })));
+        }
         let welcome = json!({
             "t": "welcome", "proto": PROTO, "cred": cred, "job": self.cfg.job,
             "run": self.cfg.run, "argv": self.cfg.argv, "cwd": self.cfg.cwd,
             "env": self.cfg.env, "nproc": self.cfg.nproc, "opts": self.cfg.opts.to_json(),
+            "mode": self.cfg.mode.name(),
         });
-        Ok((host, nproc, welcome))
+        Ok(Greeted::Agent {
+            host,
+            node,
+            nproc,
+            welcome,
+        })
+    }
+
+    /// The job's hosts now: each agent's node and worker slots, in joining order,
+    /// without those leaving.
+    fn hosts(&self) -> Value {
+        let s = self.shared.lock().unwrap();
+        let mut ids: Vec<&u64> = s.agents.keys().collect();
+        ids.sort();
+        let hosts: Vec<Value> = ids
+            .into_iter()
+            .filter_map(|id| s.agents.get(id).map(|a| (id, a)))
+            .filter(|(_, a)| !a.leaving)
+            .map(|(id, a)| json!({"agent": id, "node": a.node, "addr": a.host, "slots": a.slots}))
+            .collect();
+        Value::Array(hosts)
     }
 
     async fn check_hello(
         &self,
         hello: &Value,
         nonce: &str,
+        query: bool,
     ) -> Result<(String, u64, String), String> {
         if proto::t(hello) != "hello" {
             return Err(format!(
@@ -679,7 +953,12 @@ impl Coordinator {
                 .await
                 .map_err(|e| format!("credential check failed: {e}"))??
         };
-        let want = proto::agent_payload(
+        let payload = if query {
+            proto::query_payload
+        } else {
+            proto::agent_payload
+        };
+        let want = payload(
             &self.cfg.job,
             &self.cfg.run,
             &self.cfg.advertised,
@@ -698,6 +977,11 @@ impl Coordinator {
         let now = s.start.elapsed().as_secs_f64();
         if let Some(a) = s.agents.get_mut(&id) {
             a.seen = now;
+        }
+        if s.world.is_some() {
+            let acts = world_msg(&mut s, id, host, msg, now)?;
+            self.world_acts(&mut s, acts);
+            return Ok(());
         }
         let worker = || -> Result<String, String> {
             let w = proto::str_field(msg, "worker")?;
@@ -797,6 +1081,9 @@ impl Coordinator {
                     .map(|a| a.workers.iter().cloned().collect())
                     .unwrap_or_default();
                 say!("bft-run: {} agent {id} ({host}) leaves", ts());
+                if let Some(a) = s.agents.get_mut(&id) {
+                    a.leaving = true;
+                }
                 s.m.drop_workers(&gone, false)
             }
             "give_up" => {
@@ -810,6 +1097,17 @@ impl Coordinator {
         self.apply(&mut s, out);
         Ok(())
     }
+}
+
+/// What a greeting let in: an agent, or a query answered at once.
+enum Greeted {
+    Agent {
+        host: String,
+        node: String,
+        nproc: u64,
+        welcome: Value,
+    },
+    Query(Value),
 }
 
 /// A store request (`kv` message) as an operation.

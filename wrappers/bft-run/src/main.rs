@@ -4,7 +4,11 @@
 //!   coordinator here, one agent per node of the core allocation in a job step;
 //! - `bft-run --join PARENT` in a satellite (bftrainerd runs it): an agent that finds
 //!   the parent's coordinator in the parent's Comment and joins it;
-//! - `bft-run --local N -- CMD...`: coordinator and N agents on this machine, no Slurm.
+//! - `bft-run --local N -- CMD...`: coordinator and N agents on this machine, no Slurm;
+//! - `bft-run hosts`: the job's hosts as `host:slots` lines (inside the job).
+//!
+//! `--mode torchrun` runs unmodified torchrun-style scripts: a new world at each
+//! generation (world.rs), where the library's workers (native mode) stay up.
 //!
 //! docs/design.md ("Elastic runtime") has the protocol, docs/user.md the user's view.
 
@@ -16,15 +20,17 @@ macro_rules! say {
 mod agent;
 mod coord;
 mod gpus;
+mod hosts;
 mod kv;
 mod membership;
 mod proto;
+mod world;
 
 use bftrainer_core::runtime::RunComment;
 use bftrainer_slurm::munge::Munge;
 use bftrainer_slurm::JobBase;
 use clap::Parser;
-use coord::{CoordConfig, Coordinator};
+use coord::{CoordConfig, Coordinator, Mode};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
@@ -37,9 +43,41 @@ use std::time::{Duration, Instant};
     after_help = "Inside an elastic job:  bft-run -- python train.py\n\
                   In a satellite:          bft-run --join PARENT_JOB_ID   (bftrainerd runs it)\n\
                   On this machine:         bft-run --local 2 -- python train.py\n\
-                  The GPUs it would use:   bft-run --probe-gpus"
+                  A torchrun script:       bft-run --mode torchrun -- train.py ARGS\n\
+                  The job's hosts:         bft-run hosts\n\
+                  The GPUs it would use:   bft-run --probe-gpus",
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
+    #[command(subcommand)]
+    sub: Option<Sub>,
+    /// How workers run: `native` (the bftrainer library: workers stay up and rebuild
+    /// their process group at each generation) or `torchrun` (unmodified
+    /// torchrun-style scripts: at each generation the old world gets SIGTERM, and
+    /// after at most --leave-timeout a new static-size world starts with torchrun's
+    /// environment; the script resumes from its own checkpoint).
+    #[arg(long, default_value = "native", value_parser = mode)]
+    mode: Mode,
+    /// torchrun mode: seconds a joining node waits to be taken in (others joining
+    /// meanwhile come with it, in one restart), and the least time between a world's
+    /// start and a restart for growth. Losses and failures restart at once.
+    #[arg(long, default_value_t = 5.0, value_parser = seconds)]
+    settle: f64,
+    /// NCCL_SOCKET_IFNAME for the workers (default: the job's own, else the
+    /// interface of each node's address toward the coordinator).
+    #[arg(long, value_name = "IFNAME", value_parser = net_name)]
+    nccl_socket_ifname: Option<String>,
+    /// GLOO_SOCKET_IFNAME for the workers (default as --nccl-socket-ifname).
+    #[arg(long, value_name = "IFNAME", value_parser = net_name)]
+    gloo_socket_ifname: Option<String>,
+    /// NCCL_IB_HCA for the workers (e.g. mlx5_0:1,mlx5_1:1).
+    #[arg(long, value_name = "HCA", value_parser = net_name)]
+    nccl_ib_hca: Option<String>,
+    /// Seconds a collective may take before it fails: BFT_PG_TIMEOUT for the
+    /// library's process groups (a torchrun script may read it for
+    /// init_process_group's timeout; torch itself reads no variable for it).
+    #[arg(long, value_name = "SECONDS", value_parser = positive_seconds)]
+    pg_timeout: Option<f64>,
     /// Print the GPUs of this node (NVML: index, name, UUID, memory; and
     /// CUDA_VISIBLE_DEVICES) and the workers per node they make, and exit.
     #[arg(long, conflicts_with_all = ["join", "local", "agent"])]
@@ -105,6 +143,51 @@ struct Cli {
     cmd: Vec<String>,
 }
 
+#[derive(clap::Subcommand, Debug)]
+enum Sub {
+    /// Print the job's hosts, `host:slots` one a line (slots: workers per node), as
+    /// Horovod elastic's --host-discovery-script wants them. Run it inside the job:
+    /// it asks the job's coordinator (BFT_COORD in a worker's environment, else the
+    /// Comment of --job or of SLURM_JOB_ID), both sides proving themselves with MUNGE.
+    Hosts {
+        /// The elastic job (default: the job this runs in).
+        #[arg(long, value_name = "JOB_ID")]
+        job: Option<u32>,
+        /// Print each node's address toward the coordinator instead of its name.
+        #[arg(long)]
+        addresses: bool,
+    },
+}
+
+fn mode(s: &str) -> Result<Mode, String> {
+    Mode::parse(s).ok_or_else(|| format!("{s:?} is not a mode: native or torchrun"))
+}
+
+/// An interface or HCA list as NCCL and Gloo take it (`eth0`, `^docker,lo`,
+/// `=ib0`, `mlx5_0:1,mlx5_1:1`): nothing a shell or an environment would mangle.
+fn net_name(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 256
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:,^=-".contains(&b));
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{:?} is not an interface or HCA list (letters, digits and _.:,^=- only)",
+            proto::brief(s)
+        ))
+    }
+}
+
+/// A number of seconds over 0.
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 1e9 => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds over 0")),
+    }
+}
+
 /// A number of seconds: finite and not negative.
 fn seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -131,6 +214,9 @@ fn fail(code: i32, msg: impl std::fmt::Display) -> i32 {
 }
 
 async fn run(cli: Cli) -> i32 {
+    if let Some(Sub::Hosts { job, addresses }) = &cli.sub {
+        return hosts::run(*job, *addresses).await;
+    }
     if cli.probe_gpus {
         let (report, _) = gpus::probe_report();
         print!("{report}");
@@ -240,6 +326,21 @@ const AGENT_SET_VARS: &[&str] = &[
     "BFT_NODE_NAME",
     "BFT_JOB",
     "BFT_MUNGE_SOCKET",
+    "BFT_COORD",
+    "BFT_COORD_RUN",
+    "BFT_GENERATION",
+    // torchrun mode's world, set per generation.
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
 ];
 
 /// The environment workers get: ours without Slurm's and bft-run's own variables and
@@ -252,6 +353,52 @@ fn worker_env(vars: impl Iterator<Item = (String, String)>) -> BTreeMap<String, 
             && !agent::NODE_LOCAL_VARS.contains(&k.as_str())
     })
     .collect()
+}
+
+/// The communication libraries' settings from the flags; the default interface is
+/// each agent's (agent.rs), and the job's own environment wins over defaults.
+fn net_env(cli: &Cli) -> Vec<(String, String)> {
+    let mut v = Vec::new();
+    let mut set = |k: &str, x: &Option<String>| {
+        if let Some(x) = x {
+            v.push((k.to_string(), x.clone()));
+        }
+    };
+    set("NCCL_SOCKET_IFNAME", &cli.nccl_socket_ifname);
+    set("GLOO_SOCKET_IFNAME", &cli.gloo_socket_ifname);
+    set("NCCL_IB_HCA", &cli.nccl_ib_hca);
+    if let Some(t) = cli.pg_timeout {
+        v.push(("BFT_PG_TIMEOUT".into(), t.to_string()));
+    }
+    if cli.mode == Mode::Torchrun && std::env::var_os("TORCH_NCCL_ASYNC_ERROR_HANDLING").is_none() {
+        // As torchrun: a failed or timed-out NCCL collective ends the process (which
+        // the world's restart then handles) instead of hanging it.
+        v.push(("TORCH_NCCL_ASYNC_ERROR_HANDLING".into(), "1".into()));
+    }
+    v
+}
+
+/// The workers' command: in torchrun mode a script path (`train.py`) runs under the
+/// python on the workers' PATH, unbuffered, as torchrun runs it.
+fn worker_argv(mode: Mode, cmd: &[String], path: Option<&str>) -> Vec<String> {
+    let script = cmd.first().is_some_and(|c| c.ends_with(".py"));
+    if mode != Mode::Torchrun || !script {
+        return cmd.to_vec();
+    }
+    let on_path = |name: &str| {
+        path.unwrap_or("")
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .any(|d| std::path::Path::new(d).join(name).is_file())
+    };
+    let python = if on_path("python") {
+        "python"
+    } else {
+        "python3"
+    };
+    let mut v = vec![python.to_string(), "-u".into()];
+    v.extend(cmd.iter().cloned());
+    v
 }
 
 async fn join(cli: &Cli, parent: u32) -> i32 {
@@ -396,13 +543,17 @@ async fn coordinate(cli: &Cli) -> i32 {
         .nproc_per_node
         .unwrap_or_else(|| gpus::node_gpus().devices.len())
         .max(1);
+    let mut env = worker_env(std::env::vars());
+    for (k, v) in net_env(cli) {
+        env.insert(k, v);
+    }
     let cfg = CoordConfig {
         job: job.clone(),
-        argv: cli.cmd.clone(),
+        argv: worker_argv(cli.mode, &cli.cmd, env.get("PATH").map(String::as_str)),
         cwd: std::env::current_dir()
             .map(|d| d.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "/".into()),
-        env: worker_env(std::env::vars()),
+        env,
         nproc: cli.nproc_per_node.unwrap_or(0),
         min_workers: cli.min_workers.unwrap_or(nodes * per_node),
         broken_timeout: cli.broken_timeout,
@@ -414,6 +565,8 @@ async fn coordinate(cli: &Cli) -> i32 {
         uid: unsafe { libc::getuid() },
         advertised: advertised.clone(),
         ready_timeout: Duration::from_secs(600),
+        mode: cli.mode,
+        settle: cli.settle,
     };
     let (comment_tx, comment_done) =
         match slurm.map(|s| comment_writer(s, job.parse().unwrap_or(0))) {

@@ -48,6 +48,21 @@ pub fn agent_payload(job: &str, run: &str, to: &str, nonce: &str, anonce: &str) 
     format!("bftrainer-run:v2 agent job={job} run={run} to={to} nonce={nonce} anonce={anonce}")
 }
 
+/// The payload of a query's MUNGE credential (`bft-run hosts`): as an agent's, for a
+/// party that only asks (it cannot be taken for an agent's, nor an agent's for it).
+pub fn query_payload(job: &str, run: &str, to: &str, nonce: &str, anonce: &str) -> String {
+    format!("bftrainer-run:v2 query job={job} run={run} to={to} nonce={nonce} anonce={anonce}")
+}
+
+/// A node name a peer sent, fit for `host:slots` lines: 1 to 64 letters, digits,
+/// dots, dashes and underscores.
+pub fn is_node_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'_')
+}
+
 /// The payload of the coordinator's MUNGE credential in its welcome: proves that the
 /// coordinator runs as the job's owner, for this job and run, on this connection.
 pub fn coord_payload(job: &str, run: &str, anonce: &str) -> String {
