@@ -132,7 +132,7 @@ fn holding(dir: &Path, world: u64, step: u64, after: Option<u64>) -> Option<u64>
     (last["world"] == world
         && last["step"] == step
         && last["hold"] == true
-        && after.is_none_or(|a| r > a))
+        && after.map_or(true, |a| r > a))
     .then_some(r)
 }
 
@@ -184,7 +184,7 @@ fn check_world(r: u64, ranks: &BTreeMap<u64, Value>, per_node: u64) -> u64 {
             "{ctx}"
         );
         assert_eq!(num(v, "TORCHELASTIC_RESTART_COUNT"), r, "{ctx}");
-        assert_eq!(num(v, "BFT_GENERATION") >= r + 1, true, "{ctx}");
+        assert!(num(v, "BFT_GENERATION") > r, "{ctx}");
         assert_eq!(v["MASTER_ADDR"], "127.0.0.1", "{ctx}");
         assert_eq!(v["MASTER_PORT"], any["MASTER_PORT"], "{ctx}");
         assert!(num(v, "MASTER_PORT") > 0, "{ctx}");
