@@ -8,6 +8,11 @@ machine, in one run:
   killed with -9;
 - torchrun's pause when it restarts every worker (what it does on any membership
   change) after a worker is killed with -9, resuming from its last checkpoint;
+- bft-run --mode torchrun (the plain script, unmodified, restarted as a new world at
+  every change, resuming from its checkpoint of every 20 steps): its pause and the
+  steps it redoes per scale-out, scale-in on SIGTERM and node killed with -9, on the
+  same machine in the same run as the native mode's (--skip-torchrun-mode leaves it
+  out);
 - with --torchft DIR, torchft used plainly (wrappers/python/bench/torchft_train.py):
   steady state and the same changes.
 
@@ -92,9 +97,10 @@ def median_step(tl, world: Optional[int] = None, skip: int = 20) -> float:
     return statistics.median(d[skip:] if len(d) > 2 * skip else d)
 
 
-def pauses(tl) -> List[Tuple[int, int, float]]:
-    """(world before, world after, pause in s) at every change of world: the gap across
-    it minus the median step time of the 50 steps before it."""
+def pauses(tl) -> List[Tuple[int, int, float, int]]:
+    """(world before, world after, pause in s, steps redone) at every change of world:
+    the gap across it minus the median step time of the 50 steps before it, and how
+    many steps the new world took again (a restart from a checkpoint)."""
     out = []
     for i in range(1, len(tl)):
         a, b = tl[i - 1], tl[i]
@@ -105,7 +111,7 @@ def pauses(tl) -> List[Tuple[int, int, float]]:
                 d.append(tl[j][0] - tl[j - 1][0])
                 j -= 1
             step = statistics.median(d) if d else 0.0
-            out.append((a[2], b[2], b[0] - a[0] - step))
+            out.append((a[2], b[2], b[0] - a[0] - step, max(0, a[1] - b[1] + 1)))
     return out
 
 
@@ -148,15 +154,22 @@ def run_native(bft: str, py: str, d: str, epochs: int, munge: str) -> float:
     return median_step(timeline(tl))
 
 
-def native_events(bft: str, py: str, d: str, munge: str, rounds: int):
-    tl = os.path.join(d, "events.tl")
-    coord_file = os.path.join(d, "coord")
+def native_events(bft: str, py: str, d: str, munge: str, rounds: int, torchrun_mode: bool = False):
+    """The membership changes under bft-run; with torchrun_mode, `--mode torchrun` with
+    the plain script (a checkpoint every 20 steps). (kind, pause, steps redone) each."""
+    name = "trmode" if torchrun_mode else "events"
+    tl = os.path.join(d, f"{name}.tl")
+    coord_file = os.path.join(d, f"{name}.coord")
     e = env_with_lib()
     e["BFT_MUNGE_SOCKET"] = munge
-    errlog = open(os.path.join(d, "events.log"), "w")
-    main = subprocess.Popen([bft, "--local", "2", "--coord-file", coord_file, "--", py, TRAIN, *MODEL,
-                             "--epochs", "1000", "--timeline", tl],
-                            env=e, stdout=subprocess.DEVNULL, stderr=errlog)
+    errlog = open(os.path.join(d, f"{name}.log"), "w")
+    if torchrun_mode:
+        ck = os.path.join(d, f"{name}.ckpt")
+        cmd = ["--mode", "torchrun", "--coord-file", coord_file, "--", py, PLAIN, *MODEL, "--epochs", "1000",
+               "--timeline", tl, "--checkpoint", ck, "--checkpoint-every", "20"]
+    else:
+        cmd = ["--coord-file", coord_file, "--", py, TRAIN, *MODEL, "--epochs", "1000", "--timeline", tl]
+    main = subprocess.Popen([bft, "--local", "2", *cmd], env=e, stdout=subprocess.DEVNULL, stderr=errlog)
     while not (os.path.exists(coord_file) and open(coord_file).read().endswith("\n")):
         time.sleep(0.05)
     coord, job, run = open(coord_file).read().split()
@@ -195,7 +208,7 @@ def native_events(bft: str, py: str, d: str, munge: str, rounds: int):
     got = pauses(timeline(tl))
     if len(got) != len(marks):
         sys.exit(f"expected {len(marks)} changes of world, saw {len(got)}: {got}")
-    return list(zip(marks, [p for _, _, p in got]))
+    return [(k, p, r) for k, (_, _, p, r) in zip(marks, got)]
 
 
 def free_port() -> int:
@@ -264,15 +277,17 @@ def torchft_events(py: str, d: str, ftlib: str, rounds: int):
     got = pauses(timeline(tl))
     if len(got) != len(marks):
         sys.exit(f"torchft: expected {len(marks)} changes of world, saw {len(got)}: {got}")
-    return steady, list(zip(marks, [x for _, _, x in got]))
+    return steady, [(k, x, r) for k, (_, _, x, r) in zip(marks, got)]
 
 
 def report(name: str, ev, step: float) -> None:
     for kind in ("out", "in", "kill"):
-        xs = [x for k, x in ev if k == kind]
+        xs = [x for k, x, _ in ev if k == kind]
+        redo = [r for k, _, r in ev if k == kind]
         what = {"out": "scale-out (2->3)", "in": "scale-in on SIGTERM (3->2)", "kill": "node killed -9 (3->2)"}[kind]
         log(f"{name} {what}: pause median {statistics.median(xs):.3f} s, max {max(xs):.3f} s over {len(xs)} "
-            f"({', '.join(f'{x:.3f}' for x in xs)}); = {statistics.median(xs) / step:.0f} steps")
+            f"({', '.join(f'{x:.3f}' for x in xs)}); = {statistics.median(xs) / step:.0f} steps; "
+            f"steps redone {', '.join(str(r) for r in redo)}")
 
 
 def torchrun_restarts(py: str, d: str, rounds: int) -> List[float]:
@@ -324,6 +339,8 @@ def main() -> None:
     ap.add_argument("--python", default=os.path.join(os.environ.get("BFT_VENV", "/opt/bftrainer-venv"), "bin", "python"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-steady", action="store_true", help="only the membership changes")
+    ap.add_argument("--skip-torchrun-mode", action="store_true", help="leave bft-run --mode torchrun out")
+    ap.add_argument("--skip-torchrun", action="store_true", help="leave torchrun itself out")
     ap.add_argument("--torchft", default=None, help="a directory with torchft installed (pip install --target DIR torchft): measure it too")
     ap.add_argument("--keep", default=None, help="keep the timelines and logs in this directory")
     args = ap.parse_args()
@@ -347,10 +364,15 @@ def main() -> None:
                 f"bft-run throughput = {p / n:.3f} x plain")
             ev = native_events(args.bft_run, args.python, d, m.sock, args.rounds)
             report("bft-run", ev, n)
+            if not args.skip_torchrun_mode:
+                tm = native_events(args.bft_run, args.python, d, m.sock, args.rounds, torchrun_mode=True)
+                report("bft-run --mode torchrun", tm, p)
             if args.torchft:
                 ft_step, ft = torchft_events(args.python, d, args.torchft, args.rounds)
                 log(f"torchft steady state, 2 replica groups: {ft_step * 1000:.2f} ms/step = {p / ft_step:.3f} x plain")
                 report("torchft", ft, ft_step)
+            if args.skip_torchrun:
+                return
             tr = torchrun_restarts(args.python, d, args.rounds)
             xs = [x for x, _ in tr]
             log(f"torchrun restart of all workers (-9 on one, --max-restarts): pause median {statistics.median(xs):.3f} s, "

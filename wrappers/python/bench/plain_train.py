@@ -27,9 +27,12 @@ args = p.parse_args()
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 # A store key prefix per torchrun restart: keys of the previous round's ranks would
-# otherwise send the restarted ranks to dead addresses (seen with torch 2.15).
+# otherwise send the restarted ranks to dead addresses (seen with torch 2.15). Under
+# torchrun the agent holds the store (TORCHELASTIC_USE_AGENT_STORE=True); under
+# bft-run --mode torchrun, as without a launcher, rank 0 does (as env:// decides).
+agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=rank == 0
-                      and "TORCHELASTIC_RESTART_COUNT" not in os.environ, timeout=datetime.timedelta(seconds=60))
+                      and not agent_store, timeout=datetime.timedelta(seconds=60))
 prefix = f"round{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=world)
 X, Y, model, opt = job(args.samples, args.hidden, args.lr)

@@ -102,7 +102,7 @@ def events(bft: str, py: str, d: str, munge: str, step: float, hang: float):
     got = pauses(timeline(tl))
     if len(got) != len(marks):
         sys.exit(f"steps of {step} s: expected {len(marks)} changes of world, saw {len(got)}: {got}")
-    return list(zip(marks, [p for _, _, p in got]))
+    return list(zip(marks, [p for _, _, p, _ in got]))
 
 
 def rss(cmd, env, what: str):
