@@ -521,3 +521,203 @@ fn cluster_runtime_another_user_cannot_reach_a_requeued_job_through_its_old_addr
     );
     eprintln!("impostor saw: {seen:?}\n{said}");
 }
+
+/// The last progress line of tests/ddp_torchrun.py (rank 0's): a world of `world`
+/// holding at `step`, in a restart later than `after`; its restart count.
+fn torchrun_holding(logs: &Path, world: u64, step: u64, after: Option<u64>) -> Option<u64> {
+    let text = std::fs::read_to_string(logs.join("progress")).ok()?;
+    let last: serde_json::Value = serde_json::from_str(text.lines().last()?).ok()?;
+    let r = last["restart"].as_u64()?;
+    (last["world"] == world
+        && last["step"] == step
+        && last["hold"] == true
+        && after.map_or(true, |a| r > a))
+    .then_some(r)
+}
+
+/// `bft-run hosts --job JOB` as the job's owner, outside the job: its lines.
+fn hosts_of(l: &Live, job: u32) -> String {
+    let out =
+        l.c.command_as_test_user(bft_run())
+            .unwrap()
+            .args(["hosts", "--job", &job.to_string()])
+            .output()
+            .unwrap();
+    assert!(
+        out.status.success(),
+        "bft-run hosts: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn cluster_runtime_torchrun_script_through_grow_preemption_and_regrow() {
+    venv();
+    let bft = bft_run();
+    let setup = live::setup_join("bfttr", "", "", &|_| {
+        format!("{} --join {{parent}}", bft.display())
+    });
+    let mut l = Live::from_setup(setup);
+    l.spawn();
+    let user = bftrainer_testcluster::TEST_USER.to_string();
+    let work = l.dir.join("work");
+    let logs = work.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    for d in [&work, &logs] {
+        assert!(Command::new("chown")
+            .arg(&user)
+            .arg(d)
+            .status()
+            .unwrap()
+            .success());
+    }
+    let _show = ShowOutput(work.clone());
+    // The script steps only up to the number in this file: each change below lands at
+    // a known step, whatever the machine's load.
+    let limit = work.join("limit");
+    let set_limit = |n: u64| std::fs::write(&limit, n.to_string()).unwrap();
+    set_limit(20);
+    let budget = 60;
+    let script = work.join("train.sbatch");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n#SBATCH -J train\n#SBATCH -o {work}/job.out\n\
+             export PATH={venv}/bin:$PATH\n\
+             exec {bft} --mode torchrun --settle 2 --leave-timeout 20 -- \
+             {repo}/wrappers/bft-run/tests/ddp_torchrun.py --ckpt {work}/ckpt.pt \
+             --steps {budget} --log {logs} --limit-file {limit}\n",
+            work = work.display(),
+            venv = venv().display(),
+            bft = bft.display(),
+            repo = repo().display(),
+            logs = logs.display(),
+            limit = limit.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let job = l.sbatch_as_user(&["--elastic=1:4", script.to_str().unwrap()], Some(&work));
+
+    // 1. Grows to 4 nodes: a world of 4 (one worker a node) at step 20.
+    let r = l.wait(240, "a world of 4 at step 20", || {
+        torchrun_holding(&logs, 4, 20, None)
+    });
+    let hosts = hosts_of(&l, job);
+    assert_eq!(hosts.lines().count(), 4, "{hosts}");
+    assert!(hosts.lines().all(|h| h.ends_with(":1")), "{hosts}");
+    set_limit(40);
+    l.wait(120, "step 40 in the world of 4", || {
+        torchrun_holding(&logs, 4, 40, Some(r - 1))
+    });
+
+    // 2. A regular job takes 2 nodes: 2 satellites are preempted (SIGTERM with
+    //    GraceTime), the world is stopped and restarted on the 2 nodes left.
+    let t0 = Instant::now();
+    let reg =
+        l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 10"])
+            .unwrap();
+    l.wait(GRACE_TIME_S + 5, "the regular job to start", || {
+        (l.state_of(reg) == "RUNNING").then_some(())
+    });
+    eprintln!(
+        "regular job running {:.1} s after submission",
+        t0.elapsed().as_secs_f64()
+    );
+    let r2 = l.wait(120, "a world of 2 at step 40", || {
+        torchrun_holding(&logs, 2, 40, Some(r))
+    });
+    let hosts = hosts_of(&l, job);
+    assert_eq!(hosts.lines().count(), 2, "{hosts}");
+
+    // 3. The regular job ends; bftrainerd grows the job back to 4.
+    let r3 = l.wait(240, "a world of 4 at step 40 again", || {
+        torchrun_holding(&logs, 4, 40, Some(r2))
+    });
+    assert_eq!(hosts_of(&l, job).lines().count(), 4);
+    set_limit(budget);
+
+    // 4. It finishes at the budget, learned, every step once.
+    l.wait(300, "the elastic job to complete", || {
+        let s = l.state_of(job);
+        (!["RUNNING", "PENDING", "CONFIGURING", "COMPLETING"].contains(&s.as_str())).then_some(())
+    });
+    let text = job_out(&work);
+    assert_eq!(l.state_of(job), "COMPLETED", "job output:\n{text}");
+    assert!(comment(&l, job).is_some_and(|c| c.done), "{text}");
+    let fin = text
+        .lines()
+        .find_map(|l| l.split_once("final step=").map(|(_, r)| r.to_string()))
+        .unwrap_or_else(|| panic!("no final line:\n{text}"));
+    let (steps, loss) = fin.split_once(" loss=").unwrap();
+    assert_eq!(steps.parse::<u64>().unwrap(), budget, "{text}");
+    let loss: f64 = loss.trim().parse().unwrap();
+    assert!(loss < 0.01, "loss {loss}:\n{text}");
+    let progress = std::fs::read_to_string(logs.join("progress")).unwrap();
+    let stepped: Vec<u64> = progress
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["hold"] == false)
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(stepped, (1..=budget).collect::<Vec<_>>(), "{progress}");
+
+    // Every world: ranks 0..W, one worker per node, rank 0's address shared.
+    let mut worlds: std::collections::BTreeMap<u64, Vec<serde_json::Value>> = Default::default();
+    for e in std::fs::read_dir(&logs).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name
+            .strip_prefix("env-r")
+            .and_then(|n| n.strip_suffix(".json"))
+        else {
+            continue;
+        };
+        let (r, _) = rest.split_once("-k").unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(e.path()).unwrap()).unwrap();
+        worlds.entry(r.parse().unwrap()).or_default().push(v);
+    }
+    let n = |v: &serde_json::Value, k: &str| -> u64 {
+        v[k].as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(u64::MAX)
+    };
+    let mut sizes = Vec::new();
+    for (r, ranks) in &worlds {
+        let w = n(&ranks[0], "WORLD_SIZE");
+        let mut seen: Vec<u64> = ranks.iter().map(|v| n(v, "RANK")).collect();
+        seen.sort();
+        assert_eq!(seen, (0..w).collect::<Vec<_>>(), "restart {r}: {ranks:?}");
+        for v in ranks {
+            assert_eq!(n(v, "WORLD_SIZE"), w, "{v}");
+            assert_eq!(n(v, "TORCHELASTIC_RESTART_COUNT"), *r, "{v}");
+            assert_eq!(
+                (n(v, "LOCAL_RANK"), n(v, "LOCAL_WORLD_SIZE")),
+                (0, 1),
+                "{v}"
+            );
+            assert_eq!(n(v, "GROUP_RANK"), n(v, "RANK"), "{v}");
+            assert_eq!(v["MASTER_ADDR"], ranks[0]["MASTER_ADDR"], "{v}");
+            assert_eq!(v["MASTER_PORT"], ranks[0]["MASTER_PORT"], "{v}");
+            assert_eq!(v["TORCHELASTIC_RUN_ID"], job.to_string(), "{v}");
+            assert!(
+                v["GLOO_SOCKET_IFNAME"]
+                    .as_str()
+                    .is_some_and(|s| !s.is_empty()),
+                "{v}"
+            );
+        }
+        sizes.push(w);
+    }
+    assert_eq!(sizes.last(), Some(&4), "{sizes:?}");
+    assert!(sizes.contains(&2), "{sizes:?}");
+    assert!(r3 > r2 && r2 > r, "{sizes:?}");
+    eprintln!("worlds by restart: {sizes:?}");
+    for l in text
+        .lines()
+        .filter(|l| l.contains("generation") || l.contains("leaves"))
+    {
+        eprintln!("{l}");
+    }
+}

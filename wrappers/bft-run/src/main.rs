@@ -818,6 +818,83 @@ mod tests {
     }
 
     #[test]
+    fn torchrun_mode_runs_a_bare_script_under_the_python_on_path() {
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let dir = tempfile_dir();
+        std::fs::write(dir.join("python"), "").unwrap();
+        let path = format!("/nonexistent:{}", dir.display());
+        assert_eq!(
+            worker_argv(Mode::Torchrun, &v(&["train.py", "--x"]), Some(&path)),
+            v(&["python", "-u", "train.py", "--x"])
+        );
+        assert_eq!(
+            worker_argv(Mode::Torchrun, &v(&["train.py"]), Some("/nonexistent")),
+            v(&["python3", "-u", "train.py"])
+        );
+        for cmd in [v(&["python", "train.py"]), v(&["./a.out"])] {
+            assert_eq!(worker_argv(Mode::Torchrun, &cmd, Some(&path)), cmd);
+        }
+        assert_eq!(
+            worker_argv(Mode::Native, &v(&["train.py"]), Some(&path)),
+            v(&["train.py"])
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("bft-run-test-{}", proto::fresh_id()));
+        std::fs::create_dir(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn network_flags_are_checked_and_reach_the_workers() {
+        let cli = Cli::try_parse_from([
+            "bft-run",
+            "--mode",
+            "torchrun",
+            "--nccl-socket-ifname",
+            "^docker,lo",
+            "--gloo-socket-ifname",
+            "ib0",
+            "--nccl-ib-hca",
+            "mlx5_0:1,mlx5_1:1",
+            "--pg-timeout",
+            "90",
+            "--",
+            "train.py",
+        ])
+        .unwrap();
+        let env: BTreeMap<String, String> = net_env(&cli).into_iter().collect();
+        assert_eq!(env["NCCL_SOCKET_IFNAME"], "^docker,lo");
+        assert_eq!(env["GLOO_SOCKET_IFNAME"], "ib0");
+        assert_eq!(env["NCCL_IB_HCA"], "mlx5_0:1,mlx5_1:1");
+        assert_eq!(env["BFT_PG_TIMEOUT"], "90");
+        for bad in ["eth0; rm -rf /", "", "a b", "eth0\n", "$(id)"] {
+            let e = Cli::try_parse_from(["bft-run", "--nccl-socket-ifname", bad, "--", "x"])
+                .unwrap_err();
+            assert!(e.to_string().contains("not an interface"), "{bad:?}: {e}");
+        }
+        for bad in ["0", "-1", "inf", "x"] {
+            assert!(Cli::try_parse_from(["bft-run", "--pg-timeout", bad, "--", "x"]).is_err());
+        }
+        let e = Cli::try_parse_from(["bft-run", "--mode", "mpi", "--", "x"]).unwrap_err();
+        assert!(e.to_string().contains("native or torchrun"), "{e}");
+        let cli = Cli::try_parse_from(["bft-run", "hosts", "--job", "42"]).unwrap();
+        assert!(matches!(
+            cli.sub,
+            Some(Sub::Hosts {
+                job: Some(42),
+                addresses: false
+            })
+        ));
+        // A command after -- is never taken for the subcommand.
+        let cli = Cli::try_parse_from(["bft-run", "--", "hosts"]).unwrap();
+        assert!(cli.sub.is_none());
+        assert_eq!(cli.cmd, vec!["hosts"]);
+    }
+
+    #[test]
     fn satellites_follow_only_this_runs_comment() {
         let c = |run: &str, start| RunComment {
             coord: "h:1".into(),

@@ -441,3 +441,28 @@ fn hosts_without_a_coordinator_or_from_an_impostor_prints_nothing() {
     assert_eq!((code, out.as_str()), (Some(1), ""), "{err}");
     assert!(err.contains("is not job local's coordinator"), "{err}");
 }
+
+#[test]
+fn a_failing_torchrun_worker_is_restarted_then_fails_the_job_with_its_code() {
+    let m = Munged::start();
+    let o = m
+        .bft()
+        .args(["--local", "2", "--mode", "torchrun", "--max-restarts", "2"])
+        .args(["--", "python3", "-c"])
+        .arg("import os, sys; print('boom in', os.environ['RANK'], file=sys.stderr); sys.exit(3 if os.environ['RANK'] == '1' else 0)")
+        .output()
+        .unwrap();
+    let all = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{all}");
+    // Three worlds (the first and two restarts), then the end with the code and the tail.
+    for g in ["restart 0", "restart 1", "restart 2"] {
+        assert!(all.contains(g), "{g}: {all}");
+    }
+    assert!(!all.contains("restart 3"), "{all}");
+    assert!(all.contains("(rank 1) of generation 3"), "{all}");
+    assert!(
+        all.contains("not restarted: 2 restarts within 600 s already"),
+        "{all}"
+    );
+    assert!(all.contains("boom in 1"), "{all}");
+}
