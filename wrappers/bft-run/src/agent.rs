@@ -1001,6 +1001,73 @@ pub fn iface_of(addr: &str) -> Option<String> {
     found
 }
 
+/// This node's part of a world, as the coordinator's `world` message gives it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorldPart {
+    pub gen: u64,
+    pub rank_base: u64,
+    pub world_size: u64,
+    pub group_rank: u64,
+    pub nnodes: u64,
+    pub restarts: u64,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub run_id: String,
+}
+
+impl WorldPart {
+    pub fn from_msg(m: &Value) -> Result<WorldPart, String> {
+        let num = |k: &str| proto::u64_field(m, k);
+        let master_addr = proto::str_field(m, "master_addr")?;
+        if master_addr.parse::<std::net::IpAddr>().is_err() && !proto::is_node_name(master_addr) {
+            return Err(format!("{:?} is not an address", brief(master_addr)));
+        }
+        let run_id = proto::str_field(m, "run_id")?;
+        if !proto::is_node_name(run_id) {
+            return Err(format!("{:?} is not a run id", brief(run_id)));
+        }
+        let part = WorldPart {
+            gen: num("gen")?,
+            rank_base: num("rank_base")?,
+            world_size: num("world_size")?,
+            group_rank: num("group_rank")?,
+            nnodes: num("nnodes")?,
+            restarts: num("restarts")?,
+            master_addr: master_addr.to_string(),
+            master_port: u16::try_from(num("master_port")?)
+                .map_err(|_| "master_port is not a port".to_string())?,
+            run_id: run_id.to_string(),
+        };
+        if part.rank_base >= part.world_size || part.group_rank >= part.nnodes {
+            return Err("ranks outside the world".into());
+        }
+        Ok(part)
+    }
+
+    /// torchrun's environment for local rank `local` (torch's local_elastic_agent
+    /// sets the same names); an MPI mode would give its own here.
+    pub fn torchrun_env(&self, local: usize) -> Vec<(String, String)> {
+        let rank = self.rank_base + local as u64;
+        let v = |k: &str, x: String| (k.to_string(), x);
+        vec![
+            v("RANK", rank.to_string()),
+            v("WORLD_SIZE", self.world_size.to_string()),
+            v("GROUP_RANK", self.group_rank.to_string()),
+            v("GROUP_WORLD_SIZE", self.nnodes.to_string()),
+            v("ROLE_RANK", rank.to_string()),
+            v("ROLE_NAME", "default".into()),
+            v("ROLE_WORLD_SIZE", self.world_size.to_string()),
+            v("MASTER_ADDR", self.master_addr.clone()),
+            v("MASTER_PORT", self.master_port.to_string()),
+            v("TORCHELASTIC_RESTART_COUNT", self.restarts.to_string()),
+            v("TORCHELASTIC_MAX_RESTARTS", "0".into()),
+            v("TORCHELASTIC_RUN_ID", self.run_id.clone()),
+            v("TORCHELASTIC_USE_AGENT_STORE", "False".into()),
+            v("BFT_GENERATION", self.gen.to_string()),
+        ]
+    }
+}
+
 /// What a torchrun-mode agent works with.
 struct WorldAgent {
     agent_id: u64,
@@ -1090,51 +1157,20 @@ async fn world_agent(
                     send!(json!({"t": "port", "gen": g, "port": port}));
                 }
                 "world" => {
-                    let num = |k: &str| proto::u64_field(&m, k);
-                    let fields = (|| -> Result<_, String> {
-                        Ok((
-                            num("gen")?,
-                            num("rank_base")?,
-                            num("world_size")?,
-                            num("group_rank")?,
-                            num("nnodes")?,
-                            num("restarts")?,
-                            num("master_port")?,
-                            proto::str_field(&m, "master_addr")?.to_string(),
-                            proto::str_field(&m, "run_id")?.to_string(),
-                        ))
-                    })();
-                    let (g, base, size, group, nnodes, restarts, port, addr, run_id) =
-                        fields.map_err(|e| (2, format!("a bad world message: {e}")))?;
+                    let part = WorldPart::from_msg(&m)
+                        .map_err(|e| (2, format!("a bad world message: {e}")))?;
                     if leaving || ending {
                         continue;
                     }
                     // Workers of an older world still here (never, unless a stop was
                     // missed): they must not share the node with the new one.
                     term(&mut workers, libc::SIGKILL);
+                    let g = part.gen;
                     gen = g;
                     stopping = None;
                     deadline = None;
-                    let n = ctx.cfg.nproc;
-                    for local in 0..n {
-                        let rank = base as usize + local;
-                        let v = |k: &str, x: String| (k.to_string(), x);
-                        ctx.cfg.extra = vec![
-                            v("RANK", rank.to_string()),
-                            v("WORLD_SIZE", size.to_string()),
-                            v("GROUP_RANK", group.to_string()),
-                            v("GROUP_WORLD_SIZE", nnodes.to_string()),
-                            v("ROLE_RANK", rank.to_string()),
-                            v("ROLE_NAME", "default".into()),
-                            v("ROLE_WORLD_SIZE", size.to_string()),
-                            v("MASTER_ADDR", addr.clone()),
-                            v("MASTER_PORT", port.to_string()),
-                            v("TORCHELASTIC_RESTART_COUNT", restarts.to_string()),
-                            v("TORCHELASTIC_MAX_RESTARTS", "0".into()),
-                            v("TORCHELASTIC_RUN_ID", run_id.clone()),
-                            v("TORCHELASTIC_USE_AGENT_STORE", "False".into()),
-                            v("BFT_GENERATION", g.to_string()),
-                        ];
+                    for local in 0..ctx.cfg.nproc {
+                        ctx.cfg.extra = part.torchrun_env(local);
                         let wid = format!("{id}.{local}.g{g}");
                         match spawn_worker(&ctx.cfg, &wid, local, &ev_tx) {
                             Ok(pid) => {
@@ -1250,4 +1286,53 @@ fn tempdir() -> std::io::Result<PathBuf> {
         }
     }
     Err(std::io::Error::other("no free name"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_world_message_gives_torchruns_environment_per_local_rank() {
+        let m = json!({
+            "t": "world", "gen": 7, "master_addr": "10.1.2.3", "master_port": 29511,
+            "group_rank": 1, "rank_base": 4, "world_size": 12, "nnodes": 3, "restarts": 6,
+            "run_id": "4242",
+        });
+        let p = WorldPart::from_msg(&m).unwrap();
+        let env: BTreeMap<String, String> = p.torchrun_env(3).into_iter().collect();
+        for (k, v) in [
+            ("RANK", "7"),
+            ("WORLD_SIZE", "12"),
+            ("GROUP_RANK", "1"),
+            ("GROUP_WORLD_SIZE", "3"),
+            ("ROLE_RANK", "7"),
+            ("ROLE_WORLD_SIZE", "12"),
+            ("MASTER_ADDR", "10.1.2.3"),
+            ("MASTER_PORT", "29511"),
+            ("TORCHELASTIC_RESTART_COUNT", "6"),
+            ("TORCHELASTIC_RUN_ID", "4242"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "False"),
+            ("BFT_GENERATION", "7"),
+        ] {
+            assert_eq!(env[k], v, "{k}");
+        }
+        let bad = |k: &str, v: Value| {
+            let mut x = m.clone();
+            x[k] = v;
+            WorldPart::from_msg(&x).unwrap_err()
+        };
+        assert!(bad("master_addr", json!("h; rm -rf /")).contains("not an address"));
+        assert!(bad("master_port", json!(70000)).contains("not a port"));
+        assert!(bad("rank_base", json!(12)).contains("outside"));
+        assert!(bad("run_id", json!("a b")).contains("run id"));
+        assert!(bad("gen", json!(-1)).contains("gen"));
+    }
+
+    #[test]
+    fn the_interface_of_an_address() {
+        assert_eq!(iface_of("127.0.0.1").as_deref(), Some("lo"));
+        assert_eq!(iface_of("192.0.2.250"), None);
+        assert_eq!(iface_of("not an address"), None);
+    }
 }
