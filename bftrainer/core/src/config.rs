@@ -212,6 +212,66 @@ impl<'a> Table<'a> {
     }
 }
 
+/// `[runtime]` keys bft-run reads: the communication libraries' settings for every
+/// elastic job's workers (bftrainerd checks them as well, and uses none).
+pub const RUNTIME_NET_KEYS: [&str; 4] = [
+    "nccl_socket_ifname",
+    "gloo_socket_ifname",
+    "nccl_ib_hca",
+    "pg_timeout",
+];
+
+/// The site's defaults for the workers' NCCL and Gloo settings (`[runtime]`); a job's
+/// own environment and bft-run's flags come first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RuntimeNet {
+    pub nccl_socket_ifname: Option<String>,
+    pub gloo_socket_ifname: Option<String>,
+    pub nccl_ib_hca: Option<String>,
+    /// Seconds (BFT_PG_TIMEOUT).
+    pub pg_timeout: Option<f64>,
+}
+
+/// An interface or HCA list as NCCL and Gloo take it (`eth0`, `^docker,lo`, `=ib0`,
+/// `mlx5_0:1,mlx5_1:1`): at most 256 letters, digits and `_.:,^=-`.
+pub fn net_name_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 256
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:,^=-".contains(&b))
+}
+
+/// The `[runtime]` network settings of a parsed bftrainer.toml, checked.
+pub fn runtime_net(doc: &toml::Table, file: &str) -> Result<RuntimeNet, ConfigError> {
+    let r = Table::new(doc, "runtime", file);
+    let name = |k: &str| -> Result<Option<String>, ConfigError> {
+        match r.opt_string(k)? {
+            Some(v) if !net_name_ok(&v) => Err(r.err(
+                k,
+                format!(
+                    "'{v}' is not an interface or HCA list; expected letters, digits and _.:,^=- (e.g. \"ib0\", \"^docker,lo\", \"mlx5_0:1\")"
+                ),
+            )),
+            x => Ok(x),
+        }
+    };
+    Ok(RuntimeNet {
+        nccl_socket_ifname: name("nccl_socket_ifname")?,
+        gloo_socket_ifname: name("gloo_socket_ifname")?,
+        nccl_ib_hca: name("nccl_ib_hca")?,
+        pg_timeout: if r.has("pg_timeout") {
+            Some(r.seconds("pg_timeout", 1.0..=604_800.0, 1800.0)?)
+        } else {
+            None
+        },
+    })
+}
+
+/// [`runtime_net`] of a file's text (bft-run's reading of bftrainer.toml).
+pub fn read_runtime_net(text: &str, file: &str) -> Result<RuntimeNet, ConfigError> {
+    runtime_net(&parse_doc(text, file)?, file)
+}
+
 /// A Slurm partition name: letters, digits, '.', '_' or '-'.
 pub fn partition_name_ok(s: &str) -> bool {
     !s.is_empty()
@@ -222,6 +282,40 @@ pub fn partition_name_ok(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runtime_network_settings_are_checked() {
+        let n = read_runtime_net(
+            "[runtime]\nnccl_socket_ifname = \"^docker,lo\"\nnccl_ib_hca = \"mlx5_0:1\"\npg_timeout = 90\n",
+            "/c.toml",
+        )
+        .unwrap();
+        assert_eq!(n.nccl_socket_ifname.as_deref(), Some("^docker,lo"));
+        assert_eq!(n.gloo_socket_ifname, None);
+        assert_eq!(n.nccl_ib_hca.as_deref(), Some("mlx5_0:1"));
+        assert_eq!(n.pg_timeout, Some(90.0));
+        assert_eq!(
+            read_runtime_net("", "/c.toml").unwrap(),
+            RuntimeNet::default()
+        );
+        for (text, want) in [
+            (
+                "[runtime]\ngloo_socket_ifname = \"eth0; id\"",
+                "/c.toml: [runtime] gloo_socket_ifname: 'eth0; id' is not an interface",
+            ),
+            (
+                "[runtime]\npg_timeout = 0",
+                "/c.toml: [runtime] pg_timeout: 0 is out of range",
+            ),
+            (
+                "[runtime]\nnccl_ib_hca = 3",
+                "/c.toml: [runtime] nccl_ib_hca: expected a string",
+            ),
+        ] {
+            let e = read_runtime_net(text, "/c.toml").unwrap_err().0;
+            assert!(e.starts_with(want), "{text}: {e}");
+        }
+    }
 
     fn doc(text: &str) -> toml::Table {
         parse_doc(text, "/c.toml").unwrap()

@@ -166,11 +166,7 @@ fn mode(s: &str) -> Result<Mode, String> {
 /// An interface or HCA list as NCCL and Gloo take it (`eth0`, `^docker,lo`,
 /// `=ib0`, `mlx5_0:1,mlx5_1:1`): nothing a shell or an environment would mangle.
 fn net_name(s: &str) -> Result<String, String> {
-    let ok = !s.is_empty()
-        && s.len() <= 256
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_.:,^=-".contains(&b));
-    if ok {
+    if bftrainer_core::config::net_name_ok(s) {
         Ok(s.to_string())
     } else {
         Err(format!(
@@ -355,22 +351,57 @@ fn worker_env(vars: impl Iterator<Item = (String, String)>) -> BTreeMap<String, 
     .collect()
 }
 
-/// The communication libraries' settings from the flags; the default interface is
-/// each agent's (agent.rs), and the job's own environment wins over defaults.
-fn net_env(cli: &Cli) -> Vec<(String, String)> {
+/// The site's `[runtime]` network settings from bftrainer.toml (`BFTRAINER_CONF`, else
+/// /etc/slurm/bftrainer.toml): none when the file is absent or unreadable (it is the
+/// site's, and optional for bft-run); a bad value is said and ignored (bftrainerd
+/// refuses the same file, so the site hears of it).
+fn site_runtime() -> bftrainer_core::config::RuntimeNet {
+    let path = std::env::var("BFTRAINER_CONF")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "/etc/slurm/bftrainer.toml".into());
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Default::default();
+    };
+    bftrainer_core::config::read_runtime_net(&text, &path).unwrap_or_else(|e| {
+        say!("bft-run: ignoring the site's [runtime] network settings: {e}");
+        Default::default()
+    })
+}
+
+/// The communication libraries' settings: a flag, else the job's own environment
+/// (`in_env`: left as it is), else the site's `[runtime]`; the default interface is
+/// each agent's (agent.rs).
+fn net_env(
+    cli: &Cli,
+    site: &bftrainer_core::config::RuntimeNet,
+    in_env: impl Fn(&str) -> bool,
+) -> Vec<(String, String)> {
     let mut v = Vec::new();
-    let mut set = |k: &str, x: &Option<String>| {
-        if let Some(x) = x {
+    let mut set = |k: &str, flag: &Option<String>, site: &Option<String>| {
+        if let Some(x) = flag {
+            v.push((k.to_string(), x.clone()));
+        } else if let Some(x) = site.as_ref().filter(|_| !in_env(k)) {
             v.push((k.to_string(), x.clone()));
         }
     };
-    set("NCCL_SOCKET_IFNAME", &cli.nccl_socket_ifname);
-    set("GLOO_SOCKET_IFNAME", &cli.gloo_socket_ifname);
-    set("NCCL_IB_HCA", &cli.nccl_ib_hca);
-    if let Some(t) = cli.pg_timeout {
-        v.push(("BFT_PG_TIMEOUT".into(), t.to_string()));
-    }
-    if cli.mode == Mode::Torchrun && std::env::var_os("TORCH_NCCL_ASYNC_ERROR_HANDLING").is_none() {
+    set(
+        "NCCL_SOCKET_IFNAME",
+        &cli.nccl_socket_ifname,
+        &site.nccl_socket_ifname,
+    );
+    set(
+        "GLOO_SOCKET_IFNAME",
+        &cli.gloo_socket_ifname,
+        &site.gloo_socket_ifname,
+    );
+    set("NCCL_IB_HCA", &cli.nccl_ib_hca, &site.nccl_ib_hca);
+    set(
+        "BFT_PG_TIMEOUT",
+        &cli.pg_timeout.map(|t| t.to_string()),
+        &site.pg_timeout.map(|t| t.to_string()),
+    );
+    if cli.mode == Mode::Torchrun && !in_env("TORCH_NCCL_ASYNC_ERROR_HANDLING") {
         // As torchrun: a failed or timed-out NCCL collective ends the process (which
         // the world's restart then handles) instead of hanging it.
         v.push(("TORCH_NCCL_ASYNC_ERROR_HANDLING".into(), "1".into()));
@@ -544,7 +575,8 @@ async fn coordinate(cli: &Cli) -> i32 {
         .unwrap_or_else(|| gpus::node_gpus().devices.len())
         .max(1);
     let mut env = worker_env(std::env::vars());
-    for (k, v) in net_env(cli) {
+    let site = site_runtime();
+    for (k, v) in net_env(cli, &site, |k| std::env::var_os(k).is_some()) {
         env.insert(k, v);
     }
     let cfg = CoordConfig {
@@ -865,11 +897,34 @@ mod tests {
             "train.py",
         ])
         .unwrap();
-        let env: BTreeMap<String, String> = net_env(&cli).into_iter().collect();
+        let site = bftrainer_core::config::RuntimeNet {
+            nccl_socket_ifname: Some("site0".into()),
+            gloo_socket_ifname: Some("site1".into()),
+            nccl_ib_hca: Some("site_hca".into()),
+            pg_timeout: Some(7.0),
+        };
+        let env: BTreeMap<String, String> = net_env(&cli, &site, |_| false).into_iter().collect();
         assert_eq!(env["NCCL_SOCKET_IFNAME"], "^docker,lo");
         assert_eq!(env["GLOO_SOCKET_IFNAME"], "ib0");
         assert_eq!(env["NCCL_IB_HCA"], "mlx5_0:1,mlx5_1:1");
         assert_eq!(env["BFT_PG_TIMEOUT"], "90");
+        assert_eq!(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
+        // Without flags: the job's environment first, then the site's [runtime].
+        let plain = Cli::try_parse_from(["bft-run", "--", "x"]).unwrap();
+        let env: BTreeMap<String, String> = net_env(&plain, &site, |k| k == "NCCL_IB_HCA")
+            .into_iter()
+            .collect();
+        assert_eq!(env["NCCL_SOCKET_IFNAME"], "site0");
+        assert_eq!(env["GLOO_SOCKET_IFNAME"], "site1");
+        assert_eq!(env["BFT_PG_TIMEOUT"], "7");
+        assert!(
+            !env.contains_key("NCCL_IB_HCA"),
+            "the job's own value stays"
+        );
+        assert!(
+            !env.contains_key("TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+            "native mode leaves it to the library"
+        );
         for bad in ["eth0; rm -rf /", "", "a b", "eth0\n", "$(id)"] {
             let e = Cli::try_parse_from(["bft-run", "--nccl-socket-ifname", bad, "--", "x"])
                 .unwrap_err();

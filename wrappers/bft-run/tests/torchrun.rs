@@ -466,3 +466,44 @@ fn a_failing_torchrun_worker_is_restarted_then_fails_the_job_with_its_code() {
     );
     assert!(all.contains("boom in 1"), "{all}");
 }
+
+#[test]
+fn the_sites_runtime_settings_reach_the_workers_after_the_jobs_own() {
+    let m = Munged::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let conf = tmp.path().join("bftrainer.toml");
+    let run = |conf_text: &str, extra: &[(&str, &str)]| {
+        std::fs::write(&conf, conf_text).unwrap();
+        let o = m
+            .bft()
+            .args(["--local", "1", "--mode", "torchrun", "--", "python3", "-c"])
+            .arg("import os; print('NET', os.environ.get('NCCL_SOCKET_IFNAME'), os.environ.get('NCCL_IB_HCA'), os.environ.get('GLOO_SOCKET_IFNAME'))")
+            .env("BFTRAINER_CONF", &conf)
+            .env_remove("NCCL_SOCKET_IFNAME")
+            .env_remove("NCCL_IB_HCA")
+            .env_remove("GLOO_SOCKET_IFNAME")
+            .envs(extra.iter().copied())
+            .output()
+            .unwrap();
+        let all =
+            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{all}");
+        let line = all
+            .lines()
+            .find_map(|l| l.split_once("NET ").map(|(_, r)| r.to_string()))
+            .unwrap_or_else(|| panic!("{all}"));
+        (line, all)
+    };
+    let site = "[runtime]\nnccl_socket_ifname = \"site0\"\nnccl_ib_hca = \"mlx5_0:1\"\n";
+    assert_eq!(run(site, &[]).0, "site0 mlx5_0:1 lo");
+    // The job's own environment comes first.
+    assert_eq!(run(site, &[("NCCL_IB_HCA", "mine")]).0, "site0 mine lo");
+    // A bad value: said, and the site's settings ignored.
+    let (line, all) = run("[runtime]\nnccl_socket_ifname = \"a b\"\n", &[]);
+    assert_eq!(line, "lo None lo");
+    assert!(
+        all.contains("ignoring the site's [runtime] network settings")
+            && all.contains("[runtime] nccl_socket_ifname: 'a b' is not an interface"),
+        "{all}"
+    );
+}

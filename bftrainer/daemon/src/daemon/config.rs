@@ -40,7 +40,16 @@ pub const ENGINE_KEYS: [&str; 10] = [
     "default_down",
     "default_curve",
 ];
-pub const RUNTIME_KEYS: [&str; 2] = ["join_command", "satellite_output"];
+/// `[runtime]`: the satellites' command and output, and the workers' network settings
+/// that bft-run reads (checked here too, so that a wrong one stops the daemon at once).
+pub const RUNTIME_KEYS: [&str; 6] = [
+    "join_command",
+    "satellite_output",
+    "nccl_socket_ifname",
+    "gloo_socket_ifname",
+    "nccl_ib_hca",
+    "pg_timeout",
+];
 pub const METRICS_KEYS: [&str; 1] = ["listen"];
 
 /// Everything bftrainerd reads from bftrainer.toml.
@@ -204,6 +213,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
     e.check_keys(&ENGINE_KEYS)?;
     let r = Table::new(&doc, "runtime", &file);
     r.check_keys(&RUNTIME_KEYS)?;
+    bftrainer_core::config::runtime_net(&doc, &file)?;
     let p = Table::new(&doc, "policy", &file);
     p.check_keys(&bftrainer_core::config::POLICY_KEYS)?;
     let m = Table::new(&doc, "metrics", &file);
