@@ -351,15 +351,22 @@ fn worker_env(vars: impl Iterator<Item = (String, String)>) -> BTreeMap<String, 
     .collect()
 }
 
-/// The site's `[runtime]` network settings from bftrainer.toml (`BFTRAINER_CONF`, else
-/// /etc/slurm/bftrainer.toml): none when the file is absent or unreadable (it is the
-/// site's, and optional for bft-run); a bad value is said and ignored (bftrainerd
-/// refuses the same file, so the site hears of it).
+/// The site's `[runtime]` network settings from bftrainer.toml (`BFTRAINER_CONFIG`,
+/// else beside `SLURM_CONF`, else /etc/slurm/bftrainer.toml, as the plugin and
+/// bftrainerd find it): none when the file is absent or unreadable (it is the site's,
+/// and optional for bft-run); a bad value is said and ignored (bftrainerd refuses the
+/// same file, so the site hears of it).
 fn site_runtime() -> bftrainer_core::config::RuntimeNet {
-    let path = std::env::var("BFTRAINER_CONF")
-        .ok()
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| "/etc/slurm/bftrainer.toml".into());
+    let env = |k: &str| std::env::var(k).ok().filter(|p| !p.is_empty());
+    let path = env("BFTRAINER_CONFIG").unwrap_or_else(|| {
+        env("SLURM_CONF")
+            .and_then(|c| {
+                std::path::Path::new(&c)
+                    .parent()
+                    .map(|d| d.join("bftrainer.toml").to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| "/etc/slurm/bftrainer.toml".into())
+    });
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Default::default();
     };

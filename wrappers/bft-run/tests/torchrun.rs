@@ -478,7 +478,7 @@ fn the_sites_runtime_settings_reach_the_workers_after_the_jobs_own() {
             .bft()
             .args(["--local", "1", "--mode", "torchrun", "--", "python3", "-c"])
             .arg("import os; print('NET', os.environ.get('NCCL_SOCKET_IFNAME'), os.environ.get('NCCL_IB_HCA'), os.environ.get('GLOO_SOCKET_IFNAME'))")
-            .env("BFTRAINER_CONF", &conf)
+            .env("BFTRAINER_CONFIG", &conf)
             .env_remove("NCCL_SOCKET_IFNAME")
             .env_remove("NCCL_IB_HCA")
             .env_remove("GLOO_SOCKET_IFNAME")
