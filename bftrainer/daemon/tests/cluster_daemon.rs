@@ -1185,9 +1185,7 @@ fn cluster_daemon_honours_admin_and_owner_holds_of_waiting_jobs() {
         .unwrap();
     scontrol_as_user(&l, &["hold", &by_owner.to_string()]);
     assert!(
-        show_job(&l, by_admin).contains(&format!(
-            "AdminComment=bftrainer:v1 1:2,role=core,hold=admin"
-        )),
+        show_job(&l, by_admin).contains("AdminComment=bftrainer:v1 1:2,role=core,hold=admin"),
         "{}",
         show_job(&l, by_admin)
     );
