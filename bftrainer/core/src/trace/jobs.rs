@@ -52,11 +52,13 @@ pub fn parse_jobs<R: BufRead>(reader: R, what: &str) -> Result<Vec<JobRecord>> {
     let extra = match header.strip_prefix(JOBS_HEADER) {
         Some("") => "",
         Some(rest) if rest.starts_with(',') => &rest[1..],
-        _ => return Err(lines.err(format!(
+        _ => {
+            return Err(lines.err(format!(
             "expected header {JOBS_HEADER:?} (optionally followed by columns of {}), found {:?}",
             NEEDS_COLUMNS.join(", "),
             lines.buf
-        ))),
+        )))
+        }
     };
     // Per optional column, which of NEEDS_COLUMNS it is.
     let mut cols: Vec<usize> = Vec::new();
