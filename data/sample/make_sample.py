@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Cuts the committed replay sample out of the shared BFTrainer data (run from the
 repository root): one day of the Summit node-event trace from the original replayer's
-start (2021-02-10T20:21:15) and the first 200 ImageNet jobs.
+start (2021-02-10T20:21:15) and the first 200 ImageNet jobs, and the same jobs with
+requests for the node classes of mixed-nodes.toml (jobs-gpu-200.csv).
 
     python3 data/sample/make_sample.py ../shared/data/bftrainer-summit data/sample
 """
@@ -40,4 +41,12 @@ with open(f"{src}/jobs-imagenet-imgps-1001.csv") as f, open(f"{dst}/jobs-imagene
         if i > 200:
             break
         g.write(line)
+# The same 200 jobs asking for GPUs of a type or CPU nodes (mixed-nodes.toml's classes),
+# in turn: a100 (4 per node), v100 (4 per node), constraint cpu.
+asks = ["4,a100,", "4,v100,", ",,cpu"]
+with open(f"{dst}/jobs-imagenet-200.csv") as f, open(f"{dst}/jobs-gpu-200.csv", "w") as g:
+    for i, line in enumerate(f):
+        line = line.rstrip("\n")
+        extra = "gpus_per_node,gpu_type,constraint" if i == 0 else asks[(i - 1) % 3]
+        g.write(f"{line},{extra}\n")
 print(f"{len(order)} nodes, {len(changes)} changes")

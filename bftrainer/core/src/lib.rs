@@ -9,6 +9,7 @@ pub mod constraint;
 pub mod easy;
 pub mod engine;
 pub mod error;
+pub mod hostlist;
 pub mod placement;
 pub mod runtime;
 pub mod sacct;

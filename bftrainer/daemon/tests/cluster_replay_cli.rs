@@ -125,3 +125,118 @@ fn cluster_replay_from_sacct_cli_reports_the_recorded_idle_time() {
     assert_eq!(r["jobs_completed"], 0);
     assert!(v["trace"].as_str().unwrap().starts_with("slurm accounting"));
 }
+
+/// `--from-sacct` takes what the nodes offer from slurmctld, as bftrainerd does: on a
+/// cluster whose n1 and n2 have 4 A100s (stand-ins), n3 2 V100s and n4 no GPU, a job
+/// asking 2 A100s per node is given only n1 and n2, one asking V100s only n3, and one
+/// asking a type no node has waits and is named, before and after the replay.
+#[test]
+fn cluster_replay_from_sacct_places_jobs_by_the_nodes_gres() {
+    let c = Cluster::start(Options {
+        nodes: 4,
+        gpus: Some("1-2=a100:4,3=v100:2".into()),
+        ..Default::default()
+    })
+    .expect("start a test cluster");
+    // A window of the past with no job in it: every node idle throughout.
+    let t1 = now();
+    let t0 = t1 - 600;
+    let dir = c.work_dir();
+    let jobs = dir.join("jobs.csv");
+    std::fs::write(
+        &jobs,
+        "id,submit,min_nodes,max_nodes,scale_up_s,scale_down_s,total_samples,curve_nodes,curve_samples_per_s,curve_objective,gpus_per_node,gpu_type\n\
+         A,2021-02-10T20:21:15,1,4,0,0,1e12,1 4,1 4,1 4,2,a100\n\
+         V,2021-02-10T20:21:15,1,4,0,0,1e12,1 4,1 4,1 4,2,v100\n\
+         H,2021-02-10T20:21:15,1,4,0,0,1e12,1 4,1 4,1 4,1,h100\n",
+    )
+    .unwrap();
+    let (journal, actions) = (dir.join("j.jsonl"), dir.join("a.csv"));
+    let out = c
+        .command(env!("CARGO_BIN_EXE_bftrainer"))
+        .args(["replay", "--from-sacct", &t0.to_string(), &t1.to_string()])
+        .arg("--jobs")
+        .arg(&jobs)
+        .arg("--write-journal")
+        .arg(&journal)
+        .arg("--actions-csv")
+        .arg(&actions)
+        .args(["--json", "--quiet"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bftrainer replay failed: {stderr}");
+    assert!(
+        stderr.contains("job H asks --gpus-per-node=h100:1 on at least 1 nodes, but 0 of the 4 nodes serve it (slurmctld's node table)"),
+        "{stderr}"
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["node_attributes"], "slurmctld's node table");
+    let r = &v["report"];
+    let offers: Vec<(String, u64)> = r["node_classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["offers"].as_str().unwrap().to_string(),
+                c["nodes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(
+        offers
+            .iter()
+            .any(|(o, n)| o.starts_with("gpu:a100:4") && *n == 2),
+        "{offers:?}"
+    );
+    assert!(
+        offers
+            .iter()
+            .any(|(o, n)| o.starts_with("gpu:v100:2") && *n == 1),
+        "{offers:?}"
+    );
+    assert!(
+        offers
+            .iter()
+            .any(|(o, n)| o.starts_with("no GPUs") && *n == 1),
+        "{offers:?}"
+    );
+    assert_eq!(r["jobs_unservable"], 1, "{r}");
+    assert_eq!(r["jobs"][2]["status"], "queued");
+    // Which node each admission or grow gave, by name.
+    let mut node_names = std::collections::HashMap::new();
+    for line in std::fs::read_to_string(&journal).unwrap().lines() {
+        let rec: Value = serde_json::from_str(line).unwrap();
+        if rec["event"]["type"] == "node_added" {
+            node_names.insert(
+                rec["event"]["node"].as_u64().unwrap(),
+                rec["event"]["name"].as_str().unwrap().to_string(),
+            );
+        }
+    }
+    let nodes = c.nodes();
+    let mut given: Vec<(u64, String)> = Vec::new();
+    for line in std::fs::read_to_string(&actions).unwrap().lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f[1] == "admit" || f[1] == "grow" {
+            for n in f[3].split(' ') {
+                given.push((
+                    f[2].parse().unwrap(),
+                    node_names[&n.parse().unwrap()].clone(),
+                ));
+            }
+        }
+    }
+    assert!(
+        given.iter().any(|(j, _)| *j == 0) && given.iter().any(|(j, _)| *j == 1),
+        "{given:?}"
+    );
+    for (j, n) in &given {
+        match j {
+            0 => assert!(*n == nodes[0] || *n == nodes[1], "A on {n}"),
+            1 => assert_eq!(*n, nodes[2], "V on {n}"),
+            _ => panic!("job {j} given {n}"),
+        }
+    }
+}

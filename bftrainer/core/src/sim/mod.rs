@@ -1,23 +1,31 @@
 //! The trace-replay simulator: drives the engine with a node trace and BFTrainer's elastic
 //! job model (progress, rescale and preemption charges), checks invariants, reports.
 
+pub mod nodes;
 mod report;
 pub mod stack;
 
+use nodes::NodeTable;
 use report::Timings;
-pub use report::{percentile, ActionCounts, JobReport, Report};
+pub use report::{percentile, ActionCounts, ClassReport, JobReport, Report};
 
+use crate::engine::NodeState;
 use crate::engine::{
     Action, Allocator, ElasticSpec, Engine, EngineConfig, Event, JobId, JobStatus, Record,
     EVENT_FORMAT_VERSION,
 };
 use crate::error::{Error, Result};
+use crate::placement::{Compiled, Needs};
 use crate::timefmt::format_time;
 use crate::trace::jobs::{curve_at, JobRecord};
 use crate::trace::{Head, NodeChange, NodeEvents, NodeTrace, TraceItem};
 use serde::Serialize;
 
 const NONE: u32 = u32::MAX;
+
+/// How long a job that no lendable idle node can serve is paused, as bftrainerd pauses
+/// it (`UNSERVABLE_PAUSE_S` in the daemon): a year, lifted as soon as nodes serve it.
+pub const UNSERVABLE_PAUSE_S: f64 = 365.0 * 86_400.0;
 
 /// Which curve the allocator maximises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -172,6 +180,11 @@ pub struct SimConfig {
     /// bftrainerd's rules around the engine (none by default here; `bftrainer replay`
     /// uses the daemon's).
     pub rules: DaemonRules,
+    /// What each node offers, by class, in the trace's node order: sent to the engine
+    /// (`Event::NodeAttrs`), so that jobs with needs (`JobRecord::needs`, sent as
+    /// `Event::JobNeeds`) get only nodes that serve them. `None`: no attributes, every
+    /// node serves every job.
+    pub nodes: Option<std::sync::Arc<NodeTable>>,
 }
 
 impl Default for SimConfig {
@@ -188,6 +201,7 @@ impl Default for SimConfig {
             seed: 0,
             workload: Workload::File,
             rules: DaemonRules::NONE,
+            nodes: None,
         }
     }
 }
@@ -306,6 +320,9 @@ struct SimJob {
     /// Samples computed past `total_samples` before the job was seen done.
     overrun_loss: f64,
     last_size: u32,
+    /// Waiting with too few lendable idle nodes that serve its needs (paused in the
+    /// engine, as bftrainerd pauses it): how many served it at the last look.
+    unservable: Option<u32>,
 }
 
 /// The simulator's jobs by engine id. With a generated workload (`--repeat`,
@@ -385,6 +402,8 @@ struct Folded {
     overrun_loss: f64,
     /// The status of the copy submitted last.
     status: Option<&'static str>,
+    /// A live copy waits for nodes that serve it (lendable idle nodes that did).
+    unservable: Option<u32>,
 }
 
 impl Folded {
@@ -406,7 +425,28 @@ impl Folded {
         self.preempt_loss += s.preempt_loss;
         self.overrun_loss += s.overrun_loss;
         self.status = Some(status);
+        if s.finished.is_none() {
+            self.unservable = s.unservable;
+        }
     }
+}
+
+/// `--gpus-per-node=a100:4 --constraint=ib --mem=512000M`, as the job asks.
+pub fn asks(n: &Needs) -> String {
+    let mut a = Vec::new();
+    if let Some(g) = &n.gpus {
+        a.push(match &g.typ {
+            Some(t) => format!("--gpus-per-node={t}:{}", g.count),
+            None => format!("--gpus-per-node={}", g.count),
+        });
+    }
+    if let Some(c) = &n.constraint {
+        a.push(format!("--constraint={c}"));
+    }
+    if let Some(m) = n.mem_mb {
+        a.push(format!("--mem={m}M"));
+    }
+    a.join(" ")
 }
 
 fn status_name(st: JobStatus) -> &'static str {
@@ -648,6 +688,14 @@ struct Sim<'a, A> {
     /// (job, its rate before) of this step's releases before a planned start.
     released: Vec<(JobId, f64)>,
     starting_ns: f64,
+    /// Per job record, its needs compiled (None: it asks nothing).
+    compiled: Vec<Option<Compiled>>,
+    /// Live jobs with needs, looked at every step while they wait.
+    needy: Vec<JobId>,
+    /// Per node class: lendable idle nodes (scratch), idle and harvested node-seconds.
+    class_free: Vec<u32>,
+    class_idle_ns: Vec<f64>,
+    class_held_ns: Vec<f64>,
 }
 
 #[derive(Default)]
@@ -687,6 +735,18 @@ impl<'a, A: Allocator> Sim<'a, A> {
         if recs.windows(2).any(|w| w[1].submit < w[0].submit) {
             return Err(Error::Config("jobs must be sorted by submit time".into()));
         }
+        if let Some(t) = &cfg.nodes {
+            if t.class_of.len() != n {
+                return Err(Error::Config(format!(
+                    "node attributes for {} nodes, but the trace has {n}",
+                    t.class_of.len()
+                )));
+            }
+            if t.class_of.iter().any(|&c| c as usize >= t.classes.len()) {
+                return Err(Error::Config("a node of an unknown class".into()));
+            }
+        }
+        let classes = cfg.nodes.as_ref().map_or(0, |t| t.classes.len());
         let (start, end) = (trace.start(), trace.end());
         let window_h = (end - start).max(0) as f64 / 3600.0;
         check_workload(cfg.workload, recs, window_h)?;
@@ -754,6 +814,14 @@ impl<'a, A: Allocator> Sim<'a, A> {
             next_seq: 0,
             released: Vec::new(),
             starting_ns: 0.0,
+            compiled: recs
+                .iter()
+                .map(|r| (!r.needs.is_empty()).then(|| r.needs.compile()))
+                .collect(),
+            needy: Vec::new(),
+            class_free: vec![0; classes],
+            class_idle_ns: vec![0.0; classes],
+            class_held_ns: vec![0.0; classes],
         })
     }
 
@@ -940,8 +1008,15 @@ impl<'a, A: Allocator> Sim<'a, A> {
             preempt_loss: 0.0,
             overrun_loss: 0.0,
             last_size: 0,
+            unservable: None,
         });
         self.send(&Event::JobSubmitted { job, spec }, t)?;
+        if !rec.needs.is_empty() {
+            // As bftrainerd at adoption: what the job asks of each node.
+            let needs = rec.needs.clone();
+            self.send(&Event::JobNeeds { job, needs }, t)?;
+            self.needy.push(job);
+        }
         if self.cfg.report_progress {
             let remaining = Some(rec.total_samples * self.objective_scale(job));
             self.send(
@@ -1013,6 +1088,18 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 },
                 0.0,
             )?;
+        }
+        if let Some(tb) = self.cfg.nodes.clone() {
+            for i in 0..nodes {
+                let attrs = tb.attrs(i).clone();
+                self.send(
+                    &Event::NodeAttrs {
+                        node: i as u32,
+                        attrs,
+                    },
+                    0.0,
+                )?;
+            }
         }
         // Forecasts up to the start hold from it; the start's changes come in step 0.
         while let Some(TraceItem::Forecast(_, f)) = self.tpeek()?.filter(|i| i.t() <= start) {
@@ -1152,6 +1239,15 @@ impl<'a, A: Allocator> Sim<'a, A> {
         }
         self.harvested_ns += f64::from(self.held_total) * dt;
         self.grace_ns += f64::from(self.draining_total) * dt;
+        if let Some(tb) = &self.cfg.nodes {
+            for &n in &self.idle_list {
+                let c = tb.class_of[n as usize] as usize;
+                self.class_idle_ns[c] += dt;
+                if self.holder[n as usize] != NONE {
+                    self.class_held_ns[c] += dt;
+                }
+            }
+        }
         if self.cfg.check {
             // Counted independently of held_total: idle nodes that no job holds.
             let unused = self
@@ -1532,6 +1628,9 @@ impl<'a, A: Allocator> Sim<'a, A> {
             self.submit(t, r, at, start + at.floor() as i64)?;
             self.next_arrival = at + interarrival(&mut self.rng, per_hour);
         }
+        // 6b. As bftrainerd: a waiting job that too few lendable idle nodes serve is
+        // paused (it would only take a slot it cannot use), and resumed once enough do.
+        self.check_needs(t)?;
         // 7. Decide.
         if self.cfg.report_progress {
             self.scratch.clear();
@@ -1665,6 +1764,92 @@ impl<'a, A: Allocator> Sim<'a, A> {
         Ok(())
     }
 
+    /// Pauses each waiting job with needs that fewer lendable idle nodes serve than its
+    /// minimum, and resumes one that enough serve again (the engine's admission passes
+    /// paused jobs over), as bftrainerd's observe does at every poll; one count per
+    /// node class, not per node, so a step costs O(idle nodes + waiting jobs x classes).
+    fn check_needs(&mut self, t: f64) -> Result<()> {
+        let Some(tb) = self.cfg.nodes.clone() else {
+            return Ok(());
+        };
+        let jobs = &self.jobs;
+        self.needy.retain(|&j| {
+            (j as usize) >= jobs.base
+                && jobs.slots[j as usize - jobs.base]
+                    .as_ref()
+                    .is_some_and(|s| s.finished.is_none())
+        });
+        if self.needy.is_empty() {
+            return Ok(());
+        }
+        self.class_free.iter_mut().for_each(|c| *c = 0);
+        for &n in &self.idle_list {
+            if self.engine.node_state(n) == NodeState::Idle {
+                self.class_free[tb.class_of[n as usize] as usize] += 1;
+            }
+        }
+        for k in 0..self.needy.len() {
+            let j = self.needy[k];
+            if !self.engine.job_nodes(j).is_empty() {
+                continue;
+            }
+            let r = self.jobs[j as usize].rec as usize;
+            let Some(c) = &self.compiled[r] else { continue };
+            let fit: u32 = tb
+                .classes
+                .iter()
+                .zip(&self.class_free)
+                .filter(|((_, a), _)| c.served_by(Some(a)))
+                .map(|(_, &n)| n)
+                .sum();
+            let min = self.recs[r].min_nodes;
+            let was = self.jobs[j as usize].unservable;
+            let now = (fit < min).then_some(fit);
+            self.jobs[j as usize].unservable = now;
+            match (was.is_some(), now.is_some()) {
+                (false, true) => {
+                    let until = Some(self.abs(t) + UNSERVABLE_PAUSE_S);
+                    self.send(&Event::JobPaused { job: j, until }, t)?;
+                }
+                (true, false) => {
+                    self.send(
+                        &Event::JobPaused {
+                            job: j,
+                            until: None,
+                        },
+                        t,
+                    )?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Why a job waits for nodes: what it asks, and how many nodes of the cluster and
+    /// lendable idle nodes (at the last look) serve it.
+    fn unservable_why(&self, r: usize, free: u32) -> String {
+        let rec = &self.recs[r];
+        let all = match (&self.cfg.nodes, &self.compiled[r]) {
+            (Some(tb), Some(c)) => tb
+                .class_of
+                .iter()
+                .filter(|&&k| c.served_by(Some(&tb.classes[k as usize].1)))
+                .count(),
+            _ => 0,
+        };
+        format!(
+            "asks {}: {all} of the {} nodes serve it, {free} of them idle and lendable at the last look; it needs {}",
+            asks(&rec.needs),
+            self.names_len(),
+            rec.min_nodes
+        )
+    }
+
+    fn names_len(&self) -> usize {
+        self.cfg.nodes.as_ref().map_or(0, |t| t.class_of.len())
+    }
+
     /// The checks that hold after every step; `fresh` when a decision was just applied.
     fn check_state(&self, t: f64, fresh: bool) -> Result<()> {
         let mut held = 0u32;
@@ -1771,6 +1956,10 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 preemption_loss_samples: s.preempt_loss,
                 overrun_loss_samples: s.overrun_loss,
                 copies: None,
+                unservable: s
+                    .unservable
+                    .filter(|_| s.finished.is_none())
+                    .map(|f| self.unservable_why(s.rec as usize, f)),
             });
         }
         jcts.sort_by(f64::total_cmp);
@@ -1813,7 +2002,12 @@ impl<'a, A: Allocator> Sim<'a, A> {
                     preemption_loss_samples: a.preempt_loss,
                     overrun_loss_samples: a.overrun_loss,
                     copies: Some(a.copies),
+                    unservable: None,
                 });
+                let r = per_job.len() - 1;
+                if let Some(f) = a.unservable {
+                    per_job[r].unservable = Some(self.unservable_why(r, f));
+                }
             }
         }
         let ds = &self.decision_s;
@@ -1874,6 +2068,20 @@ impl<'a, A: Allocator> Sim<'a, A> {
             },
             decision_p99_ms: ds.quantile(0.99).unwrap_or(0.0) * 1e3,
             decision_max_ms: ds.max * 1e3,
+            jobs_unservable: per_job.iter().filter(|j| j.unservable.is_some()).count(),
+            node_classes: self.cfg.nodes.as_ref().map_or(Vec::new(), |tb| {
+                tb.classes
+                    .iter()
+                    .enumerate()
+                    .map(|(k, (name, attrs))| ClassReport {
+                        name: name.clone(),
+                        offers: nodes::describe(attrs),
+                        nodes: tb.class_of.iter().filter(|&&c| c as usize == k).count(),
+                        idle_node_h: self.class_idle_ns[k] / 3600.0,
+                        harvested_node_h: self.class_held_ns[k] / 3600.0,
+                    })
+                    .collect()
+            }),
             jobs: per_job,
         };
         Ok(self.out)
@@ -1922,6 +2130,7 @@ mod tests {
             objective: c,
             user: None,
             priority: 0,
+            needs: Default::default(),
         }
     }
 

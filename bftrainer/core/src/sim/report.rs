@@ -26,6 +26,21 @@ pub struct JobReport {
     /// node-hours and losses their sums, the status the last copy's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub copies: Option<u64>,
+    /// Not finished and waiting at the end for nodes that serve its needs (too few
+    /// lendable idle nodes do): what it asks and how many nodes serve it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unservable: Option<String>,
+}
+
+/// One class of nodes (`SimConfig::nodes`): what it offers and what it gave.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct ClassReport {
+    pub name: String,
+    /// `gpu:a100:4, features gpu,a100, 524288 MB`.
+    pub offers: String,
+    pub nodes: usize,
+    pub idle_node_h: f64,
+    pub harvested_node_h: f64,
 }
 
 /// Harvest report of one replay. Node-hours: `idle = harvested + unused` exactly.
@@ -97,7 +112,17 @@ pub struct Report {
     pub decision_mean_ms: f64,
     pub decision_p99_ms: f64,
     pub decision_max_ms: f64,
+    /// Jobs waiting at the end for nodes that serve their needs (`JobReport::unservable`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub jobs_unservable: usize,
+    /// Per node class, with node attributes (`SimConfig::nodes`); empty without.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub node_classes: Vec<ClassReport>,
     pub jobs: Vec<JobReport>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// The engine's actions by kind and the nodes they moved: admits and grows give nodes

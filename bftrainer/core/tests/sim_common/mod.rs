@@ -99,6 +99,7 @@ pub fn job(
         },
         user: None,
         priority: 0,
+        needs: Default::default(),
     }
 }
 

@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(
         long,
         value_name = "PATH",
-        conflicts_with_all = ["trace", "swf", "from_sacct", "jobs", "start", "end", "hours", "node_limit", "steps", "grace", "curve", "seed", "no_check", "csv", "sizes_csv", "plots", "write_journal", "strict", "repeat", "arrivals", "release_before", "reclaim_hold", "start_latency", "core_loss", "no_daemon_rules"]
+        conflicts_with_all = ["trace", "swf", "from_sacct", "jobs", "node_classes", "start", "end", "hours", "node_limit", "steps", "grace", "curve", "seed", "no_check", "csv", "sizes_csv", "plots", "write_journal", "strict", "repeat", "arrivals", "release_before", "reclaim_hold", "start_latency", "core_loss", "no_daemon_rules"]
     )]
     pub journal: Option<PathBuf>,
     /// Write every event the replay sent to the engine as a journal (JSON lines).
@@ -43,9 +43,15 @@ pub struct Args {
     /// repeatable.
     #[arg(long, value_name = "NAME", requires = "from_sacct")]
     pub exclude_partition: Vec<String>,
-    /// Elastic job file in BFTrainer's jobs-*.csv format; default: the sample's.
+    /// Elastic job file in BFTrainer's jobs-*.csv format; default: the sample's. Optional
+    /// columns after its ten: gpus_per_node, gpu_type, constraint, mem_per_node.
     #[arg(long, value_name = "PATH")]
     pub jobs: Option<PathBuf>,
+    /// What the nodes offer: a TOML file of [[class]] tables (nodes = HOSTLIST or
+    /// index = RANGES; features, gres, mem). Jobs with needs get only nodes that serve
+    /// them. With --from-sacct, slurmctld's node table is used without it.
+    #[arg(long, value_name = "TOML")]
+    pub node_classes: Option<PathBuf>,
     /// Replay from this time (YYYY-MM-DDTHH:MM:SS UTC or Unix seconds); earlier events
     /// only shape the initial state.
     #[arg(long, value_name = "TIME")]
@@ -224,6 +230,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let opts = Options {
         input,
         jobs: args.jobs.clone(),
+        node_classes: args.node_classes.clone(),
         start: args.start.clone(),
         end: args.end.clone(),
         hours: args.hours,

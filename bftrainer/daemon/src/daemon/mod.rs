@@ -25,7 +25,7 @@ pub mod gen;
 pub mod journal;
 pub mod metrics;
 mod observe;
-mod placement;
+pub(crate) mod placement;
 pub mod priority;
 mod reconcile;
 mod recovery;

@@ -14,6 +14,7 @@ use bftrainer_core::easy::{
     self, Backfill, JobPass, JobSource, Plan, SchedConfig, SchedMetrics, StartTimes,
 };
 use bftrainer_core::engine::{EngineConfig, Exact};
+use bftrainer_core::sim::nodes::{self, NodeTable};
 use bftrainer_core::sim::{
     self, DaemonRules, Hooks, Objective as CurveChoice, Outcome, SimConfig, Steps, Workload,
 };
@@ -26,6 +27,7 @@ use bftrainer_core::trace::{
 };
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 pub use output::print_table;
@@ -91,6 +93,8 @@ pub struct Options {
     /// bftrainerd's rules the replay models (`--release-before`, `--reclaim-hold`,
     /// `--start-latency`, `--core-loss`, `--no-daemon-rules`).
     pub rules: DaemonRules,
+    /// `--node-classes FILE`: what the nodes offer (features, GPUs, memory), by class.
+    pub node_classes: Option<PathBuf>,
 }
 
 /// Wraps a byte stream, decompressing it when it starts with the gzip magic.
@@ -202,6 +206,10 @@ pub struct Loaded {
     pub sched: Option<SchedMetrics>,
     /// What was sorted or skipped in the inputs; `load` prints each on stderr once.
     pub warnings: Vec<String>,
+    /// What each node offers (`--node-classes`, or slurmctld's node table with
+    /// `--from-sacct`), and where that came from; `None`: every node serves every job.
+    pub node_table: Option<Arc<NodeTable>>,
+    pub nodes_from: Option<String>,
 }
 
 /// `1234567` as `1,234,567`.
@@ -309,6 +317,18 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
             bail!("--arrivals RATE must be a number of jobs per hour > 0, found {per_hour}");
         }
     }
+    // A mistake in the node classes is told before the trace is read (minutes, for
+    // a long one); they are resolved against its node names after.
+    let classes = match &o.node_classes {
+        Some(p) => {
+            let name = p.display().to_string();
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("--node-classes: cannot read {name}"))?;
+            let c = nodes::parse_classes(&text, &name).map_err(anyhow::Error::msg)?;
+            Some((c, name))
+        }
+        None => None,
+    };
     let order = if o.strict { Order::Strict } else { Order::Sort };
     let (swf_chunk, row_chunk) = sort_chunks()?;
     let mut warnings = Vec::new();
@@ -464,10 +484,7 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
             log::info!("job submit times shifted by {shift} s to the trace's start");
         }
     }
-    for w in &warnings {
-        eprintln!("warning: {w}");
-    }
-    Ok(Loaded {
+    let mut loaded = Loaded {
         source,
         cut,
         start,
@@ -478,7 +495,73 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
         jobs_name,
         sched,
         warnings,
-    })
+        nodes_from: None,
+        node_table: None,
+    };
+    node_table(classes, &mut loaded)?;
+    for w in &loaded.warnings {
+        eprintln!("warning: {w}");
+    }
+    Ok(loaded)
+}
+
+/// What the nodes offer: `--node-classes FILE` resolved against the trace's node names,
+/// else with `--from-sacct` slurmctld's own node table (features, GRES, RealMemory, as
+/// bftrainerd reads them). Warns of jobs that no node of the cluster can serve, and of
+/// needs without node attributes (every node then serves every job).
+fn node_table(
+    classes: Option<(Vec<nodes::NodeClass>, String)>,
+    l: &mut Loaded,
+) -> anyhow::Result<()> {
+    let (table, from) = match (classes, &l.source) {
+        (Some((classes, name)), _) => {
+            let names = l.node_names()?;
+            let (t, warnings) =
+                nodes::resolve(&classes, &names, &name).map_err(anyhow::Error::msg)?;
+            l.warnings.extend(warnings);
+            (t, name)
+        }
+        (None, Source::Sacct(s)) => {
+            let mut attrs = s.attrs().to_vec();
+            attrs.truncate(l.nodes);
+            (
+                NodeTable::from_attrs(attrs),
+                "slurmctld's node table".to_string(),
+            )
+        }
+        (None, _) => {
+            if let Some(j) = l.jobs.iter().find(|j| !j.needs.is_empty()) {
+                l.warnings.push(format!(
+                    "{}: job {} asks {}, but the nodes have no attributes: every node serves every job (give --node-classes FILE)",
+                    l.jobs_name,
+                    j.name,
+                    sim::asks(&j.needs)
+                ));
+            }
+            return Ok(());
+        }
+    };
+    for j in l.jobs.iter().filter(|j| !j.needs.is_empty()) {
+        let c = j.needs.compile();
+        let serve = table
+            .class_of
+            .iter()
+            .filter(|&&k| c.served_by(Some(&table.classes[k as usize].1)))
+            .count();
+        if (serve as u64) < u64::from(j.min_nodes) {
+            l.warnings.push(format!(
+                "{}: job {} asks {} on at least {} nodes, but {serve} of the {} nodes serve it ({from}): it will wait for ever",
+                l.jobs_name,
+                j.name,
+                sim::asks(&j.needs),
+                j.min_nodes,
+                table.class_of.len()
+            ));
+        }
+    }
+    l.node_table = Some(Arc::new(table));
+    l.nodes_from = Some(from);
+    Ok(())
 }
 
 impl Source {
@@ -495,6 +578,17 @@ impl Source {
 }
 
 impl Loaded {
+    /// The trace's node names, in its order, as the replay sees them (cut by
+    /// `--node-limit`); slurmdbd is not read for them.
+    pub fn node_names(&self) -> anyhow::Result<Vec<String>> {
+        let mut names = match &self.source {
+            Source::Sacct(s) => s.names().to_vec(),
+            _ => self.events()?.names().to_vec(),
+        };
+        names.truncate(self.nodes);
+        Ok(names)
+    }
+
     /// The trace, read from its start as the replay asks for it.
     pub fn events(&self) -> anyhow::Result<Box<dyn NodeEvents + '_>> {
         let raw: Box<dyn NodeEvents + '_> = match &self.source {
@@ -685,6 +779,7 @@ fn sim_config(o: &Options, objective: Objective) -> SimConfig {
         journal: o.write_journal.is_some() || o.actions_csv.is_some(),
         workload: o.workload,
         rules: o.rules,
+        nodes: None,
     }
 }
 
@@ -701,13 +796,17 @@ fn simulate_loaded(
     let origin = Instant::now();
     let mut clock = move || origin.elapsed().as_secs_f64();
     let mut events = loaded.events()?;
+    let cfg = SimConfig {
+        nodes: loaded.node_table.clone(),
+        ..cfg.clone()
+    };
     Ok(sim::simulate_into(
         &mut *events,
         &loaded.jobs,
         Exact {
             opts: alloc_options(objective),
         },
-        cfg,
+        &cfg,
         &mut Hooks {
             clock: &mut clock,
             progress,
@@ -757,7 +856,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         b.finish_and_clear();
     }
     if o.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "trace": loaded.trace_name,
             "jobs_file": loaded.jobs_name,
             "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "steps": o.steps, "grace_s": o.grace, "objective": o.objective, "curve": o.curve, "seed": o.seed, "workload": o.workload, "strict": o.strict, "daemon_rules": o.rules },
@@ -766,6 +865,9 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
             "report": out.report,
             "wall_s": { "load": load_s, "simulate": sim_s },
         });
+        if let Some(from) = &loaded.nodes_from {
+            v["node_attributes"] = serde_json::json!(from);
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_table(
@@ -905,6 +1007,7 @@ mod replay_tests {
             strict: false,
             workload: Workload::File,
             rules: DaemonRules::DAEMON,
+            node_classes: None,
         }
     }
 

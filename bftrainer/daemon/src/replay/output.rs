@@ -159,6 +159,22 @@ pub fn print_table(
         ),
     );
     row("  at or above job minimum", thousands(r.useful_node_h, 1));
+    if let Some(from) = &l.nodes_from {
+        row("node classes", format!("{} ({from})", r.node_classes.len()));
+        for c in &r.node_classes {
+            row(
+                &format!("  {}", c.name),
+                format!(
+                    "{} nodes ({}): idle {}, harvested {} node-hours ({:.1}%)",
+                    c.nodes,
+                    c.offers,
+                    thousands(c.idle_node_h, 1),
+                    thousands(c.harvested_node_h, 1),
+                    pct(c.harvested_node_h, c.idle_node_h)
+                ),
+            );
+        }
+    }
     row("unused node-hours", thousands(r.unused_node_h, 1));
     if o.workload != Workload::File {
         // A workload that never runs dry: what bounds the harvest is the idle capacity.
@@ -252,6 +268,21 @@ pub fn print_table(
             r.jobs_submitted, r.jobs_admitted, r.jobs_completed
         ),
     );
+    if r.jobs_unservable > 0 {
+        let first = r.jobs.iter().find_map(|j| {
+            j.unservable
+                .as_ref()
+                .map(|why| format!("{}: {why}", j.name))
+        });
+        row(
+            "waiting for nodes",
+            format!(
+                "{} jobs wait at the end with fewer idle lendable nodes that serve them than they need; the first, {}",
+                r.jobs_unservable,
+                first.unwrap_or_default()
+            ),
+        );
+    }
     row(
         "JCT mean / p50 / p95",
         format!(

@@ -3,6 +3,7 @@
 //! fragments with `bftrainer_core::sacct::Sweep`: only one month of records is held.
 
 use anyhow::Context;
+use bftrainer_core::placement::NodeAttrs;
 use bftrainer_core::sacct::{JobUsage, Sweep};
 use bftrainer_core::trace::{Head, NodeChange, NodeEvents, NodeTrace, TraceItem};
 use bftrainer_slurm::{AcctQuery, ClusterView, Slurm, SlurmDb};
@@ -44,6 +45,8 @@ pub fn trace_from_sacct_windows(
 pub struct SacctSource {
     slurm: Slurm,
     nodes: Vec<String>,
+    /// What each node offers, as bftrainerd reads it (features, GRES, RealMemory).
+    attrs: Vec<NodeAttrs>,
     /// One slurmdbd often serves several clusters: without naming ours, another
     /// cluster's jobs would come back on nodes this one does not have.
     cluster: String,
@@ -63,18 +66,32 @@ impl SacctSource {
         view.refresh(&slurm)
             .context("cannot read the node list from slurmctld")?;
         let nodes = view.nodes().iter().map(|n| n.name.clone()).collect();
+        let attrs = view
+            .nodes()
+            .iter()
+            .map(crate::daemon::placement::node_attrs)
+            .collect();
         let cluster = slurm
             .cluster_name()
             .context("cannot read ClusterName from slurmctld")?;
         Ok(Self {
             slurm,
             nodes,
+            attrs,
             cluster,
             from,
             to,
             exclude,
             window_s,
         })
+    }
+
+    /// The cluster's node names and what each offers, in slurmctld's order.
+    pub fn names(&self) -> &[String] {
+        &self.nodes
+    }
+    pub fn attrs(&self) -> &[NodeAttrs] {
+        &self.attrs
     }
 
     /// The window [from, to) and the cluster's node count.
