@@ -220,7 +220,8 @@ pub struct Daemon<C: Cluster> {
     engine: Engine<Exact>,
     journal: Option<Journal>,
     nodes: Vec<NodeRec>,
-    node_ids: HashMap<String, NodeId>,
+    /// Node name -> engine id (FxHash: looked up per satellite and node every cycle).
+    node_ids: rustc_hash::FxHashMap<String, NodeId>,
     /// Engine job -> Slurm job id of its core job.
     jobs: Vec<u32>,
     /// Slurm job id -> its newest engine job, for `jobs[..indexed]` (`engine_job`);
@@ -338,7 +339,7 @@ impl<C: Cluster> Daemon<C> {
             engine,
             journal,
             nodes: Vec::new(),
-            node_ids: HashMap::new(),
+            node_ids: Default::default(),
             jobs: Vec::new(),
             job_index: Default::default(),
             indexed: 0,

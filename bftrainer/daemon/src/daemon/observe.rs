@@ -73,6 +73,27 @@ fn tag_of(cache: &mut FxHashMap<u32, TagMemo>, j: &Job, seen: u64) -> Tag {
     tag
 }
 
+/// The parent that `spec::parse_tag` reads from a job's tag (`None`: no tag that
+/// parses), taken from the memo of `tag_of` while the job's comment and name are those
+/// it parsed (reconcile asks this of every satellite, every cycle).
+pub(super) fn tag_parent(cache: &FxHashMap<u32, TagMemo>, j: &Job) -> Option<u32> {
+    let comment = j.admin_comment.as_deref().unwrap_or("");
+    if let Some(m) = cache.get(&j.job_id) {
+        if m.comment == comment && m.name == j.name {
+            match m.tag {
+                Tag::Satellite { parent, .. } => return Some(parent),
+                Tag::Other => return None,
+                // A core's or malformed tag may still name a parent: parsed below.
+                Tag::Core | Tag::Malformed => {}
+            }
+        }
+    }
+    match j.admin_comment.as_deref().and_then(spec::parse_tag) {
+        Some(Ok(s)) => Some(s.parent.unwrap_or(0)),
+        _ => None,
+    }
+}
+
 /// What observing a satellite reads of its job (copied out of the snapshot, so that
 /// the daemon can act while reading it).
 pub(super) struct SatJob {
@@ -110,7 +131,7 @@ impl SatJob {
 }
 
 /// A satellite's node as the snapshot shows it: where it runs, else where it is pinned.
-fn sat_node(j: &Job) -> &str {
+pub(super) fn sat_node(j: &Job) -> &str {
     j.nodes
         .as_deref()
         .or(j.req_nodes.as_deref())

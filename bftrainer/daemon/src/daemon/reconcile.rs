@@ -3,42 +3,60 @@
 //! submit satellites (grow), end them (shrink), requeue and hold cores.
 
 use super::*;
+use rustc_hash::FxHashMap;
 
 impl<C: Cluster> Daemon<C> {
     pub(super) fn reconcile(&mut self, now: f64) -> usize {
         let mut calls = 0usize;
         // Only the daemon's own jobs matter here (tagged; few), and of those the ones
-        // still pending or running: an ended core or satellite calls for nothing below
-        // (not copied: Slurm keeps ended jobs for MinJobAge).
-        let jobs: Vec<Job> = self
-            .cluster
-            .jobs()
+        // still pending or running: an ended core or satellite calls for nothing below.
+        // Core jobs are copied: a call on one may change it in the snapshot, and what is
+        // decided after the call reads it as it was. Satellites, one per lent node, are
+        // not: each is read in place (by its index in the snapshot) before any call on
+        // it, and copied only when it is ended.
+        let mut core_jobs: Vec<Job> = Vec::new();
+        let mut sat_refs: Vec<(usize, u32)> = Vec::new();
+        for (i, j) in self.cluster.jobs().iter().enumerate() {
+            if !(j.state.is_active()
+                && j.admin_comment.as_deref().is_some_and(spec::looks_like_tag))
+            {
+                continue;
+            }
+            if self.cores.contains_key(&j.job_id) {
+                core_jobs.push(j.clone());
+            }
+            if self.sats.contains_key(&j.job_id) {
+                if let Some(parent) = observe::tag_parent(&self.tags, j) {
+                    sat_refs.push((i, parent));
+                }
+            }
+        }
+        // The last copy of an id wins, as a map built from the job table in order does.
+        let by_id: FxHashMap<u32, usize> = core_jobs
             .iter()
-            .filter(|j| {
-                j.state.is_active() && j.admin_comment.as_deref().is_some_and(spec::looks_like_tag)
-            })
-            .cloned()
+            .enumerate()
+            .map(|(k, j)| (j.job_id, k))
             .collect();
-        let by_id: HashMap<u32, &Job> = jobs.iter().map(|j| (j.job_id, j)).collect();
-        let grace: HashMap<&str, f64> = self
+        let grace: HashMap<String, f64> = self
             .cluster
             .partitions()
             .iter()
-            .map(|p| (p.name.as_str(), f64::from(p.grace_time_s)))
+            .map(|p| (p.name.clone(), f64::from(p.grace_time_s)))
             .collect();
-        let grace: HashMap<String, f64> =
-            grace.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-        // Active satellites per parent, by node name.
-        let mut sats: HashMap<u32, Vec<&Job>> = HashMap::new();
-        for j in &jobs {
-            if !j.state.is_active() || !self.sats.contains_key(&j.job_id) {
-                continue;
-            }
-            if let Some(Ok(s)) = j.admin_comment.as_deref().and_then(spec::parse_tag) {
-                sats.entry(s.parent.unwrap_or(0)).or_default().push(j);
+        // Active satellites per parent: (index in the snapshot, node name, engine node).
+        let mut sats: FxHashMap<u32, Vec<(usize, String, Option<NodeId>)>> = FxHashMap::default();
+        {
+            let jobs = self.cluster.jobs();
+            for &(i, parent) in &sat_refs {
+                let node = observe::sat_node(&jobs[i]).to_string();
+                let n = self.node_ids.get(&node).copied();
+                sats.entry(parent).or_default().push((i, node, n));
             }
         }
         let core_ids: Vec<u32> = self.cores.keys().copied().collect();
+        let mut want: Vec<NodeId> = Vec::new();
+        let mut anchors: Vec<NodeId> = Vec::new();
+        let mut have: FxHashMap<NodeId, u32> = FxHashMap::default();
         for id in core_ids {
             let (jid, ended) = {
                 let c = &self.cores[&id];
@@ -49,58 +67,44 @@ impl<C: Cluster> Daemon<C> {
                     self.engine.job_status(jid),
                     JobStatus::Active | JobStatus::Queued
                 );
-            let want: Vec<NodeId> = if active {
-                self.engine.job_nodes(jid).to_vec()
-            } else {
-                Vec::new()
-            };
-            let anchors: Vec<NodeId> = if active {
-                self.engine.job_anchors(jid).to_vec()
-            } else {
-                Vec::new()
-            };
-            let core_job = by_id.get(&id).copied();
+            want.clear();
+            anchors.clear();
+            if active {
+                want.extend_from_slice(self.engine.job_nodes(jid));
+                anchors.extend_from_slice(self.engine.job_anchors(jid));
+            }
+            let core_job = by_id.get(&id).map(|&k| &core_jobs[k]);
             let mut core_running = false;
             if let (true, Some(j)) = (active, core_job) {
                 calls += self.reconcile_core(id, j, &want, &anchors, &grace, now);
                 core_running =
                     is_running(j) && j.preempt_time.is_none() && self.on_anchors(j, &anchors);
             }
-            // Satellites: one per wanted non-core node, once the core runs.
+            // Satellites: one per wanted non-core node, once the core runs. Kept by
+            // engine node (a wanted satellite's node is one the engine knows).
             let mine = sats.remove(&id).unwrap_or_default();
-            let mut have: HashMap<String, u32> = HashMap::new();
-            for s in &mine {
-                let node = s
-                    .nodes
-                    .clone()
-                    .or_else(|| s.req_nodes.clone())
-                    .unwrap_or_default();
-                let n = self.node_ids.get(&node).copied();
+            have.clear();
+            for (i, node, n) in mine {
+                let sid = self.cluster.jobs()[i].job_id;
                 let wanted = n.is_some_and(|n| want.contains(&n) && !anchors.contains(&n));
-                let memo_ending = self.sats.get(&s.job_id).is_some_and(|m| m.ending);
-                if wanted && !memo_ending && !have.contains_key(&node) {
-                    have.insert(node, s.job_id);
-                    continue;
+                let memo_ending = self.sats.get(&sid).is_some_and(|m| m.ending);
+                if let (true, false, Some(n)) = (wanted, memo_ending, n) {
+                    if let Some(&first) = have.get(&n) {
+                        log::warn!("satellite {sid} duplicates {first} on {node}; cancelling it");
+                    } else {
+                        have.insert(n, sid);
+                        continue;
+                    }
                 }
-                if wanted && have.contains_key(&node) && !memo_ending {
-                    log::warn!(
-                        "satellite {} duplicates {} on {node}; cancelling it",
-                        s.job_id,
-                        have[&node]
-                    );
-                }
-                calls += self.end_satellite(s, id, &node, &grace, now);
+                let s = self.cluster.jobs()[i].clone();
+                calls += self.end_satellite(&s, id, &node, &grace, now);
             }
             if !core_running {
                 continue;
             }
             let Some(core_job) = core_job else { continue };
             for &n in &want {
-                if anchors.contains(&n) {
-                    continue;
-                }
-                let name = self.nodes[n as usize].name.clone();
-                if have.contains_key(&name) {
+                if anchors.contains(&n) || have.contains_key(&n) {
                     continue;
                 }
                 if self.set_aside.get(&n).is_some_and(|s| s.until > now) {
@@ -110,24 +114,24 @@ impl<C: Cluster> Daemon<C> {
                     continue;
                 }
                 calls += 1;
+                let name = self.nodes[n as usize].name.clone();
                 self.submit_satellite(id, core_job, &name, n, now);
             }
         }
-        // Satellites of parents the daemon does not manage (ended, gone, refused).
-        for (parent, list) in sats {
-            for s in list {
-                let node = s
-                    .nodes
-                    .clone()
-                    .or_else(|| s.req_nodes.clone())
-                    .unwrap_or_default();
+        // Satellites of parents the daemon does not manage (ended, gone, refused), in
+        // parent order.
+        let mut rest: Vec<_> = sats.into_iter().collect();
+        rest.sort_unstable_by_key(|&(parent, _)| parent);
+        for (parent, list) in rest {
+            for (i, node, _) in list {
+                let s = self.cluster.jobs()[i].clone();
                 if self.sats.get(&s.job_id).is_some_and(|m| !m.ending) {
                     log::info!(
                         "satellite {} on {node}: its parent job {parent} is gone",
                         s.job_id
                     );
                 }
-                calls += self.end_satellite(s, parent, &node, &grace, now);
+                calls += self.end_satellite(&s, parent, &node, &grace, now);
             }
         }
         calls
@@ -144,7 +148,6 @@ impl<C: Cluster> Daemon<C> {
     ) -> usize {
         let core = &self.cores[&id];
         let recently = now - core.asked_at < 5.0;
-        let anchor_names = self.names(anchors);
         // Where an admission pins the core: its anchors, or with none (the engine
         // re-planned this cycle) the first of its nodes, never an empty list, which would
         // let Slurm start the core anywhere, on a node the engine lends as a satellite's
@@ -154,8 +157,9 @@ impl<C: Cluster> Daemon<C> {
         } else {
             anchors
         };
-        let pin_names = self.names(pin);
         if j.state.base() == JobBase::Pending {
+            // Host expressions are built only for a waiting core (most are running).
+            let pin_names = self.names(pin);
             // Re-planned while its admission is in flight: take it back before Slurm
             // starts it on nodes the engine has since given elsewhere.
             let stale =
@@ -248,8 +252,9 @@ impl<C: Cluster> Daemon<C> {
             }
             self.cores.get_mut(&id).unwrap().asked_at = now;
             log::warn!(
-                "elastic job {id} runs on {} but its core should be on {anchor_names}; requeueing it held to admit it again",
-                j.nodes.as_deref().unwrap_or("?")
+                "elastic job {id} runs on {} but its core should be on {}; requeueing it held to admit it again",
+                j.nodes.as_deref().unwrap_or("?"),
+                self.names(anchors)
             );
             if self.call(|c| c.requeue(id, true), "requeue", id) {
                 self.stats.requeues += 1;

@@ -10,7 +10,6 @@ use super::cluster::Cluster;
 use bftrainer_core::engine::NodeId;
 use bftrainer_slurm::Node;
 use rustc_hash::FxHashMap;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Names only host expressions carry, beyond which the index starts again (a bound on
@@ -43,7 +42,7 @@ impl Slots {
     /// Brings the index in step with the node table, the engine's names and the elastic
     /// partitions; once per cycle, before any lookup. The names are compared in order
     /// (a string compare per node); the index is rebuilt only when they differ.
-    pub fn sync(&mut self, nodes: &[Node], node_ids: &HashMap<String, NodeId>, parts: &[String]) {
+    pub fn sync(&mut self, nodes: &[Node], node_ids: &FxHashMap<String, NodeId>, parts: &[String]) {
         let same = self.names.len() == nodes.len()
             && self.names.iter().zip(nodes).all(|(a, n)| *a == n.name);
         if !same || self.stale || self.by_name.len() > nodes.len() + MAX_EXTRA {
@@ -129,7 +128,7 @@ impl Slots {
     }
 
     /// The slot of `name`, given one if it has none.
-    pub fn slot(&mut self, name: &str, node_ids: &HashMap<String, NodeId>) -> u32 {
+    pub fn slot(&mut self, name: &str, node_ids: &FxHashMap<String, NodeId>) -> u32 {
         if let Some(&s) = self.by_name.get(name) {
             return s;
         }
@@ -144,7 +143,7 @@ impl Slots {
         &mut self,
         expr: &str,
         cluster: &C,
-        node_ids: &HashMap<String, NodeId>,
+        node_ids: &FxHashMap<String, NodeId>,
     ) -> Arc<[u32]> {
         if let Some(v) = self.exprs.get(expr) {
             return v.clone();
@@ -196,7 +195,7 @@ mod tests {
     #[test]
     fn slots_follow_the_table_and_expressions() {
         let parts = vec!["elastic".to_string()];
-        let mut ids: HashMap<String, NodeId> = HashMap::new();
+        let mut ids: FxHashMap<String, NodeId> = FxHashMap::default();
         ids.insert("b".into(), 7);
         let nodes = table(&["b", "a", "b"], &["elastic"]);
         let c = GenCluster::new(nodes.clone(), Vec::new(), Vec::new());
@@ -228,7 +227,7 @@ mod tests {
     #[test]
     fn expressions_unused_for_a_cycle_are_dropped() {
         let parts: Vec<String> = Vec::new();
-        let ids = HashMap::new();
+        let ids = FxHashMap::default();
         let nodes = table(&["a", "b"], &[]);
         let c = GenCluster::new(nodes.clone(), Vec::new(), Vec::new());
         let mut s = Slots::default();
