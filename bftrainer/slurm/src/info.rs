@@ -87,44 +87,73 @@ impl Nodes {
 
 /// Sets each node's `partitions` from the partitions' node lists, in partition order.
 pub fn assign_partitions(nodes: &mut [Node], parts: &[Partition]) {
-    // One pass over each table through a name index: O(nodes + partition nodes), not a
-    // scan of the node table per partition node (10^8 compares at 10,000 nodes). A name
-    // the table lists twice gets its partitions on its last entry.
-    let index: FxHashMap<&str, u32> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.name.as_str(), i as u32))
-        .collect();
-    // (node, partition) in partition order, then grouped by node (a stable sort keeps
-    // each node's partitions in partition order).
+    // One pass over each table: O(nodes + partition nodes), not a scan of the node table
+    // per partition node (10^8 compares at 10,000 nodes). A name the table lists twice
+    // gets its partitions on its last entry.
+    //
+    // Partitions list their nodes in the node table's order as a rule (both come from
+    // slurm.conf), so each name is first compared with the entry after the last one
+    // found; only a miss goes through a name index, built on the first miss. The guess
+    // is taken only in a table whose names increase strictly (so are unique); the check
+    // is one compare per node, cheaper than hashing every name.
+    let unique = nodes.windows(2).all(|w| w[0].name < w[1].name);
+    // (node, partition) in partition order.
     let mut pairs: Vec<(u32, u32)> =
         Vec::with_capacity(parts.iter().map(|p| p.node_names.len()).sum());
-    for (k, p) in parts.iter().enumerate() {
-        for name in &p.node_names {
-            if let Some(&i) = index.get(name.as_str()) {
-                pairs.push((i, k as u32));
+    {
+        let mut index: Option<FxHashMap<&str, u32>> = None;
+        for (k, p) in parts.iter().enumerate() {
+            let mut next = 0usize;
+            for name in &p.node_names {
+                let guess = nodes.get(next).filter(|n| unique && n.name == *name);
+                let found = match guess {
+                    Some(_) => Some(next as u32),
+                    None => index
+                        .get_or_insert_with(|| {
+                            nodes
+                                .iter()
+                                .enumerate()
+                                .map(|(i, n)| (n.name.as_str(), i as u32))
+                                .collect()
+                        })
+                        .get(name.as_str())
+                        .copied(),
+                };
+                if let Some(i) = found {
+                    pairs.push((i, k as u32));
+                    next = i as usize + 1;
+                }
             }
         }
     }
-    drop(index);
-    pairs.sort_by_key(|&(i, _)| i);
-    let mut at = 0;
+    // Grouped by node, each node's partitions in partition order: a counting sort
+    // (stable), not a comparison sort.
+    let mut start = vec![0u32; nodes.len() + 1];
+    for &(i, _) in &pairs {
+        start[i as usize + 1] += 1;
+    }
+    for i in 0..nodes.len() {
+        start[i + 1] += start[i];
+    }
+    let mut fill = start.clone();
+    let mut grouped = vec![0u32; pairs.len()];
+    for &(i, k) in &pairs {
+        grouped[fill[i as usize] as usize] = k;
+        fill[i as usize] += 1;
+    }
+    drop(pairs);
     for (i, n) in nodes.iter_mut().enumerate() {
-        let from = at;
-        while at < pairs.len() && pairs[at].0 as usize == i {
-            at += 1;
-        }
-        let mine = &pairs[from..at];
+        let mine = &grouped[start[i] as usize..start[i + 1] as usize];
         // A node whose list is already right keeps it (no copies of the names).
         let same = n.partitions.len() == mine.len()
             && n.partitions
                 .iter()
                 .zip(mine)
-                .all(|(have, &(_, k))| *have == parts[k as usize].name);
+                .all(|(have, &k)| *have == parts[k as usize].name);
         if !same {
             n.partitions.clear();
             n.partitions
-                .extend(mine.iter().map(|&(_, k)| parts[k as usize].name.clone()));
+                .extend(mine.iter().map(|&k| parts[k as usize].name.clone()));
         }
     }
 }
@@ -828,6 +857,95 @@ mod tests {
                 vec!["batch".into()]
             ]
         );
+    }
+
+    #[test]
+    fn partition_assignment_matches_a_scan_per_partition_node() {
+        // Tables in order, shuffled, with names missing from the node table, names
+        // listed twice by a partition, and names the node table lists twice: the same
+        // lists as the plain definition (for each partition in order, for each of its
+        // node names, the last node of that name gets the partition).
+        let n: slurm_sys::node_info_t = Default::default();
+        let mut seed = 7u64;
+        let mut rnd = |m: usize| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 33) as usize) % m
+        };
+        for round in 0..300 {
+            let size = 1 + rnd(40);
+            let mut names: Vec<String> = (0..size).map(|i| format!("n{i:03}")).collect();
+            match round % 3 {
+                0 => {}
+                1 => {
+                    for i in (1..names.len()).rev() {
+                        names.swap(i, rnd(i + 1));
+                    }
+                }
+                _ => {
+                    let dup = names[rnd(size)].clone();
+                    let at = rnd(size + 1);
+                    names.insert(at, dup);
+                }
+            }
+            let mut nodes: Vec<Node> = names
+                .iter()
+                .map(|name| Node {
+                    name: name.clone(),
+                    partitions: if rnd(2) == 0 {
+                        vec!["p0".into()]
+                    } else {
+                        Vec::new()
+                    },
+                    ..convert_node(&n)
+                })
+                .collect();
+            let parts: Vec<Partition> = (0..1 + rnd(4))
+                .map(|k| {
+                    let mut members: Vec<String> =
+                        names.iter().filter(|_| rnd(3) != 0).cloned().collect();
+                    if rnd(2) == 0 {
+                        members.push(format!("z{}", rnd(5)));
+                    }
+                    if rnd(4) == 0 && !members.is_empty() {
+                        let m = members[rnd(members.len())].clone();
+                        members.push(m);
+                    }
+                    if rnd(3) == 0 {
+                        for i in (1..members.len()).rev() {
+                            members.swap(i, rnd(i + 1));
+                        }
+                    }
+                    Partition {
+                        name: format!("p{k}"),
+                        nodes: None,
+                        total_nodes: members.len() as u32,
+                        node_names: members,
+                        priority_tier: 1,
+                        priority_job_factor: 1,
+                        preempt_mode: 0,
+                        grace_time_s: 0,
+                        max_time: None,
+                        default_time: None,
+                        total_cpus: 0,
+                        up: true,
+                        is_default: false,
+                    }
+                })
+                .collect();
+            let mut want: Vec<Vec<String>> = vec![Vec::new(); nodes.len()];
+            for p in &parts {
+                for name in &p.node_names {
+                    if let Some(i) = nodes.iter().rposition(|n| &n.name == name) {
+                        want[i].push(p.name.clone());
+                    }
+                }
+            }
+            assign_partitions(&mut nodes, &parts);
+            let got: Vec<Vec<String>> = nodes.iter().map(|n| n.partitions.clone()).collect();
+            assert_eq!(got, want, "round {round}: nodes {names:?}");
+        }
     }
 
     #[test]
