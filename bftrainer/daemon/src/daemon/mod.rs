@@ -890,6 +890,79 @@ mod tests {
     }
 
     #[test]
+    fn a_second_satellite_on_a_node_is_ended_and_the_first_kept() {
+        // Reconcile keeps one satellite per wanted node (keyed by engine node) and ends
+        // any other of the same job there: the one later in the job table.
+        let names: Vec<String> = (1..=4).map(|i| format!("n{i}")).collect();
+        let parts = ["batch", "elastic", "elastic-sat"];
+        let nodes = names.iter().map(|n| gen::node(n.clone(), &parts)).collect();
+        let partitions = vec![
+            gen::partition("batch", &names, 10),
+            gen::partition("elastic", &names, 2),
+            gen::partition("elastic-sat", &names, 1),
+        ];
+        let mut core = gen::job(1, "elastic", JobBase::Pending);
+        core.admin_comment = Some("bftrainer:v1 1:4,role=core".into());
+        core.priority = 0;
+        let state = tempfile::tempdir().unwrap();
+        let cfg = config::parse(
+            &format!(
+                "[policy]\nsatellite_partition = \"elastic-sat\"\n\
+                 [daemon]\nstate_dir = \"{}\"\n",
+                state.path().display()
+            ),
+            std::path::Path::new("/test/bftrainer.toml"),
+        )
+        .unwrap();
+        let cluster = gen::GenCluster::new(nodes, partitions, vec![core]);
+        let mut d = Daemon::new(cfg, cluster, None, &[]).unwrap();
+        let running_sats = |d: &Daemon<gen::GenCluster>| -> Vec<(u32, String)> {
+            d.cluster
+                .jobs()
+                .iter()
+                .filter(|j| j.state.base() == JobBase::Running && j.name == satellite_name(1))
+                .map(|j| (j.job_id, j.nodes.clone().unwrap_or_default()))
+                .collect()
+        };
+        let mut now = 3_000_000_000.0;
+        for cycle in 0.. {
+            assert!(cycle < 40, "not grown onto 4 nodes: {:?}", running_sats(&d));
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+            if running_sats(&d).len() == 3 {
+                break;
+            }
+        }
+        let before = running_sats(&d);
+        // A copy of the first satellite, on the same node, later in the table.
+        let first = d
+            .cluster
+            .jobs
+            .iter()
+            .find(|j| j.job_id == before[0].0)
+            .unwrap()
+            .clone();
+        let mut dup = first.clone();
+        dup.job_id = 100_000;
+        d.cluster.jobs.push(dup);
+        d.cluster.dirty = true;
+        for cycle in 0.. {
+            assert!(cycle < 60, "duplicate not ended: {:?}", running_sats(&d));
+            now += 1.0;
+            d.cycle(now).unwrap();
+            if !running_sats(&d).iter().any(|s| s.0 == 100_000) {
+                break;
+            }
+        }
+        assert_eq!(
+            running_sats(&d),
+            before,
+            "the first satellite of the node and the others kept"
+        );
+    }
+
+    #[test]
     fn shrink_deadline_follows_the_step_time_up_to_the_cap() {
         // Not measured: shrink_grace alone.
         assert_eq!(shrink_deadline(10.0, 600.0, 0.0), 10.0);
