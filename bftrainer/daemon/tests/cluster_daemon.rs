@@ -756,15 +756,49 @@ fn cluster_daemon_gives_back_nodes_the_backfill_plan_needs_before_it_needs_them(
     l.assert_no_double_allocation();
 }
 
+/// A job whose BeginTime is ahead (`--begin`, or Slurm's delay after a requeue) is not
+/// admitted before it: pinned, it would hold idle nodes until its admission timed out.
+#[test]
+fn cluster_daemon_does_not_admit_a_job_before_its_begin_time() {
+    let l = Live::start("", "", "");
+    let job = l.sbatch_as_user(
+        &[
+            "--elastic=1:2",
+            "--begin=now+600",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "srun sleep 600",
+        ],
+        None,
+    );
+    let why = format!("elastic job {job} is not admitted: it may not start before");
+    l.wait(30, "the job reported not yet eligible", || {
+        l.log_text().contains(&why).then_some(())
+    });
+    cycles_later(&l, 5);
+    assert!(
+        !l.log_text().contains(&format!("admit job {job} (user")),
+        "admitted before its BeginTime:\n{}",
+        l.log_text()
+    );
+    assert_eq!(l.state_of(job), "PENDING");
+}
+
 #[test]
 fn cluster_daemon_holds_an_admission_that_does_not_start_and_replans() {
-    // A core job that cannot start when released (its begin time is 2 minutes away):
+    // A core job that cannot start when released (it depends on a job that runs for
+    // 10 minutes; a BeginTime ahead would keep bftrainerd from admitting it at all):
     // after admit_timeout it is held again and its nodes go back to the pool.
     let l = Live::start("", "admit_timeout = 4\njob_backoff = 2", "");
+    let blocker =
+        l.c.sbatch(&["-p", "batch", "-o", "/dev/null", "--wrap", "sleep 600"])
+            .unwrap();
+    let after = format!("--dependency=afterany:{blocker}");
     let job = l.sbatch_as_user(
         &[
             "--elastic=1:4",
-            "--begin=now+120",
+            &after,
             "-o",
             "/dev/null",
             "--wrap",
@@ -791,7 +825,7 @@ fn cluster_daemon_holds_an_admission_that_does_not_start_and_replans() {
         "no satellite for a core that never ran"
     );
     assert_eq!(l.state_of(job), "PENDING");
-    // Its own begin time keeps it pending: the job, not a node, is charged (a pause of
+    // Its own dependency keeps it pending: the job, not a node, is charged (a pause of
     // job_backoff), and no node is set aside.
     l.wait(15, "the job's growth paused", || {
         l.log_text()
