@@ -824,12 +824,12 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_slurmctld_slower_than_the_cycle_budget_still_gets_nodes_lent() {
-        // Every call takes longer than the whole cycle_budget. The budget counts the
-        // cycle's calls, not its refresh, and the first lending call of a cycle always
-        // runs: the job is admitted and grows, one lending call per cycle, the others
-        // deferred. (When the budget counted the refresh, nothing was ever lent.)
+    /// Nodes n1-n4 in `batch`, `elastic` and `elastic-sat`, and one held core job
+    /// (1, `1:4`); a config with `daemon_extra` added to `[daemon]`, whose state dir
+    /// lives as long as the returned guard.
+    fn four_nodes_one_held_core(
+        daemon_extra: &str,
+    ) -> (gen::GenCluster, config::Config, tempfile::TempDir) {
         let names: Vec<String> = (1..=4).map(|i| format!("n{i}")).collect();
         let parts = ["batch", "elastic", "elastic-sat"];
         let nodes = names.iter().map(|n| gen::node(n.clone(), &parts)).collect();
@@ -845,14 +845,28 @@ mod tests {
         let cfg = config::parse(
             &format!(
                 "[policy]\nsatellite_partition = \"elastic-sat\"\n\
-                 [daemon]\nstate_dir = \"{}\"\ncycle_budget = 0.1\n",
+                 [daemon]\nstate_dir = \"{}\"\n{daemon_extra}",
                 state.path().display()
             ),
             std::path::Path::new("/test/bftrainer.toml"),
         )
         .unwrap();
+        (
+            gen::GenCluster::new(nodes, partitions, vec![core]),
+            cfg,
+            state,
+        )
+    }
+
+    #[test]
+    fn a_slurmctld_slower_than_the_cycle_budget_still_gets_nodes_lent() {
+        // Every call takes longer than the whole cycle_budget. The budget counts the
+        // cycle's calls, not its refresh, and the first lending call of a cycle always
+        // runs: the job is admitted and grows, one lending call per cycle, the others
+        // deferred. (When the budget counted the refresh, nothing was ever lent.)
+        let (cluster, cfg, _state) = four_nodes_one_held_core("cycle_budget = 0.1\n");
         let slow = Slow {
-            inner: gen::GenCluster::new(nodes, partitions, vec![core]),
+            inner: cluster,
             delay: Duration::from_millis(150),
         };
         let mut d = Daemon::new(cfg, slow, None, &[]).unwrap();
@@ -893,28 +907,7 @@ mod tests {
     fn a_second_satellite_on_a_node_is_ended_and_the_first_kept() {
         // Reconcile keeps one satellite per wanted node (keyed by engine node) and ends
         // any other of the same job there: the one later in the job table.
-        let names: Vec<String> = (1..=4).map(|i| format!("n{i}")).collect();
-        let parts = ["batch", "elastic", "elastic-sat"];
-        let nodes = names.iter().map(|n| gen::node(n.clone(), &parts)).collect();
-        let partitions = vec![
-            gen::partition("batch", &names, 10),
-            gen::partition("elastic", &names, 2),
-            gen::partition("elastic-sat", &names, 1),
-        ];
-        let mut core = gen::job(1, "elastic", JobBase::Pending);
-        core.admin_comment = Some("bftrainer:v1 1:4,role=core".into());
-        core.priority = 0;
-        let state = tempfile::tempdir().unwrap();
-        let cfg = config::parse(
-            &format!(
-                "[policy]\nsatellite_partition = \"elastic-sat\"\n\
-                 [daemon]\nstate_dir = \"{}\"\n",
-                state.path().display()
-            ),
-            std::path::Path::new("/test/bftrainer.toml"),
-        )
-        .unwrap();
-        let cluster = gen::GenCluster::new(nodes, partitions, vec![core]);
+        let (cluster, cfg, _state) = four_nodes_one_held_core("");
         let mut d = Daemon::new(cfg, cluster, None, &[]).unwrap();
         let running_sats = |d: &Daemon<gen::GenCluster>| -> Vec<(u32, String)> {
             d.cluster
