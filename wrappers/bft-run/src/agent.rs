@@ -60,6 +60,8 @@ enum Ev {
     Term,
     /// Twice a second: heartbeats and the watchdog.
     Tick,
+    /// MPI mode: a line of an rsh session's command (its id; stderr or stdout).
+    RshOut(u64, bool, String),
 }
 
 struct Worker {
@@ -367,8 +369,13 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         ifname: iface_of(&host),
         extra: Vec::new(),
     };
-    if welcome.get("mode").and_then(Value::as_str) == Some("torchrun") {
+    let mode = welcome.get("mode").and_then(Value::as_str);
+    if matches!(mode, Some("torchrun" | "mpi")) {
         let ctx = WorldAgent {
+            mpi: mode == Some("mpi"),
+            exe: std::env::current_exe()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| "bft-run".into()),
             agent_id,
             coord: o.coord.clone(),
             hang,
@@ -561,6 +568,7 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                     let _ = tx.send(proto::error(&e));
                 }
             }
+            Ev::RshOut(..) => {} // MPI mode only
             Ev::Worker(id, m) => {
                 if proto::verbose() {
                     say!("bft-run: worker {id} -> coordinator: {m}");
@@ -731,6 +739,7 @@ fn proc_stopped(pid: i32) -> bool {
 /// id is accepted on one connection only).
 type Live = Arc<Mutex<HashMap<String, bool>>>;
 
+#[derive(Clone)]
 struct SpawnCfg {
     argv: Vec<String>,
     cwd: String,
@@ -1045,7 +1054,7 @@ impl WorldPart {
     }
 
     /// torchrun's environment for local rank `local` (torch's local_elastic_agent
-    /// sets the same names); an MPI mode would give its own here.
+    /// sets the same names); MPI mode gives none (mpirun sets its ranks').
     pub fn torchrun_env(&self, local: usize) -> Vec<(String, String)> {
         let rank = self.rank_base + local as u64;
         let v = |k: &str, x: String| (k.to_string(), x);
@@ -1070,6 +1079,11 @@ impl WorldPart {
 
 /// What a torchrun-mode agent works with.
 struct WorldAgent {
+    /// MPI mode: the first part's agent runs one mpirun for the world; every agent
+    /// runs the daemons its `rsh` sessions ask for.
+    mpi: bool,
+    /// This bft-run's path (mpirun's rsh agent).
+    exe: String,
     agent_id: u64,
     coord: String,
     hang: Duration,
@@ -1085,6 +1099,9 @@ struct WorldWorker {
     gen: u64,
     local: usize,
     signalled: bool,
+    /// MPI mode: the launcher (mpirun), or the id of the rsh session this runs.
+    launcher: bool,
+    rsh: Option<u64>,
 }
 
 /// The torchrun-mode agent: starts the node's part of each world the coordinator
@@ -1109,10 +1126,19 @@ async fn world_agent(
             let _ = wr.write_all(proto::line(&$v).as_bytes()).await;
         }};
     }
+    // MPI mode's stop is SIGUSR1 to mpirun alone, which forwards it to every rank
+    // (the program's cue to checkpoint and exit 0; mpirun then ends cleanly). A
+    // SIGTERM to mpirun would abort the job instead: its ranks get SIGTERM but
+    // hang in MPI_Finalize until odls_base_sigkill_timeout's SIGKILL. The daemons
+    // get only the grace's SIGKILL (they end with mpirun).
     let term = |workers: &mut HashMap<String, WorldWorker>, sig: i32| {
         for w in workers.values_mut() {
             w.signalled = true;
-            kill(w.pid, sig);
+            if sig == libc::SIGTERM && w.launcher {
+                kill_one(w.pid, libc::SIGUSR1);
+            } else if sig != libc::SIGTERM || w.rsh.is_none() {
+                kill(w.pid, sig);
+            }
         }
     };
     loop {
@@ -1169,6 +1195,42 @@ async fn world_agent(
                     gen = g;
                     stopping = None;
                     deadline = None;
+                    if ctx.mpi {
+                        if let Some(mpi) = m.get("mpi") {
+                            let launch = MpiLaunch::from_msg(mpi)
+                                .map_err(|e| (2, format!("a bad MPI world: {e}")))?;
+                            let mut cfg = ctx.cfg.clone();
+                            cfg.argv = launch.argv(&ctx.exe, &ctx.cfg.argv);
+                            cfg.extra = vec![
+                                ("BFT_GENERATION".into(), g.to_string()),
+                                ("BFT_RSH_TOKEN".into(), launch.token.clone()),
+                            ];
+                            let wid = format!("{id}.mpirun.g{g}");
+                            match spawn_worker(&cfg, &wid, 0, &ev_tx) {
+                                Ok(pid) => {
+                                    workers.insert(
+                                        wid,
+                                        WorldWorker {
+                                            pid,
+                                            gen: g,
+                                            local: 0,
+                                            signalled: false,
+                                            launcher: true,
+                                            rsh: None,
+                                        },
+                                    );
+                                }
+                                Err(e) => {
+                                    say!("bft-run: {e}");
+                                    send!(
+                                        json!({"t": "wexit", "gen": g, "local": 0, "code": 127, "stderr_tail": e})
+                                    );
+                                }
+                            }
+                        }
+                        send!(json!({"t": "started", "gen": g}));
+                        continue;
+                    }
                     for local in 0..ctx.cfg.nproc {
                         ctx.cfg.extra = part.torchrun_env(local);
                         let wid = format!("{id}.{local}.g{g}");
@@ -1181,6 +1243,8 @@ async fn world_agent(
                                         gen: g,
                                         local,
                                         signalled: false,
+                                        launcher: false,
+                                        rsh: None,
                                     },
                                 );
                             }
@@ -1202,6 +1266,43 @@ async fn world_agent(
                         stopping = Some(g);
                         term(&mut workers, libc::SIGTERM);
                         deadline = Some(Instant::now() + ctx.leave_timeout);
+                    }
+                }
+                "rsh" if ctx.mpi => {
+                    let rid = proto::u64_field(&m, "id").unwrap_or(0);
+                    let rg = proto::u64_field(&m, "gen").unwrap_or(0);
+                    let cmd = proto::str_field(&m, "cmd").unwrap_or("");
+                    // Only for the world this node runs now, while it is not stopping.
+                    if rg != gen || stopping.is_some() || leaving || ending || cmd.is_empty() {
+                        send!(json!({"t": "rsh_exit", "id": rid, "code": 255}));
+                        continue;
+                    }
+                    let wid = format!("{id}.rsh{rid}.g{rg}");
+                    match spawn_rsh(&ctx.cfg, cmd, rid, &wid, &ev_tx) {
+                        Ok(pid) => {
+                            workers.insert(
+                                wid,
+                                WorldWorker {
+                                    pid,
+                                    gen: rg,
+                                    local: 0,
+                                    signalled: false,
+                                    launcher: false,
+                                    rsh: Some(rid),
+                                },
+                            );
+                        }
+                        Err(e) => {
+                            say!("bft-run: {e}");
+                            send!(json!({"t": "rsh_exit", "id": rid, "code": 127}));
+                        }
+                    }
+                }
+                "rsh_kill" => {
+                    let rid = proto::u64_field(&m, "id").unwrap_or(0);
+                    for w in workers.values_mut().filter(|w| w.rsh == Some(rid)) {
+                        w.signalled = true;
+                        kill(w.pid, libc::SIGKILL);
                     }
                 }
                 "end" => {
@@ -1236,10 +1337,14 @@ async fn world_agent(
                 let Some(w) = workers.remove(&wid) else {
                     continue;
                 };
-                send!(json!({
-                    "t": "wexit", "gen": w.gen, "local": w.local, "code": code,
-                    "stopped": w.signalled, "stderr_tail": tail,
-                }));
+                if let Some(rid) = w.rsh {
+                    send!(json!({"t": "rsh_exit", "id": rid, "code": code}));
+                } else {
+                    send!(json!({
+                        "t": "wexit", "gen": w.gen, "local": w.local, "code": code,
+                        "stopped": w.signalled, "stderr_tail": tail,
+                    }));
+                }
                 if stopping == Some(w.gen) && !workers.values().any(|x| x.gen == w.gen) {
                     stopping = None;
                     deadline = None;
@@ -1255,12 +1360,213 @@ async fn world_agent(
                 }
             }
             Ev::Worker(..) | Ev::WorkerConn(..) | Ev::WorkerGone(..) => {}
+            Ev::RshOut(rid, err, line) => {
+                send!(json!({"t": "rsh_out", "id": rid, "err": err, "line": line}));
+            }
         }
     }
     if lost {
         return Err((1, format!("lost the coordinator at {}", ctx.coord)));
     }
     Ok(0)
+}
+
+/// Signals `pid` alone (not its process group).
+fn kill_one(pid: i32, sig: i32) {
+    if pid > 0 {
+        // SAFETY: signalling a child of ours.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// An MPI world's launch, as the coordinator's `world` message gives it to the
+/// first part's agent: mpirun's --host list and -np, and the world's rsh token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MpiLaunch {
+    pub hosts: String,
+    pub np: u64,
+    pub token: String,
+}
+
+impl MpiLaunch {
+    pub fn from_msg(m: &Value) -> Result<MpiLaunch, String> {
+        let hosts = proto::str_field(m, "hosts")?;
+        let np = proto::u64_field(m, "np")?;
+        let token = proto::id_field(m, "token")?;
+        let mut total = 0u64;
+        for h in hosts.split(',') {
+            let (name, slots) = h
+                .rsplit_once(':')
+                .ok_or_else(|| format!("{:?} is not host:slots", brief(h)))?;
+            let slots: u64 = slots
+                .parse()
+                .ok()
+                .filter(|n| *n > 0 && *n <= 1 << 20)
+                .ok_or_else(|| format!("{:?} is not host:slots", brief(h)))?;
+            if !proto::is_node_name(name) {
+                return Err(format!("{:?} is not a host name", brief(name)));
+            }
+            total += slots;
+        }
+        if np == 0 || np != total {
+            return Err(format!("-np {np} is not the hosts' {total} slots"));
+        }
+        Ok(MpiLaunch {
+            hosts: hosts.to_string(),
+            np,
+            token: token.to_string(),
+        })
+    }
+
+    /// mpirun's command line: remote daemons through `EXE rsh` (no tree spawn, kept
+    /// attached so that their agents see them end), then the program. (The stop's
+    /// grace is the agent's: SIGUSR1 to mpirun, SIGKILL after it.)
+    pub fn argv(&self, exe: &str, cmd: &[String]) -> Vec<String> {
+        let mut v: Vec<String> = ["mpirun", "--host", &self.hosts, "-np"]
+            .iter()
+            .map(|x| x.to_string())
+            .collect();
+        v.push(self.np.to_string());
+        // Remote ranks get their daemon's environment (the job's, from the agent
+        // there): the world's generation must be passed.
+        v.extend(["-x".to_string(), "BFT_GENERATION".to_string()]);
+        let mca = [
+            ("plm", "rsh".to_string()),
+            ("plm_rsh_agent", format!("{exe} rsh")),
+            ("plm_rsh_no_tree_spawn", "1".into()),
+            ("orte_leave_session_attached", "1".into()),
+        ];
+        for (k, x) in mca {
+            v.extend(["--mca".to_string(), k.to_string(), x]);
+        }
+        v.extend(cmd.iter().cloned());
+        v
+    }
+}
+
+/// An rsh command line with its last command run by `exec` (`A=1; export A; orted
+/// ...` -> `A=1; export A; exec orted ...`): the daemon then is the process the agent
+/// started, which dies with the agent (PDEATHSIG) and is the one it signals. Left as
+/// it is where the last command is not a plain one (pipes, `&&`, `||`, background).
+pub fn exec_last(line: &str) -> String {
+    // The last `;` outside quotes (orted's arguments quote URIs holding `;`).
+    // And whether an unquoted special character (a pipe, `&&`, a subshell, a
+    // redirection, a background job) comes after it.
+    let (mut quote, mut escaped, mut cut) = (None::<char>, false, None);
+    let mut special = false;
+    for (i, c) in line.char_indices() {
+        match (quote, c) {
+            _ if escaped => escaped = false,
+            (Some('\''), '\'') => quote = None,
+            (Some('\''), _) => {}
+            (_, '\\') => escaped = true,
+            (Some('"'), '"') => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, ';') => {
+                cut = Some(i);
+                special = false;
+            }
+            (None, '&' | '|' | '`' | '\n' | '(' | ')' | '<' | '>' | '$') => special = true,
+            (None, _) => {}
+        }
+    }
+    if quote.is_some() {
+        return line.to_string();
+    }
+    let (head, last) = match cut {
+        Some(i) => (&line[..=i], &line[i + 1..]),
+        None => ("", line),
+    };
+    let plain = !special && !last.trim().is_empty() && !last.trim_start().starts_with("exec ");
+    if !plain {
+        return line.to_string();
+    }
+    format!("{head} exec {}", last.trim_start())
+}
+
+/// Starts an rsh session's command (`/bin/sh -c CMD`, as sshd would) with the job's
+/// environment; its lines go to the coordinator as `rsh_out`, its exit as `Exited`.
+fn spawn_rsh(
+    c: &SpawnCfg,
+    line: &str,
+    rid: u64,
+    wid: &str,
+    ev: &mpsc::UnboundedSender<Ev>,
+) -> Result<i32, String> {
+    let mut cmd = tokio::process::Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(exec_last(line))
+        .current_dir(&c.cwd)
+        .env_clear()
+        .envs(&c.env)
+        .envs(c.node_env.iter().map(|(k, v)| (k, v)))
+        .env("BFT_NODE_NAME", &c.node)
+        .env("BFT_JOB", &c.job)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setpgid(0, 0);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start an rsh command in {}: {e}", c.cwd))?;
+    let pid = child.id().map_or(-1, |p| p as i32);
+    let relay = |r: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>, err: bool| {
+        let ev = ev.clone();
+        r.map(|r| {
+            tokio::spawn(async move {
+                let mut r = BufReader::new(r);
+                let mut buf = Vec::new();
+                loop {
+                    buf.clear();
+                    match r.read_until(b'\n', &mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                    let l = String::from_utf8_lossy(&buf);
+                    let l = proto::clip(l.trim_end_matches(['\n', '\r']), 16 << 10);
+                    let _ = ev.send(Ev::RshOut(rid, err, l));
+                }
+            })
+        })
+    };
+    let out = relay(
+        child
+            .stdout
+            .take()
+            .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+        false,
+    );
+    let err = relay(
+        child
+            .stderr
+            .take()
+            .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+        true,
+    );
+    let ev = ev.clone();
+    let wid = wid.to_string();
+    tokio::spawn(async move {
+        let status = child.wait().await;
+        for h in [out, err].into_iter().flatten() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
+        }
+        let code = match status {
+            Ok(s) => s.code().unwrap_or_else(|| -s.signal().unwrap_or(9)),
+            Err(_) => -9,
+        };
+        let _ = ev.send(Ev::Exited(wid, code, String::new()));
+    });
+    Ok(pid)
 }
 
 fn kill(pid: i32, sig: i32) {
@@ -1291,6 +1597,58 @@ fn tempdir() -> std::io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rsh_commands_exec_their_last_plain_command() {
+        assert_eq!(
+            exec_last(" orted -mca ess \"env\""),
+            " exec orted -mca ess \"env\""
+        );
+        assert_eq!(
+            exec_last("PATH=/o/bin:$PATH ; export PATH ; /o/bin/orted -mca x \"1\""),
+            "PATH=/o/bin:$PATH ; export PATH ; exec /o/bin/orted -mca x \"1\""
+        );
+        assert_eq!(
+            exec_last("orted -mca orte_hnp_uri \"1.0;tcp://10.0.0.1:4\" -x 'a;b' -r \"n@0(2)\""),
+            " exec orted -mca orte_hnp_uri \"1.0;tcp://10.0.0.1:4\" -x 'a;b' -r \"n@0(2)\""
+        );
+        for same in [
+            "a | b",
+            "a && b",
+            "a; b &",
+            "exec orted",
+            "a;",
+            "(orted)",
+            "a \"b;",
+            "a $(b)",
+        ] {
+            assert_eq!(exec_last(same), same);
+        }
+    }
+
+    #[test]
+    fn an_mpi_launch_is_checked_and_makes_mpiruns_command_line() {
+        let m = json!({"hosts": "n1:2,bft-agent-7:1", "np": 3, "token": "ab12"});
+        let l = MpiLaunch::from_msg(&m).unwrap();
+        let argv = l.argv("/x/bft-run", &["prog".into()]);
+        let s = argv.join(" ");
+        assert!(
+            s.starts_with("mpirun --host n1:2,bft-agent-7:1 -np 3 -x BFT_GENERATION"),
+            "{s}"
+        );
+        assert!(s.contains("--mca plm_rsh_agent /x/bft-run rsh"), "{s}");
+        assert!(s.contains("--mca orte_leave_session_attached 1"), "{s}");
+        assert_eq!(argv.last().unwrap(), "prog");
+        for bad in [
+            json!({"hosts": "n1:2", "np": 3, "token": "ab"}),
+            json!({"hosts": "n1;rm -rf /:1", "np": 1, "token": "ab"}),
+            json!({"hosts": "n1:0", "np": 0, "token": "ab"}),
+            json!({"hosts": "n1", "np": 1, "token": "ab"}),
+            json!({"hosts": "n1:1", "np": 1, "token": "not hex"}),
+        ] {
+            assert!(MpiLaunch::from_msg(&bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn a_world_message_gives_torchruns_environment_per_local_rank() {

@@ -103,6 +103,10 @@ pub enum Mode {
     /// Unmodified torchrun-style scripts: every generation is a new static-size
     /// world (torchrun's environment), the old one stopped with SIGTERM first.
     Torchrun,
+    /// MPI programs: every generation is one new `mpirun` on the members' hosts, run
+    /// by the first member's agent; its remote daemons start through `bft-run rsh`,
+    /// each under its node's agent.
+    Mpi,
 }
 
 impl Mode {
@@ -110,6 +114,7 @@ impl Mode {
         match self {
             Mode::Native => "native",
             Mode::Torchrun => "torchrun",
+            Mode::Mpi => "mpi",
         }
     }
 
@@ -117,6 +122,7 @@ impl Mode {
         match s {
             "native" => Some(Mode::Native),
             "torchrun" => Some(Mode::Torchrun),
+            "mpi" => Some(Mode::Mpi),
             _ => None,
         }
     }
@@ -193,6 +199,41 @@ struct Shared {
     last_members: Vec<String>,
     start: Instant,
     kv: Kv,
+    /// MPI mode: the running world's launch rights (`bft-run rsh`).
+    rsh: Option<RshWorld>,
+    /// Open `bft-run rsh` sessions: id -> (the agent running it, the client's line).
+    rsh_clients: HashMap<u64, (u64, mpsc::UnboundedSender<(bool, String)>)>,
+    next_rsh: u64,
+}
+
+/// What an MPI world's `bft-run rsh` may do: its mpirun holds `token` (a fresh secret
+/// per world, in its environment only), and may start daemons on these hosts (the
+/// names of the world's --host list -> agent ids).
+#[derive(Debug, Clone)]
+struct RshWorld {
+    gen: u64,
+    token: String,
+    hosts: HashMap<String, u64>,
+}
+
+/// Longest command `bft-run rsh` may ask to run (an orted/prted command line).
+const MAX_RSH_CMD: usize = 8 << 10;
+
+/// The host names of an MPI world, by part: the node's name where it is a plain
+/// host name and no other part has it, else `bft-agent-ID` (the name only has to
+/// reach `bft-run rsh`; mpirun does not resolve it).
+fn mpi_host_names(nodes: &[(u64, String)]) -> Vec<String> {
+    nodes
+        .iter()
+        .map(|(id, n)| {
+            let unique = nodes.iter().filter(|(_, m)| m == n).count() == 1;
+            if unique && proto::is_node_name(n) && !n.starts_with("bft-agent-") {
+                n.clone()
+            } else {
+                format!("bft-agent-{id}")
+            }
+        })
+        .collect()
 }
 
 impl Shared {
@@ -369,12 +410,13 @@ impl Coordinator {
         let c = Arc::new(Coordinator {
             shared: Mutex::new(Shared {
                 m,
-                world: (cfg.mode == Mode::Torchrun).then(|| {
+                world: (cfg.mode != Mode::Native).then(|| {
                     World::new(WorldCfg {
                         min_slots: cfg.min_workers,
                         settle: cfg.settle,
                         max_restarts: cfg.opts.max_restarts,
                         restart_window: cfg.opts.restart_window,
+                        one_launcher: cfg.mode == Mode::Mpi,
                     })
                 }),
                 agents: HashMap::new(),
@@ -384,6 +426,9 @@ impl Coordinator {
                 last_members: Vec::new(),
                 start: Instant::now(),
                 kv: Kv::default(),
+                rsh: None,
+                rsh_clients: HashMap::new(),
+                next_rsh: 1,
             }),
             gate: Mutex::new(Gate::default()),
             decodes: Semaphore::new(MAX_DECODES),
@@ -415,6 +460,7 @@ impl Coordinator {
         if self.end_tx.borrow().is_some() {
             return;
         }
+        s.rsh = None;
         let line = proto::line(&json!({"t": "end", "code": code, "reason": reason}));
         for a in s.agents.values() {
             let _ = a.tx.send(line.clone());
@@ -507,15 +553,46 @@ impl Coordinator {
                         plan.master_port,
                         plan.restarts
                     );
+                    // MPI mode: the first part's agent runs mpirun on these hosts.
+                    let mpi = (self.cfg.mode == Mode::Mpi).then(|| {
+                        let nodes: Vec<(u64, String)> = plan
+                            .parts
+                            .iter()
+                            .map(|p| {
+                                let n = s.agents.get(&p.agent).map_or("", |a| a.node.as_str());
+                                (p.agent, n.to_string())
+                            })
+                            .collect();
+                        let names = mpi_host_names(&nodes);
+                        let list: Vec<String> = names
+                            .iter()
+                            .zip(&plan.parts)
+                            .map(|(n, p)| format!("{n}:{}", p.slots))
+                            .collect();
+                        let token = proto::fresh_id();
+                        s.rsh = Some(RshWorld {
+                            gen: plan.gen,
+                            token: token.clone(),
+                            hosts: names
+                                .into_iter()
+                                .zip(plan.parts.iter().map(|p| p.agent))
+                                .collect(),
+                        });
+                        json!({"hosts": list.join(","), "np": plan.world_size, "token": token})
+                    });
                     for p in &plan.parts {
                         if let Some(a) = s.agents.get(&p.agent) {
-                            let _ = a.tx.send(proto::line(&json!({
+                            let mut m = json!({
                                 "t": "world", "gen": plan.gen, "master_addr": master,
                                 "master_port": plan.master_port, "group_rank": p.group_rank,
                                 "rank_base": p.rank_base, "world_size": plan.world_size,
                                 "nnodes": plan.parts.len(), "restarts": plan.restarts,
                                 "run_id": self.cfg.job,
-                            })));
+                            });
+                            if let (Some(mpi), 0) = (&mpi, p.group_rank) {
+                                m["mpi"] = mpi.clone();
+                            }
+                            let _ = a.tx.send(proto::line(&m));
                         }
                     }
                     s.nodes = plan.parts.len() as u32;
@@ -524,6 +601,8 @@ impl Coordinator {
                 }
                 Act::Stop { gen, agents, why } => {
                     say!("bft-run: {} stopping generation {gen}: {why}", ts());
+                    // No more daemons for a world being stopped.
+                    s.rsh = None;
                     let line = proto::line(&json!({"t": "stop", "gen": gen}));
                     for id in agents {
                         if let Some(a) = s.agents.get(&id) {
@@ -621,6 +700,9 @@ impl Coordinator {
                 );
                 a.kick.notify_one();
                 s.kv.forget_agent(id);
+                // Its rsh sessions end (their clients exit 255, as ssh's do when the
+                // connection is lost: mpirun then takes those daemons as failed).
+                s.rsh_clients.retain(|_, (a, _)| *a != id);
                 let gone: Vec<String> = a.workers.into_iter().collect();
                 let out = s.m.drop_workers(&gone, true);
                 self.apply(&mut s, out);
@@ -744,6 +826,14 @@ impl Coordinator {
                 let _ = wr.shutdown().await;
                 return;
             }
+            Ok(Greeted::Rsh {
+                agent,
+                gen,
+                cmd,
+                answer,
+            }) => {
+                return self.rsh_session(agent, gen, cmd, answer, rd, wr).await;
+            }
             Err(why) => return refuse(&mut wr, &peer, &why).await,
         };
         // Every node of the job runs the same number of workers when the core's
@@ -827,6 +917,9 @@ impl Coordinator {
                     say!("bft-run: {} agent {id} ({host}) is gone", ts());
                 }
                 s.kv.forget_agent(id);
+                // Its rsh sessions end (their clients exit 255, as ssh's do when the
+                // connection is lost: mpirun then takes those daemons as failed).
+                s.rsh_clients.retain(|_, (a, _)| *a != id);
                 let out = s.m.drop_workers(&gone, true);
                 self.apply(&mut s, out);
                 let now = s.start.elapsed().as_secs_f64();
@@ -861,7 +954,8 @@ impl Coordinator {
             Ok(None) => return Err("closed before its hello".into()),
             Err(e) => return Err(e),
         };
-        let query = hello.get("query").and_then(Value::as_str) == Some("hosts");
+        let kind = hello.get("query").and_then(Value::as_str);
+        let query = matches!(kind, Some("hosts" | "rsh"));
         let (host, nproc, anonce) = self.check_hello(&hello, &nonce, query).await?;
         let node = hello
             .get("node")
@@ -876,6 +970,9 @@ impl Coordinator {
             .await
             .map_err(|e| format!("credential failed: {e}"))?
             .map_err(|e| format!("cannot prove this coordinator to the agent: {e}"))?;
+        if kind == Some("rsh") {
+            return self.rsh_grant(&hello, cred);
+        }
         if query {
             return Ok(Greeted::Query(json!({
                 "t": "hosts", "proto": PROTO, "cred": cred, "job": self.cfg.job,
@@ -894,6 +991,142 @@ impl Coordinator {
             nproc,
             welcome,
         })
+    }
+
+    /// A `bft-run rsh` request (its credential already checked: the job owner's, for
+    /// this run and connection): granted only with the running MPI world's token and
+    /// for one of its hosts; the agent to run it, and the answer carrying this
+    /// coordinator's credential.
+    fn rsh_grant(&self, hello: &Value, cred: String) -> Result<Greeted, String> {
+        let target = proto::str_field(hello, "target")?;
+        let token = proto::id_field(hello, "token")?;
+        let cmd = proto::str_field(hello, "cmd")?;
+        if cmd.is_empty() || cmd.len() > MAX_RSH_CMD || cmd.contains('\0') {
+            return Err(format!(
+                "an rsh command must be 1 to {MAX_RSH_CMD} bytes without NUL"
+            ));
+        }
+        let s = self.shared.lock().unwrap();
+        let Some(w) = s.rsh.as_ref().filter(|w| w.token == token) else {
+            return Err(
+                "rsh refused: not the running MPI world's launcher (no such world now, or it was stopped)"
+                    .into(),
+            );
+        };
+        let Some(&agent) = w.hosts.get(target) else {
+            return Err(format!(
+                "rsh refused: {:?} is not a host of generation {}",
+                brief(target),
+                w.gen
+            ));
+        };
+        Ok(Greeted::Rsh {
+            agent,
+            gen: w.gen,
+            cmd: cmd.to_string(),
+            answer: json!({
+                "t": "rsh_ok", "proto": PROTO, "cred": cred, "job": self.cfg.job,
+                "run": self.cfg.run,
+            }),
+        })
+    }
+
+    /// Relays a granted `bft-run rsh` session: the command to its agent, the
+    /// agent's output and exit status back; the client gone, the agent kills it.
+    async fn rsh_session(
+        &self,
+        agent: u64,
+        gen: u64,
+        cmd: String,
+        answer: Value,
+        mut rd: BufReader<tokio::net::tcp::OwnedReadHalf>,
+        mut wr: tokio::net::tcp::OwnedWriteHalf,
+    ) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<(bool, String)>();
+        let id = {
+            let mut s = self.shared.lock().unwrap();
+            let id = s.next_rsh;
+            s.next_rsh += 1;
+            match s.agents.get(&agent) {
+                Some(a) => {
+                    let _ = a.tx.send(proto::line(
+                        &json!({"t": "rsh", "id": id, "gen": gen, "cmd": cmd}),
+                    ));
+                    s.rsh_clients.insert(id, (agent, tx));
+                    Some(id)
+                }
+                None => None,
+            }
+        };
+        let Some(id) = id else {
+            let _ = wr
+                .write_all(proto::error("rsh refused: that host's agent is gone").as_bytes())
+                .await;
+            return;
+        };
+        if proto::verbose() {
+            say!(
+                "bft-run: {} rsh {id} on agent {agent}: {}",
+                ts(),
+                brief(&cmd)
+            );
+        }
+        let mut exited = false;
+        if wr.write_all(proto::line(&answer).as_bytes()).await.is_ok() {
+            loop {
+                tokio::select! {
+                    m = proto::read_msg(&mut rd) => {
+                        // The client sends nothing after its hello: anything else,
+                        // or its end, ends the session.
+                        let _ = m;
+                        break;
+                    }
+                    l = rx.recv() => {
+                        let Some((last, l)) = l else { break };
+                        if wr.write_all(l.as_bytes()).await.is_err() {
+                            break;
+                        }
+                        if last {
+                            exited = true;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let mut s = self.shared.lock().unwrap();
+        s.rsh_clients.remove(&id);
+        if !exited {
+            if let Some(a) = s.agents.get(&agent) {
+                let _ = a.tx.send(proto::line(&json!({"t": "rsh_kill", "id": id})));
+            }
+        }
+    }
+
+    /// An agent's `rsh_out`/`rsh_exit` for session `id`: checked, rebuilt and
+    /// passed to that session's client when the session is this agent's.
+    fn rsh_relay(&self, agent: u64, msg: &Value) -> Result<(), String> {
+        let id = proto::u64_field(msg, "id")?;
+        let last = proto::t(msg) == "rsh_exit";
+        let out = if !last {
+            let line = proto::clip(proto::str_field(msg, "line")?, 64 << 10);
+            let err = msg.get("err").and_then(Value::as_bool).unwrap_or(false);
+            json!({"t": "rsh_out", "err": err, "line": line})
+        } else {
+            let code = msg
+                .get("code")
+                .and_then(Value::as_i64)
+                .ok_or("an rsh_exit without a whole-number \"code\"")?
+                .clamp(-255, 255);
+            json!({"t": "rsh_exit", "code": code})
+        };
+        let s = self.shared.lock().unwrap();
+        if let Some((a, tx)) = s.rsh_clients.get(&id) {
+            if *a == agent {
+                let _ = tx.send((last, proto::line(&out)));
+            }
+        }
+        Ok(())
     }
 
     /// The job's hosts now: each agent's node and worker slots, in joining order,
@@ -977,6 +1210,10 @@ impl Coordinator {
         let now = s.start.elapsed().as_secs_f64();
         if let Some(a) = s.agents.get_mut(&id) {
             a.seen = now;
+        }
+        if matches!(proto::t(msg), "rsh_out" | "rsh_exit") {
+            drop(s);
+            return self.rsh_relay(id, msg);
         }
         if s.world.is_some() {
             let acts = world_msg(&mut s, id, host, msg, now)?;
@@ -1108,6 +1345,13 @@ enum Greeted {
         welcome: Value,
     },
     Query(Value),
+    /// `bft-run rsh`, granted: run `cmd` under `agent` for world `gen`.
+    Rsh {
+        agent: u64,
+        gen: u64,
+        cmd: String,
+        answer: Value,
+    },
 }
 
 /// A store request (`kv` message) as an operation.

@@ -60,7 +60,7 @@ pub async fn run(job: Option<u32>, addresses: bool) -> i32 {
 
 /// The coordinator: a worker's environment (BFT_COORD, BFT_JOB, BFT_COORD_RUN) names
 /// it; else the Comment of `job` (or of SLURM_JOB_ID), as satellites find it.
-fn find(job: Option<u32>) -> Result<(Target, Munge), String> {
+pub fn find(job: Option<u32>) -> Result<(Target, Munge), String> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let munge_env = env("BFT_MUNGE_SOCKET");
     if job.is_none() {
@@ -123,6 +123,25 @@ pub struct Host {
 /// Challenge, hello with this user's credential for this connection, and the list
 /// with the coordinator's credential, checked before anything in it is used.
 pub async fn query(t: &Target, munge: &Munge) -> Result<Vec<Host>, String> {
+    let (_, _, answer) = handshake(t, munge, json!({"query": "hosts"})).await?;
+    parse_hosts(&answer).map_err(|e| format!("coordinator at {}: {e}", t.coord))
+}
+
+/// The connection to the coordinator: its challenge, this user's hello (with
+/// `extra`'s fields), and its answer, taken only with the coordinator's credential
+/// for this connection. The connection stays open for what follows.
+pub async fn handshake(
+    t: &Target,
+    munge: &Munge,
+    extra: Value,
+) -> Result<
+    (
+        BufReader<tokio::net::tcp::OwnedReadHalf>,
+        tokio::net::tcp::OwnedWriteHalf,
+        Value,
+    ),
+    String,
+> {
     let lost = |e: String| format!("coordinator at {}: {e}", t.coord);
     let sock = TcpStream::connect(&t.coord).await.map_err(|e| {
         format!(
@@ -166,10 +185,12 @@ pub async fn query(t: &Target, munge: &Munge) -> Result<Vec<Host>, String> {
     let cred = tokio::task::spawn_blocking(move || m.encode(&payload, me))
         .await
         .map_err(|e| e.to_string())??;
-    let hello = json!({
+    let mut hello = json!({
         "t": "hello", "proto": PROTO, "cred": cred, "host": host, "anonce": anonce,
-        "query": "hosts",
     });
+    if let (Some(h), Value::Object(x)) = (hello.as_object_mut(), extra) {
+        h.extend(x);
+    }
     wr.write_all(proto::line(&hello).as_bytes())
         .await
         .map_err(|e| lost(format!("write failed: {e}")))?;
@@ -193,7 +214,7 @@ pub async fn query(t: &Target, munge: &Munge) -> Result<Vec<Host>, String> {
             t.job, d.uid
         )));
     }
-    parse_hosts(&answer).map_err(lost)
+    Ok((rd, wr, answer))
 }
 
 /// The list in a coordinator's answer; names and addresses as `host:slots` allows.

@@ -24,6 +24,7 @@ mod hosts;
 mod kv;
 mod membership;
 mod proto;
+mod rsh;
 mod world;
 
 use bftrainer_core::runtime::RunComment;
@@ -157,10 +158,18 @@ enum Sub {
         #[arg(long)]
         addresses: bool,
     },
+    /// (internal) `--mode mpi`'s remote launcher (mpirun's plm_rsh_agent): runs CMD
+    /// on HOST under that node's agent, through the job's coordinator.
+    #[command(hide = true)]
+    Rsh {
+        host: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        cmd: Vec<String>,
+    },
 }
 
 fn mode(s: &str) -> Result<Mode, String> {
-    Mode::parse(s).ok_or_else(|| format!("{s:?} is not a mode: native or torchrun"))
+    Mode::parse(s).ok_or_else(|| format!("{s:?} is not a mode: native, torchrun or mpi"))
 }
 
 /// An interface or HCA list as NCCL and Gloo take it (`eth0`, `^docker,lo`,
@@ -212,6 +221,9 @@ fn fail(code: i32, msg: impl std::fmt::Display) -> i32 {
 async fn run(cli: Cli) -> i32 {
     if let Some(Sub::Hosts { job, addresses }) = &cli.sub {
         return hosts::run(*job, *addresses).await;
+    }
+    if let Some(Sub::Rsh { host, cmd }) = &cli.sub {
+        return rsh::run(host.clone(), cmd.clone()).await;
     }
     if cli.probe_gpus {
         let (report, _) = gpus::probe_report();
@@ -420,7 +432,7 @@ fn net_env(
 /// python on the workers' PATH, unbuffered, as torchrun runs it.
 fn worker_argv(mode: Mode, cmd: &[String], path: Option<&str>) -> Vec<String> {
     let script = cmd.first().is_some_and(|c| c.ends_with(".py"));
-    if mode != Mode::Torchrun || !script {
+    if mode == Mode::Native || !script {
         return cmd.to_vec();
     }
     let on_path = |name: &str| {
@@ -940,8 +952,8 @@ mod tests {
         for bad in ["0", "-1", "inf", "x"] {
             assert!(Cli::try_parse_from(["bft-run", "--pg-timeout", bad, "--", "x"]).is_err());
         }
-        let e = Cli::try_parse_from(["bft-run", "--mode", "mpi", "--", "x"]).unwrap_err();
-        assert!(e.to_string().contains("native or torchrun"), "{e}");
+        let e = Cli::try_parse_from(["bft-run", "--mode", "mpich", "--", "x"]).unwrap_err();
+        assert!(e.to_string().contains("native, torchrun or mpi"), "{e}");
         let cli = Cli::try_parse_from(["bft-run", "hosts", "--job", "42"]).unwrap();
         assert!(matches!(
             cli.sub,

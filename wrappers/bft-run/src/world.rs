@@ -1,5 +1,4 @@
-//! Worlds restarted whole at each generation (`--mode torchrun`; an MPI mode would
-//! reuse it): which nodes form the next static-size world, when to stop the running
+//! Worlds restarted whole at each generation (`--mode torchrun` and `--mode mpi`): which nodes form the next static-size world, when to stop the running
 //! one (a node joined, left or was lost; a worker failed) and when the job is over.
 //! A pure state machine (no I/O, time passed in); the coordinator carries out its acts.
 
@@ -16,6 +15,9 @@ pub struct WorldCfg {
     /// more failure ends the job. Membership changes never count.
     pub max_restarts: u32,
     pub restart_window: f64,
+    /// One launcher runs the whole world (MPI mode: one mpirun, reported as local
+    /// worker 0 of the first part's agent): its clean exit ends the job.
+    pub one_launcher: bool,
 }
 
 /// One node's part of a world: its agent, its place (GROUP_RANK), its first global
@@ -220,6 +222,17 @@ impl World {
             return Vec::new();
         }
         if code == 0 {
+            if self.cfg.one_launcher {
+                let first = self.plan.as_ref().map(|p| p.parts[0].agent);
+                if first != Some(agent) || local != 0 {
+                    return Vec::new();
+                }
+                self.phase = Phase::Over;
+                return vec![Act::End {
+                    code: 0,
+                    reason: format!("training finished in generation {}", self.gen),
+                }];
+            }
             self.finished.insert((agent, local));
             self.grow_since = None;
             let size = self.plan.as_ref().map_or(0, |p| p.world_size);
@@ -378,7 +391,29 @@ mod tests {
             settle: 5.0,
             max_restarts: 2,
             restart_window: 100.0,
+            one_launcher: false,
         })
+    }
+
+    #[test]
+    fn with_one_launcher_its_clean_exit_ends_the_job_and_nobody_elses_does() {
+        let mut w = World::new(WorldCfg {
+            one_launcher: true,
+            ..world(3).cfg
+        });
+        w.join(1, 2, 0.0);
+        let p = join_start(&mut w, 2, 1, 0.0);
+        assert_eq!(p.world_size, 3);
+        assert!(w.exited(2, 1, 0, 0, "not the launcher", 0.0).is_empty());
+        assert!(w.exited(1, 1, 1, 0, "not the launcher", 0.0).is_empty());
+        assert!(w.exited(1, 0, 0, 0, "an older world", 0.0).is_empty());
+        assert_eq!(
+            w.exited(1, 1, 0, 0, "mpirun", 0.0),
+            vec![Act::End {
+                code: 0,
+                reason: "training finished in generation 1".into()
+            }]
+        );
     }
 
     /// Answers the port request and returns the started plan.

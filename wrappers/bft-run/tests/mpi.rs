@@ -1,0 +1,375 @@
+//! `bft-run --mode mpi` without Slurm (`--local`), against a private munged, with an
+//! mpi4py program (tests/mpi_sum.py: an allreduced sum over a step budget,
+//! checkpointed when stopped: SIGUSR1, which mpirun forwards) under Debian's Open MPI: every generation is one mpirun
+//! whose daemons start through `bft-run rsh` under each node's agent. The job grows
+//! 2 -> 3 nodes (an agent started by hand, as a satellite's is), shrinks (that agent
+//! gets SIGTERM), loses a node without warning (another agent killed with SIGKILL),
+//! and finishes with every step run once and the sum exact. `bft-run rsh` without
+//! the world's token is refused.
+//!
+//! The program steps only up to the number in a file the test raises, so every change
+//! lands at a known step whatever the machine's load: the test waits for conditions
+//! (the program's log lines), never for a time.
+//!
+//! It needs mpirun (openmpi-bin) and mpi4py in the virtualenv (`BFT_VENV`, default
+//! /opt/bftrainer-venv): scripts/install-deps and scripts/python-env install them
+//! (make test runs both); where either is missing the test says so and does nothing.
+
+use serde_json::Value;
+use std::fs::File;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BFT: &str = env!("CARGO_BIN_EXE_bft-run");
+const PROGRAM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mpi_sum.py");
+
+/// A munged of our own (the socket in a private directory).
+struct Munged {
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl Munged {
+    fn start() -> Munged {
+        let dir = tempfile::Builder::new()
+            .prefix("bftrun-munge")
+            .tempdir_in("/tmp")
+            .unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let key = dir.path().join("key");
+        let mut bytes = vec![0u8; 1024];
+        // SAFETY: bytes is writable for its length.
+        unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+        std::fs::write(&key, bytes).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o400)).unwrap();
+        let p = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
+        let child = Command::new("munged")
+            .args([
+                "--foreground",
+                "--force",
+                &format!("--socket={}", p("sock")),
+                &format!("--key-file={}", p("key")),
+                &format!("--pid-file={}", p("pid")),
+                &format!("--log-file={}", p("log")),
+                &format!("--seed-file={}", p("seed")),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("munged (the munge package) is needed");
+        let m = Munged { dir, child };
+        wait_until("munged's socket", Duration::from_secs(10), &mut || {
+            m.socket().exists()
+        });
+        m
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("sock")
+    }
+
+    fn bft(&self) -> Command {
+        let mut c = Command::new(BFT);
+        c.env("BFT_MUNGE_SOCKET", self.socket())
+            .env_remove("SLURM_JOB_ID")
+            .env_remove("BFT_RSH_TOKEN");
+        c
+    }
+}
+
+impl Drop for Munged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A child process killed if the test fails before it was waited for.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_until(what: &str, limit: Duration, f: &mut dyn FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < limit, "waited {limit:?} for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The venv's python when it and mpirun are there and mpi4py imports; else what
+/// is missing.
+fn mpi_python() -> Result<PathBuf, String> {
+    let venv =
+        PathBuf::from(std::env::var("BFT_VENV").unwrap_or_else(|_| "/opt/bftrainer-venv".into()));
+    let python = venv.join("bin/python");
+    if Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .map_or(true, |o| !o.status.success())
+    {
+        return Err("mpirun (Debian's openmpi-bin: scripts/install-deps)".into());
+    }
+    let ok = Command::new(&python)
+        .args(["-c", "import mpi4py"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        return Err(format!(
+            "mpi4py in {} (scripts/python-env)",
+            python.display()
+        ));
+    }
+    Ok(python)
+}
+
+/// The program's log lines (rank 0's).
+fn lines(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The last line says: a world of `world` in a generation after `after`, holding
+/// at `step`. Returns that generation.
+fn holding(log: &Path, world: u64, step: u64, after: u64) -> Option<u64> {
+    let l = lines(log);
+    let last = l.last()?;
+    let g: u64 = last["gen"].as_str()?.parse().ok()?;
+    (last["world"] == world && last["step"] == step && last["hold"] == true && g > after)
+        .then_some(g)
+}
+
+/// Open MPI's settings for the test: as root where the test runs as root, TCP over
+/// loopback (the "nodes" share this machine), and idle ranks yield the 2 CPUs.
+fn mpi_env(c: &mut Command) -> &mut Command {
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_btl", "self,tcp")
+        .env("OMPI_MCA_btl_tcp_if_include", "lo")
+        .env("OMPI_MCA_oob_tcp_if_include", "lo")
+        .env("OMPI_MCA_mpi_yield_when_idle", "1")
+}
+
+#[test]
+fn mpi_program_grows_shrinks_loses_a_node_and_finishes_with_the_exact_sum() {
+    let python = match mpi_python() {
+        Ok(p) => p,
+        Err(missing) => {
+            eprintln!("SKIPPED: bft-run --mode mpi's test needs {missing}");
+            return;
+        }
+    };
+    let m = Munged::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("log");
+    let limit = tmp.path().join("limit");
+    let set_limit = |n: u64| std::fs::write(&limit, n.to_string()).unwrap();
+    set_limit(10);
+    let coord_file = tmp.path().join("coord");
+    let out_path = tmp.path().join("out");
+    let err_path = tmp.path().join("err");
+    let budget = 40u64;
+    let core = Guard(
+        mpi_env(&mut m.bft())
+            .args(["--local", "2", "--nproc-per-node", "1", "--mode", "mpi"])
+            .args(["--settle", "1", "--leave-timeout", "20", "--coord-file"])
+            .arg(&coord_file)
+            .arg("--")
+            .arg(&python)
+            .args([PROGRAM, "--ckpt"])
+            .arg(tmp.path().join("ckpt.json"))
+            .args(["--steps", &budget.to_string(), "--log"])
+            .arg(&log)
+            .arg("--limit-file")
+            .arg(&limit)
+            .stdout(File::create(&out_path).unwrap())
+            .stderr(Stdio::from(File::create(&err_path).unwrap()))
+            .spawn()
+            .unwrap(),
+    );
+    let out = || {
+        std::fs::read_to_string(&err_path).unwrap_or_default()
+            + &std::fs::read_to_string(&out_path).unwrap_or_default()
+    };
+    let minutes = Duration::from_secs(180);
+    let wait = |what: &str, world: u64, step: u64, after: u64| -> u64 {
+        let t = Instant::now();
+        loop {
+            if let Some(g) = holding(&log, world, step, after) {
+                return g;
+            }
+            assert!(
+                t.elapsed() < minutes,
+                "waited {minutes:?} for {what}; the program's log: {:?}\nthe job's output:\n{}",
+                lines(&log),
+                out()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let g0 = wait("the first world at step 10", 2, 10, 0);
+    let (addr, job, run) = {
+        let s = std::fs::read_to_string(&coord_file).unwrap();
+        let v: Vec<String> = s.split_whitespace().map(String::from).collect();
+        (v[0].clone(), v[1].clone(), v[2].clone())
+    };
+
+    // Only the world's mpirun may launch: a party of the same user that knows the
+    // coordinator, job and run (they are in the job's Comment) but not the token is
+    // refused, and nothing runs.
+    let marker = tmp.path().join("rsh-ran");
+    let rsh = |token: Option<&str>| {
+        let mut c = m.bft();
+        c.args(["rsh", "local-1", "touch"])
+            .arg(&marker)
+            .env("BFT_COORD", &addr)
+            .env("BFT_JOB", &job)
+            .env("BFT_COORD_RUN", &run);
+        if let Some(t) = token {
+            c.env("BFT_RSH_TOKEN", t);
+        }
+        let o = c.output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, err) = rsh(Some("0123456789abcdef0123456789abcdef"));
+    assert_eq!(code, Some(255), "{err}");
+    assert!(
+        err.contains("rsh refused: not the running MPI world's launcher"),
+        "{err}"
+    );
+    let (code, err) = rsh(None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("only the mpirun that bft-run --mode mpi starts"),
+        "{err}"
+    );
+    assert!(!marker.exists());
+
+    // Grow: an agent joins, as a satellite's does.
+    let agent = |node: &str| {
+        Guard(
+            mpi_env(&mut m.bft())
+                .args([
+                    "--agent",
+                    "--coord",
+                    &addr,
+                    "--coord-job",
+                    &job,
+                    "--coord-run",
+                    &run,
+                ])
+                .args(["--node-name", node, "--nproc-per-node", "1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let mut grow = agent("grow");
+    let g1 = wait("a world of 3 at step 10", 3, 10, g0);
+    set_limit(20);
+    wait("step 20 in the world of 3", 3, 20, g1 - 1);
+
+    // Shrink: the agent is told to leave (bftrainerd's shrink, a preemption's grace).
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(grow.0.id() as i32, libc::SIGTERM) };
+    let st = grow.0.wait().unwrap();
+    assert_eq!(st.code(), Some(0), "the leaving agent");
+    let g2 = wait("a world of 2 at step 20", 2, 20, g1);
+
+    // A node lost without warning.
+    let mut lost = agent("lost");
+    let g3 = wait("a world of 3 at step 20 again", 3, 20, g2);
+    set_limit(30);
+    wait("step 30 in the world of 3", 3, 30, g3 - 1);
+    lost.0.kill().unwrap();
+    lost.0.wait().unwrap();
+    wait("a world of 2 at step 30", 2, 30, g3);
+    set_limit(budget);
+    let mut core = core;
+    let st = core.0.wait().unwrap();
+    let all = out();
+    assert_eq!(st.code(), Some(0), "{all}");
+
+    // The sum: every step once, to the budget.
+    let want = budget * (budget + 1) / 2;
+    assert!(
+        all.contains(&format!("final steps={budget} total={want}")),
+        "{all}"
+    );
+    let l = lines(&log);
+    let stepped: Vec<u64> = l
+        .iter()
+        .filter(|x| x["hold"] == false)
+        .map(|x| x["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        stepped,
+        (1..=budget).collect::<Vec<_>>(),
+        "each step once: {l:?}"
+    );
+    // The worlds, and the stops (SIGUSR1) that reached the program (growth, shrink).
+    let sizes: Vec<u64> = l
+        .iter()
+        .filter(|x| x["start"] == true)
+        .map(|x| x["world"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, vec![2, 3, 2, 3, 2], "{all}");
+    let stopped: Vec<u64> = l
+        .iter()
+        .filter(|x| x["stopped"] == true)
+        .map(|x| x["step"].as_u64().unwrap())
+        .collect();
+    assert!(
+        stopped.starts_with(&[10, 20, 20]),
+        "checkpoints on the stop signal at the growth, the shrink and the next growth: {stopped:?}"
+    );
+    for s in [
+        "1 node(s) joined",
+        "agent 3 (127.0.0.1) leaves",
+        "agent 4 (127.0.0.1) is gone",
+        "training finished in generation",
+    ] {
+        assert!(all.contains(s), "{s:?} missing: {all}");
+    }
+    for l in all
+        .lines()
+        .filter(|l| l.contains("generation") || l.contains("leaves") || l.contains("is gone"))
+    {
+        eprintln!("{l}");
+    }
+    // Nothing of the job stays running: no rank (the daemons' children) outlives
+    // the job for long (they exit once their daemon is gone).
+    let dir = tmp.path().to_string_lossy().into_owned();
+    let left = || -> Vec<String> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .filter(|c| c.contains(&dir) && c.contains("mpi_sum.py"))
+            .collect()
+    };
+    let t = Instant::now();
+    while !left().is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "left running: {:?}",
+            left()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
