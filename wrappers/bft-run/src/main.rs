@@ -7,8 +7,10 @@
 //! - `bft-run --local N -- CMD...`: coordinator and N agents on this machine, no Slurm;
 //! - `bft-run hosts`: the job's hosts as `host:slots` lines (inside the job).
 //!
-//! `--mode torchrun` runs unmodified torchrun-style scripts: a new world at each
-//! generation (world.rs), where the library's workers (native mode) stay up.
+//! `--mode torchrun` runs unmodified torchrun-style scripts, `--mode mpi` MPI
+//! programs (one mpirun per generation, its daemons started by `bft-run rsh`): a new
+//! world at each generation (world.rs), where the library's workers (native mode)
+//! stay up.
 //!
 //! docs/design.md ("Elastic runtime") has the protocol, docs/user.md the user's view.
 
@@ -45,6 +47,7 @@ use std::time::{Duration, Instant};
                   In a satellite:          bft-run --join PARENT_JOB_ID   (bftrainerd runs it)\n\
                   On this machine:         bft-run --local 2 -- python train.py\n\
                   A torchrun script:       bft-run --mode torchrun -- train.py ARGS\n\
+                  An MPI program:          bft-run --mode mpi -- python train_mpi.py ARGS\n\
                   The job's hosts:         bft-run hosts\n\
                   The GPUs it would use:   bft-run --probe-gpus",
     args_conflicts_with_subcommands = true
@@ -53,10 +56,14 @@ struct Cli {
     #[command(subcommand)]
     sub: Option<Sub>,
     /// How workers run: `native` (the bftrainer library: workers stay up and rebuild
-    /// their process group at each generation) or `torchrun` (unmodified
+    /// their process group at each generation), `torchrun` (unmodified
     /// torchrun-style scripts: at each generation the old world gets SIGTERM, and
     /// after at most --leave-timeout a new static-size world starts with torchrun's
-    /// environment; the script resumes from its own checkpoint).
+    /// environment; the script resumes from its own checkpoint) or `mpi` (an MPI
+    /// program: each generation one Open MPI mpirun over the job's nodes, whose
+    /// remote daemons bft-run starts under each node's agent; the old world's ranks
+    /// get SIGUSR1, SIGKILL after --leave-timeout; the program resumes from its own
+    /// checkpoint).
     #[arg(long, default_value = "native", value_parser = mode)]
     mode: Mode,
     /// torchrun mode: seconds a joining node waits to be taken in (others joining

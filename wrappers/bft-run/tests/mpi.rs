@@ -104,6 +104,13 @@ fn wait_until(what: &str, limit: Duration, f: &mut dyn FnMut() -> bool) {
     }
 }
 
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
 /// The venv's python when it and mpirun are there and mpi4py imports; else what
 /// is missing.
 fn mpi_python() -> Result<PathBuf, String> {
@@ -295,6 +302,7 @@ fn mpi_program_grows_shrinks_loses_a_node_and_finishes_with_the_exact_sum() {
     let g3 = wait("a world of 3 at step 20 again", 3, 20, g2);
     set_limit(30);
     wait("step 30 in the world of 3", 3, 30, g3 - 1);
+    let killed_at = unix_now();
     lost.0.kill().unwrap();
     lost.0.wait().unwrap();
     wait("a world of 2 at step 30", 2, 30, g3);
@@ -336,6 +344,20 @@ fn mpi_program_grows_shrinks_loses_a_node_and_finishes_with_the_exact_sum() {
     assert!(
         stopped.starts_with(&[10, 20, 20]),
         "checkpoints on the stop signal at the growth, the shrink and the next growth: {stopped:?}"
+    );
+    // What each change cost (printed, not asserted: a figure for docs/user.md):
+    // from the old world's stop (its checkpoint line; the kill for the lost node)
+    // to the new world's start line (MPI up, the checkpoint read and broadcast).
+    let t = |x: &Value| x["t"].as_f64().unwrap();
+    let starts: Vec<f64> = l.iter().filter(|x| x["start"] == true).map(t).collect();
+    let stops: Vec<f64> = l.iter().filter(|x| x["stopped"] == true).map(t).collect();
+    assert!(starts.len() == 5 && stops.len() >= 3, "{l:?}");
+    eprintln!(
+        "MPI mode, stop to the next world's start: grow 2->3 {:.2} s, shrink 3->2 {:.2} s, grow 2->3 {:.2} s; kill -9 to the next start {:.2} s",
+        starts[1] - stops[0],
+        starts[2] - stops[1],
+        starts[3] - stops[2],
+        starts[4] - killed_at
     );
     for s in [
         "1 node(s) joined",

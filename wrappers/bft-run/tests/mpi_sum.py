@@ -8,7 +8,7 @@ forwards it to every rank) or SIGTERM makes every rank agree to stop at the same
 step; rank 0 saves the checkpoint and all exit 0. The program steps only up to the number in --limit-file
 (the test raises it), saving when it starts holding there, so a change the test
 makes lands at a known step whatever the machine's load. Rank 0 appends a JSON line
-per step, per hold and per start to --log.
+per step, per hold, per stop and per start to --log, with its time (`t`).
 """
 
 import argparse
@@ -35,6 +35,7 @@ for sig in (signal.SIGUSR1, signal.SIGTERM):
 
 
 def log(**kv):
+    kv["t"] = time.time()
     if rank == 0:
         with open(a.log, "a") as f:
             f.write(json.dumps(kv) + "\n")
