@@ -1480,7 +1480,16 @@ pub fn exec_last(line: &str) -> String {
         Some(i) => (&line[..=i], &line[i + 1..]),
         None => ("", line),
     };
-    let plain = !special && !last.trim().is_empty() && !last.trim_start().starts_with("exec ");
+    // A shell builtin, keyword or bare assignment cannot be exec'ed.
+    let first = last.split_whitespace().next().unwrap_or("");
+    let builtin = first.contains('=')
+        || [
+            "exit", "return", "exec", "export", "cd", "set", "unset", "shift", "trap", "wait",
+            "eval", "read", "umask", "ulimit", ".", ":", "if", "for", "while", "until", "case",
+            "{", "}", "then", "do", "done", "else", "elif", "fi", "esac", "!",
+        ]
+        .contains(&first);
+    let plain = !special && !first.is_empty() && !builtin;
     if !plain {
         return line.to_string();
     }
@@ -1617,6 +1626,9 @@ mod tests {
             "a && b",
             "a; b &",
             "exec orted",
+            "echo x; exit 3",
+            "A=1",
+            "cd /; if x; then y; fi",
             "a;",
             "(orted)",
             "a \"b;",

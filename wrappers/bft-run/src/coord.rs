@@ -216,6 +216,11 @@ struct RshWorld {
     hosts: HashMap<String, u64>,
 }
 
+/// Whether a secret matches, in a time that does not depend on where they differ.
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
 /// Longest command `bft-run rsh` may ask to run (an orted/prted command line).
 const MAX_RSH_CMD: usize = 8 << 10;
 
@@ -1007,7 +1012,7 @@ impl Coordinator {
             ));
         }
         let s = self.shared.lock().unwrap();
-        let Some(w) = s.rsh.as_ref().filter(|w| w.token == token) else {
+        let Some(w) = s.rsh.as_ref().filter(|w| same_secret(&w.token, token)) else {
             return Err(
                 "rsh refused: not the running MPI world's launcher (no such world now, or it was stopped)"
                     .into(),
@@ -1467,6 +1472,26 @@ mod tests {
         assert!(describe_gen(&g(4, &["1.0", "2.0"]), 2, &prev).contains("re-formed"));
         assert_eq!(agent_of("12.3"), Some(12));
         assert_eq!(agent_of("x"), None);
+    }
+
+    #[test]
+    fn mpi_host_names_are_the_nodes_unless_unfit_or_shared_and_secrets_compare_whole() {
+        let n = |v: &[(u64, &str)]| -> Vec<String> {
+            mpi_host_names(
+                &v.iter()
+                    .map(|(i, s)| (*i, s.to_string()))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(n(&[(1, "n1"), (2, "n2")]), vec!["n1", "n2"]);
+        assert_eq!(
+            n(&[(1, "n1"), (2, "n1"), (3, "a,b:9"), (4, "bft-agent-1")]),
+            vec!["bft-agent-1", "bft-agent-2", "bft-agent-3", "bft-agent-4"]
+        );
+        assert!(same_secret("ab12", "ab12"));
+        assert!(!same_secret("ab12", "ab13"));
+        assert!(!same_secret("ab12", "ab1"));
+        assert!(!same_secret("", "a"));
     }
 
     #[test]

@@ -111,6 +111,24 @@ fn unix_now() -> f64 {
         .as_secs_f64()
 }
 
+/// BFT_RSH_TOKEN from the environment of the mpirun running the program with its
+/// files under `dir`.
+fn mpirun_token(dir: &Path) -> Option<String> {
+    let dir = dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if !cmd.starts_with("mpirun ") || !cmd.contains(&dir) {
+            return None;
+        }
+        let env = std::fs::read(e.path().join("environ")).ok()?;
+        env.split(|b| *b == 0).find_map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            kv.strip_prefix("BFT_RSH_TOKEN=").map(str::to_string)
+        })
+    })
+}
+
 /// The venv's python when it and mpirun are there and mpi4py imports; else what
 /// is missing.
 fn mpi_python() -> Result<PathBuf, String> {
@@ -235,10 +253,10 @@ fn mpi_program_grows_shrinks_loses_a_node_and_finishes_with_the_exact_sum() {
     // coordinator, job and run (they are in the job's Comment) but not the token is
     // refused, and nothing runs.
     let marker = tmp.path().join("rsh-ran");
-    let rsh = |token: Option<&str>| {
+    let touch = format!("touch {}", marker.display());
+    let rsh = |token: Option<&str>, host: &str, cmd: &str| {
         let mut c = m.bft();
-        c.args(["rsh", "local-1", "touch"])
-            .arg(&marker)
+        c.args(["rsh", host, cmd])
             .env("BFT_COORD", &addr)
             .env("BFT_JOB", &job)
             .env("BFT_COORD_RUN", &run);
@@ -248,22 +266,37 @@ fn mpi_program_grows_shrinks_loses_a_node_and_finishes_with_the_exact_sum() {
         let o = c.output().unwrap();
         (
             o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
             String::from_utf8_lossy(&o.stderr).into_owned(),
         )
     };
-    let (code, err) = rsh(Some("0123456789abcdef0123456789abcdef"));
+    let (code, _, err) = rsh(Some("0123456789abcdef0123456789abcdef"), "local-1", &touch);
     assert_eq!(code, Some(255), "{err}");
     assert!(
         err.contains("rsh refused: not the running MPI world's launcher"),
         "{err}"
     );
-    let (code, err) = rsh(None);
+    let (code, _, err) = rsh(None, "local-1", &touch);
     assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains("only the mpirun that bft-run --mode mpi starts"),
         "{err}"
     );
     assert!(!marker.exists());
+    // The world's own token (read from its mpirun's environment, as only the owner
+    // can): a host outside the world is refused; a host of it runs the command, with
+    // its output and exit status relayed.
+    let token = mpirun_token(tmp.path()).expect("the world's mpirun and its token");
+    let (code, _, err) = rsh(Some(&token), "elsewhere", &touch);
+    assert_eq!(code, Some(255), "{err}");
+    assert!(err.contains("is not a host of generation"), "{err}");
+    let (code, said, err) = rsh(
+        Some(&token),
+        "local-1",
+        "echo on $BFT_NODE_NAME; echo to stderr >&2; exit 3",
+    );
+    assert_eq!((code, said.as_str()), (Some(3), "on local-1\n"), "{err}");
+    assert!(err.contains("to stderr"), "{err}");
 
     // Grow: an agent joins, as a satellite's does.
     let agent = |node: &str| {
@@ -287,6 +320,14 @@ fn mpi_program_grows_shrinks_loses_a_node_and_finishes_with_the_exact_sum() {
     };
     let mut grow = agent("grow");
     let g1 = wait("a world of 3 at step 10", 3, 10, g0);
+    // The stopped world's token launches nothing any more.
+    let (code, _, err) = rsh(Some(&token), "local-1", &touch);
+    assert_eq!(code, Some(255), "{err}");
+    assert!(
+        err.contains("rsh refused: not the running MPI world's launcher"),
+        "{err}"
+    );
+    assert!(!marker.exists());
     set_limit(20);
     wait("step 20 in the world of 3", 3, 20, g1 - 1);
 
