@@ -721,3 +721,130 @@ fn cluster_runtime_torchrun_script_through_grow_preemption_and_regrow() {
         eprintln!("{l}");
     }
 }
+
+/// The last line of tests/mpi_sum.py's log (rank 0's): a world of `world` holding at
+/// `step`, started after the line numbered `after`; its line number.
+fn mpi_holding(log: &Path, world: u64, step: u64, after: Option<usize>) -> Option<usize> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let n = text.lines().count();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last()?).ok()?;
+    (last["world"] == world
+        && last["step"] == step
+        && last["hold"] == true
+        && after.map_or(true, |a| n > a))
+    .then_some(n)
+}
+
+/// MPI mode on the real cluster under bftrainerd: an mpi4py program (an allreduced
+/// sum, checkpointed on SIGUSR1) grows onto satellites, loses two to a regular job's
+/// preemption, grows back and finishes with the exact sum, every step once, its
+/// remote ranks started by `bft-run rsh` inside the satellites' allocations.
+#[test]
+fn cluster_runtime_mpi_program_through_grow_preemption_and_regrow() {
+    let py = venv().join("bin/python");
+    let mpi = Command::new(&py)
+        .args(["-c", "import mpi4py"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let mpirun = Command::new("mpirun").arg("--version").output().is_ok();
+    assert!(
+        mpi && mpirun,
+        "MPI mode's test needs mpirun (scripts/install-deps: openmpi-bin) and mpi4py \
+         (scripts/python-env)"
+    );
+    let bft = bft_run();
+    let setup = live::setup_join("bftmpi", "", "", &|_| {
+        format!("{} --join {{parent}}", bft.display())
+    });
+    let mut l = Live::from_setup(setup);
+    l.spawn();
+    let user = bftrainer_testcluster::TEST_USER.to_string();
+    let work = l.dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    assert!(Command::new("chown")
+        .arg(&user)
+        .arg(&work)
+        .status()
+        .unwrap()
+        .success());
+    let _show = ShowOutput(work.clone());
+    let limit = work.join("limit");
+    let set_limit = |n: u64| std::fs::write(&limit, n.to_string()).unwrap();
+    set_limit(10);
+    let log = work.join("mpi.log");
+    let budget = 30;
+    let script = work.join("train.sbatch");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n#SBATCH -J train\n#SBATCH -o {work}/job.out\n\
+             export PATH={venv}/bin:$PATH\n\
+             exec {bft} --mode mpi --settle 2 --leave-timeout 20 -- \
+             python {repo}/wrappers/bft-run/tests/mpi_sum.py --ckpt {work}/ckpt.json \
+             --steps {budget} --log {log} --limit-file {limit}\n",
+            work = work.display(),
+            venv = venv().display(),
+            bft = bft.display(),
+            repo = repo().display(),
+            log = log.display(),
+            limit = limit.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let job = l.sbatch_as_user(&["--elastic=1:4", script.to_str().unwrap()], Some(&work));
+
+    // 1. Grows to 4 nodes: a world of 4 ranks (one a node) holding at step 10.
+    let a = l.wait(240, "a world of 4 at step 10", || {
+        mpi_holding(&log, 4, 10, None)
+    });
+    assert_eq!(hosts_of(&l, job).lines().count(), 4);
+    set_limit(20);
+    let b = l.wait(120, "step 20 in the world of 4", || {
+        mpi_holding(&log, 4, 20, Some(a))
+    });
+
+    // 2. A regular job takes 2 nodes: the world is stopped and restarted on 2.
+    let reg =
+        l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 10"])
+            .unwrap();
+    l.wait(GRACE_TIME_S + 5, "the regular job to start", || {
+        (l.state_of(reg) == "RUNNING").then_some(())
+    });
+    let c = l.wait(120, "a world of 2 at step 20", || {
+        mpi_holding(&log, 2, 20, Some(b))
+    });
+    assert_eq!(hosts_of(&l, job).lines().count(), 2);
+
+    // 3. The regular job ends; the job grows back to 4 and finishes.
+    l.wait(240, "a world of 4 at step 20 again", || {
+        mpi_holding(&log, 4, 20, Some(c))
+    });
+    set_limit(budget);
+    l.wait(300, "the elastic job to complete", || {
+        let s = l.state_of(job);
+        (!["RUNNING", "PENDING", "CONFIGURING", "COMPLETING"].contains(&s.as_str())).then_some(())
+    });
+    let text = job_out(&work);
+    assert_eq!(l.state_of(job), "COMPLETED", "job output:\n{text}");
+    let want = budget * (budget + 1) / 2;
+    assert!(
+        text.contains(&format!("final steps={budget} total={want}")),
+        "job output:\n{text}"
+    );
+    let lines = std::fs::read_to_string(&log).unwrap();
+    let stepped: Vec<u64> = lines
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["hold"] == false)
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(stepped, (1..=budget).collect::<Vec<_>>(), "{lines}");
+    let hosts: std::collections::BTreeSet<String> = lines
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["start"] == true)
+        .map(|v| format!("{}@{}", v["world"], v["host"]))
+        .collect();
+    eprintln!("worlds started: {hosts:?}");
+}

@@ -1433,6 +1433,9 @@ impl MpiLaunch {
         // there): the world's generation must be passed.
         v.extend(["-x".to_string(), "BFT_GENERATION".to_string()]);
         let mca = [
+            // Inside a Slurm job, Open MPI's ras/slurm takes the job's own allocation
+            // as the only hosts and refuses satellites' nodes ("not enough slots").
+            ("ras", "^slurm".to_string()),
             ("plm", "rsh".to_string()),
             ("plm_rsh_agent", format!("{exe} rsh")),
             ("plm_rsh_no_tree_spawn", "1".into()),
@@ -1649,6 +1652,7 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("--mca plm_rsh_agent /x/bft-run rsh"), "{s}");
+        assert!(s.contains("--mca ras ^slurm"), "{s}");
         assert!(s.contains("--mca orte_leave_session_attached 1"), "{s}");
         assert_eq!(argv.last().unwrap(), "prog");
         for bad in [
