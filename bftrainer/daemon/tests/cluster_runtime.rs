@@ -747,6 +747,15 @@ fn cluster_runtime_mpi_program_through_grow_preemption_and_regrow() {
         .status()
         .is_ok_and(|s| s.success());
     let mpirun = Command::new("mpirun").arg("--version").output().is_ok();
+    if let (false, Ok(release)) = (mpirun, std::env::var("BFT_SLURM_ROOT_VERSION")) {
+        // The Debian roots of other Slurm releases (scripts/slurm-root) carry Slurm, not
+        // Open MPI: MPI mode's live test runs on the host's Slurm; its local tests
+        // (wrappers/bft-run/tests/mpi.rs) do not depend on the release.
+        eprintln!(
+            "SKIPPED: no mpirun in the Slurm {release} root; MPI mode is tested live on the host's Slurm"
+        );
+        return;
+    }
     assert!(
         mpi && mpirun,
         "MPI mode's test needs mpirun (scripts/install-deps: openmpi-bin) and mpi4py \
