@@ -7,120 +7,16 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const BFT: &str = env!("CARGO_BIN_EXE_bft-run");
-
-/// A munged of our own, in a directory other users can reach (bftuser makes
-/// credentials too).
-struct Munged {
-    dir: tempfile::TempDir,
-    child: Child,
-}
+mod support;
+use support::{Munged, BFT};
 
 /// A private munged, or None (the test is skipped, saying why) where munged cannot run.
 fn munged() -> Option<Munged> {
-    let found = Command::new("munged")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        eprintln!("SKIPPED: munged (the munge package) is not installed");
-        return None;
-    }
-    Some(Munged::start())
-}
-
-impl Munged {
-    fn start() -> Munged {
-        let dir = tempfile::Builder::new()
-            .prefix("bftrun-munge")
-            .tempdir_in("/tmp")
-            .unwrap();
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let key = dir.path().join("key");
-        let bytes: Vec<u8> = (0..1024).map(|_| rand_byte()).collect();
-        std::fs::write(&key, bytes).unwrap();
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o400)).unwrap();
-        let p = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
-        let child = Command::new("munged")
-            .args([
-                "--foreground",
-                "--force",
-                &format!("--socket={}", p("sock")),
-                &format!("--key-file={}", p("key")),
-                &format!("--pid-file={}", p("pid")),
-                &format!("--log-file={}", p("log")),
-                &format!("--seed-file={}", p("seed")),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("munged (the munge package) is needed");
-        let m = Munged { dir, child };
-        let t = Instant::now();
-        while !m.socket().exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "munged did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        m
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("sock")
-    }
-
-    fn cred(&self, user: Option<&str>, payload: &str) -> String {
-        let mut c = match user {
-            Some(u) => {
-                let mut c = Command::new("runuser");
-                c.args(["-u", u, "--", "munge"]);
-                c
-            }
-            None => Command::new("munge"),
-        };
-        let out = c
-            .arg("-S")
-            .arg(self.socket())
-            .args(["-s", payload])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "munge: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    }
-
-    fn bft(&self) -> Command {
-        let mut c = Command::new(BFT);
-        c.env("BFT_MUNGE_SOCKET", self.socket())
-            .env_remove("SLURM_JOB_ID");
-        c
-    }
-}
-
-impl Drop for Munged {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn rand_byte() -> u8 {
-    let mut b = [0u8; 1];
-    // SAFETY: b is writable for its length.
-    unsafe { libc::getrandom(b.as_mut_ptr().cast(), 1, 0) };
-    b[0]
+    Munged::try_start()
 }
 
 fn text(o: &Output) -> String {

@@ -17,92 +17,14 @@
 
 use serde_json::Value;
 use std::fs::File;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BFT: &str = env!("CARGO_BIN_EXE_bft-run");
+mod support;
+use support::{Guard, Munged};
+
 const PROGRAM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mpi_sum.py");
-
-/// A munged of our own (the socket in a private directory).
-struct Munged {
-    dir: tempfile::TempDir,
-    child: Child,
-}
-
-impl Munged {
-    fn start() -> Munged {
-        let dir = tempfile::Builder::new()
-            .prefix("bftrun-munge")
-            .tempdir_in("/tmp")
-            .unwrap();
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let key = dir.path().join("key");
-        let mut bytes = vec![0u8; 1024];
-        // SAFETY: bytes is writable for its length.
-        unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-        std::fs::write(&key, bytes).unwrap();
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o400)).unwrap();
-        let p = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
-        let child = Command::new("munged")
-            .args([
-                "--foreground",
-                "--force",
-                &format!("--socket={}", p("sock")),
-                &format!("--key-file={}", p("key")),
-                &format!("--pid-file={}", p("pid")),
-                &format!("--log-file={}", p("log")),
-                &format!("--seed-file={}", p("seed")),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("munged (the munge package) is needed");
-        let m = Munged { dir, child };
-        wait_until("munged's socket", Duration::from_secs(10), &mut || {
-            m.socket().exists()
-        });
-        m
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("sock")
-    }
-
-    fn bft(&self) -> Command {
-        let mut c = Command::new(BFT);
-        c.env("BFT_MUNGE_SOCKET", self.socket())
-            .env_remove("SLURM_JOB_ID")
-            .env_remove("BFT_RSH_TOKEN");
-        c
-    }
-}
-
-impl Drop for Munged {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A child process killed if the test fails before it was waited for.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_until(what: &str, limit: Duration, f: &mut dyn FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < limit, "waited {limit:?} for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 fn unix_now() -> f64 {
     std::time::SystemTime::now()
