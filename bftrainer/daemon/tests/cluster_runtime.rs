@@ -551,54 +551,77 @@ fn hosts_of(l: &Live, job: u32) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-#[test]
-fn cluster_runtime_torchrun_script_through_grow_preemption_and_regrow() {
-    venv();
+/// A live cluster whose satellites run `bft-run --join` (bftrainerd running), and a
+/// work directory of the test user's in it (its files shown if the test fails).
+fn joining_cluster(name: &str) -> (Live, PathBuf, ShowOutput) {
     let bft = bft_run();
-    let setup = live::setup_join("bfttr", "", "", &|_| {
+    let setup = live::setup_join(name, "", "", &|_| {
         format!("{} --join {{parent}}", bft.display())
     });
     let mut l = Live::from_setup(setup);
     l.spawn();
-    let user = bftrainer_testcluster::TEST_USER.to_string();
     let work = l.dir.join("work");
-    let logs = work.join("logs");
-    std::fs::create_dir_all(&logs).unwrap();
-    for d in [&work, &logs] {
-        assert!(Command::new("chown")
-            .arg(&user)
-            .arg(d)
-            .status()
-            .unwrap()
-            .success());
-    }
-    let _show = ShowOutput(work.clone());
-    // The script steps only up to the number in this file: each change below lands at
-    // a known step, whatever the machine's load.
-    let limit = work.join("limit");
-    let set_limit = |n: u64| std::fs::write(&limit, n.to_string()).unwrap();
-    set_limit(20);
-    let budget = 60;
+    std::fs::create_dir_all(&work).unwrap();
+    chown_to_test_user(&work);
+    let show = ShowOutput(work.clone());
+    (l, work, show)
+}
+
+fn chown_to_test_user(path: &Path) {
+    assert!(Command::new("chown")
+        .arg(bftrainer_testcluster::TEST_USER)
+        .arg(path)
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// Submits, as the test user, an elastic job `1:4` whose batch script runs `bft-run
+/// ARGS` with the virtualenv first on PATH, its output in `work/job.out`.
+fn submit_bft_run_job(l: &Live, work: &Path, args: &str) -> u32 {
     let script = work.join("train.sbatch");
     std::fs::write(
         &script,
         format!(
             "#!/bin/bash\n#SBATCH -J train\n#SBATCH -o {work}/job.out\n\
              export PATH={venv}/bin:$PATH\n\
-             exec {bft} --mode torchrun --settle 2 --leave-timeout 20 -- \
-             {repo}/wrappers/bft-run/tests/ddp_torchrun.py --ckpt {work}/ckpt.pt \
-             --steps {budget} --log {logs} --limit-file {limit}\n",
+             exec {bft} {args}\n",
             work = work.display(),
             venv = venv().display(),
-            bft = bft.display(),
-            repo = repo().display(),
-            logs = logs.display(),
-            limit = limit.display(),
+            bft = bft_run().display(),
         ),
     )
     .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let job = l.sbatch_as_user(&["--elastic=1:4", script.to_str().unwrap()], Some(&work));
+    l.sbatch_as_user(&["--elastic=1:4", script.to_str().unwrap()], Some(work))
+}
+
+#[test]
+fn cluster_runtime_torchrun_script_through_grow_preemption_and_regrow() {
+    venv();
+    let (l, work, _show) = joining_cluster("bfttr");
+    let logs = work.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    chown_to_test_user(&logs);
+    // The script steps only up to the number in this file: each change below lands at
+    // a known step, whatever the machine's load.
+    let limit = work.join("limit");
+    let set_limit = |n: u64| std::fs::write(&limit, n.to_string()).unwrap();
+    set_limit(20);
+    let budget = 60;
+    let job = submit_bft_run_job(
+        &l,
+        &work,
+        &format!(
+            "--mode torchrun --settle 2 --leave-timeout 20 -- \
+             {repo}/wrappers/bft-run/tests/ddp_torchrun.py --ckpt {work}/ckpt.pt \
+             --steps {budget} --log {logs} --limit-file {limit}",
+            repo = repo().display(),
+            work = work.display(),
+            logs = logs.display(),
+            limit = limit.display(),
+        ),
+    );
 
     // 1. Grows to 4 nodes: a world of 4 (one worker a node) at step 20.
     let r = l.wait(240, "a world of 4 at step 20", || {
@@ -761,47 +784,25 @@ fn cluster_runtime_mpi_program_through_grow_preemption_and_regrow() {
         "MPI mode's test needs mpirun (scripts/install-deps: openmpi-bin) and mpi4py \
          (scripts/python-env)"
     );
-    let bft = bft_run();
-    let setup = live::setup_join("bftmpi", "", "", &|_| {
-        format!("{} --join {{parent}}", bft.display())
-    });
-    let mut l = Live::from_setup(setup);
-    l.spawn();
-    let user = bftrainer_testcluster::TEST_USER.to_string();
-    let work = l.dir.join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    assert!(Command::new("chown")
-        .arg(&user)
-        .arg(&work)
-        .status()
-        .unwrap()
-        .success());
-    let _show = ShowOutput(work.clone());
+    let (l, work, _show) = joining_cluster("bftmpi");
     let limit = work.join("limit");
     let set_limit = |n: u64| std::fs::write(&limit, n.to_string()).unwrap();
     set_limit(10);
     let log = work.join("mpi.log");
     let budget = 30;
-    let script = work.join("train.sbatch");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/bash\n#SBATCH -J train\n#SBATCH -o {work}/job.out\n\
-             export PATH={venv}/bin:$PATH\n\
-             exec {bft} --mode mpi --settle 2 --leave-timeout 20 -- \
+    let job = submit_bft_run_job(
+        &l,
+        &work,
+        &format!(
+            "--mode mpi --settle 2 --leave-timeout 20 -- \
              python {repo}/wrappers/bft-run/tests/mpi_sum.py --ckpt {work}/ckpt.json \
-             --steps {budget} --log {log} --limit-file {limit}\n",
-            work = work.display(),
-            venv = venv().display(),
-            bft = bft.display(),
+             --steps {budget} --log {log} --limit-file {limit}",
             repo = repo().display(),
+            work = work.display(),
             log = log.display(),
             limit = limit.display(),
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let job = l.sbatch_as_user(&["--elastic=1:4", script.to_str().unwrap()], Some(&work));
+    );
 
     // 1. Grows to 4 nodes: a world of 4 ranks (one a node) holding at step 10.
     let a = l.wait(240, "a world of 4 at step 10", || {
