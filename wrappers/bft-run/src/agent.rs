@@ -830,28 +830,14 @@ fn spawn_worker(
     let out = child.stdout.take().map(|o| {
         let id = id.to_string();
         tokio::spawn(async move {
-            let mut lines = BufReader::new(o).lines();
-            while let Ok(Some(l)) = lines.next_line().await {
-                proto::write_out(format!("[{id}] {l}"));
-            }
+            each_line(o, |l| proto::write_out(format!("[{id}] {l}"))).await;
         })
     });
     let err = child.stderr.take().map(|e| {
         let id = id.to_string();
         let tail = tail.clone();
         tokio::spawn(async move {
-            // Bytes, not text: a line that is not UTF-8 must not stop the reading (the
-            // worker's next write would fail on a closed pipe).
-            let mut r = BufReader::new(e);
-            let mut buf = Vec::new();
-            loop {
-                buf.clear();
-                match r.read_until(b'\n', &mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
-                }
-                let l = String::from_utf8_lossy(&buf);
-                let l = l.trim_end_matches(['\n', '\r']);
+            each_line(e, |l| {
                 say!("[{id}] {l}");
                 // The tail travels to the coordinator: each line at most TAIL_LINE_MAX
                 // bytes, so that the message stays far under the line limit.
@@ -860,7 +846,8 @@ fn spawn_worker(
                     t.pop_front();
                 }
                 t.push_back(proto::clip(l, TAIL_LINE_MAX));
-            }
+            })
+            .await;
         })
     });
     let ev = ev.clone();
@@ -1535,20 +1522,9 @@ fn spawn_rsh(
     let relay = |r: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>, err: bool| {
         let ev = ev.clone();
         r.map(|r| {
-            tokio::spawn(async move {
-                let mut r = BufReader::new(r);
-                let mut buf = Vec::new();
-                loop {
-                    buf.clear();
-                    match r.read_until(b'\n', &mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(_) => {}
-                    }
-                    let l = String::from_utf8_lossy(&buf);
-                    let l = proto::clip(l.trim_end_matches(['\n', '\r']), 16 << 10);
-                    let _ = ev.send(Ev::RshOut(rid, err, l));
-                }
-            })
+            tokio::spawn(each_line(r, move |l| {
+                let _ = ev.send(Ev::RshOut(rid, err, proto::clip(l, 16 << 10)));
+            }))
         })
     };
     let out = relay(
@@ -1604,6 +1580,22 @@ fn tempdir() -> std::io::Result<PathBuf> {
         }
     }
     Err(std::io::Error::other("no free name"))
+}
+
+/// Calls `f` with each line `r` gives (its line end cut, decoded lossily) until its end
+/// or an error. Bytes, not text: a line that is not UTF-8 must not stop the reading (the
+/// writer's next write would then fail on a closed pipe).
+async fn each_line<R: tokio::io::AsyncRead + Unpin>(r: R, mut f: impl FnMut(&str)) {
+    let mut r = BufReader::new(r);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match r.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        f(String::from_utf8_lossy(&buf).trim_end_matches(['\n', '\r']));
+    }
 }
 
 #[cfg(test)]
