@@ -1190,6 +1190,17 @@ fn scontrol_as_user(l: &Live, args: &[&str]) {
     );
 }
 
+/// What `bftrainer jobs` prints, as root.
+fn jobs_text(l: &Live) -> String {
+    let out =
+        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
+            .args(["jobs", "--config"])
+            .arg(&l.conf)
+            .output()
+            .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `scontrol show job` of `id`, as root.
 fn show_job(l: &Live, id: u32) -> String {
     l.c.run("scontrol", &["show", "job", &id.to_string()])
@@ -1245,13 +1256,7 @@ fn cluster_daemon_honours_admin_and_owner_holds_of_waiting_jobs() {
         );
         assert_eq!(l.state_of(id), "PENDING");
     }
-    let out =
-        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
-            .args(["jobs", "--config"])
-            .arg(&l.conf)
-            .output()
-            .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = jobs_text(&l);
     for (id, who) in [(by_admin, "an administrator"), (by_owner, "its owner")] {
         assert!(
             text.contains(&format!("Job {id}: not admitted: held by {who}")),
@@ -1332,13 +1337,7 @@ fn cluster_daemon_honours_a_requeuehold_of_a_running_elastic_job() {
         "admitted again while held:\n{}",
         l.log_text()
     );
-    let out =
-        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
-            .args(["jobs", "--config"])
-            .arg(&l.conf)
-            .output()
-            .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = jobs_text(&l);
     assert!(
         text.contains(&format!(
             "Job {job}: not admitted: held by a requeue with hold (scontrol requeuehold)"
@@ -1390,13 +1389,7 @@ fn unservable_while_n1_n2_are_taken(l: &Live, spec: &str, arg: &str, asks: &str)
         "admitted onto a node that cannot serve it:\n{}",
         l.log_text()
     );
-    let out =
-        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
-            .args(["jobs", "--config"])
-            .arg(&l.conf)
-            .output()
-            .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = jobs_text(l);
     assert!(
         text.contains(&format!("Job {job}: not admitted: it asks {asks}")),
         "{text}"
