@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod support;
-use support::{Guard, Munged};
+use support::{steps_taken, Guard, Munged};
 
 const PROGRAM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mpi_sum.py");
 
@@ -282,11 +282,7 @@ fn mpi_program_grows_shrinks_loses_a_node_and_finishes_with_the_exact_sum() {
         "{all}"
     );
     let l = lines(&log);
-    let stepped: Vec<u64> = l
-        .iter()
-        .filter(|x| x["hold"] == false)
-        .map(|x| x["step"].as_u64().unwrap())
-        .collect();
+    let stepped = steps_taken(&l);
     assert_eq!(
         stepped,
         (1..=budget).collect::<Vec<_>>(),

@@ -21,7 +21,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod support;
-use support::{wait_until, Guard, Munged};
+use support::{steps_taken, wait_until, Guard, Munged};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/ddp_torchrun.py");
 
@@ -267,11 +267,7 @@ fn torchrun_script_grows_shrinks_loses_a_node_and_a_worker_and_finishes() {
     let loss: f64 = loss.trim().parse().unwrap();
     assert!(loss < 0.01, "loss {loss}: {all}");
     let p = progress(&dir);
-    let stepped: Vec<u64> = p
-        .iter()
-        .filter(|l| l["hold"] == false)
-        .map(|l| l["step"].as_u64().unwrap())
-        .collect();
+    let stepped = steps_taken(&p);
     assert_eq!(
         stepped,
         (1..=budget).collect::<Vec<_>>(),

@@ -129,3 +129,13 @@ pub fn wait_until(what: &str, limit: Duration, f: &mut dyn FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The steps a test program took, in order, from its JSON log lines (lines with
+/// `"hold": true` say where it waited, not a step).
+pub fn steps_taken(lines: &[serde_json::Value]) -> Vec<u64> {
+    lines
+        .iter()
+        .filter(|l| l["hold"] == false)
+        .map(|l| l["step"].as_u64().unwrap())
+        .collect()
+}
