@@ -853,14 +853,7 @@ fn spawn_worker(
     let ev = ev.clone();
     let id = id.to_string();
     tokio::spawn(async move {
-        let status = child.wait().await;
-        for h in [out, err].into_iter().flatten() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
-        }
-        let code = match status {
-            Ok(s) => s.code().unwrap_or_else(|| -s.signal().unwrap_or(9)),
-            Err(_) => -9,
-        };
+        let code = exit_code(&mut child, [out, err]).await;
         let tail = tail
             .lock()
             .unwrap()
@@ -1544,14 +1537,7 @@ fn spawn_rsh(
     let ev = ev.clone();
     let wid = wid.to_string();
     tokio::spawn(async move {
-        let status = child.wait().await;
-        for h in [out, err].into_iter().flatten() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
-        }
-        let code = match status {
-            Ok(s) => s.code().unwrap_or_else(|| -s.signal().unwrap_or(9)),
-            Err(_) => -9,
-        };
+        let code = exit_code(&mut child, [out, err]).await;
         let _ = ev.send(Ev::Exited(wid, code, String::new()));
     });
     Ok(pid)
@@ -1580,6 +1566,22 @@ fn tempdir() -> std::io::Result<PathBuf> {
         }
     }
     Err(std::io::Error::other("no free name"))
+}
+
+/// Waits for `child` to end and its output `readers` to drain (1 s at the most each):
+/// its exit code, or minus the signal that ended it (-9 when it cannot be waited for).
+async fn exit_code(
+    child: &mut tokio::process::Child,
+    readers: [Option<tokio::task::JoinHandle<()>>; 2],
+) -> i32 {
+    let status = child.wait().await;
+    for h in readers.into_iter().flatten() {
+        let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
+    }
+    match status {
+        Ok(s) => s.code().unwrap_or_else(|| -s.signal().unwrap_or(9)),
+        Err(_) => -9,
+    }
 }
 
 /// Calls `f` with each line `r` gives (its line end cut, decoded lossily) until its end
