@@ -110,7 +110,7 @@ def main():
         if flags[0] > 0:
             if rank == 0:
                 save(a.ckpt, model, opt, step)
-            dist.destroy_process_group()
+            finish()
             return 0
         if flags[1] > 0:
             if rank == 0 and saved != step:
@@ -135,8 +135,17 @@ def main():
         with torch.no_grad():
             full = torch.nn.functional.mse_loss(model(x), y).item()
         print(f"final step={step} loss={full:.6f}", flush=True)
-    dist.destroy_process_group()
+    finish()
     return 0
+
+
+def finish():
+    # Every rank at the end before any tears its connections down. Without it a
+    # rank still in gloo's teardown when its peer had exited was seen to abort
+    # ("terminate called without an active exception", signal 6), a failure
+    # that bft-run, like torchrun, answers with a restart.
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

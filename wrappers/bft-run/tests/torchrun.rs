@@ -302,7 +302,16 @@ fn torchrun_script_grows_shrinks_loses_a_node_and_a_worker_and_finishes() {
         (0..e.len() as u64).collect::<Vec<_>>(),
         "a world with no worker started: {e:?}"
     );
-    assert_eq!(sizes, vec![2, 4, 2, 4, 2, 2], "{all}");
+    // A world after the sixth only as torchrun would start one too: the sixth had
+    // finished the training (its rank 0 printed the final line) and then a rank
+    // failed in torch's teardown, a failure that is restarted like any other.
+    let (planned, after) = sizes.split_at(sizes.len().min(6));
+    assert_eq!(planned, [2, 4, 2, 4, 2, 2], "{all}");
+    if !after.is_empty() {
+        assert!(all.contains("[1.0.g6] final step="), "{all}");
+        assert!(after.iter().all(|&n| n == 2), "{all}");
+        eprintln!("note: {} world(s) after the training finished", after.len());
+    }
 }
 
 #[test]
