@@ -285,6 +285,43 @@ pub fn requeue_hold_note() -> String {
     format!("{REQUEUE_HOLD_NOTE}; `scontrol release` by its owner hands it back to bftrainerd")
 }
 
+/// Start of the Comment bftrainerd gives a core job as it admits it (releases it onto
+/// the nodes it pinned): [`admitted_note`].
+pub const ADMITTED_NOTE: &str = "bftrainer: admitted by bftrainerd for run ";
+
+/// The Comment bftrainerd gives a core job it admits when Slurm's restart count of the
+/// job is `restarts`: bft-run, starting as the job's script, finds it there when this
+/// start is bftrainerd's ([`admitted_run`]), and otherwise (Slurm requeued the job and
+/// started it again on its own, as while bftrainerd is down) requeues the job held
+/// with [`UNADMITTED_NOTE`] for bftrainerd to admit.
+pub fn admitted_note(restarts: u16) -> String {
+    format!("{ADMITTED_NOTE}{restarts}; bft-run replaces this note once it runs")
+}
+
+/// The run (restart count) an [`admitted_note`] names, if `comment` is one.
+pub fn admitted_run(comment: &str) -> Option<u16> {
+    let rest = comment.strip_prefix(ADMITTED_NOTE)?;
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// Start of the Comment bft-run gives a core job that Slurm started without bftrainerd's
+/// admission, before it requeues the job held: bftrainerd takes such a job for one
+/// waiting to be admitted, not for a site's requeue with hold ([`SiteHold::Requeue`]).
+/// A user who writes it only has their own held job admitted, as their `scontrol
+/// release` would.
+pub const UNADMITTED_NOTE: &str = "bftrainer: started without bftrainerd's admission";
+
+/// The Comment bft-run writes with a requeue with hold of a start bftrainerd did not
+/// admit (see [`admitted_note`]).
+pub fn unadmitted_note(restarts: u16) -> String {
+    format!(
+        "{UNADMITTED_NOTE} (run {restarts}: requeued by Slurm while bftrainerd was away?); requeued held by bft-run until bftrainerd admits it"
+    )
+}
+
 /// The Comment of a core job waiting for bftrainerd (set at submission when the user
 /// gave none, and again when its owner lifts their hold).
 pub fn waiting_note(s: &ElasticSpec) -> String {
@@ -533,6 +570,28 @@ mod tests {
 
     fn err(input: &str) -> String {
         parse(input).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn admitted_notes_name_their_run_and_nothing_else_does() {
+        for r in [0u16, 1, 7, 65535] {
+            assert_eq!(admitted_run(&admitted_note(r)), Some(r));
+        }
+        for c in [
+            "",
+            "bftrainer: admitted by bftrainerd for run ",
+            "bftrainer: admitted by bftrainerd for run x1",
+            "bftrainer: admitted by bftrainerd for run 65536",
+            " bftrainer: admitted by bftrainerd for run 1",
+            "bftrainer-run:v1 coord=h:1 gen=2",
+            &unadmitted_note(3),
+            &waiting_note(&parse("1:2").unwrap()),
+        ] {
+            assert_eq!(admitted_run(c), None, "{c:?}");
+        }
+        assert!(unadmitted_note(3).starts_with(UNADMITTED_NOTE));
+        // Not a site hold: bftrainerd admits such a job.
+        assert_eq!(site_hold(None, Some(&unadmitted_note(3))), None);
     }
 
     #[test]

@@ -858,3 +858,76 @@ fn cluster_runtime_mpi_program_through_grow_preemption_and_regrow() {
         .collect();
     eprintln!("worlds started: {hosts:?}");
 }
+
+/// A core job that Slurm requeues while bftrainerd is down, and then starts again by
+/// itself once its BeginTime passes (no plugin is called on a requeue), does not train
+/// where Slurm put it: bft-run finds no admission for this run in the Comment, requeues
+/// the job held with its note, and bftrainerd, back, admits it again (not taking it
+/// for a site's `scontrol requeuehold`), after which bft-run runs the training.
+#[test]
+fn cluster_runtime_core_requeued_while_the_daemon_is_down_waits_for_its_admission() {
+    let (mut l, work, _show) = joining_cluster("bftua");
+    let job = submit_bft_run_job(&l, &work, "--mode torchrun -- sleep 600");
+    let show = |l: &Live| {
+        l.c.run("scontrol", &["show", "job", &job.to_string()])
+            .unwrap()
+    };
+    let admissions = |l: &Live| {
+        l.log_text()
+            .matches(&format!("admit job {job} (user"))
+            .count()
+    };
+    // Admitted and running: bft-run found the admission note and replaced it.
+    let first = l.wait(120, "bft-run's Comment on the running job", || {
+        comment(&l, job).filter(|c| c.start != 0)
+    });
+    assert_eq!(admissions(&l), 1, "{}", l.log_text());
+    assert!(
+        !job_out(&work).contains("without bftrainerd's admission"),
+        "{}",
+        job_out(&work)
+    );
+
+    // bftrainerd down; Slurm requeues the core (as after a node failure, or an
+    // administrator's requeue) and starts it again by itself.
+    l.kill9();
+    l.c.run("scontrol", &["requeue", &job.to_string()]).unwrap();
+    l.wait(
+        300,
+        "the start Slurm made by itself requeued held by bft-run",
+        || {
+            let f = show(&l);
+            (f.contains("JobState=PENDING")
+                && f.contains("Priority=0 ")
+                && f.contains("Comment=bftrainer: started without bftrainerd's admission (run 1"))
+            .then_some(())
+        },
+    );
+    let out = job_out(&work);
+    assert!(
+        out.contains(&format!(
+            "job {job} was started by Slurm without bftrainerd's admission (run 1"
+        )),
+        "{out}"
+    );
+
+    // bftrainerd back: admitted again, once, and bft-run trains.
+    l.spawn();
+    let again = l.wait(300, "bft-run running the admitted start", || {
+        comment(&l, job).filter(|c| c.start != 0 && c.start != first.start)
+    });
+    assert!(again.start > first.start, "{again:?} {first:?}");
+    let log = l.log_text();
+    assert_eq!(admissions(&l), 2, "{log}");
+    // Restarted, bftrainerd adopts the job as it finds it (held, waiting to be
+    // admitted), not as a requeue with hold by someone, which it would not admit.
+    assert!(
+        !log.contains(&format!("elastic job {job} came back held")),
+        "{log}"
+    );
+    let f = show(&l);
+    assert!(
+        f.contains("JobState=RUNNING") && f.contains("Restarts=2"),
+        "{f}"
+    );
+}

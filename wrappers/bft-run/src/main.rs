@@ -30,6 +30,7 @@ mod rsh;
 mod world;
 
 use bftrainer_core::runtime::RunComment;
+use bftrainer_core::spec;
 use bftrainer_slurm::munge::Munge;
 use bftrainer_slurm::JobBase;
 use clap::Parser;
@@ -517,6 +518,65 @@ async fn join(cli: &Cli, parent: u32) -> i32 {
     .await
 }
 
+/// Whether `j`, the job this bft-run coordinates, is an elastic core job that Slurm
+/// started without bftrainerd's admission: its Comment holds neither bftrainerd's
+/// admission note for this run (Slurm's restart count) nor a note of an earlier bft-run
+/// of this same start. Slurm starts a requeued job again by itself once its BeginTime
+/// passes, also while bftrainerd is down (no plugin is called on a requeue); such a
+/// start is on nodes bftrainerd did not choose now. Plain jobs are never unadmitted.
+fn unadmitted_start(j: &bftrainer_slurm::Job) -> bool {
+    unadmitted(
+        j.admin_comment.as_deref(),
+        j.comment.as_deref(),
+        j.restart_count,
+        j.start_time,
+    )
+}
+
+/// [`unadmitted_start`] of a job's admin comment, Comment, restart count and start time.
+fn unadmitted(
+    admin_comment: Option<&str>,
+    comment: Option<&str>,
+    restarts: u16,
+    start: Option<i64>,
+) -> bool {
+    let core = admin_comment
+        .and_then(spec::parse_tag)
+        .is_some_and(|t| t.is_ok_and(|s| s.role == spec::Role::Core));
+    let comment = comment.unwrap_or("");
+    let admitted = spec::admitted_run(comment) == Some(restarts)
+        || RunComment::parse(comment).is_some_and(|c| c.start != 0 && Some(c.start) == start);
+    core && !admitted
+}
+
+/// Requeues an unadmitted start ([`unadmitted_start`]) held, with a note in the
+/// Comment that bftrainerd reads as "admit me" (not as a site's requeue with hold):
+/// the training waits for bftrainerd instead of running where Slurm put it. Slurm then
+/// ends this start. A requeue that fails is an error to log, and the training runs
+/// where it was started, as before bft-run checked (bftrainerd requeues it if the nodes
+/// are not the ones it holds for the job).
+fn requeue_unadmitted(
+    slurm: &bftrainer_slurm::Slurm,
+    j: &bftrainer_slurm::Job,
+) -> Result<(), String> {
+    let id = j.job_id;
+    say!(
+        "bft-run: job {id} was started by Slurm without bftrainerd's admission (run {}, Comment {:?}): requeueing it held until bftrainerd admits it",
+        j.restart_count,
+        j.comment.as_deref().unwrap_or("")
+    );
+    let note = bftrainer_slurm::JobUpdate {
+        comment: Some(spec::unadmitted_note(j.restart_count)),
+        ..Default::default()
+    };
+    let done = slurm
+        .update_job(id, &note)
+        .and_then(|()| slurm.requeue(id, true));
+    done.map_err(|e| {
+        format!("cannot requeue job {id} held ({e}); it runs without bftrainerd's admission")
+    })
+}
+
 /// A Comment a satellite may follow: it carries a run id and was written by the run
 /// that began at the job's current start time.
 fn fresh_comment(c: &RunComment, job_start: Option<i64>) -> bool {
@@ -577,6 +637,13 @@ async fn coordinate(cli: &Cli) -> i32 {
     // The start time of this run of the job: satellites follow only a Comment with it.
     let started = match (&slurm, job.parse::<u32>()) {
         (Some(s), Ok(id)) => match s.load_job(id) {
+            Ok(j) if unadmitted_start(&j) => match requeue_unadmitted(s, &j) {
+                Ok(()) => return 0,
+                Err(e) => {
+                    say!("bft-run: {e}");
+                    j.start_time.unwrap_or(0)
+                }
+            },
             Ok(j) => j.start_time.unwrap_or(0),
             Err(e) => return fail(1, format!("cannot look up job {job}: {e}")),
         },
@@ -844,6 +911,53 @@ fn comment_writer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_core_started_without_its_admission_note_is_unadmitted() {
+        let core = Some("bftrainer:v1 2:4,role=core");
+        let start = Some(1_700_000_000);
+        let run = |s: i64| {
+            RunComment {
+                coord: "h:1".into(),
+                run: "ab".into(),
+                start: s,
+                gen: 2,
+                nodes: 3,
+                rate: 1.0,
+                step: 0.5,
+                done: false,
+            }
+            .to_string()
+        };
+        let ours = run(1_700_000_000);
+        let stale = run(1_600_000_000);
+        let admitted1 = spec::admitted_note(1);
+        // Admitted for this run, or a note of this start's earlier bft-run.
+        assert!(!unadmitted(core, Some(&admitted1), 1, start));
+        assert!(!unadmitted(core, Some(&ours), 1, start));
+        // Admitted for another run, a previous start's note, none, the user's text.
+        assert!(unadmitted(core, Some(&admitted1), 2, start));
+        assert!(unadmitted(core, Some(&stale), 1, start));
+        assert!(unadmitted(core, None, 0, start));
+        assert!(unadmitted(core, Some("my run"), 0, start));
+        assert!(unadmitted(core, Some(&run(0)), 0, Some(0)));
+        // An administrator's hold mark keeps it a core job.
+        assert!(unadmitted(
+            Some("bftrainer:v1 2:4,role=core,hold=admin"),
+            None,
+            1,
+            start
+        ));
+        // Not a core job: a plain job, a satellite, a broken tag.
+        for a in [
+            None,
+            Some("site text"),
+            Some("bftrainer:v1 1:1,role=satellite,parent=5"),
+            Some("bftrainer:v1 x"),
+        ] {
+            assert!(!unadmitted(a, None, 3, start), "{a:?}");
+        }
+    }
 
     #[test]
     fn workers_get_the_users_environment_without_slurms_ours_or_the_nodes() {

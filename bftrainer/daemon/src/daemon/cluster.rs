@@ -21,8 +21,10 @@ pub trait Cluster {
     /// the same update: job_submit/bftrainer takes that for bftrainerd's own hold, where
     /// any other privileged hold is an administrator's (docs/admin.md, "Holds").
     fn hold(&mut self, job_id: u32, tag: &str) -> Result<()>;
-    /// Releases a held core job, with the same marker as [`Cluster::hold`].
-    fn release(&mut self, job_id: u32, tag: &str) -> Result<()>;
+    /// Releases a held core job, with the same marker as [`Cluster::hold`], and sets its
+    /// Comment to `comment` in the same update (bftrainerd's admission note, which
+    /// bft-run checks as the job starts: [`bftrainer_core::spec::admitted_note`]).
+    fn release(&mut self, job_id: u32, tag: &str, comment: &str) -> Result<()>;
     fn signal(&mut self, job_id: u32, signal: i32, target: SignalTarget) -> Result<()>;
     fn cancel(&mut self, job_id: u32) -> Result<()>;
     fn requeue(&mut self, job_id: u32, hold: bool) -> Result<()>;
@@ -72,8 +74,12 @@ impl Cluster for SlurmCluster {
     fn hold(&mut self, job_id: u32, tag: &str) -> Result<()> {
         self.slurm.update_job(job_id, &marked(0, tag))
     }
-    fn release(&mut self, job_id: u32, tag: &str) -> Result<()> {
-        self.slurm.update_job(job_id, &marked(INFINITE, tag))
+    fn release(&mut self, job_id: u32, tag: &str, comment: &str) -> Result<()> {
+        let up = JobUpdate {
+            comment: Some(comment.to_string()),
+            ..marked(INFINITE, tag)
+        };
+        self.slurm.update_job(job_id, &up)
     }
     fn signal(&mut self, job_id: u32, signal: i32, target: SignalTarget) -> Result<()> {
         self.slurm.signal_job(job_id, signal, target)

@@ -265,10 +265,11 @@ impl Cluster for GenCluster {
         self.dirty = true;
         Ok(())
     }
-    fn release(&mut self, id: u32, _tag: &str) -> Result<()> {
+    fn release(&mut self, id: u32, _tag: &str, comment: &str) -> Result<()> {
         self.calls.updates += 1;
         if let Some(j) = find(&mut self.jobs, id) {
             j.priority = 1000;
+            j.comment = Some(comment.to_string());
         }
         self.dirty = true;
         Ok(())

@@ -791,9 +791,9 @@ mod tests {
             self.wait();
             self.inner.hold(job_id, tag)
         }
-        fn release(&mut self, job_id: u32, tag: &str) -> cluster::Result<()> {
+        fn release(&mut self, job_id: u32, tag: &str, comment: &str) -> cluster::Result<()> {
             self.wait();
-            self.inner.release(job_id, tag)
+            self.inner.release(job_id, tag, comment)
         }
         fn signal(
             &mut self,

@@ -1219,8 +1219,20 @@ impl<C: Cluster> Daemon<C> {
             // OWN_REQUEUE_S of asking: a call that timed out may still have been done):
             // someone's `scontrol requeuehold`, which Slurm records as the owner's hold
             // whoever gave it, or Slurm's own hold of a failed launch. Admitting it
-            // again would undo that hold.
+            // again would undo that hold. Not bft-run's requeue with hold of a start
+            // that was not admitted (its note in the Comment): that one waits for
+            // exactly this admission.
+            let unadmitted = j
+                .comment
+                .as_deref()
+                .is_some_and(|c| c.starts_with(spec::UNADMITTED_NOTE));
+            if unadmitted {
+                log::info!(
+                    "elastic job {id} was started by Slurm without an admission and requeued held by its runtime: admitting it again"
+                );
+            }
             if j.is_held()
+                && !unadmitted
                 && now - core.asked_at >= OWN_REQUEUE_S
                 && spec::site_hold(j.admin_comment.as_deref(), j.comment.as_deref()).is_none()
             {

@@ -229,7 +229,11 @@ impl<C: Cluster> Daemon<C> {
                     }
                 }
                 let tag = j.admin_comment.clone().unwrap_or_default();
-                let ok = pinned.is_ok() && self.call(|c| c.release(id, &tag), "release", id);
+                // The note says which start is this admission's: bft-run requeues a
+                // start held that Slurm made on its own (a requeue while bftrainerd
+                // was down), for bftrainerd to admit.
+                let note = spec::admitted_note(j.restart_count);
+                let ok = pinned.is_ok() && self.call(|c| c.release(id, &tag, &note), "release", id);
                 if ok {
                     self.stats.admits += 1;
                     let c = self.cores.get_mut(&id).unwrap();
