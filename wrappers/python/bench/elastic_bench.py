@@ -4,15 +4,16 @@ machine, in one run:
 - steady-state throughput of bft-run native against plain torch.distributed (two
   processes started directly) with the same model, batches and flat all-reduce (the
   baseline);
-- bft-run's training pause per scale-out, per graceful scale-in (SIGTERM) and per node
-  killed with -9;
+- the training pause per scale-out, per graceful scale-in (SIGTERM) and per node killed
+  with -9, and the steps redone, under bft-run in each of its three modes on the same
+  job shape (2 nodes of one worker, a third joining and leaving), printed side by side
+  as a table: native (examples/train.py, the library: the workers stay up); --mode
+  torchrun (plain_train.py, unmodified, a new world at every change, resuming from its
+  checkpoint of every 20 steps); --mode mpi (mpi_train.py: the same with the gradient
+  all-reduced over mpi4py, one mpirun per change, resuming from the same checkpoints
+  and saving when stopped). --skip-{native,torchrun,mpi}-mode leaves one out;
 - torchrun's pause when it restarts every worker (what it does on any membership
   change) after a worker is killed with -9, resuming from its last checkpoint;
-- bft-run --mode torchrun (the plain script, unmodified, restarted as a new world at
-  every change, resuming from its checkpoint of every 20 steps): its pause and the
-  steps it redoes per scale-out, scale-in on SIGTERM and node killed with -9, on the
-  same machine in the same run as the native mode's (--skip-torchrun-mode leaves it
-  out);
 - with --torchft DIR, torchft used plainly (wrappers/python/bench/torchft_train.py):
   steady state and the same changes.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -40,6 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 TRAIN = os.path.join(HERE, "..", "examples", "train.py")
 PLAIN = os.path.join(HERE, "plain_train.py")
+MPI_TRAIN = os.path.join(HERE, "mpi_train.py")
 MODEL = ["--hidden", "4096", "--batch", "256", "--samples", "65536"]
 
 
@@ -154,61 +157,113 @@ def run_native(bft: str, py: str, d: str, epochs: int, munge: str) -> float:
     return median_step(timeline(tl))
 
 
-def native_events(bft: str, py: str, d: str, munge: str, rounds: int, torchrun_mode: bool = False):
-    """The membership changes under bft-run; with torchrun_mode, `--mode torchrun` with
-    the plain script (a checkpoint every 20 steps). (kind, pause, steps redone) each."""
-    name = "trmode" if torchrun_mode else "events"
+def mpi_env(e: dict) -> dict:
+    """Open MPI's settings for the "nodes" of this one machine: as root where the bench
+    runs as root, TCP over loopback, idle ranks yield the CPUs, no binding (each node's
+    daemon would bind its rank to core 0 of the same machine), and no topology in shared
+    memory (a daemon of Open MPI 4.1.4 crashed here in hwloc_shmem_topology_write with
+    others starting beside it)."""
+    e = dict(e)
+    e.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp",
+             OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo",
+             OMPI_MCA_mpi_yield_when_idle="1", OMPI_MCA_hwloc_base_binding_policy="none",
+             OMPI_MCA_rtc_hwloc_vmhole="none")
+    return e
+
+
+def kill_node(agent: int) -> None:
+    """A node dies: SIGKILL to its agent and everything under it, the deepest first. (In
+    MPI mode the rank is the child of Open MPI's daemon, which the agent started: a rank
+    outlives its daemon for a while, and a node that dies takes both.)"""
+    children = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+    tree, i = [agent], 0
+    while i < len(tree):
+        tree.extend(children.get(tree[i], []))
+        i += 1
+    for pid in reversed(tree):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# What each mode runs: bft-run's arguments before the program, and the program.
+MODES = {
+    "native": ([], TRAIN),
+    "torchrun": (["--mode", "torchrun"], PLAIN),
+    "mpi": (["--mode", "mpi"], MPI_TRAIN),
+}
+
+
+def mode_events(bft: str, py: str, d: str, munge: str, rounds: int, mode: str):
+    """The membership changes under bft-run in one mode, 2 nodes of one worker each and
+    a third that joins and leaves: native (the library, examples/train.py); torchrun
+    (the plain script, resuming from its checkpoint of every 20 steps); mpi (the same
+    under MPI, mpi_train.py, which also saves when stopped). (kind, pause, steps redone)
+    each, and the median step of the 2-worker world."""
+    name = f"mode-{mode}"
     tl = os.path.join(d, f"{name}.tl")
     coord_file = os.path.join(d, f"{name}.coord")
     e = env_with_lib()
     e["BFT_MUNGE_SOCKET"] = munge
+    if mode == "mpi":
+        e = mpi_env(e)
     errlog = open(os.path.join(d, f"{name}.log"), "w")
-    if torchrun_mode:
-        ck = os.path.join(d, f"{name}.ckpt")
-        cmd = ["--mode", "torchrun", "--coord-file", coord_file, "--", py, PLAIN, *MODEL, "--epochs", "1000",
-               "--timeline", tl, "--checkpoint", ck, "--checkpoint-every", "20"]
-    else:
-        cmd = ["--coord-file", coord_file, "--", py, TRAIN, *MODEL, "--epochs", "1000", "--timeline", tl]
-    main = subprocess.Popen([bft, "--local", "2", *cmd], env=e, stdout=subprocess.DEVNULL, stderr=errlog)
+    flags, program = MODES[mode]
+    args = [*MODEL, "--epochs", "1000", "--timeline", tl]
+    if mode != "native":
+        args += ["--checkpoint", os.path.join(d, f"{name}.ckpt"), "--checkpoint-every", "20"]
+    main = subprocess.Popen([bft, "--local", "2", "--nproc-per-node", "1", *flags, "--coord-file", coord_file,
+                             "--", py, program, *args], env=e, stdout=subprocess.DEVNULL, stderr=errlog)
     while not (os.path.exists(coord_file) and open(coord_file).read().endswith("\n")):
+        if main.poll() is not None:
+            sys.exit(f"bft-run ({mode}) exited {main.returncode}: {errlog.name}")
         time.sleep(0.05)
     coord, job, run = open(coord_file).read().split()
-    wait_for(tl, lambda t: len(t) > 100, 120, "training to start")
+    wait_for(tl, lambda t: len(t) > 100, 180, f"training to start ({mode})")
     marks = []
 
-    def extra(name: str) -> subprocess.Popen:
+    def extra(node: str) -> subprocess.Popen:
         return subprocess.Popen([bft, "--agent", "--coord", coord, "--coord-job", job, "--coord-run", run,
-                                 "--node-name", name], env=e,
+                                 "--node-name", node, "--nproc-per-node", "1"], env=e,
                                 stdout=subprocess.DEVNULL, stderr=errlog, start_new_session=True)
 
     try:
         for r in range(rounds):
             t0 = time.time()
             a = extra(f"extra-{r}a")
-            wait_for(tl, lambda t: steps_at(3, t0)(t) > 150, 120, "scale-out")
+            wait_for(tl, lambda t: steps_at(3, t0)(t) > 150, 180, f"scale-out ({mode})")
             marks.append("out")
             t0 = time.time()
             a.send_signal(signal.SIGTERM)
-            wait_for(tl, lambda t: steps_at(2, t0)(t) > 150, 120, "graceful scale-in")
+            wait_for(tl, lambda t: steps_at(2, t0)(t) > 150, 180, f"graceful scale-in ({mode})")
             marks.append("in")
-            assert a.wait(30) == 0
+            assert a.wait(60) == 0
             t0 = time.time()
             b = extra(f"extra-{r}b")
-            wait_for(tl, lambda t: steps_at(3, t0)(t) > 150, 120, "scale-out")
+            wait_for(tl, lambda t: steps_at(3, t0)(t) > 150, 180, f"scale-out ({mode})")
             marks.append("out")
             t0 = time.time()
-            os.killpg(b.pid, signal.SIGKILL)
+            kill_node(b.pid)
             b.wait()
-            wait_for(tl, lambda t: steps_at(2, t0)(t) > 150, 120, "recovery after kill -9")
+            wait_for(tl, lambda t: steps_at(2, t0)(t) > 150, 180, f"recovery after kill -9 ({mode})")
             marks.append("kill")
     finally:
         main.send_signal(signal.SIGKILL)
         main.wait()
         subprocess.run(["pkill", "-KILL", "-f", tl], check=False)
-    got = pauses(timeline(tl))
+    t = timeline(tl)
+    got = pauses(t)
     if len(got) != len(marks):
-        sys.exit(f"expected {len(marks)} changes of world, saw {len(got)}: {got}")
-    return [(k, p, r) for k, (_, _, p, r) in zip(marks, got)]
+        sys.exit(f"{mode}: expected {len(marks)} changes of world, saw {len(got)}: {got}")
+    return [(k, p, r) for k, (_, _, p, r) in zip(marks, got)], median_step(t, world=2)
 
 
 def free_port() -> int:
@@ -280,14 +335,32 @@ def torchft_events(py: str, d: str, ftlib: str, rounds: int):
     return steady, [(k, x, r) for k, (_, _, x, r) in zip(marks, got)]
 
 
+KINDS = {"out": "a node joins, 2 -> 3", "in": "a node leaves on SIGTERM, 3 -> 2", "kill": "a node killed with -9, 3 -> 2"}
+
+
 def report(name: str, ev, step: float) -> None:
-    for kind in ("out", "in", "kill"):
+    for kind, what in KINDS.items():
         xs = [x for k, x, _ in ev if k == kind]
         redo = [r for k, _, r in ev if k == kind]
-        what = {"out": "scale-out (2->3)", "in": "scale-in on SIGTERM (3->2)", "kill": "node killed -9 (3->2)"}[kind]
-        log(f"{name} {what}: pause median {statistics.median(xs):.3f} s, max {max(xs):.3f} s over {len(xs)} "
+        log(f"{name}, {what}: pause median {statistics.median(xs):.3f} s, max {max(xs):.3f} s over {len(xs)} "
             f"({', '.join(f'{x:.3f}' for x in xs)}); = {statistics.median(xs) / step:.0f} steps; "
             f"steps redone {', '.join(str(r) for r in redo)}")
+
+
+def table(modes) -> None:
+    """The modes side by side, as a markdown table: (column title, events, step) each."""
+    log("")
+    log("| change | " + " | ".join(t for t, _, _ in modes) + " |")
+    log("|---|" + "---|" * len(modes))
+    for kind, what in KINDS.items():
+        cells = []
+        for _, ev, _ in modes:
+            xs = [x for k, x, _ in ev if k == kind]
+            redo = [r for k, _, r in ev if k == kind]
+            cells.append(f"median {statistics.median(xs):.3f} s, {min(xs):.3f}-{max(xs):.3f} s ({len(xs)}); "
+                         f"{min(redo)}-{max(redo)} redone")
+        log(f"| {what} | " + " | ".join(cells) + " |")
+    log("| step, 2 workers (median) | " + " | ".join(f"{step * 1000:.1f} ms" for _, _, step in modes) + " |")
 
 
 def torchrun_restarts(py: str, d: str, rounds: int) -> List[float]:
@@ -339,13 +412,20 @@ def main() -> None:
     ap.add_argument("--python", default=os.path.join(os.environ.get("BFT_VENV", "/opt/bftrainer-venv"), "bin", "python"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-steady", action="store_true", help="only the membership changes")
+    ap.add_argument("--skip-native-mode", action="store_true", help="leave bft-run's native mode's changes out")
     ap.add_argument("--skip-torchrun-mode", action="store_true", help="leave bft-run --mode torchrun out")
+    ap.add_argument("--skip-mpi-mode", action="store_true", help="leave bft-run --mode mpi out")
     ap.add_argument("--skip-torchrun", action="store_true", help="leave torchrun itself out")
     ap.add_argument("--torchft", default=None, help="a directory with torchft installed (pip install --target DIR torchft): measure it too")
     ap.add_argument("--keep", default=None, help="keep the timelines and logs in this directory")
     args = ap.parse_args()
     if not os.path.exists(args.bft_run):
         sys.exit(f"{args.bft_run} is missing: cargo build --release -p bft-run")
+    if not args.skip_mpi_mode:
+        if shutil.which("mpirun") is None:
+            sys.exit("bft-run --mode mpi needs mpirun (Debian's openmpi-bin: scripts/install-deps), or --skip-mpi-mode")
+        if subprocess.run([args.python, "-c", "import mpi4py"], capture_output=True).returncode != 0:
+            sys.exit(f"bft-run --mode mpi needs mpi4py in {args.python} (scripts/python-env), or --skip-mpi-mode")
     with tempfile.TemporaryDirectory(prefix="bft-bench-") as tmp:
         d = args.keep or tmp
         os.makedirs(d, exist_ok=True)
@@ -362,11 +442,16 @@ def main() -> None:
             log(f"steady state: plain torch.distributed {p * 1000:.2f} ms/step, bft-run {n * 1000:.2f} ms/step "
                 f"(runs {', '.join(f'{x * 1000:.2f}' for x in plain)} / {', '.join(f'{x * 1000:.2f}' for x in native)}); "
                 f"bft-run throughput = {p / n:.3f} x plain")
-            ev = native_events(args.bft_run, args.python, d, m.sock, args.rounds)
-            report("bft-run", ev, n)
-            if not args.skip_torchrun_mode:
-                tm = native_events(args.bft_run, args.python, d, m.sock, args.rounds, torchrun_mode=True)
-                report("bft-run --mode torchrun", tm, p)
+            modes = []
+            for mode, title in (("native", "native mode (library)"), ("torchrun", "`--mode torchrun`"),
+                                ("mpi", "`--mode mpi`")):
+                if getattr(args, f"skip_{mode}_mode"):
+                    continue
+                ev, step = mode_events(args.bft_run, args.python, d, m.sock, args.rounds, mode)
+                report(f"bft-run {title}", ev, step)
+                modes.append((title, ev, step))
+            if modes:
+                table(modes)
             if args.torchft:
                 ft_step, ft = torchft_events(args.python, d, args.torchft, args.rounds)
                 log(f"torchft steady state, 2 replica groups: {ft_step * 1000:.2f} ms/step = {p / ft_step:.3f} x plain")
