@@ -585,6 +585,8 @@ fn submit_bft_run_job(l: &Live, work: &Path, args: &str) -> u32 {
         format!(
             "#!/bin/bash\n#SBATCH -J train\n#SBATCH -o {work}/job.out\n\
              export PATH={venv}/bin:$PATH\n\
+             # Open MPI's daemons, several on this one machine: see tests/mpi.rs.\n\
+             export OMPI_MCA_rtc_hwloc_vmhole=none\n\
              exec {bft} {args}\n",
             work = work.display(),
             venv = venv().display(),
