@@ -1072,14 +1072,16 @@ impl<A: Allocator> Engine<A> {
         }
         let room = self.cfg.max_jobs - self.active.len();
         let cap = self.cfg.max_jobs_per_user;
-        let mut per_user: HashMap<u32, usize> = HashMap::new();
+        // FxHash: both are looked up once per queued job per pick (a queue of 1,000
+        // jobs and as much room costs a million lookups), and neither is iterated.
+        let mut per_user: rustc_hash::FxHashMap<u32, usize> = Default::default();
         for &j in &self.active {
             if let Some(u) = self.jobs[j as usize].spec.user {
                 *per_user.entry(u).or_default() += 1;
             }
         }
         let mut picked: Vec<(Reverse<u32>, JobId)> = Vec::new();
-        let mut taken: std::collections::HashSet<JobId> = std::collections::HashSet::new();
+        let mut taken: rustc_hash::FxHashSet<JobId> = Default::default();
         while picked.len() < room {
             // The best candidate: the queue is in priority order, so the first
             // eligible job sets the priority; later ones of that priority compete on
