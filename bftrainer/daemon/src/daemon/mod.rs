@@ -247,6 +247,11 @@ pub struct Daemon<C: Cluster> {
     slots: slots::Slots,
     /// Tagged jobs' parsed tags, by Slurm id (`observe`).
     tags: rustc_hash::FxHashMap<u32, observe::TagMemo>,
+    /// Copies of the core jobs that observe and reconcile read, kept from one cycle to
+    /// the next and copied again only where the snapshot's record differs
+    /// (`observe::keep_copy`).
+    observe_copies: Vec<Job>,
+    reconcile_copies: Vec<Job>,
     /// Nodes taken from elastic jobs by preemption, and when: not lent again for
     /// `reclaim_hold_s` unless a regular job shows up there first.
     reclaimed: rustc_hash::FxHashMap<NodeId, f64>,
@@ -273,6 +278,10 @@ pub struct Daemon<C: Cluster> {
     pub decide_times: view::Window,
     /// Slurm's priority factors, for the waiting jobs' admission order (`priority`).
     prio: priority::Inputs,
+    /// Tests that run two daemons side by side count the refresh as taking no time, so
+    /// that both see the same clock.
+    #[cfg(test)]
+    still_clock: bool,
 }
 
 /// A job's measured rate at an unchanged size is journaled at most this often (its
@@ -355,6 +364,8 @@ impl<C: Cluster> Daemon<C> {
             outage_since: None,
             slots: slots::Slots::default(),
             tags: rustc_hash::FxHashMap::default(),
+            observe_copies: Vec::new(),
+            reconcile_copies: Vec::new(),
             reclaimed: Default::default(),
             held_after_job: Default::default(),
             started_at: None,
@@ -368,6 +379,8 @@ impl<C: Cluster> Daemon<C> {
             poll_times: view::Window::default(),
             decide_times: view::Window::default(),
             prio: priority::Inputs::default(),
+            #[cfg(test)]
+            still_clock: false,
         };
         d.restore(records);
         Ok(d)
@@ -564,7 +577,10 @@ impl<C: Cluster> Daemon<C> {
         rep.poll_s = t0.elapsed().as_secs_f64();
         // What was observed is as of the end of the refresh, not its start (a slow
         // slurmctld can take seconds).
-        let now = now + rep.poll_s;
+        let poll_s = rep.poll_s;
+        #[cfg(test)]
+        let poll_s = if self.still_clock { 0.0 } else { poll_s };
+        let now = now + poll_s;
         self.clock = now;
         self.poll_times.push(rep.poll_s);
         match refreshed {
@@ -953,6 +969,254 @@ mod tests {
             before,
             "the first satellite of the node and the others kept"
         );
+    }
+
+    /// A generated cluster for two daemons side by side: 48 nodes, most of them busy
+    /// with regular jobs, regular jobs waiting (some planned by backfill, soon or
+    /// later), and 8 held elastic cores of various sizes.
+    fn side_by_side_cluster() -> gen::GenCluster {
+        let names: Vec<String> = (1..=48).map(|i| format!("n{i:02}")).collect();
+        let parts = ["batch", "elastic", "elastic-sat"];
+        let mut nodes: Vec<Node> = names.iter().map(|n| gen::node(n.clone(), &parts)).collect();
+        let partitions = vec![
+            gen::partition("batch", &names, 10),
+            gen::partition("elastic", &names, 2),
+            gen::partition("elastic-sat", &names, 1),
+        ];
+        let mut jobs = Vec::new();
+        let mut id = 1;
+        // Regular jobs of 1-3 nodes on the first 30 nodes.
+        let mut at = 0;
+        while at < 30 {
+            let k = 1 + (id as usize % 3).min(29 - at);
+            let mut j = gen::job(id, "batch", JobBase::Running);
+            j.nodes = Some(names[at..at + k].join(","));
+            j.num_nodes = k as u32;
+            j.start_time = Some(0);
+            for n in &mut nodes[at..at + k] {
+                n.state =
+                    bftrainer_slurm::NodeState::from_base(bftrainer_slurm::NodeBase::Allocated);
+            }
+            jobs.push(j);
+            id += 1;
+            at += k;
+        }
+        for k in 0..8u32 {
+            let mut j = gen::job(id, "elastic", JobBase::Pending);
+            j.admin_comment = Some(format!("bftrainer:v1 1:{},role=core", 2 + k % 5));
+            j.priority = 0;
+            jobs.push(j);
+            id += 1;
+        }
+        for k in 0..20u32 {
+            let mut j = gen::job(id, "batch", JobBase::Pending);
+            if k % 4 == 0 {
+                let at = 30 + (k as usize * 3) % 15;
+                j.sched_nodes = Some(names[at..at + 2].join(","));
+                // Planned soon (within release_before) or in an hour.
+                j.start_time = Some(if k % 8 == 0 {
+                    3_000_000_030
+                } else {
+                    3_000_003_600
+                });
+            }
+            jobs.push(j);
+            id += 1;
+        }
+        gen::GenCluster::new(nodes, partitions, jobs)
+    }
+
+    /// What Slurm does between two polls, drawn from `rng`: released elastic jobs and
+    /// satellites start, regular jobs end and start, a satellite is preempted, a core
+    /// reports progress, is requeued by Slurm or cancelled, a new core is submitted.
+    fn side_by_side_churn(c: &mut gen::GenCluster, rng: &mut rand_chacha::ChaCha8Rng, now: f64) {
+        use bftrainer_slurm::{JobState, NodeBase, NodeState};
+        use rand::Rng;
+        let t = now as i64;
+        c.start_pending_elastic(t);
+        let set_nodes = |c: &mut gen::GenCluster, expr: &str, base: NodeBase| {
+            for n in expr.split(',') {
+                if let Some(nd) = c.node_mut(n) {
+                    nd.state = NodeState::from_base(base);
+                }
+            }
+        };
+        let tagged = |j: &Job, role: &str| {
+            j.admin_comment
+                .as_deref()
+                .is_some_and(|a| a.contains(&format!("role={role}")))
+        };
+        let running = |c: &gen::GenCluster, f: &dyn Fn(&Job) -> bool| -> Vec<usize> {
+            (0..c.jobs.len())
+                .filter(|&i| c.jobs[i].state.base() == JobBase::Running && f(&c.jobs[i]))
+                .collect()
+        };
+        // Regular jobs end.
+        let regular = running(c, &|j| j.partition.as_deref() == Some("batch"));
+        for _ in 0..rng.gen_range(0..3) {
+            if regular.is_empty() {
+                break;
+            }
+            let i = regular[rng.gen_range(0..regular.len())];
+            if c.jobs[i].state.base() != JobBase::Running {
+                continue;
+            }
+            c.jobs[i].state = JobState::from_base(JobBase::Complete);
+            c.jobs[i].end_time = Some(t);
+            let e = c.jobs[i].nodes.clone().unwrap_or_default();
+            set_nodes(c, &e, NodeBase::Idle);
+        }
+        // Regular jobs start on idle nodes (lent ones too: the elastic job is shrunk).
+        let idle: Vec<String> = c
+            .nodes
+            .iter()
+            .filter(|n| n.state.base() == NodeBase::Idle)
+            .map(|n| n.name.clone())
+            .collect();
+        for _ in 0..rng.gen_range(0..3) {
+            let Some(i) = c.jobs.iter().position(|j| {
+                j.state.base() == JobBase::Pending && j.partition.as_deref() == Some("batch")
+            }) else {
+                break;
+            };
+            // A node held by one of ours, at times: Slurm preempts for it.
+            let ours = running(c, &|j| tagged(j, "satellite"));
+            let node = if !ours.is_empty() && rng.gen_bool(0.3) {
+                let s = ours[rng.gen_range(0..ours.len())];
+                c.jobs[s].preempt_time = Some(t);
+                c.jobs[s].state = JobState::from_base(JobBase::Preempted);
+                c.jobs[s].end_time = Some(t);
+                c.jobs[s].nodes.clone().unwrap_or_default()
+            } else if !idle.is_empty() {
+                idle[rng.gen_range(0..idle.len())].clone()
+            } else {
+                break;
+            };
+            c.jobs[i].state = JobState::from_base(JobBase::Running);
+            c.jobs[i].nodes = Some(node.clone());
+            c.jobs[i].start_time = Some(t);
+            set_nodes(c, &node, NodeBase::Allocated);
+        }
+        let cores = running(c, &|j| tagged(j, "core"));
+        if !cores.is_empty() {
+            let i = cores[rng.gen_range(0..cores.len())];
+            match rng.gen_range(0..10) {
+                // Progress in the Comment, as bft-run writes it.
+                0..=4 => {
+                    let rc = RunComment {
+                        coord: "n01:4000".into(),
+                        run: "ab12".into(),
+                        start: c.jobs[i].start_time.unwrap_or(0),
+                        gen: rng.gen_range(1..5),
+                        nodes: rng.gen_range(1..4),
+                        rate: f64::from(rng.gen_range(10u32..20)) * 10.0,
+                        step: 0.5,
+                        done: false,
+                    };
+                    c.jobs[i].comment = Some(rc.to_string());
+                }
+                // Requeued by Slurm (a preemption of its core).
+                5 => {
+                    let j = &mut c.jobs[i];
+                    j.state = JobState::from_base(JobBase::Pending);
+                    j.restart_count += 1;
+                    let e = j.nodes.take().unwrap_or_default();
+                    set_nodes(c, &e, NodeBase::Idle);
+                }
+                // Cancelled by its owner.
+                6 => {
+                    let j = &mut c.jobs[i];
+                    j.state = JobState::from_base(JobBase::Cancelled);
+                    j.end_time = Some(t);
+                    let e = j.nodes.clone().unwrap_or_default();
+                    set_nodes(c, &e, NodeBase::Idle);
+                }
+                _ => {}
+            }
+        }
+        if rng.gen_bool(0.1) {
+            let mut j = gen::job(0, "elastic", JobBase::Pending);
+            j.admin_comment = Some("bftrainer:v1 2:6,role=core".into());
+            j.priority = 0;
+            j.submit_time = Some(t);
+            c.add_job(j);
+        }
+        c.dirty = true;
+    }
+
+    #[test]
+    fn kept_copies_observe_and_decide_as_copies_made_afresh() {
+        // Observe and reconcile keep their copies of the core jobs from one cycle to
+        // the next and copy a record again only where the snapshot's differs. Two
+        // daemons on the same cluster and the same changes between polls, one that
+        // keeps its copies and one that drops them before every cycle (copies made
+        // afresh, as every cycle did before): the same journal, calls, counters and
+        // cluster, cycle by cycle.
+        use rand::SeedableRng;
+        let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+        let mut ds: Vec<Daemon<gen::GenCluster>> = dirs
+            .iter()
+            .map(|dir| {
+                let cfg = config::parse(
+                    &format!(
+                        "[policy]\nsatellite_partition = \"elastic-sat\"\n\
+                         [daemon]\nstate_dir = \"{}\"\n",
+                        dir.path().display()
+                    ),
+                    std::path::Path::new("/test/bftrainer.toml"),
+                )
+                .unwrap();
+                let (journal, records) = journal::Journal::open(dir.path()).unwrap();
+                let mut d =
+                    Daemon::new(cfg, side_by_side_cluster(), Some(journal), &records).unwrap();
+                d.still_clock = true;
+                d
+            })
+            .collect();
+        let mut rngs = [
+            rand_chacha::ChaCha8Rng::seed_from_u64(11),
+            rand_chacha::ChaCha8Rng::seed_from_u64(11),
+        ];
+        let mut now = 3_000_000_000.0;
+        let mut kept = 0;
+        for cycle in 0..150 {
+            now += 1.0;
+            for (d, rng) in ds.iter_mut().zip(&mut rngs) {
+                side_by_side_churn(&mut d.cluster, rng, now);
+            }
+            kept += ds[0].observe_copies.len();
+            ds[1].observe_copies.clear();
+            ds[1].reconcile_copies.clear();
+            for d in &mut ds {
+                d.cycle(now).unwrap();
+            }
+            let (a, b) = (&ds[0], &ds[1]);
+            let journal = |d: &Daemon<gen::GenCluster>| {
+                std::fs::read_to_string(d.journal.as_ref().unwrap().path()).unwrap()
+            };
+            assert_eq!(
+                (format!("{:?}", a.stats), format!("{:?}", a.cluster.calls)),
+                (format!("{:?}", b.stats), format!("{:?}", b.cluster.calls)),
+                "cycle {cycle}"
+            );
+            assert!(
+                a.cluster.jobs == b.cluster.jobs,
+                "cycle {cycle}: job tables differ"
+            );
+            assert!(
+                a.cluster.nodes == b.cluster.nodes,
+                "cycle {cycle}: node tables differ"
+            );
+            assert!(journal(a) == journal(b), "cycle {cycle}: journals differ");
+        }
+        // The run did what it is meant to check: copies kept across cycles, jobs
+        // admitted, grown, requeued and shrunk.
+        let s = &ds[0].stats;
+        assert!(
+            kept > 0 && s.admits > 0 && s.grows > 0 && s.shrinks > 0,
+            "{s:?}"
+        );
+        assert!(s.preemptions > 0 && s.requeues + s.preemptions > 0, "{s:?}");
     }
 
     #[test]

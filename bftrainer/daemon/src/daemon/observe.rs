@@ -12,8 +12,14 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 
 /// What a waiting job asks of a node: its constraint, memory per node, tag (its
-/// minimum) and GPUs per node, the key of one unservability check per cycle.
-type Request = (Option<String>, Option<u64>, Option<String>, Option<String>);
+/// minimum) and GPUs per node, the key of one unservability check per cycle (borrowed
+/// from the job's copy: nothing is copied per waiting job).
+type Request<'a> = (
+    Option<&'a str>,
+    Option<u64>,
+    Option<&'a str>,
+    Option<&'a str>,
+);
 
 /// What a tagged job's admin comment says.
 #[derive(Debug, Clone, Copy)]
@@ -130,6 +136,21 @@ impl SatJob {
     }
 }
 
+/// Makes `copies[k]` a copy of `j` (or pushes one at the end): a copy kept from the
+/// cycle before is compared with the snapshot's record and copied again only if it
+/// differs. Most records do not change between polls, and a comparison allocates
+/// nothing where a copy of a `Job` allocates a string per field set.
+pub(super) fn keep_copy(copies: &mut Vec<Job>, k: usize, j: &Job) {
+    match copies.get_mut(k) {
+        Some(c) => {
+            if c != j {
+                c.clone_from(j);
+            }
+        }
+        None => copies.push(j.clone()),
+    }
+}
+
 /// A satellite's node as the snapshot shows it: where it runs, else where it is pinned.
 pub(super) fn sat_node(j: &Job) -> &str {
     j.nodes
@@ -180,10 +201,12 @@ impl<C: Cluster> Daemon<C> {
         let parts: Vec<String> = parts.into_iter().map(str::to_string).collect();
         self.slots
             .sync(self.cluster.nodes(), &self.node_ids, &parts);
-        let scan = self.scan_jobs(now);
+        let mut scan = self.scan_jobs(now);
         self.observe_nodes(&scan, now);
         self.observe_cores(&scan, &parts, now);
+        let copies = std::mem::take(&mut scan.jobs);
         self.observe_satellites(scan, now);
+        self.observe_copies = copies;
     }
 
     /// The job table in one pass: which jobs are bftrainerd's (cores, satellites, ones
@@ -244,7 +267,10 @@ impl<C: Cluster> Daemon<C> {
             .map(|&i| (jobs[i].job_id, jobs[i].user_id))
             .collect();
         let seen = self.stats.cycles;
-        let mut core_jobs: Vec<Job> = Vec::new();
+        // The copies of the cycle before, compared in place and copied again where
+        // they differ.
+        let mut core_jobs: Vec<Job> = std::mem::take(&mut self.observe_copies);
+        let mut n_cores = 0usize;
         let mut cores_seen: FxHashMap<u32, usize> = FxHashMap::default();
         let mut sats: Vec<(usize, u32)> = Vec::new(); // (index in the snapshot, parent)
         let mut modified_sats: Vec<(u32, u32)> = Vec::new(); // (job id, parent)
@@ -258,8 +284,9 @@ impl<C: Cluster> Daemon<C> {
                         .as_deref()
                         .is_some_and(|p| self.cfg.core_partition_ok(p))
                     {
-                        cores_seen.insert(j.job_id, core_jobs.len());
-                        core_jobs.push(j.clone());
+                        cores_seen.insert(j.job_id, n_cores);
+                        keep_copy(&mut core_jobs, n_cores, j);
+                        n_cores += 1;
                         true
                     } else {
                         refusals.push((i, "a core tag outside the elastic partitions"));
@@ -345,6 +372,7 @@ impl<C: Cluster> Daemon<C> {
                 }
             }
         }
+        core_jobs.truncate(n_cores);
         // Memos of jobs gone from the snapshot are dropped.
         if self.tags.len() > 2 * tagged.len() + 1024 {
             self.tags.retain(|_, m| m.seen == seen);
@@ -675,7 +703,7 @@ impl<C: Cluster> Daemon<C> {
             .collect();
         // One check per distinct request: users choose how many jobs wait, and each
         // check walks the node table.
-        let mut checked: HashMap<Request, Option<String>> = HashMap::new();
+        let mut checked: FxHashMap<Request, Option<String>> = FxHashMap::default();
         for (id, i) in waiting {
             let j = &jobs[i];
             let pending_note = self.cores[&id].requeue_hold && j.is_held();
@@ -687,10 +715,10 @@ impl<C: Cluster> Daemon<C> {
                 continue;
             }
             let key = (
-                j.constraint.clone(),
+                j.constraint.as_deref(),
                 j.mem_per_node_mb,
-                j.admin_comment.clone(),
-                j.tres_per_node.clone(),
+                j.admin_comment.as_deref(),
+                j.tres_per_node.as_deref(),
             );
             let why = match checked.get(&key) {
                 Some(w) => w.clone(),

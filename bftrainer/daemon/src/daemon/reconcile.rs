@@ -13,8 +13,10 @@ impl<C: Cluster> Daemon<C> {
         // Core jobs are copied: a call on one may change it in the snapshot, and what is
         // decided after the call reads it as it was. Satellites, one per lent node, are
         // not: each is read in place (by its index in the snapshot) before any call on
-        // it, and copied only when it is ended.
-        let mut core_jobs: Vec<Job> = Vec::new();
+        // it, and copied only when it is ended. The copies are kept from the cycle
+        // before and copied again only where the snapshot's record differs.
+        let mut core_jobs: Vec<Job> = std::mem::take(&mut self.reconcile_copies);
+        let mut n_cores = 0usize;
         let mut sat_refs: Vec<(usize, u32)> = Vec::new();
         for (i, j) in self.cluster.jobs().iter().enumerate() {
             if !(j.state.is_active()
@@ -23,7 +25,8 @@ impl<C: Cluster> Daemon<C> {
                 continue;
             }
             if self.cores.contains_key(&j.job_id) {
-                core_jobs.push(j.clone());
+                observe::keep_copy(&mut core_jobs, n_cores, j);
+                n_cores += 1;
             }
             if self.sats.contains_key(&j.job_id) {
                 if let Some(parent) = observe::tag_parent(&self.tags, j) {
@@ -31,6 +34,7 @@ impl<C: Cluster> Daemon<C> {
                 }
             }
         }
+        core_jobs.truncate(n_cores);
         // The last copy of an id wins, as a map built from the job table in order does.
         let by_id: FxHashMap<u32, usize> = core_jobs
             .iter()
@@ -134,6 +138,7 @@ impl<C: Cluster> Daemon<C> {
                 calls += self.end_satellite(&s, parent, &node, &grace, now);
             }
         }
+        self.reconcile_copies = core_jobs;
         calls
     }
 
