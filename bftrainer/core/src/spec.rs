@@ -362,6 +362,10 @@ pub fn looks_like_tag(comment: &str) -> bool {
     // Compared in place, without a lowercased copy (bftrainerd asks this of every job
     // with an admin comment, every poll). The prefix is lowercase ASCII.
     let prefix = TAG_PREFIX.trim_end().as_bytes();
+    // Tags as written (the prefix exactly, at the start) first: one comparison.
+    if comment.as_bytes().starts_with(prefix) {
+        return true;
+    }
     comment
         .trim_start()
         .as_bytes()

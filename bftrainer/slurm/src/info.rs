@@ -285,6 +285,7 @@ pub struct Job {
 
 impl Job {
     /// Expected start of a pending job, as the backfill scheduler planned it.
+    #[inline]
     pub fn expected_start(&self) -> Option<i64> {
         if self.state.base() == JobBase::Pending {
             self.start_time
@@ -294,6 +295,7 @@ impl Job {
     }
 
     /// Held: pending with priority 0 (admin or user hold).
+    #[inline]
     pub fn is_held(&self) -> bool {
         self.state.base() == JobBase::Pending && self.priority == 0
     }

@@ -40,6 +40,7 @@ impl NodeState {
     }
 
     /// The base state.
+    #[inline]
     pub fn base(self) -> NodeBase {
         match self.0 & slurm_sys::NODE_STATE_BASE {
             x if x == slurm_sys::NODE_STATE_UNKNOWN => NodeBase::Unknown,
@@ -59,32 +60,39 @@ impl NodeState {
     }
 
     /// True if `flag` (one of `slurm_sys::NODE_STATE_*` flags) is set.
+    #[inline]
     pub fn has(self, flag: u64) -> bool {
         u64::from(self.0) & flag != 0
     }
 
+    #[inline]
     pub fn is_drain(self) -> bool {
         self.has(slurm_sys::NODE_STATE_DRAIN)
     }
 
     /// Backfill has planned a pending job on this node (it will be reclaimed).
+    #[inline]
     pub fn is_planned(self) -> bool {
         self.has(slurm_sys::NODE_STATE_PLANNED)
     }
 
+    #[inline]
     pub fn is_completing(self) -> bool {
         self.has(slurm_sys::NODE_STATE_COMPLETING)
     }
 
+    #[inline]
     pub fn is_not_responding(self) -> bool {
         self.has(slurm_sys::NODE_STATE_NO_RESPOND)
     }
 
+    #[inline]
     pub fn is_reserved(self) -> bool {
         self.has(slurm_sys::NODE_STATE_RES)
     }
 
     /// Powered down, powering up/down, or in maintenance: not usable now.
+    #[inline]
     pub fn is_unavailable(self) -> bool {
         matches!(
             self.base(),
@@ -158,6 +166,7 @@ impl JobState {
         })
     }
 
+    #[inline]
     pub fn base(self) -> JobBase {
         match self.0 & slurm_sys::JOB_STATE_BASE {
             x if x == slurm_sys::JOB_PENDING => JobBase::Pending,
@@ -181,6 +190,7 @@ impl JobState {
     }
 
     /// True if `flag` (one of `slurm_sys::JOB_*` state flags) is set.
+    #[inline]
     pub fn has(self, flag: u64) -> bool {
         u64::from(self.0) & flag != 0
     }
@@ -190,6 +200,7 @@ impl JobState {
         self.has(slurm_sys::JOB_REQUEUE)
     }
 
+    #[inline]
     pub fn is_completing(self) -> bool {
         self.has(slurm_sys::JOB_COMPLETING)
     }
@@ -199,6 +210,7 @@ impl JobState {
     }
 
     /// Pending or running (including suspended); i.e. not finished.
+    #[inline]
     pub fn is_active(self) -> bool {
         matches!(
             self.base(),

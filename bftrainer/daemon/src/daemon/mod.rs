@@ -321,6 +321,7 @@ pub fn satellite_name(parent: u32) -> String {
     format!("bftsat-{parent}")
 }
 
+#[inline]
 fn is_running(j: &Job) -> bool {
     matches!(j.state.base(), JobBase::Running | JobBase::Suspended)
 }

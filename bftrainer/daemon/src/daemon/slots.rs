@@ -28,10 +28,11 @@ pub(super) struct Slots {
     engine: Vec<Option<NodeId>>,
     /// Whether each node of the table is in one of `parts`.
     elastic: Vec<bool>,
-    /// Host expressions expanded: used this cycle, and in the previous one (dropped
-    /// when a whole cycle passes without them).
-    exprs: FxHashMap<String, Arc<[u32]>>,
-    exprs_prev: FxHashMap<String, Arc<[u32]>>,
+    /// Host expressions expanded, with the last sync (cycle) that used each: dropped
+    /// when a whole cycle passes without them. One map, looked up once per use.
+    exprs: FxHashMap<String, (Arc<[u32]>, u64)>,
+    /// Syncs so far.
+    epoch: u64,
     /// The node table's indices in the order of their names.
     order: Vec<u32>,
     /// The engine ids must be read again from the daemon's name map.
@@ -49,7 +50,6 @@ impl Slots {
             self.names = nodes.iter().map(|n| n.name.clone()).collect();
             self.by_name.clear();
             self.exprs.clear();
-            self.exprs_prev.clear();
             self.table.clear();
             self.engine.clear();
             for (i, name) in self.names.iter().enumerate() {
@@ -63,8 +63,9 @@ impl Slots {
             self.stale = false;
         }
         // Expressions unused for a whole cycle are dropped.
-        std::mem::swap(&mut self.exprs, &mut self.exprs_prev);
-        self.exprs.clear();
+        self.epoch += 1;
+        let epoch = self.epoch;
+        self.exprs.retain(|_, (_, used)| *used + 1 >= epoch);
         self.elastic.clear();
         let mut last: Option<(&[String], bool)> = None;
         for n in nodes {
@@ -145,19 +146,16 @@ impl Slots {
         cluster: &C,
         node_ids: &FxHashMap<String, NodeId>,
     ) -> Arc<[u32]> {
-        if let Some(v) = self.exprs.get(expr) {
+        if let Some((v, used)) = self.exprs.get_mut(expr) {
+            *used = self.epoch;
             return v.clone();
-        }
-        if let Some((k, v)) = self.exprs_prev.remove_entry(expr) {
-            self.exprs.insert(k, v.clone());
-            return v;
         }
         let v: Arc<[u32]> = cluster
             .expand(expr)
             .iter()
             .map(|n| self.slot(n, node_ids))
             .collect();
-        self.exprs.insert(expr.to_string(), v.clone());
+        self.exprs.insert(expr.to_string(), (v.clone(), self.epoch));
         v
     }
 }
@@ -237,7 +235,8 @@ mod tests {
         s.sync(&nodes, &ids, &parts);
         s.expand("a,b", &c, &ids);
         s.sync(&nodes, &ids, &parts);
-        assert!(s.exprs_prev.contains_key("a,b") && !s.exprs_prev.contains_key("b"));
+        assert!(s.exprs.contains_key("a,b") && !s.exprs.contains_key("b"));
+        s.sync(&nodes, &ids, &parts);
         assert!(s.exprs.is_empty());
     }
 
