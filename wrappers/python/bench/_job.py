@@ -1,10 +1,27 @@
-"""What the benchmark's twin scripts (plain_train.py, torchft_train.py) share with
-examples/train.py: the same synthetic data, model and optimizer (the example itself
-stays self-contained, to be copied), and the flat gradient all-reduce."""
+"""What the benchmark's twin scripts (plain_train.py, torchft_train.py, mpi_train.py)
+share with examples/train.py: the same synthetic data, model and optimizer (the example
+itself stays self-contained, to be copied), and the flat gradient all-reduce; and the
+command line of the two that restart from a checkpoint (plain_train.py under torchrun
+mode, mpi_train.py under MPI mode)."""
 
+import argparse
 from typing import Callable, List, Tuple
 
 import torch
+
+
+def restart_args() -> argparse.Namespace:
+    """The command line of the scripts that restart from a checkpoint at each change."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--samples", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--timeline", default=None)
+    p.add_argument("--checkpoint", default=None, help="checkpoint file (resume from it)")
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    return p.parse_args()
 
 
 def job(samples: int, hidden: int, lr: float) -> Tuple[torch.Tensor, torch.Tensor, torch.nn.Module, torch.optim.Optimizer]:

@@ -6,7 +6,6 @@ reads it and broadcasts it, as tests/mpi_sum.py does), writes one every
 forwards it to every rank) or SIGTERM: every rank stops after the same step and rank 0
 saves, so a stopped world loses no step."""
 
-import argparse
 import os
 import signal
 import sys
@@ -16,19 +15,10 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from _job import flat_allreduce, job
+from _job import flat_allreduce, job, restart_args
 from bftrainer.sampler import ElasticSampler
 
-p = argparse.ArgumentParser()
-p.add_argument("--samples", type=int, default=4096)
-p.add_argument("--batch", type=int, default=32)
-p.add_argument("--epochs", type=int, default=3)
-p.add_argument("--lr", type=float, default=0.05)
-p.add_argument("--hidden", type=int, default=64)
-p.add_argument("--timeline", default=None)
-p.add_argument("--checkpoint", default=None, help="checkpoint file (resume from it)")
-p.add_argument("--checkpoint-every", type=int, default=50)
-args = p.parse_args()
+args = restart_args()
 
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()

@@ -3,7 +3,6 @@ all-reduce as examples/train.py, in plain torch.distributed under torchrun (no
 bftrainer runtime). A restart (torchrun --max-restarts) resumes from the last
 checkpoint, as torchrun-based elastic training does on every membership change."""
 
-import argparse
 import datetime
 import os
 import time
@@ -11,19 +10,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from _job import flat_allreduce, job
+from _job import flat_allreduce, job, restart_args
 from bftrainer.sampler import ElasticSampler
 
-p = argparse.ArgumentParser()
-p.add_argument("--samples", type=int, default=4096)
-p.add_argument("--batch", type=int, default=32)
-p.add_argument("--epochs", type=int, default=3)
-p.add_argument("--lr", type=float, default=0.05)
-p.add_argument("--hidden", type=int, default=64)
-p.add_argument("--timeline", default=None)
-p.add_argument("--checkpoint", default=None, help="checkpoint file (resume from it)")
-p.add_argument("--checkpoint-every", type=int, default=50)
-args = p.parse_args()
+args = restart_args()
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 # A store key prefix per torchrun restart: keys of the previous round's ranks would
