@@ -769,6 +769,20 @@ mod tests {
     };
     use std::time::Duration;
 
+    /// The tests' config: satellites in `elastic-sat`, state in `state`, then
+    /// `daemon_extra` (more `[daemon]` keys).
+    fn test_config(state: &std::path::Path, daemon_extra: &str) -> config::Config {
+        config::parse(
+            &format!(
+                "[policy]\nsatellite_partition = \"elastic-sat\"\n\
+                 [daemon]\nstate_dir = \"{}\"\n{daemon_extra}",
+                state.display()
+            ),
+            std::path::Path::new("/test/bftrainer.toml"),
+        )
+        .unwrap()
+    }
+
     /// A slurmctld that answers every call `delay` late: the generated cluster behind a
     /// sleep.
     struct Slow {
@@ -859,15 +873,7 @@ mod tests {
         core.admin_comment = Some("bftrainer:v1 1:4,role=core".into());
         core.priority = 0;
         let state = tempfile::tempdir().unwrap();
-        let cfg = config::parse(
-            &format!(
-                "[policy]\nsatellite_partition = \"elastic-sat\"\n\
-                 [daemon]\nstate_dir = \"{}\"\n{daemon_extra}",
-                state.path().display()
-            ),
-            std::path::Path::new("/test/bftrainer.toml"),
-        )
-        .unwrap();
+        let cfg = test_config(state.path(), daemon_extra);
         (
             gen::GenCluster::new(nodes, partitions, vec![core]),
             cfg,
@@ -1158,15 +1164,7 @@ mod tests {
         let mut ds: Vec<Daemon<gen::GenCluster>> = dirs
             .iter()
             .map(|dir| {
-                let cfg = config::parse(
-                    &format!(
-                        "[policy]\nsatellite_partition = \"elastic-sat\"\n\
-                         [daemon]\nstate_dir = \"{}\"\n",
-                        dir.path().display()
-                    ),
-                    std::path::Path::new("/test/bftrainer.toml"),
-                )
-                .unwrap();
+                let cfg = test_config(dir.path(), "");
                 let (journal, records) = journal::Journal::open(dir.path()).unwrap();
                 let mut d =
                     Daemon::new(cfg, side_by_side_cluster(), Some(journal), &records).unwrap();
