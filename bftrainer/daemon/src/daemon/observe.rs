@@ -1256,7 +1256,7 @@ impl<C: Cluster> Daemon<C> {
                 .is_some_and(|c| c.starts_with(spec::UNADMITTED_NOTE));
             if unadmitted {
                 log::info!(
-                    "elastic job {id} was started by Slurm without an admission and requeued held by its runtime: admitting it again"
+                    "elastic job {id} was started by Slurm without an admission and requeued held by its runtime: it waits to be admitted again"
                 );
             }
             if j.is_held()
