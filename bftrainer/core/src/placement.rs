@@ -99,6 +99,26 @@ impl Compiled {
     }
 }
 
+/// GPU-granular lending: each lendable GPU of a node is one unit of the engine, an engine
+/// node named `host/gpuK` (K counts the node's lendable GPUs from 0; a Slurm node name
+/// never holds a `/`). The daemon lends such a unit as a satellite of one GPU on `host`;
+/// the allocator keeps a job's units on as few hosts as it can.
+pub fn gpu_slot_name(host: &str, k: u32) -> String {
+    format!("{host}/gpu{k}")
+}
+
+/// The host of an engine node: `n1` for `n1/gpu0`, the name itself for a whole node.
+pub fn slot_host(name: &str) -> &str {
+    name.split_once('/').map_or(name, |(h, _)| h)
+}
+
+/// The GPU slot index of an engine node named by [`gpu_slot_name`]; `None` for a whole
+/// node (or a name of another shape).
+pub fn gpu_slot_index(name: &str) -> Option<u32> {
+    let (_, rest) = name.split_once('/')?;
+    rest.strip_prefix("gpu")?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,5 +179,16 @@ mod tests {
             ..Default::default()
         };
         let _ = odd.compile().served_by(Some(&cpu));
+    }
+
+    #[test]
+    fn gpu_slot_names() {
+        let n = gpu_slot_name("node-7", 3);
+        assert_eq!(n, "node-7/gpu3");
+        assert_eq!(slot_host(&n), "node-7");
+        assert_eq!(gpu_slot_index(&n), Some(3));
+        assert_eq!(slot_host("node-7"), "node-7");
+        assert_eq!(gpu_slot_index("node-7"), None);
+        assert_eq!(gpu_slot_index("node-7/cpu1"), None);
     }
 }
