@@ -1072,22 +1072,33 @@ fn cluster_daemon_admits_waiting_jobs_by_slurms_priority_factors() {
 
 #[test]
 fn cluster_daemon_gives_satellites_the_core_jobs_gpus_per_node() {
-    // Four nodes with two stand-in GPUs each (`cluster up --gpus 2`). An elastic job
-    // asks --gres=gpu:2: each satellite is submitted with the core job's per-node
-    // request as Slurm holds it (TresPerNode), and the step that runs the satellite's
-    // work sees the node's two GPUs in CUDA_VISIBLE_DEVICES (a step gets no GPU unless
-    // it asks for them).
+    // Four nodes with four stand-in GPUs each, each job confined to its own GPUs by its
+    // device cgroup (`cluster up --gpus 4 --constrain-devices`: task/cgroup,
+    // ConstrainDevices=yes, as GPU clusters run). An elastic job asks --gres=gpu:2:
+    // each satellite is submitted with the core job's per-node request as Slurm holds it
+    // (TresPerNode). On the exclusive satellite partition Slurm gives the satellite every
+    // GPU of its node, as it gives the core job (docs/admin.md, "Whole nodes get all
+    // their GPUs"), and the step that runs the satellite's work sees all four in
+    // CUDA_VISIBLE_DEVICES and may open exactly those. Exclusive alone grants no GRES:
+    // a satellite without the request, or a step that does not ask for the GPUs, could
+    // open none of them.
     let s = live::setup_join("bftd-gpu", "", "", &|join: &std::path::Path| {
         let seen = join.with_file_name("seen");
         std::fs::create_dir_all(&seen).unwrap();
         std::fs::set_permissions(&seen, std::os::unix::fs::PermissionsExt::from_mode(0o777))
             .unwrap();
         let script = join.with_file_name("join-gpu.sh");
+        // Opening a stand-in GPU fails either way (no driver): ENXIO ("No such device or
+        // address") where the cgroup lets the step in, EPERM where it does not.
         std::fs::write(
             &script,
             format!(
-                "#!/bin/sh\necho \"${{CUDA_VISIBLE_DEVICES:-none}}\" > {}/$SLURMD_NODENAME\nexec sleep 3600\n",
-                seen.display()
+                "#!/bin/sh\nseen={seen}\nout=$seen/.$SLURMD_NODENAME.$$\n\
+                 echo \"${{CUDA_VISIBLE_DEVICES:-none}}\" > $out\n\
+                 for f in $(cat $seen/../devdir)/$SLURMD_NODENAME/nvidia*; do\n\
+                 echo \"$(basename $f) $( (: < $f) 2>&1 )\" >> $out\ndone\n\
+                 mv $out $seen/$SLURMD_NODENAME\nexec sleep 3600\n",
+                seen = seen.display()
             ),
         )
         .unwrap();
@@ -1096,13 +1107,16 @@ fn cluster_daemon_gives_satellites_the_core_jobs_gpus_per_node() {
         format!("{} {{parent}}", script.display())
     });
     let seen = s.dir.join("seen");
+    let devdir = s.dir.join("devdir");
     let mut l = Live::from_setup_with(
         s,
         bftrainer_testcluster::Options {
-            gpus: Some("2".into()),
+            gpus: Some("4".into()),
+            constrain_devices: true,
             ..Default::default()
         },
     );
+    std::fs::write(&devdir, l.c.dir().join("dev").display().to_string()).unwrap();
     l.spawn();
     let job = l.submit_elastic_with("1:4", &["--gres=gpu:2"]);
     let sats = l.grown_to_all(job);
@@ -1119,11 +1133,28 @@ fn cluster_daemon_gives_satellites_the_core_jobs_gpus_per_node() {
             l.c.run("squeue", &["-h", "-j", &sat.to_string(), "-o", "%b"])
                 .unwrap();
         assert_eq!(tres.trim(), core_tres.trim(), "satellite {sat} on {node}");
-        let cvd = l.wait(60, "the satellite's step to report its GPUs", || {
+        let report = l.wait(60, "the satellite's step to report its GPUs", || {
             std::fs::read_to_string(seen.join(node)).ok()
         });
+        let mut lines = report.lines();
+        let cvd = lines.next().unwrap_or_default();
         let gpus: Vec<&str> = cvd.trim().split(',').collect();
-        assert_eq!(gpus.len(), 2, "satellite {sat} on {node} sees {cvd:?}");
+        assert_eq!(gpus.len(), 4, "satellite {sat} on {node} sees {report:?}");
+        let opens: Vec<&str> = lines.collect();
+        assert_eq!(opens.len(), 4, "the node's four devices: {report:?}");
+        let allowed = opens
+            .iter()
+            .filter(|l| l.contains("No such device or address"))
+            .count();
+        let denied = opens
+            .iter()
+            .filter(|l| l.contains("Operation not permitted"))
+            .count();
+        assert_eq!(
+            (allowed, denied),
+            (4, 0),
+            "satellite {sat} on {node}: its step may open the 4 GPUs it holds: {report:?}"
+        );
     }
     l.assert_no_double_allocation();
 }

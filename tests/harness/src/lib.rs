@@ -100,6 +100,11 @@ pub struct Options {
     /// "1-2=a100:4,3=v100:2". Each is a character device like /dev/null under the
     /// cluster's `dev/nK/`; Slurm allocates them and sets CUDA_VISIBLE_DEVICES.
     pub gpus: Option<String>,
+    /// Confine each job to its GPUs (`cluster up --constrain-devices`: task/cgroup with
+    /// `ConstrainDevices=yes`, cgroup v1). The stand-in GPUs then have device numbers of
+    /// their own (major 195): opening one the job holds fails with ENXIO (no driver),
+    /// one it does not hold with EPERM. Needs `gpus`.
+    pub constrain_devices: bool,
 }
 
 impl Default for Options {
@@ -114,6 +119,7 @@ impl Default for Options {
                 .ok()
                 .filter(|v| !v.is_empty()),
             gpus: None,
+            constrain_devices: false,
         }
     }
 }
@@ -189,6 +195,9 @@ impl Cluster {
         }
         if let Some(g) = &opts.gpus {
             cmd.arg("--gpus").arg(g);
+        }
+        if opts.constrain_devices {
+            cmd.arg("--constrain-devices");
         }
         let out = run_script(&mut cmd)?;
         if !out.status.success() {
