@@ -24,6 +24,7 @@ fn inst(n: u32, jobs: Vec<JobInput>) -> Instance {
         t_fwd_s: 10.0,
         n_nodes: n,
         reclaim_in_s: Vec::new(),
+        host_of: Vec::new(),
         jobs,
     }
 }

@@ -252,6 +252,7 @@ fn generate_cold(p: &GenParams) -> Instance {
         t_fwd_s: 10.0,
         n_nodes,
         reclaim_in_s,
+        host_of: Vec::new(),
         jobs,
     }
 }

@@ -119,11 +119,25 @@ pub fn parse_instance(json: &str) -> Result<NamedInstance, AllocError> {
         });
     }
     let any_reclaim = reclaim.iter().any(Option::is_some);
+    // GPU-slot units (`host/gpuK`) share their host; whole nodes are each their own.
+    let host_of = if node_names.iter().any(|n| n.contains('/')) {
+        let mut hosts: HashMap<&str, u32> = HashMap::new();
+        node_names
+            .iter()
+            .map(|n| {
+                let next = hosts.len() as u32;
+                *hosts.entry(crate::placement::slot_host(n)).or_insert(next)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     Ok(NamedInstance {
         instance: Instance {
             t_fwd_s: raw.t_fwd_s.unwrap_or(DEFAULT_T_FWD_S),
             n_nodes: node_names.len() as u32,
             reclaim_in_s: if any_reclaim { reclaim } else { Vec::new() },
+            host_of,
             jobs,
         },
         node_names,

@@ -18,6 +18,7 @@
 //!     t_fwd_s: 10.0,
 //!     n_nodes: 6,               // nodes 0..6: idle ones and those the jobs hold now
 //!     reclaim_in_s: Vec::new(), // or one Option<f64> per node
+//!     host_of: Vec::new(),      // or each unit's host, for GPU-slot units
 //!     jobs: vec![job("a", vec![0, 1]), job("b", vec![])],
 //! };
 //! let sol = solve(&inst, &Options::new(Objective::Bftrainer))?;
@@ -149,6 +150,13 @@ pub struct Instance {
     /// `None` when unknown. Empty, or exactly `n_nodes` long. Used by
     /// [`Objective::ReclaimAware`] and to pick which nodes a growing job receives.
     pub reclaim_in_s: Vec<Option<f64>>,
+    /// The host of each unit, for GPU-slot units (one GPU each, `host/gpuK`): a job's
+    /// new units go on as few hosts as possible, hosts whose reclaim is latest first
+    /// (docs/design.md, "Which nodes"). Any numbers; units with the same number share
+    /// a host. Empty, or exactly `n_nodes` long; empty: every unit is its own host
+    /// (whole-node lending), which decides exactly as before hosts existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_of: Vec<u32>,
     pub jobs: Vec<JobInput>,
 }
 

@@ -80,6 +80,16 @@ impl Instance {
                 ),
             ));
         }
+        if !self.host_of.is_empty() && self.host_of.len() != self.n_nodes as usize {
+            return Err(invalid(
+                "host_of",
+                format!(
+                    "has {} entries for {} nodes; give none or one per node",
+                    self.host_of.len(),
+                    self.n_nodes
+                ),
+            ));
+        }
         for (i, r) in self.reclaim_in_s.iter().enumerate() {
             if let Some(t) = *r {
                 check_nonneg(t, || format!("nodes[{i}].reclaim_in_s"), "reclaim time")?;

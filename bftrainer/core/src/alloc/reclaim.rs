@@ -64,16 +64,35 @@ impl<'a> Scorer<'a> {
         let mut cur = Vec::with_capacity(inst.jobs.len());
         let mut keep_loss = Vec::with_capacity(inst.jobs.len());
         let (mut alpha, mut beta) = (Vec::new(), Vec::new());
+        // With GPU-slot units the keep order groups hosts too (assign_hosts).
+        let mut hosts = (!inst.host_of.is_empty()).then(|| {
+            let (h, nh) = super::assign::dense_hosts(inst);
+            (h, vec![0u32; nh])
+        });
         for (j, job) in inst.jobs.iter().enumerate() {
             // Same keep order as assign(): least own loss first, then shortest-lived.
-            let losses = node_losses(inst, j, &job.current);
-            let mut order: Vec<(f64, u32, NodeIdx)> = job
-                .current
-                .iter()
-                .zip(&losses)
-                .map(|(&i, &l)| (l, rank[i as usize], i))
-                .collect();
-            order.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+            let order: Vec<(f64, u32, NodeIdx)> = match &mut hosts {
+                Some((h, held)) => {
+                    let keep =
+                        super::assign::keep_order_hosts(inst, j, Objective::ReclaimAware, h, held);
+                    let losses = node_losses(inst, j, &keep);
+                    keep.iter()
+                        .zip(&losses)
+                        .map(|(&i, &l)| (l, rank[i as usize], i))
+                        .collect()
+                }
+                None => {
+                    let losses = node_losses(inst, j, &job.current);
+                    let mut order: Vec<(f64, u32, NodeIdx)> = job
+                        .current
+                        .iter()
+                        .zip(&losses)
+                        .map(|(&i, &l)| (l, rank[i as usize], i))
+                        .collect();
+                    order.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+                    order
+                }
+            };
             let c: Vec<NodeIdx> = order.iter().map(|x| x.2).collect();
             for &i in &c {
                 held[i as usize] = true;

@@ -135,6 +135,9 @@ struct NodeSlot {
     vpos: u32,
     /// What it offers (`Event::NodeAttrs`); `None`: serves every job.
     attrs: Option<Box<NodeAttrs>>,
+    /// For a GPU-slot unit (`host/gpuK`), its host in `Engine::hosts`; NONE for a
+    /// whole node.
+    host: u32,
 }
 
 struct JobSlot {
@@ -297,6 +300,9 @@ pub struct NodeSnap {
     pub idle_since: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attrs: Option<NodeAttrs>,
+    /// The host of a GPU-slot unit (`host/gpuK`); absent for a whole node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 // A snapshot is written once per dump and read once per start: boxing the live
@@ -369,6 +375,11 @@ pub struct Engine<A> {
     activated: Vec<JobId>,
     /// Restore warnings not yet taken (`take_warnings`).
     warnings: Vec<String>,
+    /// Hosts of GPU-slot units, by number (`NodeSlot::host`), and their numbers.
+    hosts: Vec<String>,
+    host_ids: std::collections::HashMap<String, u32>,
+    /// GPU-slot units declared: when none, the allocator sees no hosts.
+    slot_units: usize,
     pub stats: EngineStats,
 }
 
@@ -384,6 +395,7 @@ impl<A: Allocator> Engine<A> {
                 t_fwd_s,
                 n_nodes: 0,
                 reclaim_in_s: Vec::new(),
+                host_of: Vec::new(),
                 jobs: Vec::new(),
             },
             jobs: Jobs::default(),
@@ -401,8 +413,23 @@ impl<A: Allocator> Engine<A> {
             mode: Mode::Live,
             activated: Vec::new(),
             warnings: Vec::new(),
+            hosts: Vec::new(),
+            host_ids: std::collections::HashMap::new(),
+            slot_units: 0,
             stats: EngineStats::default(),
         }
+    }
+
+    /// The number of host `h` of a GPU-slot unit, numbered on first sight.
+    fn intern_host(&mut self, h: &str) -> u32 {
+        self.slot_units += 1;
+        if let Some(&k) = self.host_ids.get(h) {
+            return k;
+        }
+        let k = self.hosts.len() as u32;
+        self.hosts.push(h.to_string());
+        self.host_ids.insert(h.to_string(), k);
+        k
     }
 
     pub fn mode(&self) -> Mode {
@@ -440,6 +467,7 @@ impl<A: Allocator> Engine<A> {
                     reclaim_at: n.reclaim_at,
                     idle_since: n.idle_since,
                     attrs: n.attrs.as_deref().cloned(),
+                    host: (n.host != NONE).then(|| self.hosts[n.host as usize].clone()),
                 })
                 .collect(),
             pool: self.pool.clone(),
@@ -537,19 +565,26 @@ impl<A: Allocator> Engine<A> {
         if q != st.queue.len() || a != st.active.len() {
             return Err("queued or active jobs missing from their lists".into());
         }
-        self.nodes = st
-            .nodes
-            .iter()
-            .zip(pos)
-            .map(|(ns, pos)| NodeSlot {
+        self.hosts.clear();
+        self.host_ids.clear();
+        self.slot_units = 0;
+        let mut nodes = Vec::with_capacity(st.nodes.len());
+        for (ns, pos) in st.nodes.iter().zip(pos) {
+            let host = match &ns.host {
+                Some(h) => self.intern_host(h),
+                None => NONE,
+            };
+            nodes.push(NodeSlot {
                 state: ns.state,
                 reclaim_at: ns.reclaim_at,
                 pos,
                 idle_since: ns.idle_since,
                 vpos: NONE,
                 attrs: ns.attrs.clone().map(Box::new),
-            })
-            .collect();
+                host,
+            });
+        }
+        self.nodes = nodes;
         self.forecasts = st.nodes.iter().filter(|n| n.reclaim_at.is_some()).count();
         self.pool = st.pool.clone();
         self.jobs = Jobs {
@@ -813,7 +848,7 @@ impl<A: Allocator> Engine<A> {
         }
         self.last_t = Some(now);
         match event {
-            Event::NodeAdded { node, name: _ } => {
+            Event::NodeAdded { node, name } => {
                 if *node as usize != self.nodes.len() {
                     return Err(Self::err(
                         now,
@@ -823,6 +858,11 @@ impl<A: Allocator> Engine<A> {
                         ),
                     ));
                 }
+                let host = if name.contains('/') {
+                    self.intern_host(crate::placement::slot_host(name))
+                } else {
+                    NONE
+                };
                 self.nodes.push(NodeSlot {
                     state: NodeState::Busy,
                     reclaim_at: None,
@@ -830,6 +870,7 @@ impl<A: Allocator> Engine<A> {
                     idle_since: now,
                     vpos: NONE,
                     attrs: None,
+                    host,
                 });
             }
             Event::NodeIdle { node, reclaim_at } => {
@@ -1254,6 +1295,20 @@ impl<A: Allocator> Engine<A> {
         }
         self.inst.n_nodes = self.view.len() as u32;
         self.inst.reclaim_in_s.clear();
+        self.inst.host_of.clear();
+        // GPU-slot units are packed by host; a whole node beside them is a host of its
+        // own (numbered past the slots' hosts). No slots: no hosts, as before.
+        if self.slot_units > 0 {
+            let (nodes, base) = (&self.nodes, self.hosts.len() as u32);
+            self.inst.host_of.extend(self.view.iter().map(|&n| {
+                let h = nodes[n as usize].host;
+                if h == NONE {
+                    base.saturating_add(n)
+                } else {
+                    h
+                }
+            }));
+        }
         // An empty vector means "no forecasts" to the allocator: skip the per-node work
         // when no node has one (node-event traces).
         if self.forecasts > 0 {

@@ -501,6 +501,7 @@ pub fn random_small(seed: u64, max_nodes: u32, max_jobs: usize) -> Instance {
         t_fwd_s: f64::from(rng.gen_range(1..=10u32)),
         n_nodes,
         reclaim_in_s,
+        host_of: Vec::new(),
         jobs,
     }
 }
