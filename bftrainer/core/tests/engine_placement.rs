@@ -176,3 +176,70 @@ fn attributes_of_unknown_nodes_and_jobs_are_refused() {
         )
         .is_err());
 }
+
+/// Declares GPU-slot units `host/gpuK` in order, all idle at time 0.
+fn slot_engine(hosts: &[(&str, u32)]) -> Engine<Exact> {
+    let mut e = Engine::new(EngineConfig::default(), Exact::default());
+    let mut n = 0;
+    for &(h, k) in hosts {
+        for g in 0..k {
+            e.on_event(
+                &Event::NodeAdded {
+                    node: n,
+                    name: bftrainer_core::placement::gpu_slot_name(h, g),
+                },
+                0.0,
+            )
+            .unwrap();
+            engine_common::idle(&mut e, n, 0.0);
+            n += 1;
+        }
+    }
+    e
+}
+
+#[test]
+fn gpu_slot_units_of_one_host_go_to_one_job() {
+    // a has 3 free GPUs (units 0-2), b has 2 (units 3-4): a job of exactly 2 takes b's
+    // two (best fit), not units 0 and 1; then a job of 3 takes a's three.
+    let mut e = slot_engine(&[("a", 3), ("b", 2)]);
+    e.on_event(
+        &Event::JobSubmitted {
+            job: 0,
+            spec: spec("two", 2, 2, 10.0),
+        },
+        0.0,
+    )
+    .unwrap();
+    let acts = e.on_event(&Event::Tick, 0.0).unwrap();
+    assert_eq!(nodes_of(&acts, 0), vec![3, 4], "{acts:?}");
+    e.on_event(
+        &Event::JobSubmitted {
+            job: 1,
+            spec: spec("three", 3, 3, 10.0),
+        },
+        1.0,
+    )
+    .unwrap();
+    let acts = e.on_event(&Event::Tick, 1.0).unwrap();
+    assert_eq!(nodes_of(&acts, 1), vec![0, 1, 2], "{acts:?}");
+    // A snapshot keeps the hosts: the restored engine packs the same way.
+    let st = e.state();
+    let mut back = Engine::new(EngineConfig::default(), Exact::default());
+    back.load_state(&st).unwrap();
+    assert_eq!(back.state(), st);
+    assert_eq!(st.nodes[0].host.as_deref(), Some("a"));
+    // Whole nodes named without a '/' have no host: the old choice, lowest first.
+    let mut w = Engine::new(EngineConfig::default(), Exact::default());
+    engine_common::idle_nodes(&mut w, 5);
+    w.on_event(
+        &Event::JobSubmitted {
+            job: 0,
+            spec: spec("two", 2, 2, 10.0),
+        },
+        0.0,
+    )
+    .unwrap();
+    let acts = w.on_event(&Event::Tick, 0.0).unwrap();
+    assert_eq!(nodes_of(&acts, 0), vec![0, 1], "{acts:?}");
+}

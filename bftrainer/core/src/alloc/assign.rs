@@ -171,7 +171,6 @@ pub(crate) fn keep_order_hosts(
 
 /// Free units of one host with one reclaim time, lowest index first.
 struct Group {
-    host: u32,
     units: Vec<NodeIdx>,
     /// Units given away so far (taken from the front).
     taken: usize,
@@ -192,6 +191,7 @@ impl Group {
 /// for others), else (3) the host with the most free slots, all of them, and repeats.
 /// Taking the largest first and the best fit last reaches the fewest hosts for one job.
 fn assign_hosts(inst: &Instance, counts: &[u32], objective: Objective) -> Vec<Vec<NodeIdx>> {
+    use std::collections::BTreeSet;
     let n = inst.n_nodes as usize;
     let (hosts, n_hosts) = dense_hosts(inst);
     let mut held = vec![0u32; n_hosts];
@@ -211,9 +211,10 @@ fn assign_hosts(inst: &Instance, counts: &[u32], objective: Objective) -> Vec<Ve
         }
         sets.push(keep);
     }
-    // Groups of free units by (reclaim time, host), classes by reclaim time, latest
-    // first; groups in order of their first unit.
-    let mut gid: std::collections::HashMap<(u64, u32), u32> = std::collections::HashMap::new();
+    // Groups of free units by (reclaim time, host), in order of their first unit. A
+    // host's units nearly always share one reclaim time: its groups are found by a scan
+    // of its own few, no hashing.
+    let mut host_groups: Vec<Vec<u32>> = vec![Vec::new(); n_hosts];
     let mut groups: Vec<Group> = Vec::new();
     let mut gt: Vec<f64> = Vec::new();
     for i in 0..n as u32 {
@@ -222,35 +223,42 @@ fn assign_hosts(inst: &Instance, counts: &[u32], objective: Objective) -> Vec<Ve
         }
         let t = t_of(inst, i);
         let h = hosts[i as usize];
-        let g = *gid.entry((t.to_bits(), h)).or_insert_with(|| {
-            groups.push(Group {
-                host: h,
-                units: Vec::new(),
-                taken: 0,
-            });
-            gt.push(t);
-            groups.len() as u32 - 1
-        });
+        let hg = &mut host_groups[h as usize];
+        let g = match hg
+            .iter()
+            .find(|&&g| gt[g as usize].to_bits() == t.to_bits())
+        {
+            Some(&g) => g,
+            None => {
+                groups.push(Group {
+                    units: Vec::new(),
+                    taken: 0,
+                });
+                gt.push(t);
+                let g = groups.len() as u32 - 1;
+                hg.push(g);
+                g
+            }
+        };
         groups[g as usize].units.push(i);
     }
+    // Classes: groups of equal reclaim time, latest first, each keyed by
+    // (free, u32::MAX - group): the largest is the last key, the best fit a range query.
     let mut order: Vec<u32> = (0..groups.len() as u32).collect();
     order.sort_by(|&a, &b| gt[b as usize].total_cmp(&gt[a as usize]).then(a.cmp(&b)));
-    // Classes: runs of equal reclaim time in `order`, each with its groups keyed by
-    // (free, u32::MAX - group): largest is the last key, best fit a range query.
-    let mut classes: Vec<(f64, std::collections::BTreeSet<(u32, u32)>)> = Vec::new();
+    let mut classes: Vec<(u64, BTreeSet<(u32, u32)>)> = Vec::new();
+    let mut class_of = vec![0u32; groups.len()];
     for &g in &order {
-        let t = gt[g as usize];
-        if classes
-            .last()
-            .map_or(true, |c| c.0.to_bits() != t.to_bits())
-        {
-            classes.push((t, std::collections::BTreeSet::new()));
+        let tb = gt[g as usize].to_bits();
+        if classes.last().map_or(true, |c| c.0 != tb) {
+            classes.push((tb, BTreeSet::new()));
         }
+        class_of[g as usize] = classes.len() as u32 - 1;
         let free = groups[g as usize].free();
         classes.last_mut().unwrap().1.insert((free, u32::MAX - g));
     }
-    let take = |groups: &mut Vec<Group>,
-                set: &mut std::collections::BTreeSet<(u32, u32)>,
+    let take = |groups: &mut [Group],
+                set: &mut BTreeSet<(u32, u32)>,
                 g: u32,
                 k: u32,
                 out: &mut Vec<NodeIdx>| {
@@ -263,8 +271,14 @@ fn assign_hosts(inst: &Instance, counts: &[u32], objective: Objective) -> Vec<Ve
             set.insert((f - k, u32::MAX - g));
         }
     };
+    // The first group of the largest free count up to `f` (inclusive).
+    let first_of = |set: &BTreeSet<(u32, u32)>, f: u32| -> Option<(u32, u32)> {
+        let &(f, r) = set.range(..=(f, u32::MAX)).next_back()?;
+        Some((f, u32::MAX - r))
+    };
     let mut ci = 0usize;
-    let mut mine: Vec<u32> = Vec::new();
+    // The groups of the hosts a growing job holds, by class: (class, group).
+    let mut mine: Vec<(u32, u32)> = Vec::new();
     for j in grow_order(inst, objective) {
         let want = counts[j] as usize;
         let have = sets[j].len();
@@ -273,57 +287,51 @@ fn assign_hosts(inst: &Instance, counts: &[u32], objective: Objective) -> Vec<Ve
         }
         let mut need = (want - have) as u32;
         mine.clear();
-        mine.extend(sets[j].iter().map(|&i| hosts[i as usize]));
+        for &i in &sets[j] {
+            for &g in &host_groups[hosts[i as usize] as usize] {
+                mine.push((class_of[g as usize], g));
+            }
+        }
         mine.sort_unstable();
         mine.dedup();
+        let mut m = 0usize;
         let mut out: Vec<NodeIdx> = Vec::with_capacity(need as usize);
         while need > 0 {
             while ci < classes.len() && classes[ci].1.is_empty() {
                 ci += 1;
             }
-            let Some((t, set)) = classes.get_mut(ci) else {
+            let Some((_, set)) = classes.get_mut(ci) else {
                 break; // cannot happen: the counts fit the units
             };
-            let tb = t.to_bits();
-            // (1) hosts it holds, in host order.
-            for &h in &mine {
-                if need == 0 {
-                    break;
+            // (1) hosts it holds, in host order (earlier classes are used up). Hosts it
+            // takes below are taken whole but the last, which ends the need.
+            while need > 0 && m < mine.len() && mine[m].0 as usize <= ci {
+                let g = mine[m].1;
+                let f = groups[g as usize].free();
+                if f > 0 {
+                    let k = f.min(need);
+                    take(&mut groups, set, g, k, &mut out);
+                    need -= k;
                 }
-                if let Some(&g) = gid.get(&(tb, h)) {
-                    let f = groups[g as usize].free();
-                    if f > 0 {
-                        let k = f.min(need);
-                        take(&mut groups, set, g, k, &mut out);
-                        need -= k;
-                    }
+                if groups[g as usize].free() == 0 {
+                    m += 1;
                 }
             }
             if need == 0 {
                 break;
             }
-            // (2) best fit: fewest free slots >= need, then the first such group.
-            let fit = set.range((need, 0)..).next().map(|&(f, _)| f);
-            let (g, k) = match fit {
-                Some(f) => {
-                    let &(_, r) = set.range(..(f + 1, 0)).next_back().unwrap();
-                    (u32::MAX - r, need)
-                }
-                None => match set.iter().next_back() {
-                    // (3) the largest, whole (its first group among equals).
-                    Some(&(f, _)) => {
-                        let &(_, r) = set.range(..(f + 1, 0)).next_back().unwrap();
-                        (u32::MAX - r, f)
-                    }
-                    None => continue,
-                },
+            // (2) best fit: the fewest free slots >= need; else (3) the most, whole.
+            let pick = match set.range((need, 0)..).next() {
+                Some(&(f, _)) => first_of(set, f).map(|(_, g)| (g, need)),
+                None => set
+                    .iter()
+                    .next_back()
+                    .and_then(|&(f, _)| first_of(set, f))
+                    .map(|(f, g)| (g, f)),
             };
+            let Some((g, k)) = pick else { continue };
             take(&mut groups, set, g, k, &mut out);
             need -= k;
-            let h = groups[g as usize].host;
-            if let Err(p) = mine.binary_search(&h) {
-                mine.insert(p, h);
-            }
         }
         sets[j].extend_from_slice(&out);
     }

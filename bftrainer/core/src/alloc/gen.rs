@@ -58,6 +58,12 @@ pub struct GenParams {
     /// decision, then one event batch happened (2% of nodes reclaimed, 2% newly idle,
     /// maybe one job replaced). Otherwise a cold state: random current allocations.
     pub warm: bool,
+    /// GPUs per node: above 1, the instance's units are GPU slots, `gpus_per_node` per
+    /// host (`Instance::host_of`), and each job's curve, minimum and maximum are its
+    /// node ones times that ([`slot_job`]). The event batch then happens per GPU: 2% of
+    /// the GPUs are taken by regular jobs one by one (shared nodes), 2% come back as
+    /// whole idle hosts.
+    pub gpus_per_node: u32,
 }
 
 impl GenParams {
@@ -69,6 +75,7 @@ impl GenParams {
             reclaim_share: 0.0,
             batch_share: 0.0,
             warm: true,
+            gpus_per_node: 1,
         }
     }
 }
@@ -102,6 +109,9 @@ fn model_curve(m: usize, max: u32, jitter: f64) -> Curve {
 
 /// A decision instance; see [`GenParams::warm`]. max_nodes from 8 up to the machine size.
 pub fn generate(p: &GenParams) -> Instance {
+    if p.gpus_per_node > 1 {
+        return generate_slots(p);
+    }
     let inst = generate_cold(p);
     if !p.warm {
         return inst;
@@ -255,4 +265,134 @@ fn generate_cold(p: &GenParams) -> Instance {
         host_of: Vec::new(),
         jobs,
     }
+}
+
+/// A job's curve in GPUs when its curve is in nodes of `k` GPUs: O_gpu(g) = O_node(g/k),
+/// linear from 0 up to one node (the first point is at 1 GPU, as curves must start).
+pub fn slot_curve(c: &Curve, k: u32) -> Curve {
+    let mut pts = Vec::with_capacity(c.points.len() + 1);
+    if let Some(&(1, y)) = c.points.first() {
+        if k > 1 {
+            pts.push((1, y / f64::from(k)));
+        }
+    }
+    pts.extend(c.points.iter().map(|&(n, y)| (n.saturating_mul(k), y)));
+    Curve::new(pts)
+}
+
+/// A job in GPU slots: curve, batch curves, minimum and maximum times `k`; each node it
+/// holds becomes that node's `k` slots (node `i` is slots `i*k .. i*k+k`).
+pub fn slot_job(job: &JobInput, k: u32) -> JobInput {
+    let mut j = job.clone();
+    j.min_nodes = job.min_nodes.saturating_mul(k);
+    j.max_nodes = job.max_nodes.saturating_mul(k);
+    j.curve = if job.curve.points.is_empty() {
+        Curve::default()
+    } else {
+        slot_curve(&job.curve, k)
+    };
+    for b in &mut j.batch_curves {
+        b.curve = slot_curve(&b.curve, k);
+    }
+    j.current = job
+        .current
+        .iter()
+        .flat_map(|&i| (0..k).map(move |g| i * k + g))
+        .collect();
+    j
+}
+
+/// The whole-node instance of the same cluster in GPU slots: `k` slots per node, slots
+/// of a node sharing its host and reclaim forecast.
+pub fn to_slots(inst: &Instance, k: u32) -> Instance {
+    let n = inst.n_nodes * k;
+    Instance {
+        t_fwd_s: inst.t_fwd_s,
+        n_nodes: n,
+        reclaim_in_s: inst
+            .reclaim_in_s
+            .iter()
+            .flat_map(|&r| std::iter::repeat(r).take(k as usize))
+            .collect(),
+        host_of: (0..n).map(|u| u / k).collect(),
+        jobs: inst.jobs.iter().map(|j| slot_job(j, k)).collect(),
+    }
+}
+
+/// [`generate`] with GPU slots: the cold node instance in slots, then (event-driven)
+/// its optimum as the current allocation and one event batch per GPU.
+fn generate_slots(p: &GenParams) -> Instance {
+    let k = p.gpus_per_node;
+    let mut q = p.clone();
+    q.gpus_per_node = 1;
+    let mut inst = to_slots(&generate_cold(&q), k);
+    if !p.warm {
+        return inst;
+    }
+    let mut rng = Rng::new(p.seed ^ 0x5EED);
+    if let Ok(sol) = super::solve(&inst, &super::Options::default()) {
+        for (job, set) in inst.jobs.iter_mut().zip(sol.jobs) {
+            job.current = set;
+        }
+    }
+    // Regular jobs take 2% of the GPUs one by one: hosts left partly free.
+    let n = inst.n_nodes;
+    let lost = (n / 50).max(1).min(n);
+    let mut gone = vec![false; n as usize];
+    for _ in 0..lost {
+        gone[rng.below(u64::from(n)) as usize] = true;
+    }
+    let mut map = vec![u32::MAX; n as usize];
+    let mut next = 0u32;
+    for i in 0..n as usize {
+        if !gone[i] {
+            map[i] = next;
+            next += 1;
+        }
+    }
+    for job in &mut inst.jobs {
+        job.current = job
+            .current
+            .iter()
+            .filter(|&&i| !gone[i as usize])
+            .map(|&i| map[i as usize])
+            .collect();
+    }
+    if !inst.reclaim_in_s.is_empty() {
+        inst.reclaim_in_s = (0..n as usize)
+            .filter(|&i| !gone[i])
+            .map(|i| inst.reclaim_in_s[i])
+            .collect();
+    }
+    inst.host_of = (0..n as usize)
+        .filter(|&i| !gone[i])
+        .map(|i| inst.host_of[i])
+        .collect();
+    // 2% come back as whole idle hosts.
+    let hosts = n / k;
+    let fresh = ((n / 50).max(1)).div_ceil(k);
+    for h in 0..fresh {
+        let r = (!inst.reclaim_in_s.is_empty())
+            .then(|| rng.chance(p.reclaim_share).then(|| rng.unit() * 30.0));
+        for _ in 0..k {
+            inst.host_of.push(hosts + h);
+            if let Some(r) = r {
+                inst.reclaim_in_s.push(r);
+            }
+        }
+    }
+    inst.n_nodes = next + fresh * k;
+    if !inst.jobs.is_empty() && rng.chance(0.5) {
+        let j = rng.below(inst.jobs.len() as u64) as usize;
+        let mut q = p.clone();
+        q.n_jobs = 1;
+        q.seed = p.seed.wrapping_add(0xA11C);
+        q.warm = false;
+        q.gpus_per_node = 1;
+        let mut newcomer = slot_job(&generate_cold(&q).jobs.remove(0), k);
+        newcomer.id = format!("{}-next", inst.jobs[j].id);
+        newcomer.current.clear();
+        inst.jobs[j] = newcomer;
+    }
+    inst
 }
