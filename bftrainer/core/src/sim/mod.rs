@@ -1,6 +1,7 @@
 //! The trace-replay simulator: drives the engine with a node trace and BFTrainer's elastic
 //! job model (progress, rescale and preemption charges), checks invariants, reports.
 
+pub mod gpus;
 pub mod nodes;
 mod report;
 pub mod stack;

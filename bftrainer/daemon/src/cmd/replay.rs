@@ -43,6 +43,14 @@ pub struct Args {
     /// repeatable.
     #[arg(long, value_name = "NAME", requires = "from_sacct")]
     pub exclude_partition: Vec<String>,
+    /// GPUs per node: also report the harvest in GPU-hours (K per node-hour).
+    #[arg(long, value_name = "K")]
+    pub gpus_per_node: Option<u32>,
+    /// GPU-granular harvest (DeepBoot): each GPU of an idle node is a unit lent on its
+    /// own (`host/gpuK`); a job's curve in GPUs is its node curve at g/K nodes, its
+    /// minimum and maximum K times the file's. Needs --gpus-per-node.
+    #[arg(long, requires = "gpus_per_node")]
+    pub gpu_granular: bool,
     /// Elastic job file in BFTrainer's jobs-*.csv format; default: the sample's. Optional
     /// columns after its ten: gpus_per_node, gpu_type, constraint, mem_per_node.
     #[arg(long, value_name = "PATH")]
@@ -228,6 +236,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Input::Sample
     };
     let opts = Options {
+        gpus_per_node: args.gpus_per_node,
+        gpu_granular: args.gpu_granular,
         input,
         jobs: args.jobs.clone(),
         node_classes: args.node_classes.clone(),

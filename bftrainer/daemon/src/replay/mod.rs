@@ -95,6 +95,11 @@ pub struct Options {
     pub rules: DaemonRules,
     /// `--node-classes FILE`: what the nodes offer (features, GPUs, memory), by class.
     pub node_classes: Option<PathBuf>,
+    /// `--gpus-per-node K`: harvest reported in GPU-hours, K GPUs per node.
+    pub gpus_per_node: Option<u32>,
+    /// `--gpu-granular`: each GPU a unit of the engine (`host/gpuK`) instead of each
+    /// node, and the jobs' node counts in GPUs.
+    pub gpu_granular: bool,
 }
 
 /// Wraps a byte stream, decompressing it when it starts with the gzip magic.
@@ -210,6 +215,8 @@ pub struct Loaded {
     /// `--from-sacct`), and where that came from; `None`: every node serves every job.
     pub node_table: Option<Arc<NodeTable>>,
     pub nodes_from: Option<String>,
+    /// `--gpus-per-node K` and whether the harvest is GPU-granular.
+    pub gpus: Option<(u32, bool)>,
 }
 
 /// `1234567` as `1,234,567`.
@@ -497,8 +504,27 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
         warnings,
         nodes_from: None,
         node_table: None,
+        gpus: None,
     };
     node_table(classes, &mut loaded)?;
+    match (o.gpus_per_node, o.gpu_granular) {
+        (None, true) => bail!("--gpu-granular needs --gpus-per-node K"),
+        (Some(k), granular) => {
+            if granular {
+                if let Some(from) = &loaded.nodes_from {
+                    bail!("--gpu-granular does not model node attributes per GPU; replay without them (they come from {from})");
+                }
+                loaded.jobs = sim::gpus::slot_jobs(&loaded.jobs, k)?;
+            } else if !(1..=sim::gpus::MAX_GPUS_PER_NODE).contains(&k) {
+                bail!(
+                    "--gpus-per-node must be 1 to {}, found {k}",
+                    sim::gpus::MAX_GPUS_PER_NODE
+                );
+            }
+            loaded.gpus = Some((k, granular));
+        }
+        (None, false) => {}
+    }
     for w in &loaded.warnings {
         eprintln!("warning: {w}");
     }
@@ -586,6 +612,12 @@ impl Loaded {
             _ => self.events()?.names().to_vec(),
         };
         names.truncate(self.nodes);
+        if let Some((k, true)) = self.gpus {
+            names = names
+                .iter()
+                .flat_map(|n| (0..k).map(move |g| bftrainer_core::placement::gpu_slot_name(n, g)))
+                .collect();
+        }
         Ok(names)
     }
 
@@ -602,7 +634,11 @@ impl Loaded {
             } => Box::new(CsvEvents::new(input.open()?, name, win, head.clone())?),
             Source::Swf { jobs, plan } => Box::new(easy::events(&**jobs, plan)?),
         };
-        Ok(Box::new(Windowed::new(raw, self.cut)?))
+        let w = Windowed::new(raw, self.cut)?;
+        Ok(match self.gpus {
+            Some((k, true)) => Box::new(sim::gpus::GpuSlots::new(w, k)?),
+            _ => Box::new(w),
+        })
     }
 
     /// The whole trace in memory (tests, small inputs).
@@ -868,6 +904,15 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         if let Some(from) = &loaded.nodes_from {
             v["node_attributes"] = serde_json::json!(from);
         }
+        if let Some((k, granular)) = loaded.gpus {
+            let per = if granular { 1.0 } else { f64::from(k) };
+            v["gpus"] = serde_json::json!({
+                "per_node": k,
+                "granular": granular,
+                "idle_gpu_h": per * out.report.idle_node_h,
+                "harvested_gpu_h": per * out.report.harvested_node_h,
+            });
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_table(
@@ -1008,6 +1053,8 @@ mod replay_tests {
             workload: Workload::File,
             rules: DaemonRules::DAEMON,
             node_classes: None,
+            gpus_per_node: None,
+            gpu_granular: false,
         }
     }
 

@@ -75,6 +75,16 @@ pub fn print_table(
         format!("{} .. {} ({:.1} h)", r.start, r.end, r.hours),
     );
     row("nodes", format!("{}", r.nodes));
+    if let Some((k, granular)) = l.gpus {
+        row(
+            "GPUs",
+            if granular {
+                format!("{k} per node, each lent on its own (--gpu-granular): the nodes and node-hours below are GPU slots and GPU-hours")
+            } else {
+                format!("{k} per node, lent with their node")
+            },
+        );
+    }
     if let Some(m) = &l.sched {
         row(
             "main scheduler",
@@ -159,6 +169,17 @@ pub fn print_table(
         ),
     );
     row("  at or above job minimum", thousands(r.useful_node_h, 1));
+    if let Some((k, granular)) = l.gpus {
+        let per = if granular { 1.0 } else { f64::from(k) };
+        row(
+            "harvested GPU-hours",
+            format!(
+                "{} of {} idle",
+                thousands(per * r.harvested_node_h, 1),
+                thousands(per * r.idle_node_h, 1)
+            ),
+        );
+    }
     if let Some(from) = &l.nodes_from {
         row("node classes", format!("{} ({from})", r.node_classes.len()));
         for c in &r.node_classes {
