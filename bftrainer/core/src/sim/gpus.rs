@@ -119,6 +119,45 @@ pub fn slot_jobs(jobs: &[JobRecord], k: u32) -> Result<Vec<JobRecord>> {
         .collect()
 }
 
+/// A trace whose units are processors, `k` per node in order (unit `i` on node
+/// `i / k`), renamed `node{i/k}/gpu{i%k}`: the shared-node model, where regular jobs
+/// hold processors (slots), not whole nodes, and a node's other slots stay idle.
+pub struct SharedNodes<E> {
+    inner: E,
+    names: Vec<String>,
+}
+
+impl<E: NodeEvents> SharedNodes<E> {
+    pub fn new(inner: E, k: u32) -> Result<Self> {
+        check_k(k)?;
+        let n = inner.head().names.len();
+        let names = (0..n)
+            .map(|i| {
+                gpu_slot_name(
+                    &format!("node{:04}", i / k as usize),
+                    (i % k as usize) as u32,
+                )
+            })
+            .collect();
+        Ok(SharedNodes { inner, names })
+    }
+}
+
+impl<E: NodeEvents> NodeEvents for SharedNodes<E> {
+    fn head(&self) -> Head<'_> {
+        Head {
+            names: &self.names,
+            ..self.inner.head()
+        }
+    }
+    fn peek(&mut self) -> Result<Option<TraceItem>> {
+        self.inner.peek()
+    }
+    fn next(&mut self) -> Result<Option<TraceItem>> {
+        self.inner.next()
+    }
+}
+
 /// The whole-node view of a trace of GPU slots (names `host/gpuK`; a name without a
 /// `/` is a host of one slot): a host is idle when every one of its slots is, as a
 /// whole-node harvester sees a shared node. Its forecast is that of the change that

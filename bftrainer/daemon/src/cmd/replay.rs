@@ -51,6 +51,12 @@ pub struct Args {
     /// minimum and maximum K times the file's. Needs --gpus-per-node.
     #[arg(long, requires = "gpus_per_node")]
     pub gpu_granular: bool,
+    /// SWF: a model of shared nodes. Each job's processors are placed on the lowest-
+    /// numbered free processors, --gpus-per-node of them per node (give the log's
+    /// processors per node), each a GPU slot; a node is idle for whole-node harvest
+    /// only when all its slots are. Needs --swf and --gpus-per-node.
+    #[arg(long, requires_all = ["swf", "gpus_per_node"])]
+    pub shared_nodes: bool,
     /// Elastic job file in BFTrainer's jobs-*.csv format; default: the sample's. Optional
     /// columns after its ten: gpus_per_node, gpu_type, constraint, mem_per_node.
     #[arg(long, value_name = "PATH")]
@@ -238,6 +244,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let opts = Options {
         gpus_per_node: args.gpus_per_node,
         gpu_granular: args.gpu_granular,
+        shared_nodes: args.shared_nodes,
         input,
         jobs: args.jobs.clone(),
         node_classes: args.node_classes.clone(),

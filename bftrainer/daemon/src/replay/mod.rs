@@ -100,6 +100,10 @@ pub struct Options {
     /// `--gpu-granular`: each GPU a unit of the engine (`host/gpuK`) instead of each
     /// node, and the jobs' node counts in GPUs.
     pub gpu_granular: bool,
+    /// `--shared-nodes` (SWF only): the scheduler model places each job's processors
+    /// on the lowest-numbered free ones, `--gpus-per-node` per node, so regular jobs
+    /// leave slots of their nodes idle.
+    pub shared_nodes: bool,
 }
 
 /// Wraps a byte stream, decompressing it when it starts with the gzip magic.
@@ -217,6 +221,8 @@ pub struct Loaded {
     pub nodes_from: Option<String>,
     /// `--gpus-per-node K` and whether the harvest is GPU-granular.
     pub gpus: Option<(u32, bool)>,
+    /// `--shared-nodes`: the trace's units are processors, this many per node.
+    pub shared: Option<u32>,
 }
 
 /// `1234567` as `1,234,567`.
@@ -412,13 +418,37 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
                     &record::TempScratch::make,
                 )?)
             };
-            let cfg = SchedConfig {
+            let mut cfg = SchedConfig {
                 backfill: o.backfill,
                 start_times: o.start_times,
                 nodes: o.nodes,
                 procs_per_node: o.procs_per_node,
                 epoch: None,
             };
+            if o.shared_nodes {
+                // Every processor a unit of the model: the machine's nodes x K of them.
+                let Some(k) = o.gpus_per_node else {
+                    bail!("--shared-nodes needs --gpus-per-node K (the processors of a node, each a slot)");
+                };
+                if o.procs_per_node.is_some() {
+                    bail!("--shared-nodes: give the slots per node with --gpus-per-node, not --procs-per-node");
+                }
+                let h = jobs.header();
+                let n = o.nodes.map(i64::from).or(h.max_nodes).filter(|&n| n > 0);
+                let Some(n) = n else {
+                    bail!(
+                        "{name}: the log has no MaxNodes header: give the machine size (--nodes)"
+                    );
+                };
+                let units = u32::try_from(n)
+                    .ok()
+                    .and_then(|n| n.checked_mul(k))
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("--shared-nodes: {n} nodes x {k} slots is too many")
+                    })?;
+                cfg.nodes = Some(units);
+                cfg.procs_per_node = Some(1);
+            }
             let plan = easy::plan(&*jobs, &cfg)?;
             swf_skips(&name, &plan.metrics, o, &mut warnings)?;
             cut.start = start.filter(|&s| s > plan.start);
@@ -505,7 +535,14 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
         nodes_from: None,
         node_table: None,
         gpus: None,
+        shared: None,
     };
+    if o.shared_nodes {
+        if !matches!(o.input, Input::Swf(_)) {
+            bail!("--shared-nodes models the SWF log's jobs on shared nodes; it needs --swf");
+        }
+        loaded.shared = o.gpus_per_node;
+    }
     node_table(classes, &mut loaded)?;
     match (o.gpus_per_node, o.gpu_granular) {
         (None, true) => bail!("--gpu-granular needs --gpus-per-node K"),
@@ -607,17 +644,15 @@ impl Loaded {
     /// The trace's node names, in its order, as the replay sees them (cut by
     /// `--node-limit`); slurmdbd is not read for them.
     pub fn node_names(&self) -> anyhow::Result<Vec<String>> {
+        // GPU slots and shared nodes rename and regroup the units: as the events say.
+        if self.shared.is_some() || matches!(self.gpus, Some((_, true))) {
+            return Ok(self.events()?.names().to_vec());
+        }
         let mut names = match &self.source {
             Source::Sacct(s) => s.names().to_vec(),
             _ => self.events()?.names().to_vec(),
         };
         names.truncate(self.nodes);
-        if let Some((k, true)) = self.gpus {
-            names = names
-                .iter()
-                .flat_map(|n| (0..k).map(move |g| bftrainer_core::placement::gpu_slot_name(n, g)))
-                .collect();
-        }
         Ok(names)
     }
 
@@ -635,9 +670,14 @@ impl Loaded {
             Source::Swf { jobs, plan } => Box::new(easy::events(&**jobs, plan)?),
         };
         let w = Windowed::new(raw, self.cut)?;
-        Ok(match self.gpus {
-            Some((k, true)) => Box::new(sim::gpus::GpuSlots::new(w, k)?),
-            _ => Box::new(w),
+        Ok(match (self.shared, self.gpus) {
+            // Slots of shared nodes: each lent on its own, or a node when all are idle.
+            (Some(k), Some((_, true))) => Box::new(sim::gpus::SharedNodes::new(w, k)?),
+            (Some(k), _) => Box::new(sim::gpus::WholeHosts::new(sim::gpus::SharedNodes::new(
+                w, k,
+            )?)),
+            (None, Some((k, true))) => Box::new(sim::gpus::GpuSlots::new(w, k)?),
+            (None, _) => Box::new(w),
         })
     }
 
@@ -1055,6 +1095,7 @@ mod replay_tests {
             node_classes: None,
             gpus_per_node: None,
             gpu_granular: false,
+            shared_nodes: false,
         }
     }
 
@@ -1280,6 +1321,41 @@ mod replay_tests {
     }
 
     #[test]
+    fn swf_on_shared_nodes_leaves_partial_nodes_to_gpu_slots() {
+        let dir = std::env::temp_dir().join(format!("bft-replay-shared-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("t.swf");
+        // 2 nodes of 2 processors; two 1-processor jobs from 0, for 100 and 200 s: on
+        // shared nodes both sit on node 0 (lowest-numbered processors first), node 1 is
+        // idle throughout and node 0's first slot from 100 s.
+        std::fs::write(&p, "; MaxNodes: 2\n; MaxProcs: 4\n; UnixStartTime: 1000\n1 0 -1 100 1 -1 -1 1 100 -1 1 1 -1 1 -1 1 -1 -1\n2 0 -1 200 1 -1 -1 1 200 -1 1 1 -1 1 -1 1 -1 -1\n").unwrap();
+        let o = Options {
+            input: Input::Swf(p.clone()),
+            gpus_per_node: Some(2),
+            shared_nodes: true,
+            ..opts()
+        };
+        let (lw, whole) = replay(&o);
+        let (lg, gran) = replay(&Options {
+            gpu_granular: true,
+            ..o.clone()
+        });
+        conserved(&whole.report);
+        conserved(&gran.report);
+        assert_eq!(lw.node_names().unwrap(), ["node0000", "node0001"]);
+        assert_eq!(lg.node_names().unwrap()[1], "node0000/gpu1");
+        // The GPU slots see node 0's free slot for the 100 s node 0 is partly busy.
+        let w = whole.report.idle_node_h * 3600.0;
+        let g = gran.report.idle_node_h * 3600.0;
+        assert!(w > 0.0);
+        assert!(
+            (g - (2.0 * w + 100.0)).abs() < 1e-6,
+            "whole {w} node-s, slots {g} GPU-s"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn outputs_are_written() {
         let dir = std::env::temp_dir().join(format!("bft-replay-out-{}", std::process::id()));
         let o = Options {
@@ -1339,6 +1415,57 @@ mod replay_tests {
             ..opts()
         })
         .contains("cannot open /nonexistent.csv"));
+    }
+
+    #[test]
+    fn gpu_granular_replay_of_the_sample() {
+        let o = Options {
+            hours: Some(3.0),
+            gpus_per_node: Some(6),
+            ..opts()
+        };
+        let (lw, whole) = replay(&o);
+        let (lg, gran) = replay(&Options {
+            gpu_granular: true,
+            ..o.clone()
+        });
+        conserved(&whole.report);
+        conserved(&gran.report);
+        assert_eq!(lw.gpus, Some((6, false)));
+        assert_eq!(gran.report.nodes, 6 * whole.report.nodes);
+        // Whole idle nodes: the same idle GPU-hours either way; the slots' jobs ask 6
+        // times the nodes' counts.
+        let idle = 6.0 * whole.report.idle_node_h;
+        assert!((gran.report.idle_node_h - idle).abs() < 1e-6 * idle);
+        assert_eq!(lg.jobs[0].min_nodes, 6 * lw.jobs[0].min_nodes);
+        assert_eq!(
+            lg.node_names().unwrap()[7],
+            bftrainer_core::placement::gpu_slot_name(&lw.node_names().unwrap()[1], 1)
+        );
+        let e = |o: Options| load(&o).err().map(|e| format!("{e:#}")).unwrap_or_default();
+        assert!(e(Options {
+            gpu_granular: true,
+            gpus_per_node: None,
+            ..opts()
+        })
+        .contains("--gpu-granular needs --gpus-per-node"));
+        assert!(e(Options {
+            gpus_per_node: Some(0),
+            ..opts()
+        })
+        .contains("--gpus-per-node must be 1 to 64, found 0"));
+        assert!(e(Options {
+            gpu_granular: true,
+            gpus_per_node: Some(65),
+            ..opts()
+        })
+        .contains("GPUs per node must be 1 to 64, found 65"));
+        assert!(e(Options {
+            shared_nodes: true,
+            gpus_per_node: Some(8),
+            ..opts()
+        })
+        .contains("it needs --swf"));
     }
 }
 

@@ -84,6 +84,12 @@ pub fn print_table(
                 format!("{k} per node, lent with their node")
             },
         );
+        if l.shared.is_some() {
+            row(
+                "shared nodes",
+                format!("each job's processors on the lowest-numbered free ones, {k} per node, each a GPU slot (--shared-nodes; a model, see docs/replay.md)"),
+            );
+        }
     }
     if let Some(m) = &l.sched {
         row(
