@@ -189,3 +189,33 @@ pub fn solution_json(
     };
     serde_json::to_value(out).unwrap_or(serde_json::Value::Null)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_slot_names_are_packed_by_host() {
+        // a has 3 free GPUs, b 2: a job of exactly 2 gets b's two, not a/gpu0 and a/gpu1.
+        let named = parse_instance(
+            r#"{"nodes": ["a/gpu0", "a/gpu1", "a/gpu2", "b/gpu0", "b/gpu1", "c"],
+                "jobs": [{"id": "j", "min_nodes": 2, "max_nodes": 2, "scale_up_s": 0,
+                          "scale_down_s": 0, "curve": [[1, 1], [2, 2]]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(named.instance.host_of, vec![0, 0, 0, 1, 1, 2]);
+        let sol = super::super::solve(&named.instance, &Default::default()).unwrap();
+        let out = solution_json(&named, Objective::Bftrainer, &sol);
+        assert_eq!(
+            out["jobs"][0]["nodes"],
+            serde_json::json!(["b/gpu0", "b/gpu1"])
+        );
+        // Whole nodes only: no hosts.
+        let flat = parse_instance(
+            r#"{"nodes": ["n1", "n2"], "jobs": [{"id": "j", "min_nodes": 1, "max_nodes": 1,
+                "scale_up_s": 0, "scale_down_s": 0, "curve": [[1, 1]]}]}"#,
+        )
+        .unwrap();
+        assert!(flat.instance.host_of.is_empty());
+    }
+}
