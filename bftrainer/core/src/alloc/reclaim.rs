@@ -8,15 +8,28 @@ use super::{Instance, NodeIdx, Objective};
 
 /// Per-node loss of job j holding each node of `set`: a node reclaimed at t < Tfwd costs
 /// one forced scale-down (Tdw_j * R_j) plus the per-node rate lost for the rest of the
-/// window ((Tfwd - t) * R_j / n_ref_j).
+/// window ((Tfwd - t) * R_j / n_ref_j). With GPU-slot units (`host_of`), a host's slots
+/// go back together, in one forced scale-down of the job: the set's units on one host
+/// share that one charge, each paying its share.
 pub(crate) fn node_losses(inst: &Instance, j: usize, set: &[NodeIdx]) -> Vec<f64> {
     if inst.reclaim_in_s.is_empty() {
         return vec![0.0; set.len()];
     }
     let (a, b) = reclaim_coeffs(&inst.jobs[j]);
+    let mut per_host: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    if !inst.host_of.is_empty() {
+        for &i in set {
+            *per_host.entry(inst.host_of[i as usize]).or_default() += 1;
+        }
+    }
     set.iter()
         .map(|&i| match inst.reclaim_in_s[i as usize] {
-            Some(t) if t < inst.t_fwd_s => a + (inst.t_fwd_s - t) * b,
+            Some(t) if t < inst.t_fwd_s => {
+                let share = per_host
+                    .get(&inst.host_of.get(i as usize).copied().unwrap_or(0))
+                    .map_or(1.0, |&k| 1.0 / f64::from(k));
+                a * share + (inst.t_fwd_s - t) * b
+            }
             _ => 0.0,
         })
         .collect()
@@ -46,6 +59,8 @@ struct Scorer<'a> {
     alpha: Vec<f64>,
     beta: Vec<f64>,
     grow_order: Vec<usize>,
+    /// Each unit's host (GPU slots); empty for whole nodes, each its own host.
+    host: Vec<u32>,
     /// Nodes held by no job, most preferred first.
     idle: Vec<NodeIdx>,
     /// Each job's current nodes, most preferred first, and the loss of keeping a prefix.
@@ -121,6 +136,7 @@ impl<'a> Scorer<'a> {
             alpha,
             beta,
             grow_order: super::assign::grow_order(inst, Objective::ReclaimAware),
+            host: inst.host_of.clone(),
             idle,
             cur,
             keep_loss,
@@ -144,6 +160,9 @@ impl<'a> Scorer<'a> {
         for &j in &self.grow_order {
             let n = counts[j] as usize;
             let c = self.cur[j].len();
+            // One forced scale-down per reclaimed host: slots taken in a row on one host
+            // (the preference order keeps a host's slots together) pay it once.
+            let mut last_host = None;
             for _ in c..n.max(c) {
                 let i = match (self.idle.get(a), released.get(b)) {
                     (Some(&x), Some(&y)) if self.rank[x as usize] < self.rank[y as usize] => {
@@ -162,7 +181,12 @@ impl<'a> Scorer<'a> {
                 };
                 let ti = self.t[i as usize];
                 if ti < self.tfwd {
-                    v -= self.alpha[j] + (self.tfwd - ti) * self.beta[j];
+                    let h = self.host.get(i as usize).copied();
+                    if h.is_none() || h != last_host {
+                        v -= self.alpha[j];
+                    }
+                    last_host = h;
+                    v -= (self.tfwd - ti) * self.beta[j];
                 }
             }
         }
@@ -247,4 +271,47 @@ pub(crate) fn local_search(inst: &Instance, mut counts: Vec<u32>) -> Vec<Vec<Nod
         }
     }
     assign(inst, &counts, Objective::ReclaimAware)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::node_losses;
+    use crate::alloc::objective::reclaim_coeffs;
+    use crate::alloc::{Curve, Instance, JobInput};
+
+    #[test]
+    fn a_hosts_slots_share_one_forced_scale_down() {
+        // Host 7 has units 0-2, reclaimed in 4 s; host 8 has units 3-5, never. A job
+        // holding all three slots of host 7 and one of host 8 loses one scale-down for
+        // host 7 (not three) plus the rate of its three slots for the rest of the window.
+        let job = JobInput {
+            current: vec![0, 1, 2, 3],
+            ..JobInput::new(
+                "a",
+                1,
+                6,
+                2.0,
+                3.0,
+                Curve::new(vec![(1, 10.0), (6, 60.0)]),
+            )
+        };
+        let (a, b) = reclaim_coeffs(&job);
+        assert!(a > 0.0 && b > 0.0);
+        let r = Some(4.0);
+        let mut inst = Instance {
+            t_fwd_s: 10.0,
+            n_nodes: 6,
+            reclaim_in_s: vec![r, r, r, None, None, None],
+            host_of: vec![7, 7, 7, 8, 8, 8],
+            jobs: vec![job],
+        };
+        let l = node_losses(&inst, 0, &[0, 1, 2, 3]);
+        let total: f64 = l.iter().sum();
+        assert!((total - (a + 3.0 * 6.0 * b)).abs() < 1e-9, "{l:?}");
+        assert_eq!(l[3], 0.0);
+        // Whole nodes (no hosts): each reclaimed node is its own scale-down, as before.
+        inst.host_of.clear();
+        let total: f64 = node_losses(&inst, 0, &[0, 1, 2, 3]).iter().sum();
+        assert!((total - 3.0 * (a + 6.0 * b)).abs() < 1e-9);
+    }
 }
