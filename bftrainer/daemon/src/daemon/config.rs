@@ -577,6 +577,27 @@ mod tests {
     }
 
     #[test]
+    fn the_example_config_parses_with_gpu_lending_off() {
+        let text = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../conf/bftrainer.toml"
+        ));
+        let c = p(text).unwrap();
+        assert!(c.gpu_partitions.is_empty() && c.gpu_satellite_partition.is_none());
+        // Turned on as its comments say.
+        let on = text
+            .replace("\npartitions = []\n", "\npartitions = [\"shared\"]\n")
+            .replace(
+                "#satellite_partition = \"shared-sat\"",
+                "satellite_partition = \"shared-sat\"",
+            );
+        let c = p(&on).unwrap();
+        assert_eq!(c.gpu_partitions, ["shared"]);
+        assert_eq!(c.gpu_satellite_partition.as_deref(), Some("shared-sat"));
+        assert!(c.allowed_partitions.is_empty());
+    }
+
+    #[test]
     fn gpu_lending_keys_and_partitions() {
         let part = |name: &str, tier: u16, nodes: &[&str]| bftrainer_slurm::Partition {
             name: name.into(),
