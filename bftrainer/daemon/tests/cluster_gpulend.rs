@@ -50,6 +50,25 @@ fn gpu_slots(l: &Live) -> Vec<(String, String, String, Option<u64>)> {
         .unwrap_or_default()
 }
 
+/// Waits for `n` more cycles of bftrainerd (`bftrainer status`).
+fn cycles_later(l: &Live, n: u64) {
+    let cycles = || {
+        let out =
+            l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
+                .args(["status", "--json", "--config"])
+                .arg(&l.conf)
+                .output()
+                .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap_or_default()["stats"]
+            ["cycles"]
+            .as_u64()
+    };
+    let c0 = l.wait(30, "bftrainer status", cycles);
+    l.wait(30, &format!("{n} more daemon cycles"), || {
+        cycles().filter(|&c| c >= c0 + n)
+    });
+}
+
 /// The GPUs (CUDA_VISIBLE_DEVICES) a job wrote to `file`, once it has.
 fn gpus_in(l: &Live, file: &std::path::Path) -> Vec<String> {
     let text = l.wait(60, &format!("{} to be written", file.display()), || {
@@ -162,6 +181,47 @@ fn cluster_gpulend_lends_idle_gpus_of_a_shared_node_and_takes_them_back() {
         log.contains(&format!("grow job {job} onto n2/gpu")),
         "the growth names GPU slots:\n{log}"
     );
+
+    // bftrainerd killed with -9 and started again: it finds the two GPU satellites,
+    // binds each to one of the job's GPU slots (from its journal) and keeps both: none
+    // cancelled, none added, for 5 cycles after it has bound them.
+    l.kill9();
+    let mark = l.log_text().len();
+    l.spawn();
+    l.wait(
+        60,
+        "the restarted daemon to bind both GPU satellites",
+        || {
+            let log = l.log_text();
+            let after = log.get(mark..).unwrap_or("");
+            sats.iter()
+                .all(|s| {
+                    after.contains(&format!(
+                        "satellite {s} of job {job} on n2: GPU slot n2/gpu"
+                    ))
+                })
+                .then_some(())
+        },
+    );
+    cycles_later(&l, 5);
+    let mut now = gpu_satellites(&l, job);
+    now.sort_unstable();
+    let mut before = sats.clone();
+    before.sort_unstable();
+    assert_eq!(now, before, "{:#?}", l.squeue());
+    assert_eq!(l.active_satellites(job), 2, "{:#?}", l.squeue());
+    let log = l.log_text();
+    let after = &log[mark..];
+    assert!(
+        !after.contains("cancel") && !after.contains("shrink") && !after.contains("grow job"),
+        "the restart changed the satellites:\n{after}"
+    );
+    let slots = gpu_slots(&l);
+    let held = slots
+        .iter()
+        .filter(|(_, _, _, holder)| *holder == Some(u64::from(job)))
+        .count();
+    assert_eq!(held, 2, "{slots:?}");
 
     // A regular job asks the 2 lent GPUs: Slurm preempts both satellites, the job
     // starts within GraceTime + 5 s and gets exactly those GPUs.

@@ -289,7 +289,13 @@ impl<C: Cluster> Daemon<C> {
             .collect();
         unbound.sort_by_key(|s| s.id);
         for s in unbound {
-            let Some(jid) = self.cores.get(&s.parent).map(|c| c.jid) else {
+            // After a restart the core is adopted later in this cycle: its engine job
+            // is known from the journal already.
+            let jid = match self.cores.get(&s.parent) {
+                Some(c) => Some(c.jid),
+                None => self.engine_job(s.parent),
+            };
+            let Some(jid) = jid else {
                 continue;
             };
             let free = ids.iter().copied().find(|&id| {
