@@ -148,10 +148,34 @@ fn cluster_gpulend_lends_idle_gpus_of_a_shared_node_and_takes_them_back() {
     let first = regular_on_n2(&l, &out.join("first"));
     let first_gpus = gpus_in(&l, &out.join("first"));
     assert_eq!(first_gpus.len(), 2, "{first_gpus:?}");
+    // n1, the only whole node, is taken by a regular job too.
+    let blocker = l.regular(1, 600);
+    l.wait(60, "the regular job on n1", || {
+        (l.state_of(blocker) == "RUNNING").then_some(())
+    });
     l.spawn();
-    // An elastic job of 1 GPU per node: its core on n1, and n2's 2 idle GPUs lent to
-    // it as two satellites of one GPU each.
+    // An elastic job of 1 GPU per node, and one asking no GPU: n2's idle GPUs could
+    // serve them, but a core holds whole nodes of its partition, so both wait (and
+    // say why) while n1 is taken.
     let job = l.submit_elastic_with("1:3", &["--gres=gpu:a100:1"]);
+    let cpu_job = l.submit_elastic("1:2");
+    l.wait(60, "both elastic jobs to be reported waiting", || {
+        let log = l.log_text();
+        (log.contains(&format!("elastic job {job} is not admitted: it asks 1 GPUs of type a100 per node and 0 of the idle nodes"))
+            && log.contains(&format!("elastic job {cpu_job} is not admitted: 0 whole nodes bftrainerd may lend are idle and its core needs 1")))
+        .then_some(())
+    });
+    cycles_later(&l, 5);
+    let log = l.log_text();
+    assert!(
+        !log.contains("admit job"),
+        "admitted without a whole node:\n{log}"
+    );
+    assert_eq!(l.active_satellites(job) + l.active_satellites(cpu_job), 0);
+    l.c.run("scancel", &[&cpu_job.to_string()]).unwrap();
+    l.c.run("scancel", &[&blocker.to_string()]).unwrap();
+    // n1 is free: the GPU job's core goes there, and n2's 2 idle GPUs are lent to it as
+    // two satellites of one GPU each.
     let sats = l.wait(
         90,
         "the job's core on n1 and two GPU satellites on n2",

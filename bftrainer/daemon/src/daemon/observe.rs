@@ -846,7 +846,11 @@ impl<C: Cluster> Daemon<C> {
             .tres_per_node
             .as_deref()
             .and_then(bftrainer_slurm::gpus_per_node);
-        if constraint.is_none() && mem.is_none() && gpus.is_none() {
+        // With GPU lending, idle GPU slots are no place for a core (it holds whole
+        // nodes of its partition): a job waits until MIN whole nodes serve it, whatever
+        // it asks.
+        let gpu_lending = !self.cfg.gpu_partitions.is_empty();
+        if constraint.is_none() && mem.is_none() && gpus.is_none() && !gpu_lending {
             return None;
         }
         let min = match j.admin_comment.as_deref().and_then(spec::parse_tag) {
@@ -893,6 +897,11 @@ impl<C: Cluster> Daemon<C> {
                 Some(t) => format!("{count} GPUs of type {t} per node"),
                 None => format!("{count} GPUs per node"),
             });
+        }
+        if asks.is_empty() {
+            return Some(format!(
+                "{fit} whole nodes bftrainerd may lend are idle and its core needs {min} (GPU slots of shared nodes serve only its growth); it waits for such nodes"
+            ));
         }
         Some(format!(
             "it asks {} and {fit} of the idle nodes bftrainerd may lend meet that (it needs at least {min}); it waits for such nodes",
