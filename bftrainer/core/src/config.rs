@@ -22,8 +22,52 @@ pub const POLICY_KEYS: [&str; 11] = [
     "plain_jobs",
 ];
 
+/// Keys of `[gpu_lending]`: bftrainerd lends the free GPUs of the nodes of
+/// `partitions` one at a time, as satellites in `satellite_partition`; the job_submit
+/// plugin lets those satellites share their nodes (not `--exclusive`).
+pub const GPU_LENDING_KEYS: [&str; 2] = ["partitions", "satellite_partition"];
+
 /// Top-level tables of bftrainer.toml. Any other is most likely a typo: an error.
-pub const TABLES: [&str; 5] = ["policy", "daemon", "engine", "metrics", "runtime"];
+pub const TABLES: [&str; 6] = [
+    "policy",
+    "daemon",
+    "engine",
+    "metrics",
+    "runtime",
+    "gpu_lending",
+];
+
+/// `[gpu_lending]` as both readers take it: the partitions whose nodes' free GPUs are
+/// lent (empty: off) and the GPU satellites' partition (`None` when off).
+pub fn gpu_lending(
+    doc: &toml::Table,
+    file: &str,
+) -> Result<(Vec<String>, Option<String>), ConfigError> {
+    let g = Table::new(doc, "gpu_lending", file);
+    g.check_keys(&GPU_LENDING_KEYS)?;
+    let partitions = g.strings("partitions")?;
+    let not_a_partition = |p: &str| {
+        format!("'{p}' is not a partition name; expected letters, digits, '.', '_' or '-'")
+    };
+    if let Some(bad) = partitions.iter().find(|p| !partition_name_ok(p)) {
+        return Err(g.err("partitions", not_a_partition(bad)));
+    }
+    let sat = g.opt_string("satellite_partition")?;
+    match (&sat, partitions.is_empty()) {
+        (Some(s), _) if !partition_name_ok(s) => {
+            Err(g.err("satellite_partition", not_a_partition(s)))
+        }
+        (Some(s), false) if partitions.contains(s) => Err(g.err(
+            "satellite_partition",
+            format!("'{s}' is also in [gpu_lending] partitions; the GPU satellites need a partition of their own, a PriorityTier below the lending ones"),
+        )),
+        (None, false) => Err(g.err(
+            "satellite_partition",
+            "is missing; with [gpu_lending] partitions set, name the partition of the GPU satellites (e.g. \"shared-sat\": same nodes, a lower PriorityTier, PreemptMode=CANCEL)",
+        )),
+        _ => Ok((partitions.clone(), if partitions.is_empty() { None } else { sat })),
+    }
+}
 
 /// A config problem, with everything the admin needs to fix it.
 #[derive(Debug, Clone, PartialEq, Eq)]

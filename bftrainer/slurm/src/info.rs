@@ -400,6 +400,21 @@ pub fn gpus_per_node(tres_per_node: &str) -> Option<(Option<String>, u32)> {
     None
 }
 
+/// A request of `count` GPUs (of type `typ`, any for `None`) per node, as slurmctld
+/// takes a job description's TresPerNode: `gres:gpu[:TYPE]:N` before 23.02,
+/// `gres/gpu[:TYPE]:N` from 23.02 (what sbatch's `--gres` becomes on each release).
+pub fn gpu_tres_request(typ: Option<&str>, count: u32) -> String {
+    let sep = if crate::SLURM_VERSION >= 0x17_02_00 {
+        '/'
+    } else {
+        ':'
+    };
+    match typ {
+        Some(t) => format!("gres{sep}gpu:{t}:{count}"),
+        None => format!("gres{sep}gpu:{count}"),
+    }
+}
+
 /// "4", "2K" (Slurm allows suffixes on counts); None if not a count (a type name).
 fn parse_count(s: &str) -> Option<u32> {
     let (num, mult) = match s.as_bytes().last()? {
@@ -517,8 +532,17 @@ impl Slurm {
     /// All nodes (`slurm_load_node`, SHOW_ALL | SHOW_MIXED). With `since` set to a
     /// previous snapshot's `last_update`, returns `Unchanged` if nothing changed.
     pub fn load_nodes(&self, since: Option<i64>) -> Result<Loaded<Nodes>> {
+        self.load_nodes_with(since, false)
+    }
+
+    /// As [`Slurm::load_nodes`]; with `detail` (SHOW_DETAIL) slurmctld also sends each
+    /// node's GRES in use (`Node::gres_used`), which it leaves out otherwise.
+    pub fn load_nodes_with(&self, since: Option<i64>, detail: bool) -> Result<Loaded<Nodes>> {
         let mut msg = NodeMsg(std::ptr::null_mut());
-        let flags = (slurm_sys::SHOW_ALL | slurm_sys::SHOW_MIXED) as u16;
+        let mut flags = (slurm_sys::SHOW_ALL | slurm_sys::SHOW_MIXED) as u16;
+        if detail {
+            flags |= slurm_sys::SHOW_DETAIL as u16;
+        }
         // SAFETY: msg.0 receives a message owned by the guard.
         let changed = run_load("slurm_load_node", || unsafe {
             slurm_sys::slurm_load_node(since.unwrap_or(0) as libc::time_t, &mut msg.0, flags)
@@ -779,6 +803,12 @@ mod tests {
         assert_eq!(gpus_of_type(node, Some("h100")), 0);
         assert_eq!(gpus_of_type(node, None), 3);
         assert_eq!(gpus_per_node("gres:gpu:2"), Some((None, 2)));
+        // What we ask reads back as asked, on every release.
+        assert_eq!(
+            gpus_per_node(&gpu_tres_request(Some("a100"), 1)),
+            Some((Some("a100".into()), 1))
+        );
+        assert_eq!(gpus_per_node(&gpu_tres_request(None, 1)), Some((None, 1)));
         assert_eq!(
             gpus_per_node("gres/gpu:a100:4"),
             Some((Some("a100".into()), 4))

@@ -31,6 +31,8 @@ pub struct ClusterView {
     partitions: Partitions,
     jobs: Jobs,
     loaded: bool,
+    /// Nodes are loaded with their GRES in use (`Slurm::load_nodes_with`).
+    node_detail: bool,
 }
 
 impl ClusterView {
@@ -40,13 +42,22 @@ impl ClusterView {
         self.refresh_with(slurm, false)
     }
 
+    /// Whether nodes are loaded with the GRES they have in use (`Node::gres_used`);
+    /// turning it on reloads them at the next refresh.
+    pub fn set_node_detail(&mut self, on: bool) {
+        if on != self.node_detail {
+            self.node_detail = on;
+            self.nodes.last_update = 0;
+        }
+    }
+
     /// As [`ClusterView::refresh`]; with `full_jobs` the jobs are loaded in full even if
     /// their update time did not move, to pick up backfill's latest plan (expected
     /// start times, SchedNodes) — e.g. once every few backfill intervals.
     pub fn refresh_with(&mut self, slurm: &Slurm, full_jobs: bool) -> Result<Refresh> {
         let since = |t: i64| if self.loaded { Some(t) } else { None };
         let parts = slurm.load_partitions(since(self.partitions.last_update))?;
-        let nodes = slurm.load_nodes(since(self.nodes.last_update))?;
+        let nodes = slurm.load_nodes_with(since(self.nodes.last_update), self.node_detail)?;
         let nodes_changed = matches!(nodes, Loaded::Changed(_));
         let jobs_since = if full_jobs || nodes_changed {
             None

@@ -30,6 +30,9 @@ pub struct Policy {
     /// Where bftrainerd's satellite jobs go: one PriorityTier below `partition`, so
     /// that Slurm preempts satellites before core jobs. Default: `partition`.
     pub satellite_partition: String,
+    /// `[gpu_lending] satellite_partition` when GPU lending is on: bftrainerd's GPU
+    /// satellites go there, one GPU each, sharing their node (not exclusive).
+    pub gpu_satellite_partition: Option<String>,
     /// Further partitions a user may pick with `-p` for an elastic job.
     pub allowed_partitions: Vec<String>,
     /// Upper limit on MAX (and fill-in for an open MAX); `None`: no limit.
@@ -79,7 +82,12 @@ impl Policy {
 
     /// Partitions that belong to elastic work: the core, satellite and allowed ones.
     pub fn is_elastic_partition(&self, name: &str) -> bool {
-        self.partition_ok(name) || self.satellite_partition == name
+        self.partition_ok(name) || self.satellite_partition == name || self.gpu_satellite(name)
+    }
+
+    /// The GPU satellites' partition (`[gpu_lending]`), when GPU lending is on.
+    pub fn gpu_satellite(&self, name: &str) -> bool {
+        self.gpu_satellite_partition.as_deref() == Some(name)
     }
 
     /// `elastic` or `elastic, gpu-elastic` for messages.
@@ -321,7 +329,9 @@ pub fn parse(
         "scavenger" => PlainJobs::Scavenger,
         _ => PlainJobs::Refuse,
     };
+    let (_, gpu_satellite_partition) = bftrainer_core::config::gpu_lending(&doc, &file)?;
     Ok(Policy {
+        gpu_satellite_partition,
         path: path.to_path_buf(),
         partition,
         satellite_partition,

@@ -258,7 +258,12 @@ fn elastic(pol: &Policy, s: &Submission<'_>, mut spec: ElasticSpec, privileged: 
         None if spec.role == Role::Satellite => pol.satellite_partition.clone(),
         None => pol.partition.clone(),
         // bftrainerd names the satellite partition itself; only it submits satellites.
-        Some(p) if spec.role == Role::Satellite && p == pol.satellite_partition => p,
+        Some(p)
+            if spec.role == Role::Satellite
+                && (p == pol.satellite_partition || pol.gpu_satellite(&p)) =>
+        {
+            p
+        }
         Some(list) => {
             if let Some(bad) = list.split(',').find(|p| !pol.partition_ok(p)) {
                 return Verdict::Reject(format!(
@@ -280,13 +285,15 @@ fn elastic(pol: &Policy, s: &Submission<'_>, mut spec: ElasticSpec, privileged: 
             spec.min
         ), Code::Invalid);
     }
+    // A GPU satellite holds one GPU of a node that regular jobs share.
+    let gpu_satellite = spec.role == Role::Satellite && pol.gpu_satellite(&partition);
     let hold = pol.hold && spec.role == Role::Core;
     let comment = (hold && s.comment.is_none()).then(|| spec::waiting_note(&spec));
     Verdict::Elastic(Box::new(Rewrite {
         partition,
         nodes: spec.min,
         priority: hold.then_some(0),
-        shared: pol.exclusive.then_some(0),
+        shared: (pol.exclusive && !gpu_satellite).then_some(0),
         requeue: spec.role == Role::Core,
         admin_comment: spec.to_tag(),
         comment,
@@ -663,6 +670,41 @@ mod tests {
             ..sub("BFTRAINER_ELASTIC=1:2")
         };
         assert!(rejected(submit(&p, &user)).contains("partition 'elastic-sat' is closed"));
+    }
+
+    #[test]
+    fn gpu_satellites_share_their_nodes() {
+        let p = pol("satellite_partition = \"elastic-sat\"\n[gpu_lending]\npartitions = [\"shared\"]\nsatellite_partition = \"shared-sat\"");
+        let daemon = Submission {
+            uid: 990,
+            partition: Some(b"shared-sat"),
+            ..sub("BFTRAINER_ELASTIC=1:1,role=satellite,parent=5")
+        };
+        let r = rewrite(submit(&p, &daemon));
+        assert_eq!((r.partition.as_str(), r.shared), ("shared-sat", None));
+        // Whole-node satellites stay exclusive.
+        let whole = Submission {
+            partition: Some(b"elastic-sat"),
+            ..daemon.clone()
+        };
+        assert_eq!(rewrite(submit(&p, &whole)).shared, Some(0));
+        // Neither a user's elastic job nor a plain job may go there.
+        let user = Submission {
+            partition: Some(b"shared-sat"),
+            ..sub("BFTRAINER_ELASTIC=1:2")
+        };
+        assert!(rejected(submit(&p, &user)).contains("partition 'shared-sat' is closed"));
+        let plain = Submission {
+            uid: 1000,
+            min_nodes: 1,
+            partition: Some(b"shared-sat"),
+            het_offset: NO_VAL,
+            ..Default::default()
+        };
+        assert!(matches!(submit(&p, &plain), Verdict::Reject(..)));
+        // Without [gpu_lending], the partition is nothing special.
+        let off = pol("satellite_partition = \"elastic-sat\"");
+        assert!(rejected(submit(&off, &daemon)).contains("partition 'shared-sat' is closed"));
     }
 
     #[test]

@@ -105,6 +105,10 @@ pub struct Options {
     /// their own (major 195): opening one the job holds fails with ENXIO (no driver),
     /// one it does not hold with EPERM. Needs `gpus`.
     pub constrain_devices: bool,
+    /// GPU nodes that regular jobs share (`cluster up --shared-gpus`), e.g. "3-4": in
+    /// partitions `shared` (regular jobs, OverSubscribe=NO) and `shared-sat` (GPU
+    /// satellites, a lower PriorityTier, PreemptMode=CANCEL), with a CPU per GPU.
+    pub shared_gpus: Option<String>,
 }
 
 impl Default for Options {
@@ -120,6 +124,7 @@ impl Default for Options {
                 .filter(|v| !v.is_empty()),
             gpus: None,
             constrain_devices: false,
+            shared_gpus: None,
         }
     }
 }
@@ -198,6 +203,9 @@ impl Cluster {
         }
         if opts.constrain_devices {
             cmd.arg("--constrain-devices");
+        }
+        if let Some(g) = &opts.shared_gpus {
+            cmd.arg("--shared-gpus").arg(g);
         }
         let out = run_script(&mut cmd)?;
         if !out.status.success() {

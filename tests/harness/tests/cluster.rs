@@ -686,4 +686,96 @@ fn cluster_refuses_a_bad_gpu_spec_and_says_what_is_allowed() {
         assert!(msg.contains(&format!("--gpus {bad}")), "{bad}: {msg}");
         assert!(msg.contains("allowed:"), "{bad}: {msg}");
     }
+    // Shared GPU nodes: indices of nodes with GPUs, not every node.
+    for (gpus, bad, says) in [
+        ("a100:4", "3", "not within 1..2"),
+        ("a100:4", "x", "bad node range"),
+        ("1=a100:4", "2", "node n2 has no GPUs"),
+        ("a100:4", "1-2", "every node would be shared"),
+    ] {
+        let err = Cluster::start(Options {
+            nodes: 2,
+            gpus: Some(gpus.into()),
+            shared_gpus: Some(bad.into()),
+            name: Some("cluster_expected_bad_shared_gpus".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("--shared-gpus {bad}")) && msg.contains(says),
+            "{bad}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn cluster_with_shared_gpu_nodes_lets_jobs_share_them_and_preempts_gpu_satellites() {
+    // n2's 4 GPUs are shared (`--shared-gpus 2`): partitions shared and shared-sat over
+    // n2 only, not batch; 4 CPUs there. Two jobs share it, each with its own GPUs; a
+    // job of shared asking the GPUs a shared-sat job holds preempts it.
+    let c = Cluster::start(Options {
+        nodes: 2,
+        gpus: Some("a100:4".into()),
+        shared_gpus: Some("2".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let parts = c.run("sinfo", &["-h", "-o", "%P %N"]).unwrap();
+    for want in ["batch* n1", "shared n2", "shared-sat n2"] {
+        assert!(parts.lines().any(|l| l.trim() == want), "{want}: {parts}");
+    }
+    let out = |name: &str| c.work_dir().join(name);
+    let job = |part: &str, name: &str| {
+        let o = out(name);
+        // The work in a step: a preemption's SIGTERM reaches it, and the job ends.
+        let cmd = format!(
+            "echo $CUDA_VISIBLE_DEVICES > {}; srun sleep 300",
+            o.display()
+        );
+        c.sbatch(&[
+            "-p",
+            part,
+            "-w",
+            "n2",
+            "-n1",
+            "--gres=gpu:a100:2",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            &cmd,
+        ])
+        .unwrap()
+    };
+    let read = |name: &str| {
+        bftrainer_testcluster::wait_until(
+            &format!("{name} to write its GPUs"),
+            Duration::from_secs(60),
+            || {
+                Ok(std::fs::read_to_string(out(name))
+                    .ok()
+                    .filter(|t| t.ends_with('\n')))
+            },
+        )
+        .unwrap()
+        .trim()
+        .to_string()
+    };
+    let regular = job("shared", "regular");
+    let sat = job("shared-sat", "sat");
+    let (a, b) = (read("regular"), read("sat"));
+    let mut both = [a.as_str(), b.as_str()];
+    both.sort_unstable();
+    assert_eq!(both, ["0,1", "2,3"], "each job its own GPUs of n2");
+    let claim = job("shared", "claim");
+    c.wait_for_state(claim, &["RUNNING"], Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(read("claim"), b, "the preempted job's GPUs");
+    c.wait_for_state(
+        sat,
+        &["FAILED", "CANCELLED", "PREEMPTED", "COMPLETED"],
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert_eq!(c.job_state(regular).unwrap(), "RUNNING");
 }

@@ -1024,3 +1024,82 @@ fn a_frozen_node_is_dropped_within_the_hang_timeout() {
     );
     check_quick(t);
 }
+
+#[test]
+fn two_agents_of_one_job_on_one_node_each_run_a_worker_on_their_own_gpu() {
+    // GPU-granular lending (docs/admin.md, "GPU nodes") gives a job several satellites
+    // of one GPU on one node: their agents join with the same node name, each with one
+    // GPU in CUDA_VISIBLE_DEVICES (Slurm's binding of its step). Each starts one worker
+    // on its GPU as local rank 0 of 1, and the three form one generation.
+    let Some(m) = munged() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let coord_file = tmp.path().join("coord");
+    let core = Guard(Some(
+        run_local(
+            &m,
+            &logs,
+            &[
+                "--local",
+                "1",
+                "--min-workers",
+                "1",
+                "--coord-file",
+                coord_file.to_str().unwrap(),
+            ],
+            &[("TEST_FINISH_AT", "2"), ("TEST_FINISH_SIZE", "3")],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    ));
+    wait_until("the coordinator's address", &|| {
+        read_coord_file(&coord_file).is_some()
+    });
+    let (addr, job, run) = read_coord_file(&coord_file).unwrap();
+    let agent = |gpu: &str| {
+        Guard(Some(
+            agent_cmd(&m, &addr, &job, &run)
+                .args(["--node-name", "n2"])
+                .env_remove("TEST_DIR")
+                .env("CUDA_VISIBLE_DEVICES", gpu)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        ))
+    };
+    let a = agent("2");
+    let b = agent("3");
+    let out = core.take().wait_with_output().unwrap();
+    let all = text(&out);
+    let wl = worker_logs(&logs);
+    assert_eq!(out.status.code(), Some(0), "{all}\n{wl:?}");
+    for g in [a, b] {
+        let o = g.take().wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "an agent on n2: {}", text(&o));
+    }
+    // The two agents' workers: one each, on its own GPU.
+    let mut seen: Vec<String> = wl
+        .iter()
+        .filter(|(id, _)| id.as_str() != "1.0")
+        .map(|(id, l)| {
+            assert!(l.contains("done"), "{id}: {wl:?}");
+            let start = l.lines().find(|x| x.starts_with("start ")).unwrap_or("");
+            assert!(
+                start.contains("local_rank=0") && start.contains("LOCAL_WORLD_SIZE=1"),
+                "{id}: {start}"
+            );
+            start.to_string()
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(seen.len(), 2, "{wl:?}");
+    assert!(
+        seen[0].contains("cuda=2 ") && seen[1].contains("cuda=3 "),
+        "{seen:?}"
+    );
+    assert!(all.contains("3 workers on 3 nodes"), "{all}");
+}

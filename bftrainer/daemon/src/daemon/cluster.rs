@@ -34,6 +34,9 @@ pub trait Cluster {
     fn expand(&self, expr: &str) -> Vec<String>;
     /// Slurm's priority weights and the fairshare factors and QOS priorities now.
     fn priority_inputs(&mut self) -> Result<(PriorityWeights, FairshareTable)>;
+    /// Whether nodes are read with the GRES they have in use (`Node::gres_used`, which
+    /// GPU lending needs); off by default.
+    fn set_node_detail(&mut self, _on: bool) {}
 }
 
 /// slurmctld through libslurm.
@@ -55,6 +58,9 @@ impl SlurmCluster {
 impl Cluster for SlurmCluster {
     fn refresh(&mut self, full_jobs: bool) -> Result<Refresh> {
         self.view.refresh_with(&self.slurm, full_jobs)
+    }
+    fn set_node_detail(&mut self, on: bool) {
+        self.view.set_node_detail(on);
     }
     fn nodes(&self) -> &[Node] {
         self.view.nodes()

@@ -118,6 +118,11 @@ pub struct Config {
     pub satellite_partition: String,
     pub allowed_partitions: Vec<String>,
     pub profile_dir: Option<PathBuf>,
+    // From [gpu_lending]:
+    /// Regular partitions whose nodes' free GPUs are lent one at a time (empty: off).
+    pub gpu_partitions: Vec<String>,
+    /// Where the GPU satellites go (set when `gpu_partitions` is not empty).
+    pub gpu_satellite_partition: Option<String>,
 }
 
 impl Config {
@@ -135,6 +140,11 @@ impl Config {
     /// Core jobs may live in these.
     pub fn core_partition_ok(&self, p: &str) -> bool {
         p == self.partition || self.allowed_partitions.iter().any(|a| a == p)
+    }
+
+    /// Satellites bftrainerd wrote live in one of these: whole nodes' and GPUs'.
+    pub fn satellite_partition_ok(&self, p: &str) -> bool {
+        p == self.satellite_partition || self.gpu_satellite_partition.as_deref() == Some(p)
     }
 }
 
@@ -170,6 +180,55 @@ pub fn check_partitions(cfg: &Config, parts: &[bftrainer_slurm::Partition]) -> R
             core.name,
             core.priority_tier
         ));
+    }
+    check_gpu_partitions(cfg, parts)
+}
+
+/// `[gpu_lending]` against slurmctld's partitions: each lending partition and the GPU
+/// satellites' exist; the satellites' partition has every node of the lending ones and
+/// a PriorityTier below each (else a regular job would not preempt a GPU satellite);
+/// no lending partition is an elastic one (those nodes are lent whole).
+fn check_gpu_partitions(cfg: &Config, parts: &[bftrainer_slurm::Partition]) -> Result<(), String> {
+    let Some(sat_name) = cfg.gpu_satellite_partition.as_deref() else {
+        return Ok(());
+    };
+    let file = cfg.path.display();
+    let find = |name: &str| parts.iter().find(|p| p.name == name);
+    let known = || {
+        let mut v: Vec<&str> = parts.iter().map(|p| p.name.as_str()).collect();
+        v.sort_unstable();
+        v.join(", ")
+    };
+    let sat = find(sat_name).ok_or_else(|| {
+        format!(
+            "{file}: [gpu_lending] satellite_partition: slurmctld has no partition '{sat_name}'; it has: {}",
+            known()
+        )
+    })?;
+    let elastic = cfg.elastic_partitions();
+    for name in &cfg.gpu_partitions {
+        let p = find(name).ok_or_else(|| {
+            format!(
+                "{file}: [gpu_lending] partitions: slurmctld has no partition '{name}'; it has: {}",
+                known()
+            )
+        })?;
+        if elastic.contains(&name.as_str()) {
+            return Err(format!(
+                "{file}: [gpu_lending] partitions: '{name}' is one of the elastic partitions, whose nodes are lent whole; name the regular partitions whose nodes jobs share"
+            ));
+        }
+        if sat.priority_tier >= p.priority_tier {
+            return Err(format!(
+                "{file}: [gpu_lending] satellite_partition '{sat_name}' has PriorityTier={} but the lending partition '{name}' has {}: the GPU satellites' partition must be a lower tier, so that regular jobs there preempt them",
+                sat.priority_tier, p.priority_tier
+            ));
+        }
+        if let Some(n) = p.node_names.iter().find(|n| !sat.node_names.contains(n)) {
+            return Err(format!(
+                "{file}: [gpu_lending] satellite_partition '{sat_name}' lacks node {n} of the lending partition '{name}'; give it the same nodes"
+            ));
+        }
     }
     Ok(())
 }
@@ -290,7 +349,11 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
             ));
         }
     }
+    let (gpu_partitions, gpu_satellite_partition) =
+        bftrainer_core::config::gpu_lending(&doc, &file)?;
     Ok(Config {
+        gpu_partitions,
+        gpu_satellite_partition,
         path: path.to_path_buf(),
         poll_interval: Duration::from_secs_f64(poll),
         socket: match d.opt_string("socket")? {
@@ -511,6 +574,134 @@ mod tests {
         // One partition for both: no tier to compare.
         let one = p("[policy]\npartition = \"elastic\"\n").unwrap();
         check_partitions(&one, &[part("elastic", 1)]).unwrap();
+    }
+
+    #[test]
+    fn the_example_config_parses_with_gpu_lending_off() {
+        let text = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../conf/bftrainer.toml"
+        ));
+        let c = p(text).unwrap();
+        assert!(c.gpu_partitions.is_empty() && c.gpu_satellite_partition.is_none());
+        // Turned on as its comments say.
+        let on = text
+            .replace("\npartitions = []\n", "\npartitions = [\"shared\"]\n")
+            .replace(
+                "#satellite_partition = \"shared-sat\"",
+                "satellite_partition = \"shared-sat\"",
+            );
+        let c = p(&on).unwrap();
+        assert_eq!(c.gpu_partitions, ["shared"]);
+        assert_eq!(c.gpu_satellite_partition.as_deref(), Some("shared-sat"));
+        assert!(c.allowed_partitions.is_empty());
+    }
+
+    #[test]
+    fn gpu_lending_keys_and_partitions() {
+        let part = |name: &str, tier: u16, nodes: &[&str]| bftrainer_slurm::Partition {
+            name: name.into(),
+            nodes: None,
+            node_names: nodes.iter().map(|n| n.to_string()).collect(),
+            priority_tier: tier,
+            priority_job_factor: 1,
+            preempt_mode: 0,
+            grace_time_s: 0,
+            max_time: None,
+            default_time: None,
+            total_cpus: 0,
+            total_nodes: 0,
+            up: true,
+            is_default: false,
+        };
+        // Off by default, and a satellite partition alone turns nothing on.
+        let c = p("[policy]\nsatellite_partition = \"elastic-sat\"\n").unwrap();
+        assert!(c.gpu_partitions.is_empty() && c.gpu_satellite_partition.is_none());
+        let c = p("[gpu_lending]\nsatellite_partition = \"shared-sat\"\n").unwrap();
+        assert!(c.gpu_satellite_partition.is_none());
+        let text = "[policy]\nsatellite_partition = \"elastic-sat\"\n[gpu_lending]\npartitions = [\"shared\"]\nsatellite_partition = \"shared-sat\"\n";
+        let c = p(text).unwrap();
+        assert_eq!(c.gpu_partitions, ["shared"]);
+        assert_eq!(c.gpu_satellite_partition.as_deref(), Some("shared-sat"));
+        assert!(c.satellite_partition_ok("shared-sat") && c.satellite_partition_ok("elastic-sat"));
+        assert!(!c.satellite_partition_ok("shared"));
+        // Bad keys and values, each named.
+        for (bad, says) in [
+            (
+                "[gpu_lending]\npartitions = [\"shared\"]\n",
+                "[gpu_lending] satellite_partition: is missing",
+            ),
+            (
+                "[gpu_lending]\npartitions = [\"a b\"]\nsatellite_partition = \"s\"\n",
+                "[gpu_lending] partitions: 'a b' is not a partition name",
+            ),
+            (
+                "[gpu_lending]\npartitions = [\"s\"]\nsatellite_partition = \"s\"\n",
+                "'s' is also in [gpu_lending] partitions",
+            ),
+            (
+                "[gpu_lending]\npartitions = \"shared\"\n",
+                "[gpu_lending] partitions",
+            ),
+            (
+                "[gpu_lending]\npartition = [\"shared\"]\n",
+                "[gpu_lending] partition: unknown key",
+            ),
+        ] {
+            let e = p(bad).unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+        let nodes = ["n3", "n4"];
+        let good = [
+            part("batch", 10, &["n1", "n2"]),
+            part("elastic", 2, &["n1", "n2"]),
+            part("elastic-sat", 1, &["n1", "n2"]),
+            part("shared", 10, &nodes),
+            part("shared-sat", 1, &nodes),
+        ];
+        check_partitions(&c, &good).unwrap();
+        let mut v = good.to_vec();
+        v[4] = part("shared-sat", 10, &nodes);
+        let e = check_partitions(&c, &v).unwrap_err();
+        assert!(
+            e.contains(
+                "'shared-sat' has PriorityTier=10 but the lending partition 'shared' has 10"
+            ),
+            "{e}"
+        );
+        v[4] = part("shared-sat", 1, &["n3"]);
+        let e = check_partitions(&c, &v).unwrap_err();
+        assert!(
+            e.contains("'shared-sat' lacks node n4 of the lending partition 'shared'"),
+            "{e}"
+        );
+        let e = check_partitions(&c, &good[..4]).unwrap_err();
+        assert!(
+            e.contains(
+                "[gpu_lending] satellite_partition: slurmctld has no partition 'shared-sat'"
+            ),
+            "{e}"
+        );
+        let e = check_partitions(
+            &c,
+            &[
+                good[0].clone(),
+                good[1].clone(),
+                good[2].clone(),
+                good[4].clone(),
+            ],
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("[gpu_lending] partitions: slurmctld has no partition 'shared'"),
+            "{e}"
+        );
+        let el = p("[policy]\nsatellite_partition = \"elastic-sat\"\n[gpu_lending]\npartitions = [\"elastic\"]\nsatellite_partition = \"shared-sat\"\n").unwrap();
+        let e = check_partitions(&el, &good).unwrap_err();
+        assert!(
+            e.contains("'elastic' is one of the elastic partitions"),
+            "{e}"
+        );
     }
 
     #[test]

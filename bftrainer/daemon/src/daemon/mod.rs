@@ -22,6 +22,7 @@ pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod gen;
+mod gpulend;
 pub mod journal;
 pub mod metrics;
 mod observe;
@@ -72,6 +73,8 @@ struct NodeRec {
     why: Why,
     /// Its features, GRES and memory as last compared with the engine's (`placement`).
     seen_attrs: Option<(Vec<String>, Option<String>, u64)>,
+    /// A GPU slot (`host/gpuK`, `gpulend`), not a whole node.
+    gpu_slot: bool,
 }
 
 /// Why a node is or is not open to elastic jobs, as the last observation decided.
@@ -171,6 +174,8 @@ struct SatMemo {
     ending: bool,
     preempted: bool,
     done: bool,
+    /// The GPU slot a GPU satellite stands for (`gpulend`).
+    slot: Option<NodeId>,
 }
 
 /// Counters since start.
@@ -383,6 +388,7 @@ impl<C: Cluster> Daemon<C> {
             #[cfg(test)]
             still_clock: false,
         };
+        d.cluster.set_node_detail(!d.cfg.gpu_partitions.is_empty());
         d.restore(records);
         Ok(d)
     }
@@ -411,6 +417,7 @@ impl<C: Cluster> Daemon<C> {
                     class: Class::Claimed,
                     why: Why::RegularJob,
                     seen_attrs: None,
+                    gpu_slot: bftrainer_core::placement::gpu_slot_index(name).is_some(),
                 });
             }
             Event::NodeIdle { node, reclaim_at } => {
@@ -456,6 +463,7 @@ impl<C: Cluster> Daemon<C> {
         self.engine.set_config(cfg.engine.clone());
         self.engine.allocator_mut().opts = bftrainer_core::alloc::Options::new(cfg.objective);
         let state_dir = self.cfg.state_dir.clone();
+        self.cluster.set_node_detail(!cfg.gpu_partitions.is_empty());
         self.cfg = cfg;
         self.cfg.state_dir = state_dir;
         log::info!("reloaded {}", self.cfg.path.display());

@@ -203,6 +203,7 @@ impl<C: Cluster> Daemon<C> {
             .sync(self.cluster.nodes(), &self.node_ids, &parts);
         let mut scan = self.scan_jobs(now);
         self.observe_nodes(&scan, now);
+        self.observe_gpu_slots(&scan.sats, now);
         self.observe_cores(&scan, &parts, now);
         let copies = std::mem::take(&mut scan.jobs);
         self.observe_satellites(scan, now);
@@ -295,7 +296,9 @@ impl<C: Cluster> Daemon<C> {
                 }
                 Tag::Satellite { parent, as_written } => {
                     let consistent = as_written
-                        && j.partition.as_deref() == Some(self.cfg.satellite_partition.as_str())
+                        && j.partition
+                            .as_deref()
+                            .is_some_and(|p| self.cfg.satellite_partition_ok(p))
                         && uid_of.get(&parent).map_or(true, |&u| u == j.user_id)
                         && self.cores.get(&parent).map_or(true, |c| c.uid == j.user_id);
                     // One of ours that its owner changed since (renamed, moved to
@@ -589,8 +592,9 @@ impl<C: Cluster> Daemon<C> {
                 }
             }
         }
+        // (GPU slots are `observe_gpu_slots`' to class.)
         let vanished: Vec<NodeId> = (0..self.nodes.len() as NodeId)
-            .filter(|&id| !listed[id as usize])
+            .filter(|&id| !listed[id as usize] && !self.nodes[id as usize].gpu_slot)
             .collect();
         for id in vanished {
             if self.nodes[id as usize].class != Class::Lost {
@@ -778,10 +782,15 @@ impl<C: Cluster> Daemon<C> {
         let started = *self.started_at.get_or_insert(now);
         let old: Vec<bool> = {
             let jobs = self.cluster.jobs();
-            let mut newest: FxHashMap<(u32, &str), u32> = FxHashMap::default();
+            // By node, and by GPU slot on a node lent by GPU (`gpulend`): several
+            // satellites of one job share such a node.
+            let slot = |id: u32| self.sats.get(&id).and_then(|m| m.slot);
+            let mut newest: FxHashMap<(u32, &str, Option<NodeId>), u32> = FxHashMap::default();
             for &(i, parent) in &sats {
                 let j = &jobs[i];
-                let e = newest.entry((parent, sat_node(j))).or_insert(j.job_id);
+                let e = newest
+                    .entry((parent, sat_node(j), slot(j.job_id)))
+                    .or_insert(j.job_id);
                 *e = (*e).max(j.job_id);
             }
             sats.iter()
@@ -789,7 +798,7 @@ impl<C: Cluster> Daemon<C> {
                     let j = &jobs[i];
                     !j.state.is_active()
                         && (newest
-                            .get(&(parent, sat_node(j)))
+                            .get(&(parent, sat_node(j), slot(j.job_id)))
                             .is_some_and(|&n| n > j.job_id)
                             || j.end_time.is_some_and(|e| (e as f64) < started.floor()))
                 })
@@ -837,7 +846,11 @@ impl<C: Cluster> Daemon<C> {
             .tres_per_node
             .as_deref()
             .and_then(bftrainer_slurm::gpus_per_node);
-        if constraint.is_none() && mem.is_none() && gpus.is_none() {
+        // With GPU lending, idle GPU slots are no place for a core (it holds whole
+        // nodes of its partition): a job waits until MIN whole nodes serve it, whatever
+        // it asks.
+        let gpu_lending = !self.cfg.gpu_partitions.is_empty();
+        if constraint.is_none() && mem.is_none() && gpus.is_none() && !gpu_lending {
             return None;
         }
         let min = match j.admin_comment.as_deref().and_then(spec::parse_tag) {
@@ -884,6 +897,11 @@ impl<C: Cluster> Daemon<C> {
                 Some(t) => format!("{count} GPUs of type {t} per node"),
                 None => format!("{count} GPUs per node"),
             });
+        }
+        if asks.is_empty() {
+            return Some(format!(
+                "{fit} whole nodes bftrainerd may lend are idle and its core needs {min} (GPU slots of shared nodes serve only its growth); it waits for such nodes"
+            ));
         }
         Some(format!(
             "it asks {} and {fit} of the idle nodes bftrainerd may lend meet that (it needs at least {min}); it waits for such nodes",

@@ -53,7 +53,7 @@ impl<C: Cluster> Daemon<C> {
             let jobs = self.cluster.jobs();
             for &(i, parent) in &sat_refs {
                 let node = observe::sat_node(&jobs[i]).to_string();
-                let n = self.node_ids.get(&node).copied();
+                let n = self.satellite_node(jobs[i].job_id, &node);
                 sats.entry(parent).or_default().push((i, node, n));
             }
         }
@@ -162,6 +162,25 @@ impl<C: Cluster> Daemon<C> {
         } else {
             anchors
         };
+        if j.state.base() == JobBase::Pending && pin.iter().any(|&n| self.is_gpu_slot(n)) {
+            // A core job holds whole nodes of its own partition, never a GPU slot of a
+            // shared node: the slots the engine made its core go back, and the engine
+            // takes the core from the job's other nodes (or waits for whole ones).
+            let slots: Vec<NodeId> = pin
+                .iter()
+                .copied()
+                .filter(|&n| self.is_gpu_slot(n))
+                .collect();
+            let jid = core.jid;
+            log::info!(
+                "elastic job {id}: its core cannot be GPU slots ({}); giving them back",
+                self.names(&slots)
+            );
+            for n in slots {
+                self.emit(Event::WorkerLeft { job: jid, node: n });
+            }
+            return 0;
+        }
         if j.state.base() == JobBase::Pending {
             // Host expressions are built only for a waiting core (most are running).
             let pin_names = self.names(pin);

@@ -7,7 +7,7 @@ use super::*;
 impl<C: Cluster> Daemon<C> {
     pub(super) fn observe_satellite(&mut self, j: &observe::SatJob, parent: u32, now: f64) {
         let node_name = &j.node;
-        let node = self.node_ids.get(node_name).copied();
+        let node = self.satellite_node(j.job_id, node_name);
         let jid = self.cores.get(&parent).map(|c| c.jid);
         let memo = self.sats.entry(j.job_id).or_default();
         memo.parent = parent;
@@ -367,7 +367,7 @@ impl<C: Cluster> Daemon<C> {
              exit $rc\n"
         );
         let tag_spec = format!("1:1,role=satellite,parent={parent}");
-        let job = BatchJob {
+        let mut job = BatchJob {
             script,
             name: Some(satellite_name(parent)),
             partition: Some(self.cfg.satellite_partition.clone()),
@@ -407,6 +407,11 @@ impl<C: Cluster> Daemon<C> {
             cpus_per_task: core_job.cpus_per_task,
             ..Default::default()
         };
+        let slot = self.is_gpu_slot(n);
+        if slot {
+            // One GPU of a node regular jobs share (`gpulend`).
+            self.gpu_satellite_shape(node, core_job, &mut job);
+        }
         match self.cluster.submit(&job) {
             Ok(sid) => {
                 self.stats.grows += 1;
@@ -414,7 +419,8 @@ impl<C: Cluster> Daemon<C> {
                     sid,
                     SatMemo {
                         parent,
-                        node: node.to_string(),
+                        node: job.node_list.clone().unwrap_or_default(),
+                        slot: slot.then_some(n),
                         ..Default::default()
                     },
                 );
