@@ -24,6 +24,10 @@ pub struct NodeAttrs {
     /// Real memory in MB (0: unknown, serves any memory request).
     #[serde(default)]
     pub mem_mb: u64,
+    /// One GPU of a node lent GPU by GPU (`host/gpuK`): it serves only jobs that ask
+    /// for GPUs (a job asking none would hold a GPU it does not use).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gpu_slot: bool,
 }
 
 impl NodeAttrs {
@@ -80,6 +84,9 @@ impl Compiled {
     /// Whether a node with `attrs` serves the job; a node of unknown attributes does.
     pub fn served_by(&self, attrs: Option<&NodeAttrs>) -> bool {
         let Some(a) = attrs else { return true };
+        if a.gpu_slot && self.gpus.is_none() {
+            return false;
+        }
         if let Some(c) = &self.constraint {
             if !c.matches(&a.features) {
                 return false;
@@ -134,6 +141,7 @@ mod tests {
                 })
                 .collect(),
             mem_mb: mem,
+            gpu_slot: false,
         }
     }
 
@@ -179,6 +187,30 @@ mod tests {
             ..Default::default()
         };
         let _ = odd.compile().served_by(Some(&cpu));
+    }
+
+    #[test]
+    fn a_gpu_slot_serves_only_jobs_asking_gpus() {
+        let slot = NodeAttrs {
+            gpu_slot: true,
+            ..node(&["ib"], &[(Some("a100"), 1)], 0)
+        };
+        let one = |typ: Option<&str>, count| Needs {
+            gpus: Some(Gpus {
+                typ: typ.map(str::to_string),
+                count,
+            }),
+            ..Default::default()
+        };
+        assert!(one(Some("a100"), 1).compile().served_by(Some(&slot)));
+        assert!(one(None, 1).compile().served_by(Some(&slot)));
+        assert!(!one(None, 2).compile().served_by(Some(&slot)), "2 per node");
+        let cpu_only = Needs {
+            constraint: Some("ib".into()),
+            ..Default::default()
+        };
+        assert!(!cpu_only.compile().served_by(Some(&slot)));
+        assert!(!Needs::default().compile().served_by(Some(&slot)));
     }
 
     #[test]

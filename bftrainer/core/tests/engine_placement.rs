@@ -17,6 +17,7 @@ fn gpu_node(typ: &str, count: u32) -> NodeAttrs {
             count,
         }],
         mem_mb: 1000,
+        gpu_slot: false,
     }
 }
 
@@ -25,6 +26,7 @@ fn cpu_node() -> NodeAttrs {
         features: vec!["cpu".into()],
         gpus: Vec::new(),
         mem_mb: 1000,
+        gpu_slot: false,
     }
 }
 
@@ -242,4 +244,66 @@ fn gpu_slot_units_of_one_host_go_to_one_job() {
     .unwrap();
     let acts = w.on_event(&Event::Tick, 0.0).unwrap();
     assert_eq!(nodes_of(&acts, 0), vec![0, 1], "{acts:?}");
+}
+
+#[test]
+fn gpu_slots_go_only_to_jobs_asking_gpus() {
+    // Two whole CPU nodes (0, 1) and host g's two GPU slots (2, 3), marked as slots. A
+    // job asking no GPU (1 to 4 nodes) gets the two whole nodes only: a slot would hold a
+    // GPU it does not use. A job asking one a100 per node then gets the two slots.
+    let mut e = Engine::new(EngineConfig::default(), Exact::default());
+    engine_common::idle_nodes(&mut e, 2);
+    for (n, k) in [(2u32, 0u32), (3, 1)] {
+        e.on_event(
+            &Event::NodeAdded {
+                node: n,
+                name: bftrainer_core::placement::gpu_slot_name("g", k),
+            },
+            0.0,
+        )
+        .unwrap();
+        engine_common::idle(&mut e, n, 0.0);
+    }
+    let slot = NodeAttrs {
+        gpu_slot: true,
+        ..gpu_node("a100", 1)
+    };
+    for n in [2, 3] {
+        e.on_event(
+            &Event::NodeAttrs {
+                node: n,
+                attrs: slot.clone(),
+            },
+            0.0,
+        )
+        .unwrap();
+    }
+    e.on_event(
+        &Event::JobSubmitted {
+            job: 0,
+            spec: spec("cpu", 1, 4, 10.0),
+        },
+        0.0,
+    )
+    .unwrap();
+    let acts = e.on_event(&Event::Tick, 0.0).unwrap();
+    assert_eq!(nodes_of(&acts, 0), vec![0, 1], "{acts:?}");
+    e.on_event(
+        &Event::JobSubmitted {
+            job: 1,
+            spec: spec("gpu", 1, 4, 10.0),
+        },
+        1.0,
+    )
+    .unwrap();
+    e.on_event(
+        &Event::JobNeeds {
+            job: 1,
+            needs: a100s(1),
+        },
+        1.0,
+    )
+    .unwrap();
+    let acts = e.on_event(&Event::Tick, 1.0).unwrap();
+    assert_eq!(nodes_of(&acts, 1), vec![2, 3], "{acts:?}");
 }

@@ -286,14 +286,7 @@ mod tests {
         // host 7 (not three) plus the rate of its three slots for the rest of the window.
         let job = JobInput {
             current: vec![0, 1, 2, 3],
-            ..JobInput::new(
-                "a",
-                1,
-                6,
-                2.0,
-                3.0,
-                Curve::new(vec![(1, 10.0), (6, 60.0)]),
-            )
+            ..JobInput::new("a", 1, 6, 2.0, 3.0, Curve::new(vec![(1, 10.0), (6, 60.0)]))
         };
         let (a, b) = reclaim_coeffs(&job);
         assert!(a > 0.0 && b > 0.0);

@@ -1271,12 +1271,13 @@ impl<A: Allocator> Engine<A> {
         if self.deciding.is_empty() {
             return Ok(self.requeue_jobs(&evict, now));
         }
+        let slots = self.view_has_gpu_slots();
         for (k, &j) in self.deciding.iter().enumerate() {
             // A job with needs is offered no more nodes than serve it (`place` then
             // picks those); fewer than its minimum, and `place` gives it none.
             let serving = match &self.jobs[j as usize].needs {
-                None => u32::MAX,
-                Some(_) => {
+                None if !slots => u32::MAX,
+                _ => {
                     let n = self.view.iter().filter(|&&n| self.serves(n, j)).count() as u32;
                     n.max(self.jobs[j as usize].spec.min_nodes)
                 }
@@ -1524,12 +1525,24 @@ impl<A: Allocator> Engine<A> {
         }
     }
 
-    /// Whether node `n` serves job `j` (its needs against the node's attributes).
+    /// Whether node `n` serves job `j` (its needs against the node's attributes). A job
+    /// without needs is served by every node but GPU slots (`NodeAttrs::gpu_slot`).
     fn serves(&self, n: NodeId, j: JobId) -> bool {
+        let attrs = self.nodes[n as usize].attrs.as_deref();
         match &self.jobs[j as usize].needs {
-            None => true,
-            Some(b) => b.1.served_by(self.nodes[n as usize].attrs.as_deref()),
+            None => !attrs.is_some_and(|a| a.gpu_slot),
+            Some(b) => b.1.served_by(attrs),
         }
+    }
+
+    /// Whether the view holds a GPU slot: then jobs without needs are placed too.
+    fn view_has_gpu_slots(&self) -> bool {
+        self.view.iter().any(|&n| {
+            self.nodes[n as usize]
+                .attrs
+                .as_deref()
+                .is_some_and(|a| a.gpu_slot)
+        })
     }
 
     /// A job is given only nodes that serve it: a new node of a job's set (one it does
@@ -1538,16 +1551,18 @@ impl<A: Allocator> Engine<A> {
     /// not made. Nodes a job holds stay; the allocator's other choices are kept.
     /// Counts only go down, so the answer stays within the contract.
     fn place(&mut self, sets: &mut [Vec<u32>]) {
-        if self
-            .deciding
-            .iter()
-            .all(|&j| self.jobs[j as usize].needs.is_none())
+        let slots = self.view_has_gpu_slots();
+        if !slots
+            && self
+                .deciding
+                .iter()
+                .all(|&j| self.jobs[j as usize].needs.is_none())
         {
             return;
         }
         for (k, set) in sets.iter_mut().enumerate() {
             let j = self.deciding[k];
-            if self.jobs[j as usize].needs.is_none() {
+            if !slots && self.jobs[j as usize].needs.is_none() {
                 continue;
             }
             // Replacements are searched from where the last one was found: nodes before

@@ -171,6 +171,7 @@ impl<C: Cluster> Daemon<C> {
                     count: 1,
                 }],
                 mem_mb: h.mem_mb,
+                gpu_slot: true,
             };
             for &id in &ids {
                 if self.engine.node_attrs(id) != Some(&attrs) {

@@ -20,6 +20,7 @@ pub fn node_attrs(n: &Node) -> NodeAttrs {
             .map(|(typ, count)| Gpus { typ, count })
             .collect(),
         mem_mb: n.real_memory_mb,
+        gpu_slot: false,
     }
 }
 
