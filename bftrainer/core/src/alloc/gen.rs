@@ -118,12 +118,42 @@ pub fn generate(p: &GenParams) -> Instance {
     }
     let mut rng = Rng::new(p.seed ^ 0x5EED);
     let mut inst = inst;
-    if let Ok(sol) = super::solve(&inst, &super::Options::default()) {
+    // One event batch: some nodes taken back by the main scheduler, some newly idle.
+    let n = inst.n_nodes;
+    let (_, next) = settle_and_take(&mut inst, &mut rng);
+    let fresh = (n / 50).max(1);
+    inst.n_nodes = next + fresh;
+    if !inst.reclaim_in_s.is_empty() {
+        for _ in 0..fresh {
+            let r = rng.chance(p.reclaim_share).then(|| rng.unit() * 30.0);
+            inst.reclaim_in_s.push(r);
+        }
+    }
+    // Sometimes a job finished and a queued one arrives.
+    if !inst.jobs.is_empty() && rng.chance(0.5) {
+        let k = rng.below(inst.jobs.len() as u64) as usize;
+        let mut q = p.clone();
+        q.n_jobs = 1;
+        q.seed = p.seed.wrapping_add(0xA11C);
+        q.warm = false;
+        let mut newcomer = generate_cold(&q).jobs.remove(0);
+        newcomer.id = format!("{}-next", inst.jobs[k].id);
+        newcomer.current.clear();
+        inst.jobs[k] = newcomer;
+    }
+    inst
+}
+
+/// The event-driven instances' first half: each job given its optimal set, then 2% of
+/// the units (at least one) taken by the main scheduler and dropped from the instance
+/// (the jobs' sets and reclaim forecasts renumbered). Returns which old units went and
+/// how many stay.
+fn settle_and_take(inst: &mut Instance, rng: &mut Rng) -> (Vec<bool>, u32) {
+    if let Ok(sol) = super::solve(inst, &super::Options::default()) {
         for (job, set) in inst.jobs.iter_mut().zip(sol.jobs) {
             job.current = set;
         }
     }
-    // One event batch: some nodes taken back by the main scheduler, some newly idle.
     let n = inst.n_nodes;
     let lost = (n / 50).max(1).min(n);
     let mut gone = vec![false; n as usize];
@@ -152,27 +182,7 @@ pub fn generate(p: &GenParams) -> Instance {
             .map(|i| inst.reclaim_in_s[i])
             .collect();
     }
-    let fresh = (n / 50).max(1);
-    inst.n_nodes = next + fresh;
-    if !inst.reclaim_in_s.is_empty() {
-        for _ in 0..fresh {
-            let r = rng.chance(p.reclaim_share).then(|| rng.unit() * 30.0);
-            inst.reclaim_in_s.push(r);
-        }
-    }
-    // Sometimes a job finished and a queued one arrives.
-    if !inst.jobs.is_empty() && rng.chance(0.5) {
-        let k = rng.below(inst.jobs.len() as u64) as usize;
-        let mut q = p.clone();
-        q.n_jobs = 1;
-        q.seed = p.seed.wrapping_add(0xA11C);
-        q.warm = false;
-        let mut newcomer = generate_cold(&q).jobs.remove(0);
-        newcomer.id = format!("{}-next", inst.jobs[k].id);
-        newcomer.current.clear();
-        inst.jobs[k] = newcomer;
-    }
-    inst
+    (gone, next)
 }
 
 fn generate_cold(p: &GenParams) -> Instance {
@@ -330,40 +340,9 @@ fn generate_slots(p: &GenParams) -> Instance {
         return inst;
     }
     let mut rng = Rng::new(p.seed ^ 0x5EED);
-    if let Ok(sol) = super::solve(&inst, &super::Options::default()) {
-        for (job, set) in inst.jobs.iter_mut().zip(sol.jobs) {
-            job.current = set;
-        }
-    }
     // Regular jobs take 2% of the GPUs one by one: hosts left partly free.
     let n = inst.n_nodes;
-    let lost = (n / 50).max(1).min(n);
-    let mut gone = vec![false; n as usize];
-    for _ in 0..lost {
-        gone[rng.below(u64::from(n)) as usize] = true;
-    }
-    let mut map = vec![u32::MAX; n as usize];
-    let mut next = 0u32;
-    for i in 0..n as usize {
-        if !gone[i] {
-            map[i] = next;
-            next += 1;
-        }
-    }
-    for job in &mut inst.jobs {
-        job.current = job
-            .current
-            .iter()
-            .filter(|&&i| !gone[i as usize])
-            .map(|&i| map[i as usize])
-            .collect();
-    }
-    if !inst.reclaim_in_s.is_empty() {
-        inst.reclaim_in_s = (0..n as usize)
-            .filter(|&i| !gone[i])
-            .map(|i| inst.reclaim_in_s[i])
-            .collect();
-    }
+    let (gone, next) = settle_and_take(&mut inst, &mut rng);
     inst.host_of = (0..n as usize)
         .filter(|&i| !gone[i])
         .map(|i| inst.host_of[i])
