@@ -537,12 +537,12 @@ mod tests {
         );
     }
 
-    #[test]
-    fn partitions_must_exist_with_satellites_a_tier_below() {
-        let part = |name: &str, tier: u16| bftrainer_slurm::Partition {
+    /// A partition as Slurm reports it, for the start-up checks.
+    fn test_partition(name: &str, tier: u16, nodes: &[&str]) -> bftrainer_slurm::Partition {
+        bftrainer_slurm::Partition {
             name: name.into(),
             nodes: None,
-            node_names: Vec::new(),
+            node_names: nodes.iter().map(|n| n.to_string()).collect(),
             priority_tier: tier,
             priority_job_factor: 1,
             preempt_mode: 0,
@@ -553,7 +553,12 @@ mod tests {
             total_nodes: 0,
             up: true,
             is_default: false,
-        };
+        }
+    }
+
+    #[test]
+    fn partitions_must_exist_with_satellites_a_tier_below() {
+        let part = |name: &str, tier: u16| test_partition(name, tier, &[]);
         let c = p("[policy]\nsatellite_partition = \"elastic-sat\"\n").unwrap();
         let good = [
             part("batch", 10),
@@ -599,21 +604,7 @@ mod tests {
 
     #[test]
     fn gpu_lending_keys_and_partitions() {
-        let part = |name: &str, tier: u16, nodes: &[&str]| bftrainer_slurm::Partition {
-            name: name.into(),
-            nodes: None,
-            node_names: nodes.iter().map(|n| n.to_string()).collect(),
-            priority_tier: tier,
-            priority_job_factor: 1,
-            preempt_mode: 0,
-            grace_time_s: 0,
-            max_time: None,
-            default_time: None,
-            total_cpus: 0,
-            total_nodes: 0,
-            up: true,
-            is_default: false,
-        };
+        let part = test_partition;
         // Off by default, and a satellite partition alone turns nothing on.
         let c = p("[policy]\nsatellite_partition = \"elastic-sat\"\n").unwrap();
         assert!(c.gpu_partitions.is_empty() && c.gpu_satellite_partition.is_none());
