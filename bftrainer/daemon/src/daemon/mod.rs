@@ -257,6 +257,11 @@ pub struct Daemon<C: Cluster> {
     /// (`observe::keep_copy`).
     observe_copies: Vec<Job>,
     reconcile_copies: Vec<Job>,
+    /// The tagged jobs observe found this cycle (their indices in the job table, in
+    /// order) and the table's length then: reconcile reads these instead of passing
+    /// over the whole table again. Taken by reconcile, so never used a cycle late.
+    tagged: Vec<usize>,
+    tagged_of: Option<usize>,
     /// Nodes taken from elastic jobs by preemption, and when: not lent again for
     /// `reclaim_hold_s` unless a regular job shows up there first.
     reclaimed: rustc_hash::FxHashMap<NodeId, f64>,
@@ -287,6 +292,10 @@ pub struct Daemon<C: Cluster> {
     /// that both see the same clock.
     #[cfg(test)]
     still_clock: bool,
+    /// Tests that run two daemons side by side make one of them derive everything
+    /// afresh each cycle: reconcile then passes over the whole job table itself.
+    #[cfg(test)]
+    afresh: bool,
 }
 
 /// A job's measured rate at an unchanged size is journaled at most this often (its
@@ -372,6 +381,8 @@ impl<C: Cluster> Daemon<C> {
             tags: rustc_hash::FxHashMap::default(),
             observe_copies: Vec::new(),
             reconcile_copies: Vec::new(),
+            tagged: Vec::new(),
+            tagged_of: None,
             reclaimed: Default::default(),
             held_after_job: Default::default(),
             started_at: None,
@@ -387,6 +398,8 @@ impl<C: Cluster> Daemon<C> {
             prio: priority::Inputs::default(),
             #[cfg(test)]
             still_clock: false,
+            #[cfg(test)]
+            afresh: false,
         };
         d.cluster.set_node_detail(!d.cfg.gpu_partitions.is_empty());
         d.restore(records);
@@ -1162,11 +1175,12 @@ mod tests {
     #[test]
     fn kept_copies_observe_and_decide_as_copies_made_afresh() {
         // Observe and reconcile keep their copies of the core jobs from one cycle to
-        // the next and copy a record again only where the snapshot's differs. Two
-        // daemons on the same cluster and the same changes between polls, one that
-        // keeps its copies and one that drops them before every cycle (copies made
-        // afresh, as every cycle did before): the same journal, calls, counters and
-        // cluster, cycle by cycle.
+        // the next and copy a record again only where the snapshot's differs, and
+        // reconcile reads the tagged jobs observe found instead of the whole job table.
+        // Two daemons on the same cluster and the same changes between polls, one that
+        // keeps what it can and one that drops its copies before every cycle and passes
+        // over the job table in reconcile (everything made afresh, as every cycle did
+        // before): the same journal, calls, counters and cluster, cycle by cycle.
         use rand::SeedableRng;
         let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
         let mut ds: Vec<Daemon<gen::GenCluster>> = dirs
@@ -1180,6 +1194,7 @@ mod tests {
                 d
             })
             .collect();
+        ds[1].afresh = true;
         let mut rngs = [
             rand_chacha::ChaCha8Rng::seed_from_u64(11),
             rand_chacha::ChaCha8Rng::seed_from_u64(11),

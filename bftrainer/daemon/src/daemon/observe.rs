@@ -226,7 +226,8 @@ impl<C: Cluster> Daemon<C> {
         let mut plans: Vec<Arc<[u32]>> = Vec::new();
         // One pass over the snapshot without copying it: of the tagged jobs the index
         // is kept, of the others what they hold or are planned onto.
-        let mut tagged: Vec<usize> = Vec::new();
+        let mut tagged: Vec<usize> = std::mem::take(&mut self.tagged);
+        tagged.clear();
         let jobs = self.cluster.jobs();
         let mut last_part: Option<&str> = None;
         for (i, j) in jobs.iter().enumerate() {
@@ -236,8 +237,10 @@ impl<C: Cluster> Daemon<C> {
                 if let Some(e) = &j.nodes {
                     for &s in self.slots.expand(e, &self.cluster, &self.node_ids).iter() {
                         // A regular job is there: a hold after a preemption has served.
-                        if let Some(id) = self.slots.engine(s) {
-                            self.reclaimed.remove(&id);
+                        if !self.reclaimed.is_empty() {
+                            if let Some(id) = self.slots.engine(s) {
+                                self.reclaimed.remove(&id);
+                            }
                         }
                         foreign_busy.set(s);
                     }
@@ -380,6 +383,9 @@ impl<C: Cluster> Daemon<C> {
         if self.tags.len() > 2 * tagged.len() + 1024 {
             self.tags.retain(|_, m| m.seen == seen);
         }
+        // For reconcile, this cycle.
+        self.tagged_of = Some(jobs.len());
+        self.tagged = tagged;
         for (i, why) in refusals {
             let j = &self.cluster.jobs()[i];
             if !self.refused.contains(&j.job_id) {
@@ -489,12 +495,14 @@ impl<C: Cluster> Daemon<C> {
             let uncertain =
                 st.is_not_responding() || st.base() == bftrainer_slurm::NodeBase::Unknown;
             let node_id = self.slots.engine(s);
+            // (Most cycles hold no node: no lookup per node then.)
             let reclaimed = node_id
+                .filter(|_| !self.reclaimed.is_empty())
                 .and_then(|id| self.reclaimed.get(&id))
                 .is_some_and(|&t| now - t < self.cfg.reclaim_hold_s);
             let ours = our_nodes.get(s);
             let busy = foreign_busy.get(s) || ours || st.base() != bftrainer_slurm::NodeBase::Idle;
-            if busy {
+            if busy && !self.held_after_job.is_empty() {
                 if let Some(id) = node_id {
                     self.held_after_job.remove(&id);
                 }

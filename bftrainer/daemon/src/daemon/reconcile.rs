@@ -18,7 +18,22 @@ impl<C: Cluster> Daemon<C> {
         let mut core_jobs: Vec<Job> = std::mem::take(&mut self.reconcile_copies);
         let mut n_cores = 0usize;
         let mut sat_refs: Vec<(usize, u32)> = Vec::new();
-        for (i, j) in self.cluster.jobs().iter().enumerate() {
+        // The tagged jobs observe found this cycle, where the table is the one it
+        // scanned (no call since added or removed a job); else a pass over the table.
+        let tagged = std::mem::take(&mut self.tagged);
+        let scanned = self.tagged_of.take();
+        #[cfg(test)]
+        let scanned = scanned.filter(|_| !self.afresh);
+        let jobs = self.cluster.jobs();
+        let all: Vec<usize>;
+        let candidates: &[usize] = if scanned == Some(jobs.len()) {
+            &tagged
+        } else {
+            all = (0..jobs.len()).collect();
+            &all
+        };
+        for &i in candidates {
+            let j = &jobs[i];
             if !(j.state.is_active()
                 && j.admin_comment.as_deref().is_some_and(spec::looks_like_tag))
             {
@@ -35,6 +50,7 @@ impl<C: Cluster> Daemon<C> {
             }
         }
         core_jobs.truncate(n_cores);
+        self.tagged = tagged;
         // The last copy of an id wins, as a map built from the job table in order does.
         let by_id: FxHashMap<u32, usize> = core_jobs
             .iter()
@@ -47,14 +63,14 @@ impl<C: Cluster> Daemon<C> {
             .iter()
             .map(|p| (p.name.clone(), f64::from(p.grace_time_s)))
             .collect();
-        // Active satellites per parent: (index in the snapshot, node name, engine node).
-        let mut sats: FxHashMap<u32, Vec<(usize, String, Option<NodeId>)>> = FxHashMap::default();
+        // Active satellites per parent: (index in the snapshot, engine node). Their node
+        // names are read in the snapshot where needed (no call changes a satellite's).
+        let mut sats: FxHashMap<u32, Vec<(usize, Option<NodeId>)>> = FxHashMap::default();
         {
             let jobs = self.cluster.jobs();
             for &(i, parent) in &sat_refs {
-                let node = observe::sat_node(&jobs[i]).to_string();
-                let n = self.satellite_node(jobs[i].job_id, &node);
-                sats.entry(parent).or_default().push((i, node, n));
+                let n = self.satellite_node(jobs[i].job_id, observe::sat_node(&jobs[i]));
+                sats.entry(parent).or_default().push((i, n));
             }
         }
         let core_ids: Vec<u32> = self.cores.keys().copied().collect();
@@ -88,20 +104,23 @@ impl<C: Cluster> Daemon<C> {
             // engine node (a wanted satellite's node is one the engine knows).
             let mine = sats.remove(&id).unwrap_or_default();
             have.clear();
-            for (i, node, n) in mine {
+            for (i, n) in mine {
                 let sid = self.cluster.jobs()[i].job_id;
                 let wanted = n.is_some_and(|n| want.contains(&n) && !anchors.contains(&n));
                 let memo_ending = self.sats.get(&sid).is_some_and(|m| m.ending);
                 if let (true, false, Some(n)) = (wanted, memo_ending, n) {
                     if let Some(&first) = have.get(&n) {
-                        log::warn!("satellite {sid} duplicates {first} on {node}; cancelling it");
+                        log::warn!(
+                            "satellite {sid} duplicates {first} on {}; cancelling it",
+                            observe::sat_node(&self.cluster.jobs()[i])
+                        );
                     } else {
                         have.insert(n, sid);
                         continue;
                     }
                 }
                 let s = self.cluster.jobs()[i].clone();
-                calls += self.end_satellite(&s, id, &node, &grace, now);
+                calls += self.end_satellite(&s, id, observe::sat_node(&s), &grace, now);
             }
             if !core_running {
                 continue;
@@ -127,15 +146,16 @@ impl<C: Cluster> Daemon<C> {
         let mut rest: Vec<_> = sats.into_iter().collect();
         rest.sort_unstable_by_key(|&(parent, _)| parent);
         for (parent, list) in rest {
-            for (i, node, _) in list {
+            for (i, _) in list {
                 let s = self.cluster.jobs()[i].clone();
+                let node = observe::sat_node(&s);
                 if self.sats.get(&s.job_id).is_some_and(|m| !m.ending) {
                     log::info!(
                         "satellite {} on {node}: its parent job {parent} is gone",
                         s.job_id
                     );
                 }
-                calls += self.end_satellite(&s, parent, &node, &grace, now);
+                calls += self.end_satellite(&s, parent, node, &grace, now);
             }
         }
         self.reconcile_copies = core_jobs;
