@@ -32,6 +32,7 @@ mod reconcile;
 mod recovery;
 pub mod run;
 mod satellites;
+mod scan;
 mod slots;
 mod status;
 pub mod view;
@@ -257,10 +258,14 @@ pub struct Daemon<C: Cluster> {
     /// (`observe::keep_copy`).
     observe_copies: Vec<Job>,
     reconcile_copies: Vec<Job>,
-    /// The tagged jobs observe found this cycle (their indices in the job table, in
-    /// order) and the table's length then: reconcile reads these instead of passing
-    /// over the whole table again. Taken by reconcile, so never used a cycle late.
-    tagged: Vec<usize>,
+    /// What the job table says of regular jobs, and where the tagged jobs are
+    /// (`scan`), kept while no table changes.
+    regular: Option<scan::Regular>,
+    /// The last refresh reloaded a table (jobs, nodes or partitions).
+    tables_reloaded: bool,
+    /// The length of the job table observe scanned this cycle: reconcile then reads
+    /// the tagged jobs it found (`regular`) instead of passing over the whole table
+    /// again. Taken by reconcile, so never used a cycle late.
     tagged_of: Option<usize>,
     /// Nodes taken from elastic jobs by preemption, and when: not lent again for
     /// `reclaim_hold_s` unless a regular job shows up there first.
@@ -293,7 +298,8 @@ pub struct Daemon<C: Cluster> {
     #[cfg(test)]
     still_clock: bool,
     /// Tests that run two daemons side by side make one of them derive everything
-    /// afresh each cycle: reconcile then passes over the whole job table itself.
+    /// afresh each cycle: observe scans the whole job table every cycle, and reconcile
+    /// passes over it again itself.
     #[cfg(test)]
     afresh: bool,
 }
@@ -381,7 +387,8 @@ impl<C: Cluster> Daemon<C> {
             tags: rustc_hash::FxHashMap::default(),
             observe_copies: Vec::new(),
             reconcile_copies: Vec::new(),
-            tagged: Vec::new(),
+            regular: None,
+            tables_reloaded: true,
             tagged_of: None,
             reclaimed: Default::default(),
             held_after_job: Default::default(),
@@ -626,6 +633,7 @@ impl<C: Cluster> Daemon<C> {
                     self.last_full = now;
                 }
                 rep.changed = r.any();
+                self.tables_reloaded = r.any();
             }
         }
         rep.slurm_ok = true;
@@ -1176,7 +1184,9 @@ mod tests {
     fn kept_copies_observe_and_decide_as_copies_made_afresh() {
         // Observe and reconcile keep their copies of the core jobs from one cycle to
         // the next and copy a record again only where the snapshot's differs, and
-        // reconcile reads the tagged jobs observe found instead of the whole job table.
+        // reconcile reads the tagged jobs observe found instead of the whole job table,
+        // and observe keeps what the job table says of regular jobs while no table
+        // changes.
         // Two daemons on the same cluster and the same changes between polls, one that
         // keeps what it can and one that drops its copies before every cycle and passes
         // over the job table in reconcile (everything made afresh, as every cycle did
@@ -1200,17 +1210,25 @@ mod tests {
             rand_chacha::ChaCha8Rng::seed_from_u64(11),
         ];
         let mut now = 3_000_000_000.0;
-        let mut kept = 0;
-        for cycle in 0..150 {
+        let (mut kept, mut unchanged) = (0, 0);
+        for cycle in 0..200 {
             now += 1.0;
-            for (d, rng) in ds.iter_mut().zip(&mut rngs) {
-                side_by_side_churn(&mut d.cluster, rng, now);
+            // Every fourth poll finds the cluster as the last one left it (unless the
+            // daemon's own calls changed it): observe keeps what the job table says of
+            // regular jobs.
+            if cycle % 4 != 3 {
+                for (d, rng) in ds.iter_mut().zip(&mut rngs) {
+                    side_by_side_churn(&mut d.cluster, rng, now);
+                }
             }
             kept += ds[0].observe_copies.len();
             ds[1].observe_copies.clear();
             ds[1].reconcile_copies.clear();
             for d in &mut ds {
                 d.cycle(now).unwrap();
+            }
+            if !ds[0].tables_reloaded {
+                unchanged += 1;
             }
             let (a, b) = (&ds[0], &ds[1]);
             let journal = |d: &Daemon<gen::GenCluster>| {
@@ -1235,8 +1253,8 @@ mod tests {
         // admitted, grown, shrunk, preempted and requeued.
         let s = &ds[0].stats;
         assert!(
-            kept > 0 && s.admits > 0 && s.grows > 0 && s.shrinks > 0,
-            "{s:?}"
+            kept > 0 && unchanged > 0 && s.admits > 0 && s.grows > 0 && s.shrinks > 0,
+            "{s:?}, {unchanged} polls unchanged"
         );
         assert!(s.preemptions > 0 && s.requeues > 0, "{s:?}");
     }

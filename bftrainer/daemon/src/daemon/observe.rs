@@ -184,7 +184,7 @@ struct Scan {
 }
 
 /// The earliest of `start` and what `forecast` has for slot `s`.
-fn plan_at(forecast: &mut Vec<Option<f64>>, s: u32, start: f64) {
+pub(super) fn plan_at(forecast: &mut Vec<Option<f64>>, s: u32, start: f64) {
     let s = s as usize;
     if s >= forecast.len() {
         forecast.resize(s + 1, None);
@@ -214,62 +214,42 @@ impl<C: Cluster> Daemon<C> {
     /// their owners changed), which nodes regular jobs hold or are planned onto, and
     /// where regular jobs wait.
     fn scan_jobs(&mut self, now: f64) -> Scan {
-        let mut foreign_busy = Marks::default();
-        foreign_busy.reset(self.slots.len());
-        let mut our_nodes = Marks::default();
-        our_nodes.reset(self.slots.len());
-        let mut forecast: Vec<Option<f64>> = vec![None; self.slots.len()];
-        // Partitions where regular jobs wait.
-        let mut pending_parts: FxHashSet<String> = FxHashSet::default();
-        // Each pending regular job's planned nodes, kept whole: a plan that runs over a
-        // core's node is not acted on early (`observe_nodes`).
-        let mut plans: Vec<Arc<[u32]>> = Vec::new();
-        // One pass over the snapshot without copying it: of the tagged jobs the index
-        // is kept, of the others what they hold or are planned onto.
-        let mut tagged: Vec<usize> = std::mem::take(&mut self.tagged);
-        tagged.clear();
-        let jobs = self.cluster.jobs();
-        let mut last_part: Option<&str> = None;
-        for (i, j) in jobs.iter().enumerate() {
-            if j.admin_comment.as_deref().is_some_and(spec::looks_like_tag) {
-                tagged.push(i);
-            } else if is_running(j) || j.state.is_completing() {
-                if let Some(e) = &j.nodes {
-                    for &s in self.slots.expand(e, &self.cluster, &self.node_ids).iter() {
-                        // A regular job is there: a hold after a preemption has served.
-                        if !self.reclaimed.is_empty() {
-                            if let Some(id) = self.slots.engine(s) {
-                                self.reclaimed.remove(&id);
-                            }
-                        }
-                        foreign_busy.set(s);
-                    }
-                }
-            } else if j.state.base() == JobBase::Pending && !j.is_held() {
-                if let Some(p) = j.partition.as_deref() {
-                    // Most waiting jobs name the same partitions as the one before.
-                    if last_part != Some(p) {
-                        for p in p.split(',') {
-                            if !pending_parts.contains(p) {
-                                pending_parts.insert(p.to_string());
-                            }
-                        }
-                        last_part = Some(p);
-                    }
-                }
-                if let (Some(e), Some(start)) = (&j.sched_nodes, j.expected_start()) {
-                    let nodes = self.slots.expand(e, &self.cluster, &self.node_ids);
-                    for &s in nodes.iter() {
-                        plan_at(&mut forecast, s, start as f64);
-                    }
-                    plans.push(nodes);
+        let jobs_len = self.cluster.jobs().len();
+        // What the job table says of regular jobs, kept from the cycle before while no
+        // table changed (its expressions kept with it); else one pass over the table.
+        let keep = !self.tables_reloaded
+            && self
+                .regular
+                .as_ref()
+                .is_some_and(|r| r.fits(jobs_len, self.slots.generation()));
+        #[cfg(test)]
+        let keep = keep && !self.afresh;
+        let regular = match self.regular.take() {
+            Some(r) if keep => {
+                self.slots.keep_exprs();
+                r
+            }
+            _ => self.scan_regular(),
+        };
+        // A regular job is there: a hold after a preemption has served.
+        if !self.reclaimed.is_empty() {
+            for s in regular.busy.iter() {
+                if let Some(id) = self.slots.engine(s) {
+                    self.reclaimed.remove(&id);
                 }
             }
         }
-        let uid_of: FxHashMap<u32, u32> = tagged
-            .iter()
-            .map(|&i| (jobs[i].job_id, jobs[i].user_id))
-            .collect();
+        let mut foreign_busy = regular.busy.clone();
+        let mut our_nodes = Marks::default();
+        our_nodes.reset(self.slots.len());
+        let mut forecast = regular.forecast.clone();
+        let mut pending_parts = regular.pending_parts.clone();
+        // Each pending regular job's planned nodes, kept whole: a plan that runs over a
+        // core's node is not acted on early (`observe_nodes`).
+        let mut plans = regular.plans.clone();
+        let tagged = &regular.tagged;
+        let uid_of = &regular.uid_of;
+        let jobs = self.cluster.jobs();
         let seen = self.stats.cycles;
         // The copies of the cycle before, compared in place and copied again where
         // they differ.
@@ -280,7 +260,7 @@ impl<C: Cluster> Daemon<C> {
         let mut modified_sats: Vec<(u32, u32)> = Vec::new(); // (job id, parent)
         let mut refusals: Vec<(usize, &'static str)> = Vec::new();
         let mut tagged_preempted = false;
-        for &i in &tagged {
+        for &i in tagged.iter() {
             let j = &jobs[i];
             let ours = match tag_of(&mut self.tags, j, seen) {
                 Tag::Core => {
@@ -385,7 +365,7 @@ impl<C: Cluster> Daemon<C> {
         }
         // For reconcile, this cycle.
         self.tagged_of = Some(jobs.len());
-        self.tagged = tagged;
+        self.regular = Some(regular);
         for (i, why) in refusals {
             let j = &self.cluster.jobs()[i];
             if !self.refused.contains(&j.job_id) {

@@ -20,17 +20,17 @@ impl<C: Cluster> Daemon<C> {
         let mut sat_refs: Vec<(usize, u32)> = Vec::new();
         // The tagged jobs observe found this cycle, where the table is the one it
         // scanned (no call since added or removed a job); else a pass over the table.
-        let tagged = std::mem::take(&mut self.tagged);
         let scanned = self.tagged_of.take();
         #[cfg(test)]
         let scanned = scanned.filter(|_| !self.afresh);
         let jobs = self.cluster.jobs();
         let all: Vec<usize>;
-        let candidates: &[usize] = if scanned == Some(jobs.len()) {
-            &tagged
-        } else {
-            all = (0..jobs.len()).collect();
-            &all
+        let candidates: &[usize] = match &self.regular {
+            Some(r) if scanned == Some(jobs.len()) => &r.tagged,
+            _ => {
+                all = (0..jobs.len()).collect();
+                &all
+            }
         };
         for &i in candidates {
             let j = &jobs[i];
@@ -50,7 +50,6 @@ impl<C: Cluster> Daemon<C> {
             }
         }
         core_jobs.truncate(n_cores);
-        self.tagged = tagged;
         // The last copy of an id wins, as a map built from the job table in order does.
         let by_id: FxHashMap<u32, usize> = core_jobs
             .iter()

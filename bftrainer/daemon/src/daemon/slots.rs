@@ -37,6 +37,8 @@ pub(super) struct Slots {
     order: Vec<u32>,
     /// The engine ids must be read again from the daemon's name map.
     stale: bool,
+    /// Rebuilds so far: slots of one generation name the same nodes.
+    generation: u64,
 }
 
 impl Slots {
@@ -61,6 +63,7 @@ impl Slots {
             order.sort_by(|&a, &b| self.names[a as usize].cmp(&self.names[b as usize]));
             self.order = order;
             self.stale = false;
+            self.generation += 1;
         }
         // Expressions unused for a whole cycle are dropped.
         self.epoch += 1;
@@ -78,6 +81,20 @@ impl Slots {
                 }
             };
             self.elastic.push(e);
+        }
+    }
+
+    /// Rebuilds of the index so far: a slot names the same node while this stays.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Keeps every expression expanded so far through this sync, as if used: a cycle
+    /// that reuses what an earlier one found from them (`scan`) does not expand them.
+    pub fn keep_exprs(&mut self) {
+        let epoch = self.epoch;
+        for (_, used) in self.exprs.values_mut() {
+            *used = epoch;
         }
     }
 
@@ -161,7 +178,7 @@ impl Slots {
 }
 
 /// Per-slot flags for one cycle, grown on demand (slots may be added while scanning).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct Marks(Vec<bool>);
 
 impl Marks {
@@ -178,6 +195,10 @@ impl Marks {
     }
     pub fn get(&self, s: u32) -> bool {
         self.0.get(s as usize).copied().unwrap_or(false)
+    }
+    /// The slots set, in order.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.0.len() as u32).filter(|&s| self.0[s as usize])
     }
 }
 
