@@ -817,7 +817,10 @@ impl<C: Cluster> Daemon<C> {
             };
             self.observe_satellite(&sj, parent, now);
         }
-        self.sats.retain(|id, _| live.contains(id));
+        // Every live one has a memo: with as many memos as live ones, none is gone.
+        if self.sats.len() != live.len() {
+            self.sats.retain(|id, _| live.contains(id));
+        }
     }
 
     /// Why the idle nodes bftrainerd may lend cannot serve waiting job `j` (its
