@@ -157,7 +157,7 @@ fn cluster_gpulend_lends_idle_gpus_of_a_shared_node_and_takes_them_back() {
     // An elastic job of 1 GPU per node, and one asking no GPU: n2's idle GPUs could
     // serve them, but a core holds whole nodes of its partition, so both wait (and
     // say why) while n1 is taken.
-    let job = l.submit_elastic_with("1:3", &["--gres=gpu:a100:1"]);
+    let job = l.submit_elastic_with("1:5", &["--gres=gpu:a100:1"]);
     let cpu_job = l.submit_elastic("1:2");
     l.wait(60, "both elastic jobs to be reported waiting", || {
         let log = l.log_text();
@@ -295,4 +295,22 @@ fn cluster_gpulend_lends_idle_gpus_of_a_shared_node_and_takes_them_back() {
     l.wait(90, "two GPU satellites again", || {
         (gpu_satellites(&l, job).len() == 2).then_some(())
     });
+    // The first regular job ends too: n2 is wholly idle (as an inference pool's node
+    // between requests) and all four of its GPUs are lent, one satellite each, each
+    // seeing one GPU of its own (the job's MAX, 5, is its core and four slots).
+    l.c.run("scancel", &[&first.to_string()]).unwrap();
+    let sats = l.wait(90, "four GPU satellites on the idle n2", || {
+        let sats = gpu_satellites(&l, job);
+        (sats.len() == 4 && sats.iter().all(|s| seen.join(s.to_string()).exists())).then_some(sats)
+    });
+    let mut got: Vec<String> = sats
+        .iter()
+        .flat_map(|s| {
+            let g = gpus_in(&l, &seen.join(s.to_string()));
+            assert_eq!(g.len(), 1, "satellite {s} sees {g:?}: one GPU each");
+            g
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got, all, "n2's four GPUs, one to each satellite");
 }
