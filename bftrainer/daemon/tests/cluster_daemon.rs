@@ -776,7 +776,7 @@ fn cluster_daemon_does_not_admit_a_job_before_its_begin_time() {
     l.wait(30, "the job reported not yet eligible", || {
         l.log_text().contains(&why).then_some(())
     });
-    cycles_later(&l, 5);
+    l.cycles_later(5);
     assert!(
         !l.log_text().contains(&format!("admit job {job} (user")),
         "admitted before its BeginTime:\n{}",
@@ -839,38 +839,13 @@ fn cluster_daemon_holds_an_admission_that_does_not_start_and_replans() {
     });
 }
 
-/// `bftrainer status --json` as root.
-fn status(l: &Live) -> serde_json::Value {
-    let out =
-        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
-            .args(["status", "--json", "--config"])
-            .arg(&l.conf)
-            .output()
-            .unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or_default()
-}
-
 /// Why `name` is or is not lent (`bftrainer nodes --json`).
 fn node_why(l: &Live, name: &str) -> String {
-    let out =
-        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
-            .args(["nodes", "--json", "--config"])
-            .arg(&l.conf)
-            .output()
-            .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let v = l.cli_json("nodes");
     v.as_array()
         .and_then(|a| a.iter().find(|n| n["name"] == name))
         .map(|n| n["why"].as_str().unwrap_or("").to_string())
         .unwrap_or_default()
-}
-
-/// Waits until the daemon has run `n` more cycles than now.
-fn cycles_later(l: &Live, n: u64) {
-    let c0 = status(l)["stats"]["cycles"].as_u64().unwrap_or(0);
-    l.wait(30, &format!("{n} more daemon cycles"), || {
-        (status(l)["stats"]["cycles"].as_u64().unwrap_or(0) >= c0 + n).then_some(())
-    });
 }
 
 #[test]
@@ -895,7 +870,7 @@ fn cluster_daemon_keeps_a_core_on_a_draining_node_and_drops_a_node_removed_from_
     l.wait(30, "the draining node seen by bftrainerd", || {
         (node_why(&l, &core) == "unavailable").then_some(())
     });
-    cycles_later(&l, 3);
+    l.cycles_later(3);
     let show =
         l.c.run("scontrol", &["show", "job", "-o", &job.to_string()])
             .unwrap();
@@ -935,7 +910,7 @@ fn cluster_daemon_keeps_a_core_on_a_draining_node_and_drops_a_node_removed_from_
         "{}",
         l.log_text()
     );
-    cycles_later(&l, 3);
+    l.cycles_later(3);
     assert!(!l.satellites(job).contains_key(&gone));
     assert_ne!(l.state_of(sat), "RUNNING");
     assert_eq!(node_why(&l, &gone), "unavailable");
@@ -978,7 +953,7 @@ fn cluster_daemon_gives_a_free_slot_to_the_user_with_fewer_jobs() {
     });
     let b = l.submit_elastic_as(bftrainer_testcluster::OTHER_USER, "1:1");
     // Both wait: no slot.
-    cycles_later(&l, 3);
+    l.cycles_later(3);
     assert_eq!(l.state_of(a[2]), "PENDING");
     assert_eq!(l.state_of(b), "PENDING");
     l.c.run("scancel", &[&a[0].to_string()]).unwrap();
@@ -1058,7 +1033,7 @@ fn cluster_daemon_admits_waiting_jobs_by_slurms_priority_factors() {
     });
     let a = l.submit_elastic("1:1");
     let b = l.submit_elastic_as_with(bftrainer_testcluster::OTHER_USER, "1:1", &["--qos=high"]);
-    cycles_later(&l, 3);
+    l.cycles_later(3);
     assert_eq!(l.state_of(a), "PENDING");
     assert_eq!(l.state_of(b), "PENDING");
     l.c.run("scancel", &[&first.to_string()]).unwrap();
@@ -1206,7 +1181,7 @@ fn cluster_daemon_places_a_gpu_job_only_on_nodes_with_its_gpus() {
     on.sort();
     assert_eq!(on, vec!["n1", "n2"], "core on {core}, satellites {sats:?}");
     // n3 and n4 stay idle: no admission or growth onto them.
-    cycles_later(&l, 5);
+    l.cycles_later(5);
     let log = l.log_text();
     for n in ["n3", "n4"] {
         assert!(
@@ -1290,7 +1265,7 @@ fn cluster_daemon_honours_admin_and_owner_holds_of_waiting_jobs() {
         });
     }
     // Several cycles with every node idle: neither is admitted.
-    cycles_later(&l, 5);
+    l.cycles_later(5);
     for id in [by_admin, by_owner] {
         assert!(
             admitted_on(&l, id).is_none(),
@@ -1372,7 +1347,7 @@ fn cluster_daemon_honours_a_requeuehold_of_a_running_elastic_job() {
             .then_some(())
     });
     // Several cycles with idle nodes: not admitted again.
-    cycles_later(&l, 5);
+    l.cycles_later(5);
     assert_eq!(l.state_of(job), "PENDING", "{}", l.log_text());
     assert_eq!(
         admissions(),
@@ -1425,7 +1400,7 @@ fn unservable_while_n1_n2_are_taken(l: &Live, spec: &str, arg: &str, asks: &str)
     l.wait(30, "the job reported unservable", || {
         l.log_text().contains(&why).then_some(())
     });
-    cycles_later(l, 3);
+    l.cycles_later(3);
     assert_eq!(l.state_of(job), "PENDING", "{}", l.log_text());
     assert!(
         !l.log_text().contains(&format!("admit job {job} ")),

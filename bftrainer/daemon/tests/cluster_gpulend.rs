@@ -26,13 +26,7 @@ fn gpu_satellites(l: &Live, parent: u32) -> Vec<u32> {
 
 /// n2's GPU slots as `bftrainer nodes --json` shows them: (name, state, why, holder).
 fn gpu_slots(l: &Live) -> Vec<(String, String, String, Option<u64>)> {
-    let out =
-        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
-            .args(["nodes", "--json", "--config"])
-            .arg(&l.conf)
-            .output()
-            .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let v = l.cli_json("nodes");
     v.as_array()
         .map(|a| {
             a.iter()
@@ -48,25 +42,6 @@ fn gpu_slots(l: &Live) -> Vec<(String, String, String, Option<u64>)> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// Waits for `n` more cycles of bftrainerd (`bftrainer status`).
-fn cycles_later(l: &Live, n: u64) {
-    let cycles = || {
-        let out =
-            l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
-                .args(["status", "--json", "--config"])
-                .arg(&l.conf)
-                .output()
-                .unwrap();
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap_or_default()["stats"]
-            ["cycles"]
-            .as_u64()
-    };
-    let c0 = l.wait(30, "bftrainer status", cycles);
-    l.wait(30, &format!("{n} more daemon cycles"), || {
-        cycles().filter(|&c| c >= c0 + n)
-    });
 }
 
 /// The GPUs (CUDA_VISIBLE_DEVICES) a job wrote to `file`, once it has.
@@ -165,7 +140,7 @@ fn cluster_gpulend_lends_idle_gpus_of_a_shared_node_and_takes_them_back() {
             && log.contains(&format!("elastic job {cpu_job} is not admitted: 0 whole nodes bftrainerd may lend are idle and its core needs 1")))
         .then_some(())
     });
-    cycles_later(&l, 5);
+    l.cycles_later(5);
     let log = l.log_text();
     assert!(
         !log.contains("admit job"),
@@ -227,7 +202,7 @@ fn cluster_gpulend_lends_idle_gpus_of_a_shared_node_and_takes_them_back() {
                 .then_some(())
         },
     );
-    cycles_later(&l, 5);
+    l.cycles_later(5);
     let mut now = gpu_satellites(&l, job);
     now.sort_unstable();
     let mut before = sats.clone();

@@ -12,13 +12,7 @@ use live::{Live, Row};
 
 /// `bftrainer status --json` as root.
 fn status(l: &Live) -> serde_json::Value {
-    let out =
-        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
-            .args(["status", "--json", "--config"])
-            .arg(&l.conf)
-            .output()
-            .unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or_default()
+    l.cli_json("status")
 }
 
 /// The elastic jobs' cores and satellites as Slurm has them, sorted.

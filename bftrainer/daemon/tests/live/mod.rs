@@ -541,6 +541,28 @@ impl Live {
         }
     }
 
+    /// `bftrainer CMD --json` as root against this daemon (Null when it does not answer).
+    pub fn cli_json(&self, cmd: &str) -> serde_json::Value {
+        let out = self
+            .c
+            .command(env!("CARGO_BIN_EXE_bftrainer"))
+            .args([cmd, "--json", "--config"])
+            .arg(&self.conf)
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or_default()
+    }
+
+    /// Waits until the daemon has run `n` more cycles than when it first answers
+    /// `bftrainer status`.
+    pub fn cycles_later(&self, n: u64) {
+        let cycles = || self.cli_json("status")["stats"]["cycles"].as_u64();
+        let c0 = self.wait(30, "bftrainer status", cycles);
+        self.wait(30, &format!("{n} more daemon cycles"), || {
+            cycles().filter(|&c| c >= c0 + n)
+        });
+    }
+
     pub fn grown_to_all(&self, job: u32) -> BTreeMap<String, u32> {
         self.wait(
             60,
