@@ -359,6 +359,9 @@ pub struct Engine<A> {
     mark: Vec<u32>,
     /// Nodes with a reclaim forecast.
     forecasts: usize,
+    /// Nodes whose attributes mark them GPU slots (`NodeAttrs::gpu_slot`): while there
+    /// are some, jobs without needs are placed too (slots serve only GPU jobs).
+    gpu_slots: usize,
     /// The time of the last event: events come in time order.
     last_t: Option<f64>,
     /// The pool as the last decision saw it: without nodes idle for less than
@@ -405,6 +408,7 @@ impl<A: Allocator> Engine<A> {
             dirty: false,
             mark: Vec::new(),
             forecasts: 0,
+            gpu_slots: 0,
             last_t: None,
             view: Vec::new(),
             deciding: Vec::new(),
@@ -586,6 +590,7 @@ impl<A: Allocator> Engine<A> {
         }
         self.nodes = nodes;
         self.forecasts = st.nodes.iter().filter(|n| n.reclaim_at.is_some()).count();
+        self.gpu_slots = self.nodes.iter().filter(|n| is_gpu_slot(n)).count();
         self.pool = st.pool.clone();
         self.jobs = Jobs {
             slots: st
@@ -1016,7 +1021,10 @@ impl<A: Allocator> Engine<A> {
                 self.node(*node, now)?;
                 let slot = &mut self.nodes[*node as usize];
                 if slot.attrs.as_deref() != Some(attrs) {
+                    let was = is_gpu_slot(slot);
                     slot.attrs = Some(Box::new(attrs.clone()));
+                    self.gpu_slots =
+                        self.gpu_slots + usize::from(attrs.gpu_slot) - usize::from(was);
                     self.dirty = true;
                 }
             }
@@ -1271,7 +1279,7 @@ impl<A: Allocator> Engine<A> {
         if self.deciding.is_empty() {
             return Ok(self.requeue_jobs(&evict, now));
         }
-        let slots = self.view_has_gpu_slots();
+        let slots = self.gpu_slots > 0;
         for (k, &j) in self.deciding.iter().enumerate() {
             // A job with needs is offered no more nodes than serve it (`place` then
             // picks those); fewer than its minimum, and `place` gives it none.
@@ -1535,23 +1543,13 @@ impl<A: Allocator> Engine<A> {
         }
     }
 
-    /// Whether the view holds a GPU slot: then jobs without needs are placed too.
-    fn view_has_gpu_slots(&self) -> bool {
-        self.view.iter().any(|&n| {
-            self.nodes[n as usize]
-                .attrs
-                .as_deref()
-                .is_some_and(|a| a.gpu_slot)
-        })
-    }
-
     /// A job is given only nodes that serve it: a new node of a job's set (one it does
     /// not hold) that does not serve it is traded for a node of the view no job was
     /// given that does, or dropped; an admission left with fewer than its minimum is
     /// not made. Nodes a job holds stay; the allocator's other choices are kept.
     /// Counts only go down, so the answer stays within the contract.
     fn place(&mut self, sets: &mut [Vec<u32>]) {
-        let slots = self.view_has_gpu_slots();
+        let slots = self.gpu_slots > 0;
         if !slots
             && self
                 .deciding
@@ -1857,4 +1855,9 @@ impl<A: Allocator> Engine<A> {
         }
         Ok(())
     }
+}
+
+/// Whether a node's attributes mark it a GPU slot (`NodeAttrs::gpu_slot`).
+fn is_gpu_slot(n: &NodeSlot) -> bool {
+    n.attrs.as_deref().is_some_and(|a| a.gpu_slot)
 }

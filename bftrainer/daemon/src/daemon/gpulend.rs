@@ -84,6 +84,12 @@ impl<C: Cluster> Daemon<C> {
                 });
             }
         }
+        // By host, each host's satellites in job id order: one range per host.
+        gsats.sort_unstable_by(|a, b| a.host.cmp(&b.host).then(a.id.cmp(&b.id)));
+        let mut by_host: FxHashMap<&str, std::ops::Range<usize>> = FxHashMap::default();
+        for (i, s) in gsats.iter().enumerate() {
+            by_host.entry(s.host.as_str()).or_insert(i..i).end = i + 1;
+        }
         // A satellite being preempted gives its slot back to a regular job.
         for s in gsats.iter().filter(|s| s.preempted) {
             if let Some(slot) = self.sats.get(&s.id).and_then(|m| m.slot) {
@@ -156,6 +162,9 @@ impl<C: Cluster> Daemon<C> {
         let mut seen: FxHashSet<NodeId> = FxHashSet::default();
         let mut attrs_events = Vec::new();
         for h in &hosts {
+            let mine = by_host
+                .get(h.name.as_str())
+                .map_or(&gsats[..0], |r| &gsats[r.clone()]);
             let mut ids: Vec<NodeId> = Vec::with_capacity(h.gpus as usize);
             for k in 0..h.gpus {
                 if let Some(id) = self.engine_node(&gpu_slot_name(&h.name, k), now) {
@@ -181,7 +190,7 @@ impl<C: Cluster> Daemon<C> {
                     });
                 }
             }
-            self.bind_satellites(&gsats, &h.name, &ids);
+            self.bind_satellites(mine, &h.name, &ids);
             let Some(state) = h.state else {
                 for &id in &ids {
                     self.nodes[id as usize].why = Why::NotResponding;
@@ -201,14 +210,14 @@ impl<C: Cluster> Daemon<C> {
             // Kept open first: slots whose satellite holds its GPU, then slots the
             // engine lends whose satellite is still to start, then free ones; slots
             // whose satellite Slurm preempts close first.
-            let holding: FxHashSet<NodeId> = gsats
+            let holding: FxHashSet<NodeId> = mine
                 .iter()
-                .filter(|s| s.holds && s.host == h.name)
+                .filter(|s| s.holds)
                 .filter_map(|s| self.sats.get(&s.id).and_then(|m| m.slot))
                 .collect();
-            let preempted: FxHashSet<NodeId> = gsats
+            let preempted: FxHashSet<NodeId> = mine
                 .iter()
-                .filter(|s| s.preempted && s.host == h.name)
+                .filter(|s| s.preempted)
                 .filter_map(|s| self.sats.get(&s.id).and_then(|m| m.slot))
                 .collect();
             let rank = |d: &Self, id: NodeId| -> u8 {
@@ -270,25 +279,25 @@ impl<C: Cluster> Daemon<C> {
         }
     }
 
-    /// Binds each GPU satellite on `host` that has no slot yet to a slot of `ids` its
-    /// job holds and no other of its satellites has (in job id order).
+    /// Binds each GPU satellite on `host` (`gsats`: that host's, in job id order) that
+    /// has no slot yet to a slot of `ids` its job holds and no other of its satellites
+    /// has.
     fn bind_satellites(&mut self, gsats: &[GpuSat], host: &str, ids: &[NodeId]) {
         let mut taken: FxHashSet<NodeId> = FxHashSet::default();
-        for s in gsats.iter().filter(|s| s.host == host) {
+        for s in gsats {
             if let Some(slot) = self.sats.get(&s.id).and_then(|m| m.slot) {
                 taken.insert(slot);
             }
         }
-        let mut unbound: Vec<&GpuSat> = gsats
+        let unbound: Vec<&GpuSat> = gsats
             .iter()
-            .filter(|s| s.host == host && !s.preempted)
+            .filter(|s| !s.preempted)
             .filter(|s| {
                 self.sats
                     .get(&s.id)
                     .map_or(true, |m| m.slot.is_none() && !m.ending)
             })
             .collect();
-        unbound.sort_by_key(|s| s.id);
         for s in unbound {
             // After a restart the core is adopted later in this cycle: its engine job
             // is known from the journal already.
