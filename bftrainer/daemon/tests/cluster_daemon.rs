@@ -1195,17 +1195,26 @@ fn cluster_daemon_places_a_gpu_job_only_on_nodes_with_its_gpus() {
 
 /// `scontrol` as bftuser; panics with its stderr when it fails.
 fn scontrol_as_user(l: &Live, args: &[&str]) {
-    let out =
-        l.c.command_as_test_user("scontrol")
-            .unwrap()
-            .args(args)
-            .output()
-            .unwrap();
+    let out = scontrol_as(l, bftrainer_testcluster::TEST_USER, args);
     assert!(
         out.status.success(),
         "scontrol {args:?} as bftuser: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `scontrol ARGS` as `user`; its output, whether it succeeded or not.
+fn scontrol_as(l: &Live, user: &str, args: &[&str]) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    let (uid, gid) = bftrainer_testcluster::user_ids(user).unwrap();
+    let mut c = l.c.command("scontrol");
+    c.uid(uid)
+        .gid(gid)
+        .env("USER", user)
+        .env("LOGNAME", user)
+        .current_dir("/tmp")
+        .args(args);
+    c.output().unwrap()
 }
 
 /// What `bftrainer jobs` prints, as root.
@@ -1235,20 +1244,69 @@ fn admitted_on(l: &Live, job: u32) -> Option<String> {
     Some(nodes.split(',').next()?.trim().to_string())
 }
 
-/// A hold placed by an administrator (root's `scontrol hold`) or by the job's owner
-/// keeps a waiting elastic job from being admitted while nodes sit idle, and `bftrainer
+/// A hold placed by an administrator (root's `scontrol hold`, or a Slurm operator's:
+/// AdminLevel=Operator in slurmdbd) or by the job's owner keeps a waiting elastic job from being admitted while nodes sit idle, and `bftrainer
 /// jobs` says why; `scontrol release` hands it back and bftrainerd admits it onto the
 /// nodes it chooses. bftrainerd's own holds and releases are not taken for either.
 #[test]
 fn cluster_daemon_honours_admin_and_owner_holds_of_waiting_jobs() {
     let mut l = Live::start_without_daemon("", "", "");
-    let by_admin = l.submit_elastic("1:2");
-    let by_owner = l.submit_elastic("1:2");
+    let by_admin = l.submit_elastic("1:1");
+    let by_owner = l.submit_elastic("1:1");
+    let by_operator = l.submit_elastic("1:1");
     l.c.run("scontrol", &["hold", &by_admin.to_string()])
         .unwrap();
     scontrol_as_user(&l, &["hold", &by_owner.to_string()]);
+    // bftuser2 may not touch bftuser's job (Slurm's rule) until slurmdbd makes it an
+    // operator; then its hold is an administrator's, recorded as root's is (Slurm
+    // lets an operator set no admin comment: the plugin writes it into the record).
+    let other = bftrainer_testcluster::OTHER_USER;
+    let denied = scontrol_as(&l, other, &["hold", &by_operator.to_string()]);
+    assert!(!denied.status.success(), "bftuser2 held bftuser's job");
+    l.c.run(
+        "sacctmgr",
+        &[
+            "-i",
+            "modify",
+            "user",
+            "where",
+            &format!("name={other}"),
+            "set",
+            "adminlevel=Operator",
+        ],
+    )
+    .unwrap();
+    l.wait(
+        60,
+        &format!("slurmctld to know {other} as an operator"),
+        || {
+            l.c.run(
+                "scontrol",
+                &[
+                    "show",
+                    "assoc_mgr",
+                    &format!("users={other}"),
+                    "flags=users",
+                ],
+            )
+            .ok()
+            .filter(|o| o.contains("AdminLevel=Operator"))
+            .map(|_| ())
+        },
+    );
+    let held = scontrol_as(&l, other, &["hold", &by_operator.to_string()]);
     assert!(
-        show_job(&l, by_admin).contains("AdminComment=bftrainer:v1 1:2,role=core,hold=admin"),
+        held.status.success(),
+        "the operator's hold: {}",
+        String::from_utf8_lossy(&held.stderr)
+    );
+    assert!(
+        show_job(&l, by_operator).contains("AdminComment=bftrainer:v1 1:1,role=core,hold=admin"),
+        "{}",
+        show_job(&l, by_operator)
+    );
+    assert!(
+        show_job(&l, by_admin).contains("AdminComment=bftrainer:v1 1:1,role=core,hold=admin"),
         "{}",
         show_job(&l, by_admin)
     );
@@ -1258,7 +1316,12 @@ fn cluster_daemon_honours_admin_and_owner_holds_of_waiting_jobs() {
         show_job(&l, by_owner)
     );
     l.spawn();
-    for (id, who) in [(by_admin, "an administrator"), (by_owner, "its owner")] {
+    let held_jobs = [
+        (by_admin, "an administrator"),
+        (by_owner, "its owner"),
+        (by_operator, "an administrator"),
+    ];
+    for (id, who) in held_jobs {
         let why = format!("elastic job {id} is not admitted: held by {who}");
         l.wait(30, &format!("job {id} reported held by {who}"), || {
             l.log_text().contains(&why).then_some(())
@@ -1266,7 +1329,7 @@ fn cluster_daemon_honours_admin_and_owner_holds_of_waiting_jobs() {
     }
     // Several cycles with every node idle: neither is admitted.
     l.cycles_later(5);
-    for id in [by_admin, by_owner] {
+    for id in [by_admin, by_owner, by_operator] {
         assert!(
             admitted_on(&l, id).is_none(),
             "held job {id} admitted:\n{}",
@@ -1275,7 +1338,7 @@ fn cluster_daemon_honours_admin_and_owner_holds_of_waiting_jobs() {
         assert_eq!(l.state_of(id), "PENDING");
     }
     let text = jobs_text(&l);
-    for (id, who) in [(by_admin, "an administrator"), (by_owner, "its owner")] {
+    for (id, who) in held_jobs {
         assert!(
             text.contains(&format!("Job {id}: not admitted: held by {who}")),
             "{text}"
@@ -1300,14 +1363,26 @@ fn cluster_daemon_honours_admin_and_owner_holds_of_waiting_jobs() {
         .unwrap();
     let after = show_job(&l, by_admin);
     assert!(
-        after.contains("AdminComment=bftrainer:v1 1:2,role=core") && !after.contains("hold=admin"),
+        after.contains("AdminComment=bftrainer:v1 1:1,role=core") && !after.contains("hold=admin"),
         "{after}"
     );
     released(by_admin);
     assert_eq!(l.state_of(by_owner), "PENDING", "{}", l.log_text());
     scontrol_as_user(&l, &["release", &by_owner.to_string()]);
     released(by_owner);
-    for id in [by_admin, by_owner] {
+    let lifted = scontrol_as(&l, other, &["release", &by_operator.to_string()]);
+    assert!(
+        lifted.status.success(),
+        "the operator's release: {}",
+        String::from_utf8_lossy(&lifted.stderr)
+    );
+    let after = show_job(&l, by_operator);
+    assert!(
+        after.contains("AdminComment=bftrainer:v1 1:1,role=core") && !after.contains("hold=admin"),
+        "{after}"
+    );
+    released(by_operator);
+    for id in [by_admin, by_owner, by_operator] {
         assert!(
             l.log_text()
                 .contains(&format!("elastic job {id}: its hold was lifted")),

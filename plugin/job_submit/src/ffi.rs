@@ -123,6 +123,30 @@ fn slurm_conf_ptr() -> *const slurm_sys::slurm_conf_t {
         as *const slurm_sys::slurm_conf_t
 }
 
+/// slurmctld's `bool validate_operator(uid_t)` (src/slurmctld/proc_req.c, exported by
+/// slurmctld; 22.05 to 26.05): root, SlurmUser, or AdminLevel Operator or higher in the
+/// association manager's cache (no RPC). `_update_job` calls it itself, with the same
+/// locks held, just before job_modify, so calling it here adds no lock.
+fn slurm_operator(uid: u32) -> bool {
+    static ADDR: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: dlsym on a NUL-terminated name.
+    let addr = *ADDR.get_or_init(|| {
+        let a = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"validate_operator".as_ptr()) } as usize;
+        if a == 0 {
+            LOG.error(
+                "slurmctld exports no validate_operator: Slurm operators' holds of elastic jobs are not recorded (hold as root)",
+            );
+        }
+        a
+    });
+    if addr == 0 {
+        return false;
+    }
+    // SAFETY: the address is slurmctld's `extern bool validate_operator(uid_t uid)`.
+    let f: extern "C" fn(libc::uid_t) -> bool = unsafe { std::mem::transmute(addr) };
+    f(uid)
+}
+
 /// slurm_conf, for init() only: slurmctld rewrites its strings on reconfigure, so the
 /// watcher thread never reads them (it reads the stamp alone, see conf_stamp).
 fn slurm_conf() -> Option<&'static slurm_sys::slurm_conf_t> {
@@ -486,9 +510,16 @@ unsafe fn modify_inner(
         }
     };
     // SAFETY: fields of a valid job_desc_msg_t.
+    // Asked only where it matters (an elastic job's update by someone not privileged
+    // here), as Slurm asks it for every update anyway.
+    let operator = current
+        .is_some_and(|c| bftrainer_core::spec::looks_like_tag(&String::from_utf8_lossy(c)))
+        && !pol.privileged(uid)
+        && slurm_operator(uid);
     let m = unsafe {
         Modification {
             uid,
+            operator,
             owner: jd.user_id,
             comment: common::bytes(jd.comment),
             current_admin_comment: current,
@@ -518,9 +549,18 @@ unsafe fn modify_inner(
             // SAFETY: string fields of job_desc are NULL or xmalloc'd and owned by it;
             // slurmctld applies them after this hook (_update_job, 22.05 to 26.05).
             let applied = unsafe {
-                let admin = match &edit.admin_comment {
-                    Some(c) => common::set_field(&mut jd.admin_comment, c),
-                    None => Ok(()),
+                let admin = match (&edit.admin_comment, record) {
+                    // Slurm lets only root, SlurmUser and AdminLevel Administrator set
+                    // an admin comment (validate_super_user, checked again when the
+                    // update is applied), so an operator's hold or release is written
+                    // into the job record itself: job_modify runs under the job write
+                    // lock, and the record's layout was checked above (magic).
+                    (Some(c), Some(_)) if operator => {
+                        let r = job_ptr as *mut JobRecordPrefix;
+                        common::set_field(&mut (*r).admin_comment, c)
+                    }
+                    (Some(c), _) => common::set_field(&mut jd.admin_comment, c),
+                    (None, _) => Ok(()),
                 };
                 admin.and_then(|()| match &edit.comment {
                     Some(c) => common::set_field(&mut jd.comment, c),

@@ -305,6 +305,10 @@ fn elastic(pol: &Policy, s: &Submission<'_>, mut spec: ElasticSpec, privileged: 
 #[derive(Debug, Clone, Default)]
 pub struct Modification<'a> {
     pub uid: u32,
+    /// slurmctld counts `uid` as an operator: AdminLevel Operator or Administrator in
+    /// slurmdbd (its `validate_operator`, which `_update_job` calls before this hook).
+    /// Such a user is an administrator here, as root is.
+    pub operator: bool,
     /// The job's owner (slurmctld fills job_desc.user_id in before calling job_modify);
     /// NO_VAL when unknown.
     pub owner: u32,
@@ -359,7 +363,7 @@ impl Edit {
 pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<Edit, ModifyDenied> {
     let current = m.current_admin_comment.map(text);
     let tag = current.as_deref().and_then(spec::parse_tag);
-    if pol.privileged(m.uid) {
+    if pol.privileged(m.uid) || m.operator {
         return match (tag, current.as_deref()) {
             (Some(Ok(s)), Some(cur)) if s.role == Role::Core => privileged_core(m, cur),
             _ => Ok(Edit::default()),
@@ -1130,6 +1134,10 @@ mod tests {
             keep_held: true,
             ..Edit::default()
         };
+        let operator = |m: Modification<'static>| Modification {
+            operator: true,
+            ..m
+        };
         let marked = |m: Modification<'static>, tag: &'static [u8]| Modification {
             admin_comment: Some(tag),
             ..m
@@ -1239,10 +1247,35 @@ mod tests {
                 marked(by(1000, b"", 0), held),
                 Err("sets bftrainer's tag on a job"),
             ),
-            // Another user (a Slurm operator, a coordinator): Slurm's own rules.
-            ("an operator holds", by(1001, core, 0), Ok(Edit::default())),
+            // A Slurm operator (AdminLevel Operator or Administrator): an administrator.
             (
-                "an operator releases",
+                "an operator holds",
+                operator(by(1001, core, 0)),
+                Ok(admin_held.clone()),
+            ),
+            (
+                "an operator releases its hold",
+                operator(by(1001, held, INFINITE)),
+                Ok(Edit {
+                    admin_comment: Some("bftrainer:v1 2:4,role=core".into()),
+                    keep_held: true,
+                    ..Edit::default()
+                }),
+            ),
+            (
+                "an operator releases a waiting job",
+                operator(by(1001, core, INFINITE)),
+                Ok(Edit::default()),
+            ),
+            // Another user Slurm lets update the job (an account coordinator): Slurm's
+            // hold only, and no release.
+            (
+                "a coordinator holds",
+                by(1001, core, 0),
+                Ok(Edit::default()),
+            ),
+            (
+                "a coordinator releases",
                 by(1001, core, INFINITE),
                 Err("releases or reprioritises an elastic job"),
             ),
