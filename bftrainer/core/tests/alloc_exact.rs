@@ -153,3 +153,88 @@ fn splits_leave_the_optimum_unchanged_at_scale() {
         "the shipped search split on {split_seen} of 3 cold instances"
     );
 }
+
+/// The counts of the documented rule by a plain DP over every job's whole domain: the
+/// best value of the first k jobs on exactly y nodes, then the fewest nodes in total
+/// that reach the optimum, then from the last job back the fewest nodes that still
+/// reach it. Values here are sums of halves times small integers, so ties are exact.
+fn plain_dp(inst: &bftrainer_core::alloc::Instance) -> Vec<u32> {
+    let b = inst.n_nodes as usize;
+    let neg = f64::NEG_INFINITY;
+    let dom = |j: usize| {
+        let job = &inst.jobs[j];
+        (0..=inst.n_nodes.min(job.max_nodes)).filter(move |&n| allowed(inst, job, n))
+    };
+    let mut best = vec![vec![neg; b + 1]];
+    best[0][0] = 0.0;
+    for j in 0..inst.jobs.len() {
+        let prev = &best[j];
+        let mut next = vec![neg; b + 1];
+        for n in dom(j) {
+            let t = term(inst, &inst.jobs[j], n);
+            for y in n as usize..=b {
+                if prev[y - n as usize] > neg {
+                    next[y] = next[y].max(prev[y - n as usize] + t);
+                }
+            }
+        }
+        best.push(next);
+    }
+    let last = &best[inst.jobs.len()];
+    let top = last.iter().copied().fold(neg, f64::max);
+    let mut y = (0..=b)
+        .find(|&y| last[y] > neg && close(last[y], top))
+        .unwrap();
+    let mut counts = vec![0; inst.jobs.len()];
+    for j in (0..inst.jobs.len()).rev() {
+        let target = best[j + 1][y];
+        let n = dom(j)
+            .find(|&n| {
+                (n as usize) <= y
+                    && best[j][y - n as usize] > neg
+                    && close(
+                        best[j][y - n as usize] + term(inst, &inst.jobs[j], n),
+                        target,
+                    )
+            })
+            .unwrap();
+        counts[j] = n;
+        y -= n as usize;
+    }
+    counts
+}
+
+/// Past 32 jobs the search first runs its DP on a fraction of the gap and prunes states
+/// that cannot reach the incumbent, leaving dead prefixes the DP skips: the counts
+/// (not only the value) must still be those of the documented rule, on instances too
+/// big to enumerate. Half of them are daemon-like: every job a twin of the first (one
+/// curve, one range), so that the bound is met at once and the DP decides among ties.
+#[test]
+fn many_jobs_match_a_plain_dp() {
+    use bftrainer_core::alloc::solve_with_stats;
+    let (mut cases, mut wide) = (0, 0);
+    for seed in 0..240u64 {
+        let mut inst = random_small(seed, 150, 90);
+        if inst.jobs.len() <= 32 {
+            continue;
+        }
+        if seed % 2 == 0 {
+            let first = inst.jobs[0].clone();
+            for (k, j) in inst.jobs.iter_mut().enumerate().skip(1) {
+                let current = std::mem::take(&mut j.current);
+                *j = first.clone();
+                j.id = format!("j{k}");
+                j.current = current;
+            }
+        }
+        let (sol, st) = solve_with_stats(&inst, &Options::new(Objective::Bftrainer)).unwrap();
+        check_solution(&inst, Objective::Bftrainer, &sol);
+        assert_eq!(sol.counts(), plain_dp(&inst), "seed {seed}");
+        cases += 1;
+        if st.open_jobs > 32 && st.dp_width > 8 {
+            wide += 1;
+        }
+    }
+    assert!(cases >= 100, "only {cases} instances of more than 32 jobs");
+    assert!(wide >= 50, "only {wide} DPs over more than 32 open jobs");
+}

@@ -258,8 +258,19 @@ impl Search {
             let j = open[k];
             rest[k] = rest[k + 1] + lj[j] + lambda * f64::from(lows[k]);
         }
+        // Per-state factors the loops below need for every state of every layer, made
+        // once per DP: `at[y]` is y as f64, `slack[y]` the bound's lambda term for state
+        // y. The same operations on the same values as computing them in place, so the
+        // same results to the bit; converting an index to f64 in the inner loops was a
+        // large part of their cost.
+        let at: Vec<f64> = (0..=width).map(|y| y as f64).collect();
+        let slack: Vec<f64> = (0..=width)
+            .map(|y| lambda * (width - y.min(width)) as f64)
+            .collect();
         let mut layers: Vec<Vec<f64>> = Vec::with_capacity(open.len() + 1);
         layers.push(vec![0.0]);
+        // First state of the last layer that pruning left alive.
+        let mut first_live = 0usize;
         let mut pieces: Vec<(usize, usize, f64, f64)> = Vec::new();
         // Scratch for the sliding-window maxima.
         let (mut pbuf, mut gbuf, mut hbuf): (Vec<f64>, Vec<f64>, Vec<f64>) =
@@ -289,7 +300,7 @@ impl Search {
             let prev = &layers[k];
             let reach = prev.len() - 1;
             // Pruning leaves a dead prefix of states too; skip it.
-            let first = prev.iter().position(|&v| v > neg).unwrap_or(reach);
+            let first = first_live.min(reach);
             let max_d = pieces.iter().map(|p| p.1.min(width)).max().unwrap_or(0);
             let new_reach = (reach + max_d).min(width);
             let mut next = vec![neg; new_reach + 1];
@@ -312,10 +323,10 @@ impl Search {
                             .iter_mut()
                             .zip(&prev[first..=zmax])
                         {
+                            // A select and an unconditional store (not a conditional
+                            // store) so that the loop vectorises; same values.
                             let v = pz + val;
-                            if v > *nx {
-                                *nx = v;
-                            }
+                            *nx = if v > *nx { v } else { *nx };
                         }
                     }
                     continue;
@@ -327,8 +338,15 @@ impl Search {
                 let plen = emax + w;
                 pbuf.clear();
                 pbuf.resize(plen, neg);
-                for z in first..=reach.min(emax) {
-                    pbuf[z + w - 1] = prev[z] - s * z as f64;
+                let top = reach.min(emax);
+                if first <= top {
+                    for ((o, &p), &zf) in pbuf[first + w - 1..=top + w - 1]
+                        .iter_mut()
+                        .zip(&prev[first..=top])
+                        .zip(&at[first..=top])
+                    {
+                        *o = p - s * zf;
+                    }
                 }
                 // Every slot read below is written first, so the scratch only grows.
                 if gbuf.len() < plen {
@@ -354,25 +372,25 @@ impl Search {
                     }
                     bs = be;
                 }
-                for e in lo..=emax {
-                    let m = hbuf[e].max(gbuf[e + w - 1]);
-                    let v = m + va + s * e as f64;
-                    let nx = &mut next[da + e];
-                    if v > *nx {
-                        *nx = v;
-                    }
+                for (((nx, &h), &g), &ef) in next[da + lo..=da + emax]
+                    .iter_mut()
+                    .zip(&hbuf[lo..=emax])
+                    .zip(&gbuf[lo + w - 1..=emax + w - 1])
+                    .zip(&at[lo..=emax])
+                {
+                    let v = h.max(g) + va + s * ef;
+                    *nx = if v > *nx { v } else { *nx };
                 }
             }
             // Prune: even the bound on the remaining jobs cannot reach the incumbent.
             if inc > neg {
-                for (y, v) in next.iter_mut().enumerate() {
-                    let bound =
-                        fixed_val + *v + rest[k + 1] + lambda * (width - y.min(width)) as f64;
-                    if bound < inc - self.tol {
-                        *v = neg;
-                    }
+                let (r, cut) = (rest[k + 1], inc - self.tol);
+                for (v, &sl) in next.iter_mut().zip(&slack) {
+                    let bound = fixed_val + *v + r + sl;
+                    *v = if bound < cut { neg } else { *v };
                 }
             }
+            first_live = next.iter().position(|&v| v > neg).unwrap_or(next.len() - 1);
             let last = next.iter().rposition(|&v| v > neg).unwrap_or(0);
             next.truncate(last + 1);
             self.stats.pieces += pieces.len();
