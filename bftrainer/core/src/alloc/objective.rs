@@ -77,7 +77,13 @@ pub(crate) fn solve_validated(
             }
         })
         .collect();
-    let objective_value = evaluate(inst, objective, &jobs).unwrap_or(f64::NAN);
+    // The solver's own terms are the evaluator's, except where fairness restricted them
+    // or reclaim-aware added its loss: score with them rather than building them again.
+    let objective_value = match objective {
+        Objective::Fairness | Objective::ReclaimAware => evaluate(inst, objective, &jobs),
+        _ => sum_terms(&fns, &jobs),
+    }
+    .unwrap_or(f64::NAN);
     Ok(Solution {
         objective_value,
         jobs,
@@ -99,7 +105,19 @@ pub(crate) fn evaluate(
     } else {
         objective
     };
-    let fns = job_fns(inst, obj);
+    let mut total = sum_terms(&job_fns(inst, obj), alloc)?;
+    if objective == Objective::ReclaimAware {
+        total -= super::reclaim::loss(inst, alloc);
+    }
+    Some(total)
+}
+
+/// Sum of the terms of the node sets' sizes; `None` when one is not allowed (or the
+/// lengths differ).
+fn sum_terms(fns: &[JobFn<'_>], alloc: &[Vec<NodeIdx>]) -> Option<f64> {
+    if alloc.len() != fns.len() {
+        return None;
+    }
     let mut total = 0.0;
     for (f, s) in fns.iter().zip(alloc) {
         let n = s.len() as u32;
@@ -107,9 +125,6 @@ pub(crate) fn evaluate(
             return None;
         }
         total += f.value(n);
-    }
-    if objective == Objective::ReclaimAware {
-        total -= super::reclaim::loss(inst, alloc);
     }
     Some(total)
 }
