@@ -314,12 +314,41 @@ pub fn admitted_run(comment: &str) -> Option<u16> {
 /// release` would.
 pub const UNADMITTED_NOTE: &str = "bftrainer: started without bftrainerd's admission";
 
-/// The Comment bft-run writes with a requeue with hold of a start bftrainerd did not
-/// admit (see [`admitted_note`]).
+/// The Comment spank/bftrainer (or bft-run) writes with a requeue with hold of a start
+/// bftrainerd did not admit (see [`admitted_note`]).
 pub fn unadmitted_note(restarts: u16) -> String {
     format!(
-        "{UNADMITTED_NOTE} (run {restarts}: requeued by Slurm while bftrainerd was away?); requeued held by bft-run until bftrainerd admits it"
+        "{UNADMITTED_NOTE} (run {restarts}: requeued by Slurm while bftrainerd was away?); requeued held until bftrainerd admits it"
     )
+}
+
+/// Whether a job that Slurm has just started is an elastic core job started without
+/// bftrainerd's admission: its admin comment tags it a core (only the plugin and
+/// privileged uids write tags), and its Comment holds neither bftrainerd's
+/// [`admitted_note`] for this run (`restarts`, Slurm's restart count) nor a
+/// [`RunComment`](crate::runtime::RunComment) that bft-run wrote during this same
+/// start (`start`, the job's start time). Slurm starts a requeued job again by itself
+/// once its BeginTime passes, also while bftrainerd is down (no plugin is called on a
+/// requeue), on nodes bftrainerd did not choose now; spank/bftrainer (before the batch
+/// script runs) and bft-run (as the script) requeue such a start held with
+/// [`unadmitted_note`]. Plain jobs and satellites are never unadmitted. The Comment is
+/// the owner's to write: writing an admission note by hand only lets their own job run
+/// where Slurm put it, which bftrainerd's reconcile still requeues if the nodes are not
+/// the ones it holds for the job.
+pub fn unadmitted(
+    admin_comment: Option<&str>,
+    comment: Option<&str>,
+    restarts: u16,
+    start: Option<i64>,
+) -> bool {
+    let core = admin_comment
+        .and_then(parse_tag)
+        .is_some_and(|t| t.is_ok_and(|s| s.role == Role::Core));
+    let comment = comment.unwrap_or("");
+    let admitted = admitted_run(comment) == Some(restarts)
+        || crate::runtime::RunComment::parse(comment)
+            .is_some_and(|c| c.start != 0 && Some(c.start) == start);
+    core && !admitted
 }
 
 /// The Comment of a core job waiting for bftrainerd (set at submission when the user
@@ -596,6 +625,67 @@ mod tests {
         assert!(unadmitted_note(3).starts_with(UNADMITTED_NOTE));
         // Not a site hold: bftrainerd admits such a job.
         assert_eq!(site_hold(None, Some(&unadmitted_note(3))), None);
+    }
+
+    #[test]
+    fn only_a_core_started_without_its_admission_note_is_unadmitted() {
+        use crate::runtime::RunComment;
+        let core = Some("bftrainer:v1 2:4,role=core");
+        let start = Some(1_700_000_000);
+        let run = |s: i64| {
+            RunComment {
+                coord: "h:1".into(),
+                run: "ab".into(),
+                start: s,
+                gen: 2,
+                nodes: 3,
+                rate: 1.0,
+                step: 0.5,
+                done: false,
+            }
+            .to_string()
+        };
+        let ours = run(1_700_000_000);
+        let stale = run(1_600_000_000);
+        let admitted1 = admitted_note(1);
+        // Admitted for this run, or a note of this start's earlier bft-run.
+        assert!(!unadmitted(core, Some(&admitted1), 1, start));
+        assert!(!unadmitted(core, Some(&ours), 1, start));
+        // Admitted for another run, a previous start's note, none, the user's text,
+        // a note without a start time, its own unadmitted note (a second look).
+        assert!(unadmitted(core, Some(&admitted1), 2, start));
+        assert!(unadmitted(core, Some(&stale), 1, start));
+        assert!(unadmitted(core, None, 0, start));
+        assert!(unadmitted(core, Some("my run"), 0, start));
+        assert!(unadmitted(core, Some(&run(0)), 0, Some(0)));
+        assert!(unadmitted(core, Some(&ours), 1, None));
+        assert!(unadmitted(core, Some(&unadmitted_note(1)), 1, start));
+        // Hostile Comments: an admission note for this run with text before it, one
+        // too long for a restart count, binary junk.
+        assert!(unadmitted(core, Some(&format!(" {admitted1}")), 1, start));
+        assert!(unadmitted(
+            core,
+            Some("bftrainer: admitted by bftrainerd for run 65537"),
+            1,
+            start
+        ));
+        assert!(unadmitted(core, Some("\u{0}\u{fffd}coord=\n"), 1, start));
+        // An administrator's hold mark keeps it a core job.
+        assert!(unadmitted(
+            Some("bftrainer:v1 2:4,role=core,hold=admin"),
+            None,
+            1,
+            start
+        ));
+        // Not a core job: a plain job, a satellite, a broken tag.
+        for a in [
+            None,
+            Some("site text"),
+            Some("bftrainer:v1 1:1,role=satellite,parent=5"),
+            Some("bftrainer:v1 x"),
+        ] {
+            assert!(!unadmitted(a, None, 3, start), "{a:?}");
+        }
     }
 
     #[test]

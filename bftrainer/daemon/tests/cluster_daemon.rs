@@ -1489,3 +1489,96 @@ fn unservable_while_n1_n2_are_taken(l: &Live, spec: &str, arg: &str, asks: &str)
     );
     (blocker, job)
 }
+
+/// A core job whose batch script is not bft-run (a plain shell script), requeued by
+/// Slurm while bftrainerd is down (root's `scontrol requeue`, as after a node failure)
+/// and started again by Slurm itself once its BeginTime passes: spank/bftrainer, in
+/// the batch step before the script runs, finds no admission for this run in the
+/// Comment, writes its note and requeues the job held, and the script does not run;
+/// no node is drained. bftrainerd, back, admits the job (not taking it for a site's
+/// requeue with hold) and the script runs. The script appends Slurm's restart count of
+/// each start it runs in to a file: 0 (admitted), none for 1 (Slurm's own start), 2.
+#[test]
+fn cluster_daemon_plain_core_requeued_while_the_daemon_is_down_waits_for_its_admission() {
+    let mut l = Live::start("", "", "");
+    let work = l.dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    assert!(Command::new("chown")
+        .arg(bftrainer_testcluster::TEST_USER)
+        .arg(&work)
+        .status()
+        .unwrap()
+        .success());
+    let starts = work.join("starts");
+    let script = work.join("plain.sbatch");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n#SBATCH -J plain\n#SBATCH -o {out}\n\
+             echo \"${{SLURM_RESTART_COUNT:-0}}\" >> {starts}\n\
+             exec sleep 600\n",
+            out = work.join("job.out").display(),
+            starts = starts.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let job = l.sbatch_as_user(&["--elastic=1:1", script.to_str().unwrap()], Some(&work));
+    let runs = || -> Vec<String> {
+        std::fs::read_to_string(&starts)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let admissions = |l: &Live| {
+        l.log_text()
+            .matches(&format!("admit job {job} (user"))
+            .count()
+    };
+    l.wait(120, "the admitted start's script running", || {
+        (runs() == ["0"] && l.state_of(job) == "RUNNING").then_some(())
+    });
+    assert_eq!(admissions(&l), 1, "{}", l.log_text());
+
+    l.kill9();
+    l.c.run("scontrol", &["requeue", &job.to_string()]).unwrap();
+    l.wait(
+        300,
+        "Slurm's own start requeued held by spank/bftrainer",
+        || {
+            let f = show_job(&l, job);
+            (f.contains("JobState=PENDING")
+                && f.contains("Priority=0 ")
+                && f.contains("Comment=bftrainer: started without bftrainerd's admission (run 1:"))
+            .then_some(())
+        },
+    );
+    // The script did not run for run 1; the start ended without draining its node.
+    assert_eq!(runs(), ["0"], "{}", show_job(&l, job));
+    // The job's owner reads why in the job's output.
+    let out = std::fs::read_to_string(work.join("job.out")).unwrap_or_default();
+    assert!(
+        out.contains(&format!(
+            "spank/bftrainer: job {job} was started by Slurm without bftrainerd's admission (run 1)"
+        )),
+        "{out}"
+    );
+    let nodes = l.c.run("sinfo", &["-h", "-N", "-o", "%N %T"]).unwrap();
+    assert!(!nodes.to_lowercase().contains("drain"), "{nodes}");
+
+    l.spawn();
+    l.wait(
+        300,
+        "the script running in the start bftrainerd admitted",
+        || (runs() == ["0", "2"] && l.state_of(job) == "RUNNING").then_some(()),
+    );
+    let log = l.log_text();
+    assert_eq!(admissions(&l), 2, "{log}");
+    assert!(
+        !log.contains(&format!("elastic job {job} came back held")),
+        "{log}"
+    );
+    let f = show_job(&l, job);
+    assert!(f.contains("Restarts=2"), "{f}");
+}

@@ -863,9 +863,12 @@ fn cluster_runtime_mpi_program_through_grow_preemption_and_regrow() {
 
 /// A core job that Slurm requeues while bftrainerd is down, and then starts again by
 /// itself once its BeginTime passes (no plugin is called on a requeue), does not train
-/// where Slurm put it: bft-run finds no admission for this run in the Comment, requeues
-/// the job held with its note, and bftrainerd, back, admits it again (not taking it
-/// for a site's `scontrol requeuehold`), after which bft-run runs the training.
+/// where Slurm put it: the batch step finds no admission for this run in the Comment
+/// and requeues the job held with its note (spank/bftrainer, before bft-run starts; a
+/// node without the plugin leaves it to bft-run, which makes the same check), and
+/// bftrainerd, back, admits it again (not taking it for a site's `scontrol
+/// requeuehold`), after which bft-run runs the training. A plain script's core:
+/// cluster_daemon.rs.
 #[test]
 fn cluster_runtime_core_requeued_while_the_daemon_is_down_waits_for_its_admission() {
     let (mut l, work, _show) = joining_cluster("bftua");
@@ -894,22 +897,23 @@ fn cluster_runtime_core_requeued_while_the_daemon_is_down_waits_for_its_admissio
     // administrator's requeue) and starts it again by itself.
     l.kill9();
     l.c.run("scontrol", &["requeue", &job.to_string()]).unwrap();
-    l.wait(
-        300,
-        "the start Slurm made by itself requeued held by bft-run",
-        || {
-            let f = show(&l);
-            (f.contains("JobState=PENDING")
-                && f.contains("Priority=0 ")
-                && f.contains("Comment=bftrainer: started without bftrainerd's admission (run 1"))
-            .then_some(())
-        },
-    );
+    l.wait(300, "the start Slurm made by itself requeued held", || {
+        let f = show(&l);
+        (f.contains("JobState=PENDING")
+            && f.contains("Priority=0 ")
+            && f.contains("Comment=bftrainer: started without bftrainerd's admission (run 1"))
+        .then_some(())
+    });
+    // Said by the plugin, before bft-run started: bft-run never ran for run 1.
     let out = job_out(&work);
     assert!(
         out.contains(&format!(
-            "job {job} was started by Slurm without bftrainerd's admission (run 1"
+            "spank/bftrainer: job {job} was started by Slurm without bftrainerd's admission (run 1)"
         )),
+        "{out}"
+    );
+    assert!(
+        !out.contains(&format!("bft-run: job {job} was started by Slurm")),
         "{out}"
     );
 

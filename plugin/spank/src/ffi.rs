@@ -4,13 +4,14 @@
 #![allow(non_upper_case_globals)]
 
 use std::ffi::{c_char, c_int, CStr};
+use std::io::Write as _;
 use std::sync::Mutex;
 
-use bftrainer_core::spec::{self, ElasticSpec};
+use bftrainer_core::spec::{self, ElasticSpec, Role};
 use bftrainer_plugin_common::{self as common, guard, Level, Logger};
 use slurm_sys as sys;
 
-use crate::exports;
+use crate::{exports, gate};
 
 #[no_mangle]
 pub static plugin_name: [u8; 10] = *b"bftrainer\0";
@@ -151,11 +152,7 @@ pub extern "C" fn slurm_spank_user_init(
         let Some(spec) = spec else {
             return OK;
         };
-        let mut job_id: u32 = 0;
-        // SAFETY: S_JOB_ID writes one uint32_t through the pointer.
-        let rc = unsafe { sys::spank_get_item(sp, sys::S_JOB_ID, &mut job_id as *mut u32) };
-        let job_id =
-            (rc == sys::ESPANK_SUCCESS as sys::spank_err_t && job_id != 0).then_some(job_id);
+        let job_id = item_u32(sp, sys::S_JOB_ID).filter(|&j| j != 0);
         for (k, v) in exports::task_env(&spec, job_id) {
             let (k, v) = (common::c_string(k), common::c_string(&v));
             // SAFETY: valid handle and NUL-terminated strings, copied by Slurm.
@@ -166,6 +163,87 @@ pub extern "C" fn slurm_spank_user_init(
         }
         OK
     })
+}
+
+/// Remote side, in the task that is about to exec the batch script of an elastic core
+/// job: a start that bftrainerd did not admit (Slurm requeued the job while bftrainerd
+/// was down and started it again by itself) is requeued held for bftrainerd to admit,
+/// and the script does not run (`gate`). slurmstepd calls this hook in the forked task
+/// after it has set the real and effective uid to the job's user, so the RPCs are the
+/// user's own (only their own job can be read or requeued); the uid is checked anyway.
+///
+/// The script is kept from running by ending the task with status 0 here. Slurm's own
+/// path for a `required` plugin whose task_init fails is `_exit(1)` at this same point
+/// (exec_task in src/slurmd/slurmstepd/task.c, 22.05, 24.11 and 26.05): the task ends,
+/// the stepd's launch succeeded, so the node is not drained (only a non-zero launch rc
+/// in batch_finish drains it), and slurmctld ignores the exit status of a job it has
+/// already requeued (COMPLETING). Ending it here does the same whether plugstack.conf
+/// says `required` or `optional` (an error from an optional plugin is ignored and the
+/// script would run), without logging a plugin failure. On any error the check is
+/// logged and the script runs, as bft-run does when its own requeue fails.
+#[no_mangle]
+pub extern "C" fn slurm_spank_task_init(
+    sp: sys::spank_t,
+    _ac: c_int,
+    _av: *mut *mut c_char,
+) -> c_int {
+    guard(LOG, "slurm_spank_task_init", OK, || {
+        if context() != sys::S_CTX_REMOTE
+            || item_u32(sp, sys::S_JOB_STEPID) != Some(sys::SLURM_BATCH_SCRIPT)
+        {
+            return OK;
+        }
+        // The forwarded request decides only whether to look: the job's tag, which only
+        // the plugin and privileged users write, decides whether it is a core (gate).
+        let core = request()
+            .clone()
+            .or_else(|| from_job_env(sp))
+            .is_some_and(|s| s.role == Role::Core);
+        if !core {
+            return OK;
+        }
+        let Some(job_id) = item_u32(sp, sys::S_JOB_ID).filter(|&j| j != 0) else {
+            LOG.error("elastic core batch step without a job id: its admission is not checked");
+            return OK;
+        };
+        // SAFETY: getuid and geteuid cannot fail.
+        let (uid, euid) = unsafe { (libc::getuid(), libc::geteuid()) };
+        if item_u32(sp, sys::S_JOB_UID) != Some(uid) || euid != uid {
+            LOG.error(&format!(
+                "job {job_id}: the batch task runs as uid {uid} (effective {euid}), not as the job's user: bftrainerd's admission is not checked"
+            ));
+            return OK;
+        }
+        match gate::unadmitted_start_requeued(job_id) {
+            Ok(None) => OK,
+            Ok(Some(run)) => {
+                let msg = format!(
+                    "job {job_id} was started by Slurm without bftrainerd's admission (run {run}): requeued held until bftrainerd admits it; the batch script does not run for this start"
+                );
+                LOG.info(&msg);
+                // The task's stderr is the job's: the owner reads why in its output.
+                let _ = writeln!(std::io::stderr(), "spank/bftrainer: {msg}");
+                // SAFETY: ends this forked task before it execs the script (see above);
+                // nothing of the task's own needs flushing.
+                unsafe { libc::_exit(0) }
+            }
+            Err(e) => {
+                LOG.error(&format!(
+                    "job {job_id}: cannot check or enforce bftrainerd's admission of this start ({e}); the batch script runs"
+                ));
+                OK
+            }
+        }
+    })
+}
+
+/// A uint32_t (or uid_t) item of the step, when Slurm has it here.
+fn item_u32(sp: sys::spank_t, item: sys::spank_item) -> Option<u32> {
+    let mut v: u32 = 0;
+    // SAFETY: the items asked for (S_JOB_ID, S_JOB_STEPID, S_JOB_UID) write one
+    // uint32_t (uid_t is one) through the pointer.
+    let rc = unsafe { sys::spank_get_item(sp, item, &mut v as *mut u32) };
+    (rc == sys::ESPANK_SUCCESS as sys::spank_err_t).then_some(v)
 }
 
 /// Jobs that bftrainerd submits through the API carry the request only in their

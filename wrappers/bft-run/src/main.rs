@@ -519,34 +519,16 @@ async fn join(cli: &Cli, parent: u32) -> i32 {
 }
 
 /// Whether `j`, the job this bft-run coordinates, is an elastic core job that Slurm
-/// started without bftrainerd's admission: its Comment holds neither bftrainerd's
-/// admission note for this run (Slurm's restart count) nor a note of an earlier bft-run
-/// of this same start. Slurm starts a requeued job again by itself once its BeginTime
-/// passes, also while bftrainerd is down (no plugin is called on a requeue); such a
-/// start is on nodes bftrainerd did not choose now. Plain jobs are never unadmitted.
+/// started without bftrainerd's admission ([`spec::unadmitted`], the check
+/// spank/bftrainer makes before the batch script runs; bft-run repeats it for nodes
+/// without the plugin). Plain jobs are never unadmitted.
 fn unadmitted_start(j: &bftrainer_slurm::Job) -> bool {
-    unadmitted(
+    spec::unadmitted(
         j.admin_comment.as_deref(),
         j.comment.as_deref(),
         j.restart_count,
         j.start_time,
     )
-}
-
-/// [`unadmitted_start`] of a job's admin comment, Comment, restart count and start time.
-fn unadmitted(
-    admin_comment: Option<&str>,
-    comment: Option<&str>,
-    restarts: u16,
-    start: Option<i64>,
-) -> bool {
-    let core = admin_comment
-        .and_then(spec::parse_tag)
-        .is_some_and(|t| t.is_ok_and(|s| s.role == spec::Role::Core));
-    let comment = comment.unwrap_or("");
-    let admitted = spec::admitted_run(comment) == Some(restarts)
-        || RunComment::parse(comment).is_some_and(|c| c.start != 0 && Some(c.start) == start);
-    core && !admitted
 }
 
 /// Requeues an unadmitted start ([`unadmitted_start`]) held, with a note in the
@@ -911,53 +893,6 @@ fn comment_writer(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_a_core_started_without_its_admission_note_is_unadmitted() {
-        let core = Some("bftrainer:v1 2:4,role=core");
-        let start = Some(1_700_000_000);
-        let run = |s: i64| {
-            RunComment {
-                coord: "h:1".into(),
-                run: "ab".into(),
-                start: s,
-                gen: 2,
-                nodes: 3,
-                rate: 1.0,
-                step: 0.5,
-                done: false,
-            }
-            .to_string()
-        };
-        let ours = run(1_700_000_000);
-        let stale = run(1_600_000_000);
-        let admitted1 = spec::admitted_note(1);
-        // Admitted for this run, or a note of this start's earlier bft-run.
-        assert!(!unadmitted(core, Some(&admitted1), 1, start));
-        assert!(!unadmitted(core, Some(&ours), 1, start));
-        // Admitted for another run, a previous start's note, none, the user's text.
-        assert!(unadmitted(core, Some(&admitted1), 2, start));
-        assert!(unadmitted(core, Some(&stale), 1, start));
-        assert!(unadmitted(core, None, 0, start));
-        assert!(unadmitted(core, Some("my run"), 0, start));
-        assert!(unadmitted(core, Some(&run(0)), 0, Some(0)));
-        // An administrator's hold mark keeps it a core job.
-        assert!(unadmitted(
-            Some("bftrainer:v1 2:4,role=core,hold=admin"),
-            None,
-            1,
-            start
-        ));
-        // Not a core job: a plain job, a satellite, a broken tag.
-        for a in [
-            None,
-            Some("site text"),
-            Some("bftrainer:v1 1:1,role=satellite,parent=5"),
-            Some("bftrainer:v1 x"),
-        ] {
-            assert!(!unadmitted(a, None, 3, start), "{a:?}");
-        }
-    }
 
     #[test]
     fn workers_get_the_users_environment_without_slurms_ours_or_the_nodes() {
