@@ -33,6 +33,8 @@ struct Seen {
     comment: Option<String>,
     restarts: u16,
     start: Option<i64>,
+    /// The job is running: this start is still its current one.
+    running: bool,
 }
 
 fn clear_errno() {
@@ -82,30 +84,43 @@ fn load(job_id: u32) -> Result<Seen, String> {
         comment: text(j.comment),
         restarts: j.restart_cnt,
         start: (j.start_time != 0).then_some(j.start_time),
+        running: j.job_state & sys::JOB_STATE_BASE == sys::JOB_RUNNING,
     })
 }
 
 /// Writes the unadmitted note into the job's Comment and requeues it held, in the
 /// order bft-run does (the note first, so bftrainerd never sees the hold without it).
-fn requeue_held(job_id: u32, restarts: u16) -> Result<(), String> {
-    let note = CString::new(spec::unadmitted_note(restarts))
-        .map_err(|_| "the note has a NUL byte".to_string())?;
-    let mut desc: sys::job_desc_msg_t = Default::default();
-    // SAFETY: fills a caller-owned struct with Slurm's "unset" values.
-    unsafe { sys::slurm_init_job_desc_msg(&mut desc) };
-    sys::compat::set_job_desc_job_id(&mut desc, job_id);
-    desc.comment = note.as_ptr().cast_mut();
-    clear_errno();
-    // SAFETY: desc and the note it points to live across the call; Slurm only reads them.
-    let rc = unsafe { sys::slurm_update_job(&mut desc) };
-    if rc != sys::SLURM_SUCCESS as c_int {
-        return Err(failed("slurm_update_job (Comment)", rc));
-    }
+fn requeue_held(job_id: u32, restarts: u16, seen_comment: Option<&str>) -> Result<(), String> {
+    set_comment(job_id, &spec::unadmitted_note(restarts))?;
     clear_errno();
     // SAFETY: plain values.
     let rc = unsafe { sys::compat::requeue(job_id, sys::JOB_REQUEUE_HOLD as u32) };
     if rc != sys::SLURM_SUCCESS as c_int {
-        return Err(failed("slurm_requeue (hold)", rc));
+        let why = failed("slurm_requeue (hold)", rc);
+        // Requeued by someone else since the lookup (Slurm refuses a pending job): the
+        // note must not turn their requeue into an "admit me" for bftrainerd.
+        let restored = match set_comment(job_id, seen_comment.unwrap_or("")) {
+            Ok(()) => "its Comment restored".to_string(),
+            Err(e) => format!("its Comment not restored: {e}"),
+        };
+        return Err(format!("{why}; {restored}"));
+    }
+    Ok(())
+}
+
+/// Sets the job's Comment (as the job's user: the owner may).
+fn set_comment(job_id: u32, comment: &str) -> Result<(), String> {
+    let text = CString::new(comment).map_err(|_| "a Comment with a NUL byte".to_string())?;
+    let mut desc: sys::job_desc_msg_t = Default::default();
+    // SAFETY: fills a caller-owned struct with Slurm's "unset" values.
+    unsafe { sys::slurm_init_job_desc_msg(&mut desc) };
+    sys::compat::set_job_desc_job_id(&mut desc, job_id);
+    desc.comment = text.as_ptr().cast_mut();
+    clear_errno();
+    // SAFETY: desc and the text it points to live across the call; Slurm only reads them.
+    let rc = unsafe { sys::slurm_update_job(&mut desc) };
+    if rc != sys::SLURM_SUCCESS as c_int {
+        return Err(failed("slurm_update_job (Comment)", rc));
     }
     Ok(())
 }
@@ -116,14 +131,19 @@ fn requeue_held(job_id: u32, restarts: u16) -> Result<(), String> {
 /// must not run), `Err` when the check or the requeue failed.
 pub fn unadmitted_start_requeued(job_id: u32) -> Result<Option<u16>, String> {
     let seen = load(job_id)?;
-    if !spec::unadmitted(
-        seen.admin_comment.as_deref(),
-        seen.comment.as_deref(),
-        seen.restarts,
-        seen.start,
-    ) {
+    // Only while this start is the job's current one: a job requeued meanwhile (a
+    // site's `scontrol requeuehold`, say) is no longer running, its restart count has
+    // moved on, and its Comment is bftrainerd's to read as the site left it.
+    if !seen.running
+        || !spec::unadmitted(
+            seen.admin_comment.as_deref(),
+            seen.comment.as_deref(),
+            seen.restarts,
+            seen.start,
+        )
+    {
         return Ok(None);
     }
-    requeue_held(job_id, seen.restarts)?;
+    requeue_held(job_id, seen.restarts, seen.comment.as_deref())?;
     Ok(Some(seen.restarts))
 }

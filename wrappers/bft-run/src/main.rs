@@ -523,12 +523,16 @@ async fn join(cli: &Cli, parent: u32) -> i32 {
 /// spank/bftrainer makes before the batch script runs; bft-run repeats it for nodes
 /// without the plugin). Plain jobs are never unadmitted.
 fn unadmitted_start(j: &bftrainer_slurm::Job) -> bool {
-    spec::unadmitted(
-        j.admin_comment.as_deref(),
-        j.comment.as_deref(),
-        j.restart_count,
-        j.start_time,
-    )
+    // Only while this start is the job's current one: a job requeued meanwhile (a
+    // site's `scontrol requeuehold`, say) is no longer running, its restart count has
+    // moved on, and its Comment is bftrainerd's to read as the site left it.
+    j.state.base() == JobBase::Running
+        && spec::unadmitted(
+            j.admin_comment.as_deref(),
+            j.comment.as_deref(),
+            j.restart_count,
+            j.start_time,
+        )
 }
 
 /// Requeues an unadmitted start ([`unadmitted_start`]) held, with a note in the
@@ -551,11 +555,21 @@ fn requeue_unadmitted(
         comment: Some(spec::unadmitted_note(j.restart_count)),
         ..Default::default()
     };
-    let done = slurm
-        .update_job(id, &note)
-        .and_then(|()| slurm.requeue(id, true));
-    done.map_err(|e| {
-        format!("cannot requeue job {id} held ({e}); it runs without bftrainerd's admission")
+    slurm.update_job(id, &note).map_err(|e| {
+        format!("cannot write the note into job {id}'s Comment ({e}); it runs without bftrainerd's admission")
+    })?;
+    slurm.requeue(id, true).map_err(|e| {
+        // Requeued by someone else since the lookup (Slurm refuses a pending job): the
+        // note must not turn their requeue into an "admit me" for bftrainerd.
+        let back = bftrainer_slurm::JobUpdate {
+            comment: Some(j.comment.clone().unwrap_or_default()),
+            ..Default::default()
+        };
+        let restored = match slurm.update_job(id, &back) {
+            Ok(()) => "its Comment restored".to_string(),
+            Err(e2) => format!("its Comment not restored: {e2}"),
+        };
+        format!("cannot requeue job {id} held ({e}; {restored}); it runs without bftrainerd's admission")
     })
 }
 
