@@ -346,9 +346,35 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
         "root's release of its hold started the job"
     );
 
+    // root's plain release starts the job, but not by bftrainerd's admission (no
+    // bftrainerd here): spank/bftrainer's gate requeues that start held, with its note,
+    // before the script runs, for bftrainerd to admit.
     c.run("scontrol", &["release", &id_s])
         .expect("root (daemon_user) releases");
-    c.wait_for_state(id, &["COMPLETED"], Duration::from_secs(60))
+    let gated = wait_until(
+        "the gate to requeue the unadmitted start held",
+        Duration::from_secs(120),
+        || {
+            let full = c.run("scontrol", &["show", "job", &id_s])?;
+            Ok((full.contains("JobState=PENDING")
+                && full.contains("Restarts=1")
+                && full
+                    .contains("Comment=bftrainer: started without bftrainerd's admission (run 0"))
+            .then_some(full))
+        },
+    )
+    .expect("the gate held the start");
+    assert!(gated.contains("Priority=0"), "{gated}");
+    // To run it outside bftrainerd, an administrator takes the tag off, then releases.
+    c.run(
+        "scontrol",
+        &["update", &format!("jobid={id}"), "AdminComment="],
+    )
+    .expect("root clears the tag");
+    c.run("scontrol", &["release", &id_s])
+        .expect("root releases the untagged job");
+    // After Slurm's requeue delay (its BeginTime).
+    c.wait_for_state(id, &["COMPLETED"], Duration::from_secs(400))
         .expect("elastic job runs to completion");
     let env = std::fs::read_to_string(c.work_dir().join(format!("env-{id}.out"))).unwrap();
     for line in [
