@@ -334,13 +334,19 @@ pub fn unadmitted_note(restarts: u16) -> String {
 /// [`unadmitted_note`]. Plain jobs and satellites are never unadmitted. The Comment is
 /// the owner's to write: writing an admission note by hand only lets their own job run
 /// where Slurm put it, which bftrainerd's reconcile still requeues if the nodes are not
-/// the ones it holds for the job.
+/// the ones it holds for the job. Only a job still `running` is judged: one requeued
+/// since this start began (a site's `scontrol requeuehold` racing the launch) has a new
+/// restart count, and its Comment is bftrainerd's to read as the site left it.
 pub fn unadmitted(
     admin_comment: Option<&str>,
     comment: Option<&str>,
     restarts: u16,
     start: Option<i64>,
+    running: bool,
 ) -> bool {
+    if !running {
+        return false;
+    }
     let core = admin_comment
         .and_then(parse_tag)
         .is_some_and(|t| t.is_ok_and(|s| s.role == Role::Core));
@@ -649,33 +655,51 @@ mod tests {
         let stale = run(1_600_000_000);
         let admitted1 = admitted_note(1);
         // Admitted for this run, or a note of this start's earlier bft-run.
-        assert!(!unadmitted(core, Some(&admitted1), 1, start));
-        assert!(!unadmitted(core, Some(&ours), 1, start));
+        assert!(!unadmitted(core, Some(&admitted1), 1, start, true));
+        assert!(!unadmitted(core, Some(&ours), 1, start, true));
         // Admitted for another run, a previous start's note, none, the user's text,
         // a note without a start time, its own unadmitted note (a second look).
-        assert!(unadmitted(core, Some(&admitted1), 2, start));
-        assert!(unadmitted(core, Some(&stale), 1, start));
-        assert!(unadmitted(core, None, 0, start));
-        assert!(unadmitted(core, Some("my run"), 0, start));
-        assert!(unadmitted(core, Some(&run(0)), 0, Some(0)));
-        assert!(unadmitted(core, Some(&ours), 1, None));
-        assert!(unadmitted(core, Some(&unadmitted_note(1)), 1, start));
+        assert!(unadmitted(core, Some(&admitted1), 2, start, true));
+        assert!(unadmitted(core, Some(&stale), 1, start, true));
+        assert!(unadmitted(core, None, 0, start, true));
+        assert!(unadmitted(core, Some("my run"), 0, start, true));
+        assert!(unadmitted(core, Some(&run(0)), 0, Some(0), true));
+        assert!(unadmitted(core, Some(&ours), 1, None, true));
+        assert!(unadmitted(core, Some(&unadmitted_note(1)), 1, start, true));
+        // A job requeued since this start (no longer running) is not judged, whatever
+        // its Comment says.
+        assert!(!unadmitted(core, Some(&admitted1), 2, start, false));
+        assert!(!unadmitted(core, None, 2, start, false));
         // Hostile Comments: an admission note for this run with text before it, one
         // too long for a restart count, binary junk.
-        assert!(unadmitted(core, Some(&format!(" {admitted1}")), 1, start));
+        assert!(unadmitted(
+            core,
+            Some(&format!(" {admitted1}")),
+            1,
+            start,
+            true
+        ));
         assert!(unadmitted(
             core,
             Some("bftrainer: admitted by bftrainerd for run 65537"),
             1,
-            start
+            start,
+            true
         ));
-        assert!(unadmitted(core, Some("\u{0}\u{fffd}coord=\n"), 1, start));
+        assert!(unadmitted(
+            core,
+            Some("\u{0}\u{fffd}coord=\n"),
+            1,
+            start,
+            true
+        ));
         // An administrator's hold mark keeps it a core job.
         assert!(unadmitted(
             Some("bftrainer:v1 2:4,role=core,hold=admin"),
             None,
             1,
-            start
+            start,
+            true
         ));
         // Not a core job: a plain job, a satellite, a broken tag.
         for a in [
@@ -684,7 +708,7 @@ mod tests {
             Some("bftrainer:v1 1:1,role=satellite,parent=5"),
             Some("bftrainer:v1 x"),
         ] {
-            assert!(!unadmitted(a, None, 3, start), "{a:?}");
+            assert!(!unadmitted(a, None, 3, start, true), "{a:?}");
         }
     }
 

@@ -1205,16 +1205,12 @@ fn scontrol_as_user(l: &Live, args: &[&str]) {
 
 /// `scontrol ARGS` as `user`; its output, whether it succeeded or not.
 fn scontrol_as(l: &Live, user: &str, args: &[&str]) -> std::process::Output {
-    use std::os::unix::process::CommandExt;
-    let (uid, gid) = bftrainer_testcluster::user_ids(user).unwrap();
-    let mut c = l.c.command("scontrol");
-    c.uid(uid)
-        .gid(gid)
-        .env("USER", user)
-        .env("LOGNAME", user)
+    l.c.command_as(user, "scontrol")
+        .unwrap()
         .current_dir("/tmp")
-        .args(args);
-    c.output().unwrap()
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 /// What `bftrainer jobs` prints, as root.

@@ -131,17 +131,13 @@ fn set_comment(job_id: u32, comment: &str) -> Result<(), String> {
 /// must not run), `Err` when the check or the requeue failed.
 pub fn unadmitted_start_requeued(job_id: u32) -> Result<Option<u16>, String> {
     let seen = load(job_id)?;
-    // Only while this start is the job's current one: a job requeued meanwhile (a
-    // site's `scontrol requeuehold`, say) is no longer running, its restart count has
-    // moved on, and its Comment is bftrainerd's to read as the site left it.
-    if !seen.running
-        || !spec::unadmitted(
-            seen.admin_comment.as_deref(),
-            seen.comment.as_deref(),
-            seen.restarts,
-            seen.start,
-        )
-    {
+    if !spec::unadmitted(
+        seen.admin_comment.as_deref(),
+        seen.comment.as_deref(),
+        seen.restarts,
+        seen.start,
+        seen.running,
+    ) {
         return Ok(None);
     }
     requeue_held(job_id, seen.restarts, seen.comment.as_deref())?;

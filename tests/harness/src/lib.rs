@@ -350,13 +350,15 @@ impl Cluster {
 
     /// Like [`Cluster::command`], but run as [`TEST_USER`].
     pub fn command_as_test_user(&self, program: impl AsRef<OsStr>) -> Result<Command, Error> {
+        self.command_as(TEST_USER, program)
+    }
+
+    /// Like [`Cluster::command`], but run as `user` (its uid, gid, USER and LOGNAME).
+    pub fn command_as(&self, user: &str, program: impl AsRef<OsStr>) -> Result<Command, Error> {
         use std::os::unix::process::CommandExt;
-        let (uid, gid) = user_ids(TEST_USER)?;
+        let (uid, gid) = user_ids(user)?;
         let mut c = self.command(program);
-        c.uid(uid)
-            .gid(gid)
-            .env("USER", TEST_USER)
-            .env("LOGNAME", TEST_USER);
+        c.uid(uid).gid(gid).env("USER", user).env("LOGNAME", user);
         Ok(c)
     }
 

@@ -523,16 +523,13 @@ async fn join(cli: &Cli, parent: u32) -> i32 {
 /// spank/bftrainer makes before the batch script runs; bft-run repeats it for nodes
 /// without the plugin). Plain jobs are never unadmitted.
 fn unadmitted_start(j: &bftrainer_slurm::Job) -> bool {
-    // Only while this start is the job's current one: a job requeued meanwhile (a
-    // site's `scontrol requeuehold`, say) is no longer running, its restart count has
-    // moved on, and its Comment is bftrainerd's to read as the site left it.
-    j.state.base() == JobBase::Running
-        && spec::unadmitted(
-            j.admin_comment.as_deref(),
-            j.comment.as_deref(),
-            j.restart_count,
-            j.start_time,
-        )
+    spec::unadmitted(
+        j.admin_comment.as_deref(),
+        j.comment.as_deref(),
+        j.restart_count,
+        j.start_time,
+        j.state.base() == JobBase::Running,
+    )
 }
 
 /// Requeues an unadmitted start ([`unadmitted_start`]) held, with a note in the

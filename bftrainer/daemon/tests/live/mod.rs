@@ -495,14 +495,8 @@ impl Live {
 
     /// As [`Live::submit_elastic_as`], with more sbatch options (e.g. `--qos=high`).
     pub fn submit_elastic_as_with(&self, user: &str, spec: &str, more: &[&str]) -> u32 {
-        use std::os::unix::process::CommandExt;
-        let (uid, gid) = bftrainer_testcluster::user_ids(user).unwrap();
-        let mut cmd = self.c.command("sbatch");
-        cmd.uid(uid)
-            .gid(gid)
-            .env("USER", user)
-            .env("LOGNAME", user)
-            .current_dir("/tmp")
+        let mut cmd = self.c.command_as(user, "sbatch").unwrap();
+        cmd.current_dir("/tmp")
             .args(["--parsable", &format!("--elastic={spec}")])
             .args(more)
             .args(["-J", "train", "-o", "/dev/null", "--wrap", "srun sleep 600"]);
