@@ -1552,14 +1552,17 @@ fn cluster_daemon_plain_core_requeued_while_the_daemon_is_down_waits_for_its_adm
     );
     // The script did not run for run 1; the start ended without draining its node.
     assert_eq!(runs(), ["0"], "{}", show_job(&l, job));
-    // The job's owner reads why in the job's output.
-    let out = std::fs::read_to_string(work.join("job.out")).unwrap_or_default();
-    assert!(
-        out.contains(&format!(
-            "spank/bftrainer: job {job} was started by Slurm without bftrainerd's admission (run 1)"
-        )),
-        "{out}"
+    // The job's owner reads why in the job's output (written just after the requeue:
+    // waited for, not read once).
+    let said = format!(
+        "spank/bftrainer: job {job} was started by Slurm without bftrainerd's admission (run 1)"
     );
+    l.wait(60, "the gate's line in the job's output", || {
+        std::fs::read_to_string(work.join("job.out"))
+            .ok()
+            .filter(|out| out.contains(&said))
+            .map(|_| ())
+    });
     let nodes = l.c.run("sinfo", &["-h", "-N", "-o", "%N %T"]).unwrap();
     assert!(!nodes.to_lowercase().contains("drain"), "{nodes}");
 

@@ -904,14 +904,15 @@ fn cluster_runtime_core_requeued_while_the_daemon_is_down_waits_for_its_admissio
             && f.contains("Comment=bftrainer: started without bftrainerd's admission (run 1"))
         .then_some(())
     });
-    // Said by the plugin, before bft-run started: bft-run never ran for run 1.
-    let out = job_out(&work);
-    assert!(
-        out.contains(&format!(
-            "spank/bftrainer: job {job} was started by Slurm without bftrainerd's admission (run 1)"
-        )),
-        "{out}"
+    // Said by the plugin, before bft-run started: bft-run never ran for run 1. The line
+    // is written just after the requeue: waited for, not read once.
+    let said = format!(
+        "spank/bftrainer: job {job} was started by Slurm without bftrainerd's admission (run 1)"
     );
+    l.wait(60, "the gate's line in the job's output", || {
+        job_out(&work).contains(&said).then_some(())
+    });
+    let out = job_out(&work);
     assert!(
         !out.contains(&format!("bft-run: job {job} was started by Slurm")),
         "{out}"
