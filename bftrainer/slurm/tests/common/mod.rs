@@ -47,8 +47,16 @@ impl TestCluster {
     }
 }
 
-/// Polls `f` every 200 ms until it returns Some, or panics after `secs` naming `what`.
+/// How much longer than its nominal `secs` a wait may last before it fails: `secs` is
+/// what the condition takes on a quiet machine, and a 2-core CI machine running two
+/// clusters (slurmdbd's agent among them) can take several times that. Only a failing
+/// wait pays for the margin.
+const DEADLINE_SCALE: u64 = 4;
+
+/// Polls `f` every 200 ms until it returns Some, or panics after `DEADLINE_SCALE * secs`
+/// naming `what`.
 pub fn wait_for<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let secs = secs * DEADLINE_SCALE;
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         if let Some(v) = f() {
