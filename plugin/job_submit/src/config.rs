@@ -77,17 +77,27 @@ pub enum PlainJobs {
 impl Policy {
     /// Partitions an elastic job may name.
     pub fn partition_ok(&self, name: &str) -> bool {
-        self.partition == name || self.allowed_partitions.iter().any(|p| p == name)
+        same_partition(&self.partition, name)
+            || self
+                .allowed_partitions
+                .iter()
+                .any(|p| same_partition(p, name))
     }
 
     /// Partitions that belong to elastic work: the core, satellite and allowed ones.
+    /// Compared without case or surrounding blanks, so that no spelling slurmctld might
+    /// resolve to one of them slips past a check that refuses them.
     pub fn is_elastic_partition(&self, name: &str) -> bool {
-        self.partition_ok(name) || self.satellite_partition == name || self.gpu_satellite(name)
+        self.partition_ok(name)
+            || same_partition(&self.satellite_partition, name)
+            || self.gpu_satellite(name)
     }
 
     /// The GPU satellites' partition (`[gpu_lending]`), when GPU lending is on.
     pub fn gpu_satellite(&self, name: &str) -> bool {
-        self.gpu_satellite_partition.as_deref() == Some(name)
+        self.gpu_satellite_partition
+            .as_deref()
+            .is_some_and(|p| same_partition(p, name))
     }
 
     /// `elastic` or `elastic, gpu-elastic` for messages.
@@ -115,6 +125,18 @@ impl Policy {
             )
         })
     }
+}
+
+/// Whether `given` (a name of a job's partition list, as a user typed it) names the
+/// configured partition `configured`: blanks around it and case do not count.
+pub fn same_partition(configured: &str, given: &str) -> bool {
+    configured.eq_ignore_ascii_case(given.trim())
+}
+
+/// The names of a partition list (`-p a,b` or `Partition=a,b`), blanks trimmed, empty
+/// entries dropped.
+pub fn partition_list(list: &str) -> impl Iterator<Item = &str> {
+    list.split(',').map(str::trim).filter(|p| !p.is_empty())
 }
 
 /// Which file to read: `$BFTRAINER_CONFIG`, else `bftrainer.toml` beside slurm.conf

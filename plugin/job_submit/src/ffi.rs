@@ -525,6 +525,8 @@ unsafe fn modify_inner(
             current_admin_comment: current,
             admin_comment: common::bytes(jd.admin_comment),
             partition: common::bytes(jd.partition),
+            account: common::bytes(jd.account),
+            shared: jd.shared,
             min_nodes: jd.min_nodes,
             max_nodes: jd.max_nodes,
             req_nodes: common::bytes(jd.req_nodes),

@@ -5,7 +5,7 @@
 
 use bftrainer_core::spec::{self, ElasticSpec, Role, JOB_ENV_COPY, OPTION_ENV_PREFIX};
 
-use crate::config::{PlainJobs, Policy};
+use crate::config::{partition_list, PlainJobs, Policy};
 
 /// Slurm's "not set" for 32-bit fields of job_desc_msg_t.
 pub const NO_VAL: u32 = 0xffff_fffe;
@@ -147,7 +147,7 @@ pub fn submit(pol: &Policy, s: &Submission<'_>) -> Verdict {
         }
         if !privileged && pol.plain_jobs == PlainJobs::Refuse {
             if let Some(list) = s.partition.map(text) {
-                if let Some(p) = list.split(',').find(|p| pol.is_elastic_partition(p)) {
+                if let Some(p) = partition_list(&list).find(|p| pol.is_elastic_partition(p)) {
                     return Verdict::Reject(format!(
                         "partition '{p}' is for elastic jobs, which bftrainerd places on idle nodes; \
                          submit with --elastic=MIN[:MAX], or send a plain job to a regular partition \
@@ -265,7 +265,7 @@ fn elastic(pol: &Policy, s: &Submission<'_>, mut spec: ElasticSpec, privileged: 
             p
         }
         Some(list) => {
-            if let Some(bad) = list.split(',').find(|p| !pol.partition_ok(p)) {
+            if let Some(bad) = partition_list(&list).find(|p| !pol.partition_ok(p)) {
                 return Verdict::Reject(format!(
                     "{shown}: partition '{bad}' is closed to elastic jobs by this cluster's policy; elastic jobs may use: {} (leave out -p to get {})",
                     pol.partitions_text(),
@@ -318,6 +318,10 @@ pub struct Modification<'a> {
     pub current_admin_comment: Option<&'a [u8]>,
     pub admin_comment: Option<&'a [u8]>,
     pub partition: Option<&'a [u8]>,
+    /// The update's Account (NULL: not changed).
+    pub account: Option<&'a [u8]>,
+    /// `OverSubscribe` (job_desc.shared): NO_VAL16 when not changed.
+    pub shared: u16,
     pub min_nodes: u32,
     pub max_nodes: u32,
     /// `ReqNodeList`: NULL (None) when not updated; `Some(b"")` clears it.
@@ -376,6 +380,23 @@ pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<Edit, ModifyDenied> 
         {
             return Err(ModifyDenied::Access("sets bftrainer's tag on a job".into()));
         }
+        // A plain job moved into an elastic partition (held, moved, released) would
+        // skip admission, caps and billing, and in the core partition preempt other
+        // users' satellites: it may only be submitted there, where submit's rules apply.
+        if let Some(list) = m.partition.map(text) {
+            if let Some(p) = partition_list(&list).find(|p| pol.is_elastic_partition(p)) {
+                let there = match pol.plain_jobs {
+                    PlainJobs::Refuse => format!(
+                        "submit an elastic job there with sbatch --elastic=MIN[:MAX] (elastic partitions: {})",
+                        pol.partitions_text()
+                    ),
+                    PlainJobs::Scavenger => "submit the job there instead (sbatch -p), as a scavenger job".into(),
+                };
+                return Err(ModifyDenied::Access(format!(
+                    "moves a plain job into partition '{p}', which belongs to bftrainer's elastic jobs and satellites; plain jobs may be moved between regular partitions only: {there}"
+                )));
+            }
+        }
         return Ok(Edit::default());
     };
     if spec.role == Role::Satellite {
@@ -387,10 +408,26 @@ pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<Edit, ModifyDenied> 
         ));
     }
     let owner = m.owner == m.uid;
+    // What submit checked of a core job is checked again here, for each field an
+    // update can change: partition, account, node count, node lists, whole nodes,
+    // requeue; the tag (profile, MAX, role) is refused above.
     if let Some(p) = m.partition.map(text) {
-        if p.split(',').any(|p| !pol.partition_ok(p)) {
+        if partition_list(&p).next().is_none() || partition_list(&p).any(|p| !pol.partition_ok(p)) {
             return Err(ModifyDenied::Partition);
         }
+    }
+    if let Some(a) = m.account.map(text) {
+        if !pol.allowed_accounts.is_empty() && !pol.allowed_accounts.iter().any(|x| *x == a) {
+            return Err(ModifyDenied::Access(format!(
+                "moves an elastic job to account '{a}', which may not run elastic jobs; allowed accounts: {}",
+                pol.allowed_accounts.join(", ")
+            )));
+        }
+    }
+    if pol.exclusive && m.shared != NO_VAL16 && m.shared != 0 {
+        return Err(ModifyDenied::Access(
+            "lets an elastic job share its nodes (OverSubscribe): elastic jobs get whole nodes on this cluster".into(),
+        ));
     }
     if m.min_nodes != NO_VAL || m.max_nodes != NO_VAL {
         return Err(ModifyDenied::Access(
@@ -926,8 +963,114 @@ mod tests {
             priority: NO_VAL,
             alloc_sid: NO_VAL,
             requeue: NO_VAL16,
+            shared: NO_VAL16,
             ..Default::default()
         }
+    }
+
+    /// Issue 33, items 12 and 15: an update may not do what submit refuses. A plain job
+    /// moved into an elastic, core or satellite partition (any spelling, or inside a
+    /// list) is refused with what is allowed; a core job may not move to an account or
+    /// partition submit would refuse, nor give up whole nodes.
+    #[test]
+    fn updates_cannot_sidestep_what_submit_checks() {
+        let p = pol(
+            "satellite_partition = \"elastic-sat\"\nallowed_partitions = [\"gpu-el\"]\nallowed_accounts = [\"ml\"]\n\n[gpu_lending]\npartitions = [\"shared\"]\nsatellite_partition = \"gpu-sat\"\n",
+        );
+        let plain: &'static [u8] = b"";
+        let core: &'static [u8] = b"bftrainer:v1 2:4,role=core";
+        let moved = |list: &'static str, current: &'static [u8]| Modification {
+            partition: Some(list.as_bytes()),
+            owner: 1000,
+            ..change(current)
+        };
+        for list in [
+            "elastic",
+            "elastic-sat",
+            "gpu-el",
+            "gpu-sat",
+            "ELASTIC",
+            " Elastic-Sat ",
+            "batch,elastic",
+            "batch, elastic-sat",
+            ",elastic",
+        ] {
+            match modify(&p, &moved(list, plain)) {
+                Err(ModifyDenied::Access(why)) => assert!(
+                    why.contains("moves a plain job into partition")
+                        && why.contains("plain jobs may be moved between regular partitions only")
+                        && why.contains("sbatch --elastic=MIN[:MAX]"),
+                    "{list}: {why}"
+                ),
+                other => panic!("plain job moved to {list:?}: {other:?}"),
+            }
+        }
+        for list in ["batch", "batch,debug", "elastics"] {
+            assert_eq!(
+                modify(&p, &moved(list, plain)),
+                Ok(Edit::default()),
+                "{list}"
+            );
+        }
+        let scavenger = pol("plain_jobs = \"scavenger\"");
+        match modify(&scavenger, &moved("elastic", plain)) {
+            Err(ModifyDenied::Access(why)) => assert!(why.contains("as a scavenger job"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // root, SlurmUser and the daemon's user move jobs where they like.
+        let root = Modification {
+            uid: 0,
+            ..moved("elastic-sat", plain)
+        };
+        assert_eq!(modify(&p, &root), Ok(Edit::default()));
+
+        // A core job: a partition list with a closed partition, or an empty one.
+        for list in ["batch", "elastic,batch", "elastic-sat", ",", " "] {
+            assert_eq!(
+                modify(&p, &moved(list, core)),
+                Err(ModifyDenied::Partition),
+                "{list:?}"
+            );
+        }
+        for list in ["elastic", "gpu-el,elastic", " ELASTIC "] {
+            assert_eq!(
+                modify(&p, &moved(list, core)),
+                Ok(Edit::default()),
+                "{list}"
+            );
+        }
+        let account = |a: &'static str| Modification {
+            account: Some(a.as_bytes()),
+            owner: 1000,
+            ..change(core)
+        };
+        match modify(&p, &account("other")) {
+            Err(ModifyDenied::Access(why)) => assert_eq!(
+                why,
+                "moves an elastic job to account 'other', which may not run elastic jobs; allowed accounts: ml"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(modify(&p, &account("ml")), Ok(Edit::default()));
+        // No allowed_accounts: any account.
+        assert_eq!(modify(&pol(""), &account("other")), Ok(Edit::default()));
+        // A plain job's account is not bftrainer's business.
+        let plain_account = Modification {
+            account: Some(b"other"),
+            ..change(plain)
+        };
+        assert_eq!(modify(&p, &plain_account), Ok(Edit::default()));
+        let share = Modification {
+            shared: 1,
+            ..change(core)
+        };
+        assert!(
+            matches!(modify(&p, &share), Err(ModifyDenied::Access(w)) if w.contains("OverSubscribe"))
+        );
+        assert_eq!(
+            modify(&pol("exclusive = false"), &share),
+            Ok(Edit::default())
+        );
     }
 
     /// What `modify` must answer; a refusal names what was refused.

@@ -94,7 +94,7 @@ fn scontrol_as_user(c: &Cluster, args: &[&str]) -> (bool, String) {
 #[test]
 fn cluster_bad_inputs_are_rejected_with_clear_messages() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = elastic_cluster(tmp.path());
+    let c = elastic_cluster_with(tmp.path(), "satellite_partition = \"elastic-sat\"\n");
     let wrap = os("--wrap=true");
     let el = |v: &str| os(&format!("--elastic={v}"));
     let mut non_utf8 = b"--elastic=2:".to_vec();
@@ -174,6 +174,42 @@ fn cluster_bad_inputs_are_rejected_with_clear_messages() {
         "user planted the satellite tag on job {plain}"
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("Access/permission denied"));
+    // Issue 33, item 12: nor may the user move their held plain job into the core or
+    // satellite partition (then release it, skipping admission, caps and billing),
+    // whatever the spelling or inside a list.
+    let says_why = modify_says_why(&c);
+    for part in [
+        "elastic",
+        "elastic-sat",
+        "batch,elastic",
+        "batch, elastic-sat",
+        "ELASTIC",
+    ] {
+        let (ok, stderr) = scontrol_as_user(
+            &c,
+            &[
+                "update",
+                &format!("jobid={plain}"),
+                &format!("partition={part}"),
+            ],
+        );
+        assert!(!ok, "user moved plain job {plain} to {part:?}");
+        if says_why && part != "ELASTIC" {
+            assert!(
+                stderr.contains("plain jobs may be moved between regular partitions only"),
+                "{part}: {stderr}"
+            );
+        }
+    }
+    let where_now = c.run("squeue", &["-h", "-j", &plain, "-o", "%P"]).unwrap();
+    assert_eq!(where_now.trim(), "batch", "the plain job left batch");
+    let log = ctld_log(&c);
+    for part in ["elastic", "elastic-sat"] {
+        assert!(
+            log.contains(&format!("it moves a plain job into partition '{part}'")),
+            "the move to {part} was not refused by the plugin"
+        );
+    }
     c.run("scancel", &[&plain]).unwrap();
 
     let mut failures = Vec::new();
@@ -205,12 +241,13 @@ fn cluster_bad_inputs_are_rejected_with_clear_messages() {
 #[test]
 fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = elastic_cluster(tmp.path());
+    let c = elastic_cluster_with(tmp.path(), "allowed_accounts = [\"bft\"]\n");
 
     let (code, stdout, stderr) = sbatch_as_user(
         &c,
         &[
             os("--parsable"),
+            os("--account=bft"),
             os("--elastic=2:4,up=30"),
             os("-o"),
             os("env-%j.out"),
@@ -265,6 +302,8 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
         vec!["update", "jobid", id_s.as_str(), "requeue=0"],
         vec!["update", "jobid", id_s.as_str(), "reqnodelist=n1"],
         vec!["update", "jobid", id_s.as_str(), "excnodelist=n1"],
+        // Issue 33, item 15: allowed_accounts holds after submission too.
+        vec!["update", "jobid", id_s.as_str(), "account=other"],
     ] {
         let out = c
             .command_as_test_user("scontrol")
@@ -281,6 +320,11 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
             && log.contains("it releases or reprioritises an elastic job"),
         "no refusal logged"
     );
+    assert!(
+        log.contains("it moves an elastic job to account 'other', which may not run elastic jobs; allowed accounts: bft"),
+        "account change not refused in the log"
+    );
+    assert_eq!(show(id)["Account"], "bft");
     for field in ["ReqNodeList", "ExcNodeList"] {
         assert!(
             log.contains(&format!(
