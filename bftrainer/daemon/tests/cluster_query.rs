@@ -82,6 +82,38 @@ fn munge_as(l: &Live, user: &str, decoder: &str, payload: &str) -> String {
     stdout_ok(run(c), "munge").trim().to_string()
 }
 
+/// The test cluster's munged socket (its slurm.conf's AuthInfo).
+fn munge_socket(l: &Live) -> String {
+    let conf = std::fs::read_to_string(l.c.slurm_conf()).unwrap();
+    Munge::from_auth_info(None, auth_info_from_conf(&conf).as_deref())
+        .socket
+        .expect("the test cluster's slurm.conf names its munged in AuthInfo")
+}
+
+/// A user's squatter on the query port (argv: port, record file, munged socket): it
+/// serves one connection, answering the hello with a credential of its own user for
+/// the payload a genuine proof carries, and records all it receives.
+const SQUATTER: &str = r#"
+import socket, subprocess, sys
+port, rec, sock = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", port))
+s.listen(8)
+s.settimeout(120)  # gone by itself if the test fails before its connection
+open(rec + ".ready", "w").close()
+c, _ = s.accept()
+c.settimeout(120)
+f = c.makefile("rb")
+hello = f.readline()
+nonce = hello.split()[-1].decode() if hello.split() else ""
+payload = "bftrainer-server:v2 %s 127.0.0.1:%d" % (nonce, port)
+cred = subprocess.run(["munge", "-S", sock, "-s", payload], capture_output=True, text=True).stdout.strip()
+c.sendall((cred + "\n").encode())
+rest = f.read()
+open(rec, "wb").write(b"hello " + hello + b"rest " + rest + b"\n")
+"#;
+
 /// One line to the endpoint, its answer (JSON).
 fn raw(server: &str, line: &[u8]) -> serde_json::Value {
     let mut s = TcpStream::connect(server).unwrap();
@@ -103,12 +135,75 @@ fn cluster_query_users_on_login_nodes_see_their_own_jobs_read_only() {
         .unwrap()
         .port();
     let server = format!("127.0.0.1:{port}");
-    let l = Live::start("", &format!("query_listen = \"{server}\""), "");
+    let mut l = Live::start_without_daemon("", &format!("query_listen = \"{server}\""), "");
+    let user = bftrainer_testcluster::TEST_USER;
+    let other = bftrainer_testcluster::OTHER_USER;
+
+    // 0. Issue 33, item 14: bftuser binds the port before bftrainerd starts, and
+    //    answers the client's hello with a credential of their own. bftrainerd runs
+    //    anyway and names the squatter; bftuser2's client refuses the squatter before
+    //    it sends its credential; once the squatter leaves, the endpoint comes up.
+    let squat = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        squat.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let got = squat.path().join("received");
+    let mut squatter =
+        l.c.command("runuser")
+            .args([
+                "-u",
+                user,
+                "--",
+                "python3",
+                "-c",
+                SQUATTER,
+                &port.to_string(),
+            ])
+            .arg(&got)
+            .arg(munge_socket(&l))
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start the squatter");
+    l.wait(30, "the squatter on the port", || {
+        got.with_extension("ready").exists().then_some(())
+    });
+    l.spawn();
+    let (squatter_uid, _) = bftrainer_testcluster::user_ids(user).unwrap();
+    let held = format!("the port is held by uid {squatter_uid} ({user}), pid ");
+    l.wait(60, "bftrainerd naming the squatter", || {
+        l.log_text().contains(&held).then_some(())
+    });
+    // Running, not restarting: it answers on its control socket and says why the
+    // endpoint is missing.
+    let st = root_json(&l, &["status"]);
+    let problems = st["listen_problems"].to_string();
+    assert!(
+        problems.contains("[daemon] query_listen") && problems.contains(&held),
+        "{st}"
+    );
+    let o = run(as_user(&l, other, &["jobs", "--server", server.as_str()]));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains("did not prove it is bftrainerd (root)")
+            && err.contains(&format!("made by uid {squatter_uid}, not root")),
+        "{err}"
+    );
+    assert!(squatter.wait().unwrap().success(), "the squatter failed");
+    let received = std::fs::read_to_string(&got).unwrap();
+    assert!(
+        received.starts_with("hello bftrainer-hello:v2 ") && !received.contains("MUNGE:"),
+        "the squatter received {received:?}"
+    );
+    assert!(
+        received.ends_with("rest \n"),
+        "the squatter received {received:?}"
+    );
     l.wait(30, "the query endpoint", || {
         TcpStream::connect(&server).ok().map(|_| ())
     });
-    let user = bftrainer_testcluster::TEST_USER;
-    let other = bftrainer_testcluster::OTHER_USER;
     let mine = l.submit_elastic("1:2");
     let theirs = l.submit_elastic_as(other, "1:2");
     // Both jobs hold 2 nodes each: nothing left to change in the views below.

@@ -78,6 +78,24 @@ impl Munge {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
+    /// A credential of this process's uid carrying `payload` that any uid may decode:
+    /// bftrainerd's proof to query clients that it runs as root.
+    pub fn encode_for_anyone(&self, payload: &str) -> Result<String, String> {
+        let out = self
+            .cmd("munge")
+            .args(["-s", payload])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run munge: {e} (is the munge package installed?)"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "munged is not running or refused the credential: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
     /// Decodes `cred`; an error says why it is not acceptable.
     pub fn decode(&self, cred: &str) -> Result<Decoded, String> {
         let mut child = self

@@ -417,7 +417,7 @@ pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<Edit, ModifyDenied> 
         }
     }
     if let Some(a) = m.account.map(text) {
-        if !pol.allowed_accounts.is_empty() && !pol.allowed_accounts.iter().any(|x| *x == a) {
+        if !pol.allowed_accounts.is_empty() && !pol.allowed_accounts.contains(&a) {
             return Err(ModifyDenied::Access(format!(
                 "moves an elastic job to account '{a}', which may not run elastic jobs; allowed accounts: {}",
                 pol.allowed_accounts.join(", ")

@@ -15,10 +15,6 @@ use bftrainer_testcluster::{wait_until, Cluster, Options};
 
 const POLICY: &str = "[policy]\npartition = \"elastic\"\nmax_nodes = 4\ndaemon_user = \"root\"\n";
 
-fn elastic_cluster(tmp: &Path) -> Cluster {
-    elastic_cluster_with(tmp, "")
-}
-
 /// A cluster with the plugins and POLICY plus `extra` lines of `[policy]`.
 fn elastic_cluster_with(tmp: &Path, extra: &str) -> Cluster {
     let plugins = support::stage_plugins(&tmp.join("plugins"));

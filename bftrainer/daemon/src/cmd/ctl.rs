@@ -235,6 +235,9 @@ pub fn status_text(s: &Snapshot) -> String {
         st.slurm_errors,
         s.node_seconds_harvested / 3600.0
     );
+    for p in &s.listen_problems {
+        let _ = writeln!(o, "   NotListening: {p}");
+    }
     match &s.last_error {
         Some(e) => {
             let _ = writeln!(o, "   LastError={} {}", time(e.time), e.message);

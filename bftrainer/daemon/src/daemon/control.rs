@@ -72,6 +72,15 @@ pub const QUERY_PAYLOAD: &str = "bftrainer-query:v1 ";
 /// The uid a query credential is made for (`munge -u`): bftrainerd runs as root, and
 /// no other service (slurmctld runs as SlurmUser) can decode what a user sends it.
 pub const QUERY_DECODER_UID: u32 = 0;
+/// A client's first line: it asks the server to prove it is bftrainerd (root) before
+/// it sends its own credential; a random nonce (hex) follows.
+pub const HELLO: &str = "bftrainer-hello:v2 ";
+/// What the server's proof (a MUNGE credential made by root, for anyone to decode)
+/// carries: the client's nonce and the address the client reached, so that a proof
+/// obtained from the genuine daemon elsewhere cannot be relayed from another port.
+pub const PROOF_PAYLOAD: &str = "bftrainer-server:v2 ";
+/// Hex digits of a client's nonce (128 bits).
+const NONCE_HEX: usize = 32;
 
 /// What a client asks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -488,7 +497,11 @@ pub async fn dispatch(req: Request, caller: Caller, shared: &Shared) -> Response
     let snap = shared.snapshot.borrow().clone();
     let who = (!admin).then_some(uid);
     match req.op {
-        Op::Status => Response::ok(json(&status_view_for(&snap, who))),
+        Op::Status => {
+            let mut v = status_view_for(&snap, who);
+            v.listen_problems = super::listen::problems();
+            Response::ok(json(&v))
+        }
         Op::Jobs {
             user,
             job_ids,
@@ -541,6 +554,26 @@ pub fn munge_decoder(munge: Munge) -> Decoder {
     Arc::new(move |cred| munge.decode(cred))
 }
 
+/// Makes the server's proof: a credential of this process's uid (root) carrying the
+/// payload, that any uid may decode. Blocking: called off the async threads.
+pub type Prover = Arc<dyn Fn(&str) -> Result<String, String> + Send + Sync>;
+
+/// The daemon's prover: `munge` through the cluster's munged.
+pub fn munge_prover(munge: Munge) -> Prover {
+    Arc::new(move |payload| munge.encode_for_anyone(payload))
+}
+
+/// The payload of the server's proof for `nonce`, reached at `addr`.
+pub fn proof_payload(nonce: &str, addr: std::net::SocketAddr) -> String {
+    format!("{PROOF_PAYLOAD}{nonce} {}", canonical(addr))
+}
+
+/// `addr` with an IPv4-mapped IPv6 address written as IPv4 (a server listening on
+/// `[::]` sees an IPv4 client's connection so).
+fn canonical(addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    std::net::SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
 /// A query credential's payload for `op`: [`QUERY_PAYLOAD`] and the request's JSON.
 pub fn query_payload(op: Op) -> String {
     let req = serde_json::to_string(&Request { v: PROTOCOL, op }).unwrap_or_default();
@@ -552,6 +585,7 @@ pub fn query_payload(op: Op) -> String {
 struct Query {
     shared: Shared,
     decoder: Decoder,
+    prover: Prover,
     users: Arc<Slots<u32>>,
     decodes: Arc<Semaphore>,
 }
@@ -568,14 +602,22 @@ pub async fn serve_query(
         admin_reserved: 0,
         ..Limits::default()
     };
-    serve_query_with(listener, snapshot, munge_decoder(munge), limits).await
+    serve_query_with(
+        listener,
+        snapshot,
+        munge_decoder(munge.clone()),
+        munge_prover(munge),
+        limits,
+    )
+    .await
 }
 
-/// As [`serve_query`], with this decoder and these limits.
+/// As [`serve_query`], with this decoder, prover and these limits.
 pub async fn serve_query_with(
     listener: TcpListener,
     snapshot: watch::Receiver<Arc<Snapshot>>,
     decoder: Decoder,
+    prover: Prover,
     limits: Limits,
 ) {
     // Admin verbs never reach the main loop from here: a channel nobody reads.
@@ -587,6 +629,7 @@ pub async fn serve_query_with(
             admins: Vec::new(),
         },
         decoder,
+        prover,
         users: Slots::new(limits),
         decodes: Arc::new(Semaphore::new(MAX_DECODES)),
     });
@@ -608,12 +651,34 @@ pub async fn serve_query_with(
                 let q = q.clone();
                 tokio::spawn(async move {
                     let mut reader = BufReader::new(stream);
-                    let (answer, uid_slot) =
-                        match read_request(&mut reader, "one line: a MUNGE credential").await {
-                            Ok(line) => query_answer(&line, &q).await,
-                            Err(Some(r)) => (r, None),
-                            Err(None) => return,
-                        };
+                    let what = "one line: a MUNGE credential";
+                    let mut first = read_request(&mut reader, what).await;
+                    // A client of this release first asks the server to prove itself;
+                    // one of the first release sends its credential at once.
+                    if let Ok(line) = &first {
+                        if line.starts_with(HELLO.as_bytes()) {
+                            let local = reader.get_ref().local_addr();
+                            first = match prove(line, local, &q).await {
+                                Ok(proof) => {
+                                    let sent = tokio::time::timeout(
+                                        IO_TIMEOUT,
+                                        reader.get_mut().write_all(proof.as_bytes()),
+                                    )
+                                    .await;
+                                    if !matches!(sent, Ok(Ok(()))) {
+                                        return;
+                                    }
+                                    read_request(&mut reader, what).await
+                                }
+                                Err(r) => Err(Some(r)),
+                            };
+                        }
+                    }
+                    let (answer, uid_slot) = match first {
+                        Ok(line) => query_answer(&line, &q).await,
+                        Err(Some(r)) => (r, None),
+                        Err(None) => return,
+                    };
                     write(reader.into_inner(), &answer).await;
                     drop((uid_slot, slot));
                 });
@@ -656,6 +721,52 @@ async fn query_answer(line: &[u8], q: &Query) -> (Response, Option<Slot<u32>>) {
     };
     let r = dispatch(req, Caller::Remote { uid: d.uid }, &q.shared).await;
     (r, Some(slot))
+}
+
+/// The server's proof line for a client's hello: a root-made credential binding the
+/// client's nonce to the address it reached. Made off the async threads, within the
+/// same bound as credential checks (a `munge` process each).
+async fn prove(
+    hello: &[u8],
+    local: std::io::Result<std::net::SocketAddr>,
+    q: &Query,
+) -> Result<String, Response> {
+    let nonce = std::str::from_utf8(hello)
+        .ok()
+        .and_then(|l| l.trim().strip_prefix(HELLO.trim_end()))
+        .map(str::trim)
+        .filter(|n| n.len() == NONCE_HEX && n.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| {
+            Response::err(format!(
+                "bad hello: expected {:?} and {NONCE_HEX} hex digits",
+                HELLO.trim_end()
+            ))
+        })?
+        .to_string();
+    let local = local.map_err(|e| Response::err(format!("cannot prove this server: {e}")))?;
+    let permit = tokio::time::timeout(IO_TIMEOUT, q.decodes.clone().acquire_owned())
+        .await
+        .map_err(|_| Response::err("busy: too many credential checks waiting; try again"))?
+        .map_err(|_| Response::err("bftrainerd is stopping"))?;
+    let prover = q.prover.clone();
+    let payload = proof_payload(&nonce, local);
+    let task = tokio::task::spawn_blocking(move || {
+        let r = prover(&payload);
+        drop(permit);
+        r
+    });
+    match tokio::time::timeout(IO_TIMEOUT, task).await {
+        Ok(Ok(Ok(cred))) => Ok(format!("{cred}\n")),
+        Ok(Ok(Err(e))) => {
+            log::warn!("query endpoint: cannot make the server's proof: {e}");
+            Err(Response::err(format!(
+                "bftrainerd cannot prove itself (munge failed: {e})"
+            )))
+        }
+        _ => Err(Response::err(
+            "bftrainerd cannot prove itself: munge did not answer in time; try again",
+        )),
+    }
 }
 
 /// The credential on a query line; garbage is refused before it costs an `unmunge`.
@@ -915,6 +1026,31 @@ pub fn call_query(
     timeout: Duration,
     munge: &Munge,
 ) -> Result<serde_json::Value, String> {
+    call_query_with(
+        server,
+        op,
+        timeout,
+        &|payload| munge.encode(payload, QUERY_DECODER_UID),
+        &|cred| munge.decode(cred),
+    )
+}
+
+/// As [`call_query`], with this credential maker (for root only) and decoder.
+///
+/// The server proves itself first: the client sends a fresh nonce, and sends its own
+/// credential only once the server's answer decodes (through munged) as a credential
+/// made by uid 0 that binds this nonce to the address the client reached. Anyone else
+/// on that port (a user who bound it first) cannot make such a credential, and one the
+/// genuine daemon made for another connection names another nonce or address; the
+/// client then stops with nothing of its own sent.
+pub fn call_query_with(
+    server: &str,
+    op: Op,
+    timeout: Duration,
+    encode: &dyn Fn(&str) -> Result<String, String>,
+    decode: &dyn Fn(&str) -> Result<Decoded, String>,
+) -> Result<serde_json::Value, String> {
+    use std::io::{BufRead, Read, Write};
     use std::net::ToSocketAddrs;
     let addrs: Vec<std::net::SocketAddr> = server
         .to_socket_addrs()
@@ -922,8 +1058,7 @@ pub fn call_query(
             format!("--server {server}: not a reachable HOST:PORT ({e}); expected e.g. bftrainer-host:6820")
         })?
         .collect();
-    let cred = munge
-        .encode(&query_payload(op), QUERY_DECODER_UID)
+    let cred = encode(&query_payload(op))
         .map_err(|e| format!("cannot make a MUNGE credential to ask {server}: {e}"))?;
     let mut last = None;
     let mut stream = None;
@@ -944,6 +1079,28 @@ pub fn call_query(
     })?;
     s.set_read_timeout(Some(timeout)).ok();
     s.set_write_timeout(Some(timeout)).ok();
+    let peer = s.peer_addr().map_err(|e| format!("{server}: {e}"))?;
+    let nonce = nonce()?;
+    let mut s = s;
+    s.write_all(format!("{HELLO}{nonce}\n").as_bytes())
+        .map_err(|e| format!("sending to {server}: {e}"))?;
+    let mut proof = Vec::new();
+    let mut reader = std::io::BufReader::new(&mut s);
+    (&mut reader)
+        .take(MAX_REQUEST as u64)
+        .read_until(b'\n', &mut proof)
+        .map_err(|e| {
+            format!(
+                "no answer from {server} within {} s ({e}); nothing was sent",
+                timeout.as_secs()
+            )
+        })?;
+    check_proof(&proof, &nonce, peer, decode).map_err(|why| {
+        format!(
+            "refused to send your credential to {server}: it did not prove it is bftrainerd (root): {why}. Someone else may hold that port; tell your admin (bftrainerd logs who holds it)"
+        )
+    })?;
+    drop(reader);
     let mut line = cred.into_bytes();
     line.push(b'\n');
     exchange(
@@ -953,6 +1110,54 @@ pub fn call_query(
         server,
         "bftrainerd's query endpoint ([daemon] query_listen) of this release",
     )
+}
+
+/// 128 random bits, hex.
+fn nonce() -> Result<String, String> {
+    use std::io::Read;
+    let mut b = [0u8; NONCE_HEX / 2];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| format!("cannot read /dev/urandom for a nonce: {e}"))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// Whether `line` (the server's first answer) proves the server: a credential made by
+/// uid 0 whose payload is [`proof_payload`] of `nonce` and `peer`.
+pub fn check_proof(
+    line: &[u8],
+    nonce: &str,
+    peer: std::net::SocketAddr,
+    decode: &dyn Fn(&str) -> Result<Decoded, String>,
+) -> Result<(), String> {
+    let text = std::str::from_utf8(line).unwrap_or("").trim();
+    if text.is_empty() {
+        return Err("it answered nothing".into());
+    }
+    if let Ok(r) = serde_json::from_str::<Response>(text) {
+        return Err(format!(
+            "it answered without a proof ({}); a bftrainerd older than this client does not prove itself: use the bftrainer command of the daemon's release",
+            r.error.unwrap_or_else(|| "no error given".into())
+        ));
+    }
+    if !text.starts_with("MUNGE:") || !text.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("its answer is not a MUNGE credential".into());
+    }
+    let d = decode(text).map_err(|e| format!("its credential does not check out: {e}"))?;
+    if d.uid != 0 {
+        return Err(format!(
+            "its credential was made by uid {}, not root",
+            d.uid
+        ));
+    }
+    if d.payload != proof_payload(nonce, peer) {
+        return Err(format!(
+            "its credential is root's but not for this connection to {} (it says {:?}): a relayed proof",
+            canonical(peer),
+            d.payload
+        ));
+    }
+    Ok(())
 }
 
 /// Sends one line, reads the one answer: its data, or why there is none.
@@ -1427,6 +1632,104 @@ mod tests {
         })
     }
 
+    /// A stand-in for `munge` run by `uid`: `MUNGE:<uid>:<payload>`.
+    fn fake_prover(uid: u32) -> Prover {
+        Arc::new(move |payload: &str| Ok(format!("MUNGE:{uid}:{}", payload.replace(' ', "~"))))
+    }
+
+    /// Issue 33, item 14: the client asks the server to prove it is root before it
+    /// sends its credential. The genuine endpoint passes; a squatter's own credential
+    /// (any uid but root's), a genuine proof relayed from another connection, a
+    /// server that answers without a proof and one that answers nothing are refused,
+    /// and none of them receives anything of the client's but its hello.
+    #[tokio::test]
+    async fn the_client_sends_its_credential_only_to_a_server_proven_root() {
+        let (_tx, rx) = watch::channel(Arc::new(snap()));
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let genuine = l.local_addr().unwrap();
+        tokio::spawn(serve_query_with(
+            l,
+            rx,
+            fake_decoder(),
+            fake_prover(0),
+            Limits::default(),
+        ));
+        let decoder = fake_decoder();
+        let ask = |server: String| {
+            let decoder = decoder.clone();
+            tokio::task::spawn_blocking(move || {
+                call_query_with(
+                    &server,
+                    Op::Status,
+                    Duration::from_secs(5),
+                    &|p| Ok(format!("MUNGE:1001:{}", p.replace(' ', "~"))),
+                    &|c| decoder(c),
+                )
+            })
+        };
+        let v = ask(genuine.to_string()).await.unwrap().unwrap();
+        assert!(v.get("counts").is_some(), "{v}");
+
+        // Squatters: each records what it received, answers its way, then waits for
+        // whatever else the client sends.
+        let relay_nonce = "00112233445566778899aabbccddeeff";
+        let relayed = fake_prover(0)(&proof_payload(relay_nonce, genuine)).unwrap();
+        type Answer = Box<dyn Fn(&str, std::net::SocketAddr) -> String + Send + Sync>;
+        let answers: [(&str, Answer); 5] = [
+            (
+                "made by uid 1000, not root",
+                Box::new(|nonce, local| fake_prover(1000)(&proof_payload(nonce, local)).unwrap()),
+            ),
+            (
+                "not for this connection",
+                Box::new(move |nonce, _| fake_prover(0)(&proof_payload(nonce, genuine)).unwrap()),
+            ),
+            (
+                "not for this connection",
+                Box::new(move |_, _| relayed.clone()),
+            ),
+            (
+                "answered without a proof",
+                Box::new(|_, _| r#"{"v":1,"ok":false,"error":"bad request"}"#.into()),
+            ),
+            ("answered nothing", Box::new(|_, _| String::new())),
+        ];
+        for (want, answer) in answers {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let squatter = std::thread::spawn(move || {
+                use std::io::{BufRead, Read, Write};
+                let (mut s, _) = l.accept().unwrap();
+                let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+                let mut hello = String::new();
+                r.read_line(&mut hello).unwrap();
+                let nonce = hello
+                    .trim()
+                    .strip_prefix(HELLO.trim_end())
+                    .unwrap()
+                    .trim()
+                    .to_string();
+                let a = answer(&nonce, s.local_addr().unwrap());
+                if !a.is_empty() {
+                    s.write_all(format!("{a}\n").as_bytes()).unwrap();
+                } else {
+                    s.shutdown(std::net::Shutdown::Write).unwrap();
+                }
+                let mut rest = Vec::new();
+                let _ = r.read_to_end(&mut rest);
+                (hello, rest)
+            });
+            let e = ask(addr.to_string()).await.unwrap().unwrap_err();
+            assert!(
+                e.contains("did not prove it is bftrainerd (root)") && e.contains(want),
+                "{want}: {e}"
+            );
+            let (hello, rest) = squatter.join().unwrap();
+            assert!(hello.starts_with(HELLO), "{hello}");
+            assert!(rest.is_empty(), "{want}: the client sent {rest:?}");
+        }
+    }
+
     fn fake_cred(uid: u32, op: Op) -> String {
         format!("MUNGE:{uid}:{}", query_payload(op).replace(' ', "~"))
     }
@@ -1445,7 +1748,13 @@ mod tests {
         let (_tx, rx) = watch::channel(Arc::new(snap()));
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        tokio::spawn(serve_query_with(l, rx, fake_decoder(), Limits::default()));
+        tokio::spawn(serve_query_with(
+            l,
+            rx,
+            fake_decoder(),
+            fake_prover(0),
+            Limits::default(),
+        ));
         let jobs = Op::Jobs {
             user: None,
             job_ids: vec![],
@@ -1503,7 +1812,13 @@ mod tests {
             per_uid: 2,
             per_peer: 2,
         };
-        tokio::spawn(serve_query_with(l, rx, fake_decoder(), limits));
+        tokio::spawn(serve_query_with(
+            l,
+            rx,
+            fake_decoder(),
+            fake_prover(0),
+            limits,
+        ));
         let mut idle = Vec::new();
         for _ in 0..2 {
             idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());

@@ -24,6 +24,7 @@ pub mod control;
 pub mod gen;
 mod gpulend;
 pub mod journal;
+pub mod listen;
 pub mod metrics;
 mod observe;
 pub(crate) mod placement;

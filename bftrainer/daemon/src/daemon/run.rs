@@ -137,26 +137,30 @@ async fn main_loop(
                 "[daemon] query_listen = \"{addr}\": the query endpoint needs bftrainerd to run as root (clients make their MUNGE credentials for root only); run it as root or remove the key"
             );
         }
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("[daemon] query_listen = \"{addr}\": cannot listen there"))?;
-        let munge = bftrainer_slurm::munge::Munge::for_this_host();
-        log::info!(
-            "query endpoint on {addr} (read-only; MUNGE credentials checked by munged at {})",
-            munge.socket.as_deref().unwrap_or("its default socket")
-        );
-        tokio::spawn(control::serve_query(l, snap_rx.clone(), munge));
+        // A port someone else holds (any user may bind it first) is waited for, not
+        // fatal: the daemon lends meanwhile, and says who holds it (listen.rs).
+        let snap = snap_rx.clone();
+        tokio::spawn(async move {
+            let l = super::listen::bind_or_wait("[daemon] query_listen", addr).await;
+            let munge = bftrainer_slurm::munge::Munge::for_this_host();
+            log::info!(
+                "query endpoint on {addr} (read-only; MUNGE credentials checked by munged at {})",
+                munge.socket.as_deref().unwrap_or("its default socket")
+            );
+            control::serve_query(l, snap, munge).await
+        });
     }
     let metrics = Arc::new(Metrics::with_journal(
         snap_rx,
         Some(daemon.cfg.state_dir.join(super::journal::JOURNAL_FILE)),
     ));
     if let Some(addr) = daemon.cfg.metrics_listen {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("[metrics] listen = \"{addr}\": cannot listen there"))?;
-        log::info!("metrics on http://{addr}/metrics");
-        tokio::spawn(super::metrics::serve(l, metrics.clone()));
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let l = super::listen::bind_or_wait("[metrics] listen", addr).await;
+            log::info!("metrics on http://{addr}/metrics");
+            super::metrics::serve(l, metrics).await
+        });
     }
 
     // The cycle runs off the async thread (Slurm calls block). While one is in flight

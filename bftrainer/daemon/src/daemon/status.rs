@@ -144,6 +144,7 @@ impl<C: Cluster> Daemon<C> {
             stats: self.stats.clone(),
             nodes,
             jobs,
+            listen_problems: Vec::new(),
         }
     }
 }

@@ -34,6 +34,10 @@ pub struct Snapshot {
     pub stats: Stats,
     pub nodes: Vec<NodeView>,
     pub jobs: Vec<JobView>,
+    /// Endpoints bftrainerd cannot listen on yet ([`crate::daemon::listen`]): what, where,
+    /// why and who holds the port. Filled in when a status is answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listen_problems: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -196,6 +200,7 @@ impl Snapshot {
             stats: self.stats.clone(),
             nodes: Vec::new(),
             jobs: Vec::new(),
+            listen_problems: self.listen_problems.clone(),
         }
     }
 }
