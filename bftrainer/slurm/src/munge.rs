@@ -59,9 +59,9 @@ impl Munge {
     }
 
     /// A credential of this process's uid carrying `payload`, that only a process of
-    /// uid `decoder` can decode (`munge --restrict-uid`): handed to an impostor, it is
-    /// of no use to it, nor to slurmctld (which would otherwise take it as the owner's
-    /// credential on an RPC).
+    /// uid `decoder` can decode (`munge --restrict-uid`): handed to an impostor of
+    /// another uid, it is of no use to it. (slurmctld refuses it as an RPC's credential
+    /// for another reason: its payload is not the hash of an RPC.)
     pub fn encode(&self, payload: &str, decoder: u32) -> Result<String, String> {
         let out = self
             .cmd("munge")

@@ -97,8 +97,8 @@ pub async fn run(o: AgentOptions) -> i32 {
 
 async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
     let lost = |e: String| (2, format!("coordinator at {}: {e}", o.coord));
-    // A coordinator over its cap of unauthenticated connections (a flood) closes new
-    // ones at once: try again for a while.
+    // A coordinator over its cap of unauthenticated connections (a flood) closes the
+    // oldest of them, perhaps this one: try again for a while.
     // SAFETY: getuid cannot fail.
     let me = unsafe { libc::getuid() };
     let mut tries = 0u32;
@@ -110,12 +110,12 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         }
         if *tries == 0 {
             say!(
-                "bft-run: the coordinator at {} closed the connection before its welcome (busy, or flooded?); trying again for five minutes",
+                "bft-run: the coordinator at {} closed the connection before its welcome (busy, or flooded?); trying again for about 8 minutes",
                 o.coord
             );
         }
         *tries += 1;
-        // 0.1 s, doubling up to 5 s: about five minutes in all.
+        // 0.2 s, doubling up to 5 s, 100 times: about 8 minutes of waits in all.
         Some(Duration::from_secs_f64(
             (0.1 * 2f64.powi((*tries).min(6) as i32)).min(5.0),
         ))

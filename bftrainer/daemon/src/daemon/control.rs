@@ -70,7 +70,9 @@ pub const MAX_DECODES: usize = 8;
 /// A credential made for anything else (bft-run's, Slurm's own RPCs) is refused.
 pub const QUERY_PAYLOAD: &str = "bftrainer-query:v1 ";
 /// The uid a query credential is made for (`munge -u`): bftrainerd runs as root, and
-/// no other service (slurmctld runs as SlurmUser) can decode what a user sends it.
+/// no user's process can decode what a user sends it. (slurmctld could, with
+/// SlurmUser=root; what keeps it from taking one as an RPC's credential is Slurm's
+/// check that a credential carries the hash of its message.)
 pub const QUERY_DECODER_UID: u32 = 0;
 /// A client's first line: it asks the server to prove it is bftrainerd (root) before
 /// it sends its own credential; a random nonce (hex) follows.

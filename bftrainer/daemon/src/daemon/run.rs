@@ -130,7 +130,7 @@ async fn main_loop(
     ));
     if let Some(addr) = daemon.cfg.query_listen {
         // Clients make their credentials for root only (control::QUERY_DECODER_UID),
-        // so that slurmctld, running as SlurmUser, could not take one as theirs.
+        // and bftrainerd proves to them that it runs as root before they send one.
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != control::QUERY_DECODER_UID {
             anyhow::bail!(
