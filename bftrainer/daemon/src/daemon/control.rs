@@ -1137,10 +1137,14 @@ pub fn check_proof(
         return Err("it answered nothing".into());
     }
     if let Ok(r) = serde_json::from_str::<Response>(text) {
-        return Err(format!(
-            "it answered without a proof ({}); a bftrainerd older than this client does not prove itself: use the bftrainer command of the daemon's release",
-            r.error.unwrap_or_else(|| "no error given".into())
-        ));
+        let error = r.error.unwrap_or_else(|| "no error given".into());
+        // A bftrainerd of the first release takes the hello for a bad credential.
+        let older = if error.contains("one line holding a MUNGE credential") {
+            "; a bftrainerd older than this client does not prove itself: use the bftrainer command of the daemon's release"
+        } else {
+            ""
+        };
+        return Err(format!("it answered without a proof ({error}){older}"));
     }
     if !text.starts_with("MUNGE:") || !text.bytes().all(|b| b.is_ascii_graphic()) {
         return Err("its answer is not a MUNGE credential".into());
@@ -1677,7 +1681,7 @@ mod tests {
         let relay_nonce = "00112233445566778899aabbccddeeff";
         let relayed = fake_prover(0)(&proof_payload(relay_nonce, genuine)).unwrap();
         type Answer = Box<dyn Fn(&str, std::net::SocketAddr) -> String + Send + Sync>;
-        let answers: [(&str, Answer); 5] = [
+        let answers: [(&str, Answer); 6] = [
             (
                 "made by uid 1000, not root",
                 Box::new(|nonce, local| fake_prover(1000)(&proof_payload(nonce, local)).unwrap()),
@@ -1691,8 +1695,14 @@ mod tests {
                 Box::new(move |_, _| relayed.clone()),
             ),
             (
-                "answered without a proof",
-                Box::new(|_, _| r#"{"v":1,"ok":false,"error":"bad request"}"#.into()),
+                "a bftrainerd older than this client",
+                Box::new(|_, _| {
+                    r#"{"v":1,"ok":false,"error":"bad request: the query endpoint takes one line holding a MUNGE credential"}"#.into()
+                }),
+            ),
+            (
+                "answered without a proof (busy)",
+                Box::new(|_, _| r#"{"v":1,"ok":false,"error":"busy"}"#.into()),
             ),
             ("answered nothing", Box::new(|_, _| String::new())),
         ];
