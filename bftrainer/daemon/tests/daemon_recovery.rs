@@ -424,3 +424,37 @@ fn a_core_ended_under_preemption_is_finished_only_when_its_run_said_done() {
         "jobs 2 and 3 only"
     );
 }
+
+#[test]
+fn a_damaged_record_mid_journal_is_skipped_and_the_daemon_runs_on() {
+    // One unknown record and one line of garbage in the middle of the journal: the
+    // daemon starts (it used to exit 1 here, and systemd restarted it forever), counts
+    // them, keeps the journal as found aside, and restores the same state.
+    let dir = tempfile::tempdir().unwrap();
+    let (slurm, before, now) = first_run(dir.path());
+    let text = std::fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    // After a NodeAdded (whose effect a later poll restores), never inside the
+    // decisions: what the damage cost is then nothing.
+    let at = lines.len() / 2;
+    lines.insert(at, "{\"v\":1,\"t\":6,\"event\":{\"type\":\"nap\"}}".into());
+    lines.insert(at + 1, "\u{0}\u{0}garbage{".into());
+    let damaged: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    let dir2 = tempfile::tempdir().unwrap();
+    std::fs::write(dir2.path().join(JOURNAL_FILE), &damaged).unwrap();
+    let mut d = start(dir2.path(), "max_jobs = 3", copy_cluster(&slurm));
+    assert_eq!(d.stats.journal_skipped, 2);
+    assert_eq!(state(&d), before);
+    let copies: Vec<_> = std::fs::read_dir(dir2.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("journal.jsonl.damaged-"))
+        .collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let kept = std::fs::read_to_string(dir2.path().join(&copies[0])).unwrap();
+    assert_eq!(kept, damaged);
+    let mut t = now;
+    run(&mut d, &mut t, 5);
+    let calls = &d.cluster.calls;
+    assert_eq!((calls.requeues, calls.cancels, calls.submits), (0, 0, 0));
+}

@@ -26,16 +26,25 @@ pub struct Journal {
     pub written: u64,
     /// Records in the file (read at open, pushed since), the snapshot included.
     pub records: u64,
+    /// Damaged or unknown lines skipped at open (each logged with its line and reason).
+    pub skipped: u64,
+    /// Where the journal as found at open was copied when it had such lines (before
+    /// any rewrite can drop them).
+    pub damaged_copy: Option<PathBuf>,
 }
 
 impl Journal {
     /// Opens (creating) the journal in `dir` and returns it with the records already
     /// there. A torn last line (the daemon killed mid-write) is cut off; any other bad
-    /// line is an error naming the line.
+    /// line (damaged, or a record this build does not know) is logged with its line and
+    /// reason, counted in `skipped` and left out: one bad line must not keep the daemon
+    /// (and every job it manages) down. The file as found is then copied aside
+    /// (`journal.jsonl.damaged-<unix time>`) before anything rewrites it.
     pub fn open(dir: &Path) -> anyhow::Result<(Journal, Vec<Record>)> {
         let path = dir.join(JOURNAL_FILE);
         let mut records = Vec::new();
         let mut good_len: u64 = 0;
+        let mut skipped = 0u64;
         if path.exists() {
             let f = File::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
             let mut r = BufReader::new(f);
@@ -59,13 +68,38 @@ impl Journal {
                     break;
                 }
                 if !line.trim().is_empty() {
-                    let rec = Record::from_json_line(line.trim_end())
-                        .map_err(|m| anyhow::anyhow!("{}:{n}: {m}", path.display()))?;
-                    records.push(rec);
+                    match Record::from_json_line(line.trim_end()) {
+                        Ok(rec) => records.push(rec),
+                        Err(m) => {
+                            skipped += 1;
+                            log::error!("{}:{n}: record skipped: {m}", path.display());
+                        }
+                    }
                 }
                 good_len += got as u64;
             }
         }
+        let damaged_copy = if skipped > 0 {
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let copy = path.with_extension(format!("jsonl.damaged-{secs}"));
+            std::fs::copy(&path, &copy).with_context(|| {
+                format!(
+                    "{} has {skipped} damaged records; cannot keep a copy of it as {}",
+                    path.display(),
+                    copy.display()
+                )
+            })?;
+            log::error!(
+                "{}: {skipped} damaged or unknown records skipped; the journal as found is kept in {}",
+                path.display(),
+                copy.display()
+            );
+            Some(copy)
+        } else {
+            None
+        };
         // Only the daemon reads it: the state directory is searchable by all users
         // (they reach the control socket there), its files are not.
         let file = OpenOptions::new()
@@ -85,6 +119,8 @@ impl Journal {
                 buf: Vec::new(),
                 written: 0,
                 records: records.len() as u64,
+                skipped,
+                damaged_copy,
             },
             records,
         ))
@@ -227,9 +263,39 @@ mod tests {
         j.flush().unwrap();
         let text = std::fs::read_to_string(&p).unwrap();
         assert_eq!(text.lines().count(), 2, "{text}");
-        std::fs::write(&p, "{\"v\":1,\"t\":6,\"event\":{\"type\":\"nap\"}}\n").unwrap();
-        let e = Journal::open(dir.path()).unwrap_err().to_string();
-        assert!(e.contains("journal.jsonl:1: not a journal record"), "{e}");
+    }
+
+    #[test]
+    fn a_damaged_record_mid_journal_is_skipped_counted_and_kept_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = |t: f64| Record {
+            v: EVENT_FORMAT_VERSION,
+            t,
+            event: Event::Tick,
+        };
+        let line = |t: f64| format!("{}\n", serde_json::to_string(&rec(t)).unwrap());
+        let p = dir.path().join(JOURNAL_FILE);
+        let text = format!(
+            "{}{{\"v\":1,\"t\":6,\"event\":{{\"type\":\"nap\"}}}}\n{}garbage\n{}",
+            line(5.0),
+            line(7.0),
+            line(8.0)
+        );
+        std::fs::write(&p, &text).unwrap();
+        let (mut j, recs) = Journal::open(dir.path()).unwrap();
+        assert_eq!(recs, vec![rec(5.0), rec(7.0), rec(8.0)]);
+        assert_eq!(j.skipped, 2);
+        let copy = j
+            .damaged_copy
+            .clone()
+            .expect("a copy of the damaged journal");
+        assert_eq!(std::fs::read_to_string(&copy).unwrap(), text);
+        // A compaction rewrites the journal; the copy keeps what was skipped.
+        j.rewrite(&[rec(9.0)]).unwrap();
+        assert_eq!(std::fs::read_to_string(&copy).unwrap(), text);
+        drop(j);
+        let (j, recs) = Journal::open(dir.path()).unwrap();
+        assert_eq!((recs, j.skipped, j.damaged_copy), (vec![rec(9.0)], 0, None));
     }
 
     #[test]

@@ -267,6 +267,11 @@ impl Collector for SnapshotCollector {
                 st.deferred_calls,
             ),
             (
+                "journal_skipped",
+                "Journal records skipped at start-up (damaged, unknown or refused by the engine)",
+                st.journal_skipped,
+            ),
+            (
                 "refused_decisions",
                 "Engine decisions refused (an allocator or contract error), logged and skipped",
                 st.refused_decisions,
@@ -460,6 +465,7 @@ mod tests {
         s.stats.not_adopted = 2;
         s.stats.deferred_calls = 6;
         s.stats.refused_decisions = 1;
+        s.stats.journal_skipped = 2;
         // Set aside until later, one whose time ran out, one never.
         s.nodes = vec![
             node("n1", Some(1100.0)),
@@ -497,6 +503,7 @@ mod tests {
             "bftrainer_not_adopted_total 2",
             "bftrainer_deferred_calls_total 6",
             "bftrainer_refused_decisions_total 1",
+            "bftrainer_journal_skipped_total 2",
             "bftrainer_journal_bytes 12345",
             "# UNIT bftrainer_journal_bytes bytes",
             "bftrainer_started_seconds 900",

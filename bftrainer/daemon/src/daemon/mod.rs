@@ -197,7 +197,8 @@ pub struct Stats {
     /// skipped, the loop goes on.
     #[serde(default)]
     pub refused_decisions: u64,
-    /// Journal records refused at start-up (logged and skipped).
+    /// Journal records refused at start-up (damaged lines and records the engine
+    /// refused; logged and skipped).
     #[serde(default)]
     pub journal_skipped: u64,
     /// Jobs whose growth was paused after failures of their own (`blame`).
@@ -410,6 +411,8 @@ impl<C: Cluster> Daemon<C> {
             afresh: false,
         };
         d.cluster.set_node_detail(!d.cfg.gpu_partitions.is_empty());
+        // Damaged lines the journal skipped count with the records the engine refuses.
+        d.stats.journal_skipped = d.journal.as_ref().map_or(0, |j| j.skipped);
         d.restore(records);
         Ok(d)
     }
