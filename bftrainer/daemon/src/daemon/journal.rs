@@ -26,6 +26,8 @@ pub struct Journal {
     pub written: u64,
     /// Records in the file (read at open, pushed since), the snapshot included.
     pub records: u64,
+    /// Flushes that wrote and synced (fsyncs of the journal since open).
+    pub syncs: u64,
     /// Damaged or unknown lines skipped at open (each logged with its line and reason).
     pub skipped: u64,
     /// Where the journal as found at open was copied when it had such lines (before
@@ -119,6 +121,7 @@ impl Journal {
                 buf: Vec::new(),
                 written: 0,
                 records: records.len() as u64,
+                syncs: 0,
                 skipped,
                 damaged_copy,
             },
@@ -193,6 +196,7 @@ impl Journal {
             .write_all(&self.buf)
             .and_then(|_| self.file.sync_data())
             .with_context(|| format!("cannot write the journal {}", self.path.display()))?;
+        self.syncs += 1;
         self.buf.clear();
         Ok(())
     }

@@ -267,6 +267,11 @@ impl Collector for SnapshotCollector {
                 st.deferred_calls,
             ),
             (
+                "progress_deferred",
+                "Changes of a job's published rate or size (its Comment) left for later by the rate limit",
+                st.progress_deferred,
+            ),
+            (
                 "journal_skipped",
                 "Journal records skipped at start-up (damaged, unknown or refused by the engine)",
                 st.journal_skipped,

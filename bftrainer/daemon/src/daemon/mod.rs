@@ -207,6 +207,10 @@ pub struct Stats {
     /// Lending calls left for the next cycle when one ran over `cycle_budget`.
     #[serde(default)]
     pub deferred_calls: u64,
+    /// Changes of a job's published rate or size (its Comment) not journaled because
+    /// the last one was less than `PROGRESS_EVERY_S` ago.
+    #[serde(default)]
+    pub progress_deferred: u64,
 }
 
 /// What one cycle did (for logs, tests and the benchmark).
@@ -957,6 +961,72 @@ mod tests {
             d.stats.deferred_calls > 0,
             "satellites beyond the first of a cycle wait for the next one"
         );
+    }
+
+    #[test]
+    fn a_comment_alternating_its_size_costs_a_bounded_number_of_fsyncs() {
+        // The owner writes the Comment: `nodes=` alternating at every poll used to
+        // journal a Progress record, and fsync it, at every poll.
+        let (cluster, cfg, state) = four_nodes_one_held_core("");
+        let (journal, records) = journal::Journal::open(state.path()).unwrap();
+        let mut d = Daemon::new(cfg, cluster, Some(journal), &records).unwrap();
+        let mut now = 3_000_000_000.0;
+        for cycle in 0.. {
+            assert!(cycle < 40, "the core did not start");
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+            if d.cores.get(&1).is_some_and(|c| c.started) {
+                break;
+            }
+        }
+        // Let the growth settle, so that only the Comment changes.
+        for _ in 0..20 {
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+        }
+        let syncs0 = d.journal.as_ref().unwrap().syncs;
+        let progress = |d: &Daemon<gen::GenCluster>| {
+            std::fs::read_to_string(state.path().join(journal::JOURNAL_FILE))
+                .unwrap()
+                .lines()
+                .filter(|l| l.contains("\"type\":\"progress\""))
+                .count()
+        };
+        let polls = 300;
+        for i in 0..polls {
+            now += 1.0;
+            let rc = RunComment {
+                coord: "n1:29400".into(),
+                run: "ab".into(),
+                start: 0,
+                gen: 1,
+                nodes: if i % 2 == 0 { 1 } else { 4 },
+                rate: 100.0,
+                step: 0.5,
+                done: false,
+            };
+            d.cluster
+                .jobs
+                .iter_mut()
+                .find(|j| j.job_id == 1)
+                .unwrap()
+                .comment = Some(rc.to_string());
+            d.cluster.dirty = true;
+            d.cycle(now).unwrap();
+        }
+        let syncs = d.journal.as_ref().unwrap().syncs - syncs0;
+        // One change journaled per PROGRESS_EVERY_S, the first at once.
+        let bound = (polls as f64 / PROGRESS_EVERY_S) as u64 + 1;
+        assert!(
+            syncs <= bound,
+            "{syncs} fsyncs in {polls} polls (bound {bound}); {} progress records",
+            progress(&d)
+        );
+        assert!(progress(&d) >= 2, "changes are still journaled");
+        // Half the polls show the value last journaled: no change to defer.
+        assert!(d.stats.progress_deferred >= polls as u64 / 2 - bound);
     }
 
     #[test]

@@ -151,6 +151,24 @@ pub(super) fn keep_copy(copies: &mut Vec<Job>, k: usize, j: &Job) {
     }
 }
 
+/// Slurm job ids wrap (at MaxJobId, back to FirstJobId): ids this far apart are taken
+/// for the two sides of a wrap, the smaller one the newer.
+const ID_WRAP_GAP: u32 = 1 << 25;
+
+/// Whether `a` was submitted after `b`: by submit time, then (within one second) by id
+/// across a wrap of the ids.
+pub(super) fn is_newer(a: &Job, b: &Job) -> bool {
+    let (ta, tb) = (a.submit_time.unwrap_or(0), b.submit_time.unwrap_or(0));
+    if ta != tb {
+        return ta > tb;
+    }
+    if a.job_id.abs_diff(b.job_id) >= ID_WRAP_GAP {
+        a.job_id < b.job_id
+    } else {
+        a.job_id > b.job_id
+    }
+}
+
 /// A satellite's node as the snapshot shows it: where it runs, else where it is pinned.
 pub(super) fn sat_node(j: &Job) -> &str {
     j.nodes
@@ -773,13 +791,16 @@ impl<C: Cluster> Daemon<C> {
             // By node, and by GPU slot on a node lent by GPU (`gpulend`): several
             // satellites of one job share such a node.
             let slot = |id: u32| self.sats.get(&id).and_then(|m| m.slot);
-            let mut newest: FxHashMap<(u32, &str, Option<NodeId>), u32> = FxHashMap::default();
+            // The newest by submit time, not by id: ids wrap at MaxJobId.
+            let mut newest: FxHashMap<(u32, &str, Option<NodeId>), &Job> = FxHashMap::default();
             for &(i, parent) in &sats {
                 let j = &jobs[i];
                 let e = newest
                     .entry((parent, sat_node(j), slot(j.job_id)))
-                    .or_insert(j.job_id);
-                *e = (*e).max(j.job_id);
+                    .or_insert(j);
+                if is_newer(j, e) {
+                    *e = j;
+                }
             }
             sats.iter()
                 .map(|&(i, parent)| {
@@ -787,7 +808,7 @@ impl<C: Cluster> Daemon<C> {
                     !j.state.is_active()
                         && (newest
                             .get(&(parent, sat_node(j), slot(j.job_id)))
-                            .is_some_and(|&n| n > j.job_id)
+                            .is_some_and(|n| is_newer(n, j))
                             || j.end_time.is_some_and(|e| (e as f64) < started.floor()))
                 })
                 .collect()
@@ -1404,14 +1425,20 @@ impl<C: Cluster> Daemon<C> {
         if !core.started || rc.rate <= 0.0 {
             return;
         }
-        // The Comment is the owner's to write: a rate that changes at every poll would
-        // put a record in the journal at every poll. A new size is news at once; a new
-        // rate at the same size at most every PROGRESS_EVERY_S.
+        // The Comment is the owner's to write: a rate or a size (`nodes=`) that changes
+        // at every poll would put a record in the journal, and an fsync, at every poll.
+        // The first one is news at once; any change after it (size or rate) at most
+        // every PROGRESS_EVERY_S, the value then in the Comment winning. Changes left
+        // for later are counted.
         let resized = core.rate.map_or(true, |(_, n)| n != rc.nodes);
         let changed = core.rate.map_or(true, |(r, _)| {
             (rc.rate - r).abs() > 0.01 * r.max(f64::MIN_POSITIVE)
         });
-        if resized || (changed && now - core.rate_at >= PROGRESS_EVERY_S) {
+        if (resized || changed) && core.rate.is_some() && now - core.rate_at < PROGRESS_EVERY_S {
+            self.stats.progress_deferred += 1;
+            return;
+        }
+        if resized || changed {
             core.rate = Some((rc.rate, rc.nodes));
             core.rate_at = now;
             let jid = core.jid;
@@ -1449,4 +1476,33 @@ fn held_why(j: &Job) -> Option<String> {
     }
     spec::site_hold(j.admin_comment.as_deref(), j.comment.as_deref())
         .map(|h| h.describe().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sat(id: u32, submit: i64) -> Job {
+        let mut j = gen::job(id, "elastic-sat", JobBase::Complete);
+        j.submit_time = Some(submit);
+        j
+    }
+
+    #[test]
+    fn the_newest_satellite_is_the_last_submitted_across_a_job_id_wrap() {
+        // Slurm's default MaxJobId is 67,043,328: after it ids start again at 1.
+        let before_wrap = sat(67_043_000, 1_000);
+        let after_wrap = sat(3, 1_010);
+        assert!(is_newer(&after_wrap, &before_wrap));
+        assert!(!is_newer(&before_wrap, &after_wrap));
+        // Submitted in the same second on both sides of the wrap.
+        let same_second = sat(2, 1_000);
+        assert!(is_newer(&same_second, &before_wrap));
+        assert!(!is_newer(&before_wrap, &same_second));
+        // No wrap: the later id of one second, the later second whatever the ids.
+        assert!(is_newer(&sat(11, 5), &sat(10, 5)));
+        assert!(!is_newer(&sat(10, 5), &sat(11, 5)));
+        assert!(is_newer(&sat(10, 6), &sat(11, 5)));
+        assert!(!is_newer(&sat(10, 5), &sat(10, 5)));
+    }
 }
