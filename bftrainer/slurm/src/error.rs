@@ -82,6 +82,17 @@ impl Error {
                 .contains(&c)
     }
 
+    /// True when Slurm refused a request for a reason of the whole cluster or of its
+    /// configuration, not of the job that made it: no job may be charged for it (it
+    /// would refuse any job's request alike). MaxJobCount reached and a busy slurmctld
+    /// (EAGAIN), a partition that is missing, down, drained or inactive, submissions
+    /// disabled, slurmdbd unreachable, a requested node outside the partition (the
+    /// partitions' config), nodes or ports busy. Every other refusal (the job's limits,
+    /// QOS, account, time limit, GRES, features) is the request's.
+    pub fn is_cluster_wide(&self) -> bool {
+        self.code().is_some_and(is_cluster_wide)
+    }
+
     /// True when the job already finished (ESLURM_ALREADY_DONE).
     pub fn is_already_done(&self) -> bool {
         self.code() == Some(slurm_sys::ESLURM_ALREADY_DONE as i32)
@@ -121,6 +132,32 @@ pub fn strerror(code: i32) -> String {
             CStr::from_ptr(p).to_string_lossy().into_owned()
         }
     }
+}
+
+/// The codes of [`Error::is_cluster_wide`].
+fn is_cluster_wide(code: i32) -> bool {
+    [
+        slurm_sys::ESLURM_INVALID_PARTITION_NAME,
+        slurm_sys::ESLURM_REQUESTED_NODES_NOT_IN_PARTITION,
+        slurm_sys::ESLURM_PARTITION_NOT_AVAIL,
+        slurm_sys::ESLURM_PARTITION_DOWN,
+        slurm_sys::ESLURM_SUBMISSIONS_DISABLED,
+        slurm_sys::ESLURM_DISABLED,
+        slurm_sys::ESLURM_NODES_BUSY,
+        slurm_sys::ESLURM_PORTS_BUSY,
+        slurm_sys::ESLURM_INTERCONNECT_BUSY,
+        slurm_sys::ESLURM_REBOOT_IN_PROGRESS,
+        slurm_sys::ESLURM_IN_STANDBY_MODE,
+        slurm_sys::ESLURM_IN_STANDBY_USE_BACKUP,
+        slurm_sys::ESLURM_DB_CONNECTION,
+        slurm_sys::ESLURM_DB_CONNECTION_INVALID,
+        slurm_sys::ESLURM_JOB_SETTING_DB_INX,
+    ]
+    .iter()
+    .any(|&c| c as i32 == code)
+        // MaxJobCount reached (slurmctld's _job_create answers EAGAIN), or slurmctld
+        // too busy to take the job.
+        || code == libc::EAGAIN
 }
 
 /// Slurm's codes for a message the other side could not read: what a client and a
@@ -230,6 +267,36 @@ mod tests {
     fn unparsable_versions_are_refused_with_ours_named() {
         let e = check_release(V22_05_8, "garbage").unwrap_err();
         assert!(e.contains("`garbage`") && e.contains("22.05.8"), "{e}");
+    }
+
+    #[test]
+    fn refusals_of_the_cluster_are_told_from_the_jobs_own() {
+        let e = |c: u32| Error::from_code("slurm_submit_batch_job", c as i32);
+        for c in [
+            slurm_sys::ESLURM_INVALID_PARTITION_NAME,
+            slurm_sys::ESLURM_PARTITION_NOT_AVAIL,
+            slurm_sys::ESLURM_PARTITION_DOWN,
+            slurm_sys::ESLURM_SUBMISSIONS_DISABLED,
+            slurm_sys::ESLURM_DB_CONNECTION,
+            slurm_sys::ESLURM_REQUESTED_NODES_NOT_IN_PARTITION,
+            libc::EAGAIN as u32,
+        ] {
+            assert!(e(c).is_cluster_wide(), "{}", e(c));
+        }
+        // The job's own: its limits, QOS, account, time limit, GRES.
+        for c in [
+            slurm_sys::ESLURM_ACCOUNTING_POLICY,
+            slurm_sys::ESLURM_INVALID_QOS,
+            slurm_sys::ESLURM_INVALID_ACCOUNT,
+            slurm_sys::ESLURM_INVALID_TIME_LIMIT,
+            slurm_sys::ESLURM_INVALID_GRES,
+            slurm_sys::ESLURM_QOS_THRES,
+            slurm_sys::ESLURM_ACCESS_DENIED,
+            slurm_sys::ESLURM_REQUESTED_PART_CONFIG_UNAVAILABLE,
+        ] {
+            assert!(!e(c).is_cluster_wide(), "{}", e(c));
+        }
+        assert!(!Error::invalid("script", "empty").is_cluster_wide());
     }
 
     #[test]

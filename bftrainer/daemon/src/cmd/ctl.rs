@@ -203,6 +203,15 @@ pub fn status_text(s: &Snapshot) -> String {
             "NOT_RESPONDING"
         }
     );
+    if let Some(g) = &s.growth_held {
+        let _ = writeln!(
+            o,
+            "   GrowthHeld={}s Refusals={} Reason={}",
+            (g.until - s.time).max(0.0).round(),
+            g.refusals,
+            g.reason
+        );
+    }
     let _ = writeln!(
         o,
         "   Nodes={} Idle={} Lent={} Reserved={} Busy={} Unavailable={}",

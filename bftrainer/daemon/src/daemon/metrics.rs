@@ -267,6 +267,11 @@ impl Collector for SnapshotCollector {
                 st.deferred_calls,
             ),
             (
+                "cluster_refusals",
+                "Satellites Slurm refused for reasons of the whole cluster (charged to no job; growth held)",
+                st.cluster_refusals,
+            ),
+            (
                 "progress_deferred",
                 "Changes of a job's published rate or size (its Comment) left for later by the rate limit",
                 st.progress_deferred,

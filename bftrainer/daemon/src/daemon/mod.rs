@@ -207,6 +207,10 @@ pub struct Stats {
     /// Lending calls left for the next cycle when one ran over `cycle_budget`.
     #[serde(default)]
     pub deferred_calls: u64,
+    /// Satellites Slurm refused for reasons of the whole cluster (charged to no job;
+    /// growth held with backoff).
+    #[serde(default)]
+    pub cluster_refusals: u64,
     /// Changes of a job's published rate or size (its Comment) not journaled because
     /// the last one was less than `PROGRESS_EVERY_S` ago.
     #[serde(default)]
@@ -288,6 +292,8 @@ pub struct Daemon<C: Cluster> {
     book: book::Book,
     /// The last error logged, for `bftrainer status`.
     last_error: Option<view::LastError>,
+    /// Satellites not submitted until then, after cluster-wide refusals.
+    growth_held: Option<view::GrowthHeld>,
     /// The current cycle's time (for `last_error`).
     clock: f64,
     /// When the current cycle's calls began (for `[daemon] cycle_budget`), and
@@ -316,6 +322,10 @@ pub const PROGRESS_EVERY_S: f64 = 30.0;
 
 /// The longest pause of a job's growth and the longest set-aside of a node.
 pub const MAX_BACKOFF_S: f64 = 3600.0;
+/// The longest hold of all growth after cluster-wide refusals: the cause (MaxJobCount,
+/// a partition down, slurmdbd) is an administrator's to mend, and growth should
+/// resume soon after.
+pub const GROWTH_HOLD_MAX_S: f64 = 300.0;
 /// The pause of a job no lent node can serve, lifted as soon as one can (a year).
 const UNSERVABLE_PAUSE_S: f64 = 365.0 * 86_400.0;
 /// A core job back from a requeue within this many seconds of the daemon asking for
@@ -403,6 +413,7 @@ impl<C: Cluster> Daemon<C> {
             pending: Vec::new(),
             book: book::Book::default(),
             last_error: None,
+            growth_held: None,
             clock: 0.0,
             calls_t0: None,
             lent_in_cycle: false,
@@ -892,6 +903,149 @@ mod tests {
         }
     }
 
+    /// The generated cluster, refusing satellites with Slurm error `refuse` while set.
+    struct Refusing {
+        inner: gen::GenCluster,
+        refuse: Option<i32>,
+        tries: u64,
+    }
+
+    impl Cluster for Refusing {
+        fn refresh(&mut self, full_jobs: bool) -> cluster::Result<Refresh> {
+            self.inner.refresh(full_jobs)
+        }
+        fn nodes(&self) -> &[Node] {
+            self.inner.nodes()
+        }
+        fn partitions(&self) -> &[Partition] {
+            self.inner.partitions()
+        }
+        fn jobs(&self) -> &[Job] {
+            self.inner.jobs()
+        }
+        fn submit(&mut self, job: &BatchJob) -> cluster::Result<u32> {
+            self.tries += 1;
+            match self.refuse {
+                Some(code) => Err(bftrainer_slurm::Error::Slurm {
+                    call: "slurm_submit_batch_job",
+                    code,
+                    message: bftrainer_slurm::strerror(code),
+                }),
+                None => self.inner.submit(job),
+            }
+        }
+        fn update(&mut self, job_id: u32, update: &JobUpdate) -> cluster::Result<()> {
+            self.inner.update(job_id, update)
+        }
+        fn hold(&mut self, job_id: u32, tag: &str) -> cluster::Result<()> {
+            self.inner.hold(job_id, tag)
+        }
+        fn release(&mut self, job_id: u32, tag: &str, comment: &str) -> cluster::Result<()> {
+            self.inner.release(job_id, tag, comment)
+        }
+        fn signal(
+            &mut self,
+            job_id: u32,
+            signal: i32,
+            target: SignalTarget,
+        ) -> cluster::Result<()> {
+            self.inner.signal(job_id, signal, target)
+        }
+        fn cancel(&mut self, job_id: u32) -> cluster::Result<()> {
+            self.inner.cancel(job_id)
+        }
+        fn requeue(&mut self, job_id: u32, hold: bool) -> cluster::Result<()> {
+            self.inner.requeue(job_id, hold)
+        }
+        fn compress(&self, names: &[String]) -> String {
+            self.inner.compress(names)
+        }
+        fn expand(&self, expr: &str) -> Vec<String> {
+            self.inner.expand(expr)
+        }
+        fn priority_inputs(&mut self) -> cluster::Result<(PriorityWeights, FairshareTable)> {
+            self.inner.priority_inputs()
+        }
+    }
+
+    #[test]
+    fn a_refusal_of_the_cluster_holds_growth_and_charges_no_job() {
+        let size = |d: &Daemon<Refusing>| {
+            d.cluster
+                .jobs()
+                .iter()
+                .filter(|j| {
+                    j.state.base() == JobBase::Running
+                        && (j.job_id == 1 || j.name == satellite_name(1))
+                })
+                .count()
+        };
+        // The satellite partition is down: no job is charged, growth holds with
+        // backoff (few tries), and resumes once Slurm takes satellites again.
+        let (cluster, cfg, _state) = four_nodes_one_held_core("");
+        let mut d = Daemon::new(
+            cfg,
+            Refusing {
+                inner: cluster,
+                refuse: Some(2101 /* ESLURM_PARTITION_DOWN */),
+                tries: 0,
+            },
+            None,
+            &[],
+        )
+        .unwrap();
+        let mut now = 3_000_000_000.0;
+        for _ in 0..120 {
+            now += 1.0;
+            d.cluster.inner.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+        }
+        assert_eq!(size(&d), 1, "only the core runs");
+        assert_eq!(d.stats.job_pauses, 0, "no job charged");
+        assert!(d.blame.paused(1, now).is_none());
+        assert!(d.stats.cluster_refusals >= 1);
+        assert!(d.growth_is_held(now) || d.growth_held.is_some());
+        // Backoff from job_backoff (60 s): a try at 0, 60 and 180 s at most, each of
+        // one satellite (the hold stops the rest of the cycle's).
+        assert!(d.cluster.tries <= 3, "{} tries in 120 s", d.cluster.tries);
+        assert!(d.snapshot(now).growth_held.is_some());
+        d.cluster.refuse = None;
+        for cycle in 0.. {
+            assert!(cycle < 400, "growth did not resume");
+            now += 1.0;
+            d.cluster.inner.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+            if size(&d) == 4 {
+                break;
+            }
+        }
+        assert!(d.growth_held.is_none());
+        assert_eq!(d.stats.job_pauses, 0);
+
+        // The job's own refusal (its association's limits) pauses that job.
+        let (cluster, cfg, _state) = four_nodes_one_held_core("");
+        let mut d = Daemon::new(
+            cfg,
+            Refusing {
+                inner: cluster,
+                refuse: Some(2050 /* ESLURM_ACCOUNTING_POLICY */),
+                tries: 0,
+            },
+            None,
+            &[],
+        )
+        .unwrap();
+        for _ in 0..20 {
+            now += 1.0;
+            d.cluster.inner.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+        }
+        assert_eq!(d.stats.job_pauses, 1);
+        assert!(d.blame.paused(1, now).is_some());
+        assert_eq!(d.stats.cluster_refusals, 0);
+        assert!(d.growth_held.is_none());
+    }
+
     /// Nodes n1-n4 in `batch`, `elastic` and `elastic-sat`, and one held core job
     /// (1, `1:4`); a config with `daemon_extra` added to `[daemon]`, whose state dir
     /// lives as long as the returned guard.
@@ -987,7 +1141,7 @@ mod tests {
             d.cycle(now).unwrap();
         }
         let syncs0 = d.journal.as_ref().unwrap().syncs;
-        let progress = |d: &Daemon<gen::GenCluster>| {
+        let progress = || {
             std::fs::read_to_string(state.path().join(journal::JOURNAL_FILE))
                 .unwrap()
                 .lines()
@@ -1022,9 +1176,9 @@ mod tests {
         assert!(
             syncs <= bound,
             "{syncs} fsyncs in {polls} polls (bound {bound}); {} progress records",
-            progress(&d)
+            progress()
         );
-        assert!(progress(&d) >= 2, "changes are still journaled");
+        assert!(progress() >= 2, "changes are still journaled");
         // Half the polls show the value last journaled: no change to defer.
         assert!(d.stats.progress_deferred >= polls as u64 / 2 - bound);
     }

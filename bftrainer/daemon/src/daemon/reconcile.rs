@@ -132,7 +132,7 @@ impl<C: Cluster> Daemon<C> {
                 if self.set_aside.get(&n).is_some_and(|s| s.until > now) {
                     continue;
                 }
-                if self.over_budget() {
+                if self.over_budget() || self.growth_is_held(now) {
                     continue;
                 }
                 calls += 1;

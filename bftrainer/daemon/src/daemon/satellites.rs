@@ -138,7 +138,16 @@ impl<C: Cluster> Daemon<C> {
             );
             memo.signalled_at = Some(now);
             self.call(|c| c.cancel(j.job_id), "cancel", j.job_id);
-            if self.outage_ended >= submitted || self.outage_since.is_some() {
+            // Slurm's reasons that name the partition, not the job: any job's satellite
+            // would wait alike.
+            let cluster_wide = matches!(
+                why.as_str(),
+                "PartitionDown" | "PartitionInactive" | "SystemFailure"
+            );
+            if cluster_wide {
+                self.stats.cluster_refusals += 1;
+                self.hold_growth(format!("a satellite waited on {node_name} ({why})"), now);
+            } else if self.outage_ended >= submitted || self.outage_since.is_some() {
                 log::info!(
                     "satellite {} of job {parent} waited through a slurmctld outage: not charged",
                     j.job_id
@@ -255,6 +264,27 @@ impl<C: Cluster> Daemon<C> {
             e.failures,
             e.reason
         );
+    }
+
+    /// Holds every job's growth after a cluster-wide refusal: from `job_backoff`,
+    /// doubling per refusal in a row, at most `GROWTH_HOLD_MAX_S`.
+    pub(super) fn hold_growth(&mut self, reason: String, now: f64) {
+        let refusals = self.growth_held.as_ref().map_or(0, |g| g.refusals) + 1;
+        let wait = (self.cfg.job_backoff_s * 2f64.powi(refusals.min(30) as i32 - 1))
+            .min(GROWTH_HOLD_MAX_S);
+        self.error(format!(
+            "{reason}: a refusal of the cluster, charged to no job; growth held for {wait:.0} s (refusal {refusals} in a row)"
+        ));
+        self.growth_held = Some(view::GrowthHeld {
+            until: now + wait,
+            refusals,
+            reason,
+        });
+    }
+
+    /// Whether growth is held now (cluster-wide refusals).
+    pub(super) fn growth_is_held(&self, now: f64) -> bool {
+        self.growth_held.as_ref().is_some_and(|g| g.until > now)
     }
 
     pub(super) fn end_satellite(
@@ -414,6 +444,12 @@ impl<C: Cluster> Daemon<C> {
         }
         match self.cluster.submit(&job) {
             Ok(sid) => {
+                if let Some(g) = self.growth_held.take() {
+                    log::info!(
+                        "Slurm takes satellites again: growth resumes after {} cluster-wide refusals",
+                        g.refusals
+                    );
+                }
                 self.stats.grows += 1;
                 self.sats.insert(
                     sid,
@@ -425,6 +461,15 @@ impl<C: Cluster> Daemon<C> {
                     },
                 );
                 log::info!("grow job {parent} onto {node}: satellite {sid}");
+            }
+            Err(e) if e.is_cluster_wide() => {
+                // Refused for a reason of the cluster (MaxJobCount, the satellite
+                // partition down or inactive, slurmdbd unreachable...): any job's
+                // satellite would be refused alike. No job is charged; growth holds,
+                // with backoff, for every job.
+                self.stats.slurm_errors += 1;
+                self.stats.cluster_refusals += 1;
+                self.hold_growth(format!("Slurm refused a satellite on {node}: {e}"), now);
             }
             Err(e) if e.is_unreachable() => {
                 // slurmctld did not answer: nobody's fault; the next cycle retries.

@@ -136,6 +136,7 @@ impl<C: Cluster> Daemon<C> {
             lending: self.engine.lending().as_str().to_string(),
             slurm_reachable: self.outage_since.is_none(),
             last_error: self.last_error.clone(),
+            growth_held: self.growth_held.clone().filter(|g| g.until > now),
             poll: self.poll_times.latency(),
             decision: self.decide_times.latency(),
             counts,

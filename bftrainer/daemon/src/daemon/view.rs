@@ -23,6 +23,10 @@ pub struct Snapshot {
     pub lending: String,
     pub slurm_reachable: bool,
     pub last_error: Option<LastError>,
+    /// New satellites are not submitted until then: Slurm refused one for a reason of
+    /// the whole cluster (`Error::is_cluster_wide`), charged to no job.
+    #[serde(default)]
+    pub growth_held: Option<GrowthHeld>,
     /// Reading Slurm (the refresh of nodes, partitions and jobs), per cycle.
     pub poll: Latency,
     /// Observe + engine decision, per cycle (no Slurm calls).
@@ -38,6 +42,16 @@ pub struct Snapshot {
     /// why and who holds the port. Filled in when a status is answered.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub listen_problems: Vec<String>,
+}
+
+/// Growth held after cluster-wide refusals (doubling from `[daemon] job_backoff`, at
+/// most `GROWTH_HOLD_MAX_S`; ended by the next satellite Slurm takes).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GrowthHeld {
+    pub until: f64,
+    /// Refusals in a row.
+    pub refusals: u32,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -192,6 +206,7 @@ impl Snapshot {
             lending: self.lending.clone(),
             slurm_reachable: self.slurm_reachable,
             last_error: self.last_error.clone(),
+            growth_held: self.growth_held.clone(),
             poll: self.poll.clone(),
             decision: self.decision.clone(),
             counts: self.counts.clone(),
