@@ -111,7 +111,7 @@ impl<C: Cluster> Daemon<C> {
             }
             if let (Some(n), Some(start)) = (node, j.start_time) {
                 if now - start as f64 >= self.cfg.satellite_min_runtime_s {
-                    self.blame.ran(parent, n);
+                    self.blame.ran(parent, n, now);
                     if let Some(sa) = self.set_aside.get_mut(&n) {
                         if sa.until <= now {
                             sa.failures = 0;
