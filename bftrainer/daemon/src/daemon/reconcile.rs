@@ -3,7 +3,7 @@
 //! submit satellites (grow), end them (shrink), requeue and hold cores.
 
 use super::*;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 impl<C: Cluster> Daemon<C> {
     pub(super) fn reconcile(&mut self, now: f64) -> usize {
@@ -32,11 +32,19 @@ impl<C: Cluster> Daemon<C> {
                 &all
             }
         };
+        // Tagged jobs that ended but whose nodes Slurm still cleans up (COMPLETING): no
+        // new satellite or core goes there until they are gone, else it waits behind
+        // them and its job is charged for that wait.
+        let mut completing: Vec<usize> = Vec::new();
         for &i in candidates {
             let j = &jobs[i];
-            if !(j.state.is_active()
-                && j.admin_comment.as_deref().is_some_and(spec::looks_like_tag))
-            {
+            if !j.admin_comment.as_deref().is_some_and(spec::looks_like_tag) {
+                continue;
+            }
+            if !j.state.is_active() {
+                if j.state.is_completing() {
+                    completing.push(i);
+                }
                 continue;
             }
             if self.cores.contains_key(&j.job_id) {
@@ -72,6 +80,26 @@ impl<C: Cluster> Daemon<C> {
                 sats.entry(parent).or_default().push((i, n));
             }
         }
+        // Nodes a new satellite or core would wait on: satellites still there (active:
+        // a shrunk one leaving, another job's) or completing, and completing cores. A
+        // job's own wanted satellites are `have` below, never waited on.
+        let mut occupied: FxHashSet<NodeId> = FxHashSet::default();
+        {
+            let jobs = self.cluster.jobs();
+            for list in sats.values() {
+                occupied.extend(list.iter().filter_map(|&(_, n)| n));
+            }
+            for &i in &completing {
+                if let Some(e) = jobs[i].nodes.as_deref() {
+                    for name in self.cluster.expand(e) {
+                        if let Some(&n) = self.node_ids.get(&name) {
+                            occupied.insert(n);
+                        }
+                    }
+                }
+            }
+        }
+        self.occupied = occupied;
         let core_ids: Vec<u32> = self.cores.keys().copied().collect();
         let mut want: Vec<NodeId> = Vec::new();
         let mut anchors: Vec<NodeId> = Vec::new();
@@ -133,6 +161,11 @@ impl<C: Cluster> Daemon<C> {
                     continue;
                 }
                 if self.over_budget() || self.growth_is_held(now) {
+                    continue;
+                }
+                if self.occupied.contains(&n) {
+                    // The previous satellite there is still leaving: submitted now,
+                    // this one would pend behind it and be charged for the wait.
                     continue;
                 }
                 calls += 1;
@@ -232,7 +265,9 @@ impl<C: Cluster> Daemon<C> {
                 return 0;
             }
             if core.admit_at.is_none() && j.is_held() {
-                if self.over_budget() {
+                if self.over_budget() || pin.iter().any(|n| self.occupied.contains(n)) {
+                    // A satellite is still leaving a pinned node: admitted now, the core
+                    // would wait behind it past its admission timeout.
                     return 0;
                 }
                 let names = pin_names;
