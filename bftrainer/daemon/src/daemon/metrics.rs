@@ -267,6 +267,11 @@ impl Collector for SnapshotCollector {
                 st.deferred_calls,
             ),
             (
+                "limit_pauses",
+                "Elastic jobs paused and shrunk to their cores for a regular job waiting on a limit their satellites count against",
+                st.limit_pauses,
+            ),
+            (
                 "cluster_refusals",
                 "Satellites Slurm refused for reasons of the whole cluster (charged to no job; growth held)",
                 st.cluster_refusals,

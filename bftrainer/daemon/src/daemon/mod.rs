@@ -24,6 +24,7 @@ pub mod control;
 pub mod gen;
 mod gpulend;
 pub mod journal;
+mod limits;
 pub mod listen;
 pub mod metrics;
 mod observe;
@@ -207,6 +208,10 @@ pub struct Stats {
     /// Lending calls left for the next cycle when one ran over `cycle_budget`.
     #[serde(default)]
     pub deferred_calls: u64,
+    /// Elastic jobs paused and shrunk to their cores because a regular job waited on an
+    /// association or QOS limit their satellites count against (`limits`).
+    #[serde(default)]
+    pub limit_pauses: u64,
     /// Satellites Slurm refused for reasons of the whole cluster (charged to no job;
     /// growth held with backoff).
     #[serde(default)]
@@ -294,6 +299,9 @@ pub struct Daemon<C: Cluster> {
     last_error: Option<view::LastError>,
     /// Satellites not submitted until then, after cluster-wide refusals.
     growth_held: Option<view::GrowthHeld>,
+    /// Elastic jobs paused because a regular job waits on a limit their satellites
+    /// count against (`limits`), and until when.
+    limit_paused: rustc_hash::FxHashMap<u32, f64>,
     /// Nodes where a satellite (or an ended core) is still leaving, found by reconcile:
     /// nothing new is placed there until Slurm is done with them.
     occupied: rustc_hash::FxHashSet<NodeId>,
@@ -418,6 +426,7 @@ impl<C: Cluster> Daemon<C> {
             last_error: None,
             growth_held: None,
             occupied: Default::default(),
+            limit_paused: Default::default(),
             clock: 0.0,
             calls_t0: None,
             lent_in_cycle: false,
@@ -1238,6 +1247,83 @@ mod tests {
             }
         }
         assert_eq!(d.stats.job_pauses, 0);
+    }
+
+    #[test]
+    fn a_regular_job_of_the_owner_waiting_on_its_limit_gets_the_satellites_back() {
+        // Satellites count against the owner's MaxJobs; Slurm never preempts them for a
+        // limit. A regular job of the same user waiting on AssocMaxJobsLimit: the
+        // elastic job stops growing and gives its satellites back (its core stays).
+        let (cluster, cfg, _state) = four_nodes_one_held_core("");
+        let mut d = Daemon::new(cfg, cluster, None, &[]).unwrap();
+        let sats = |d: &Daemon<gen::GenCluster>| {
+            d.cluster
+                .jobs
+                .iter()
+                .filter(|j| j.name == satellite_name(1) && j.state.is_active())
+                .count()
+        };
+        let mut now = 3_000_000_000.0;
+        for cycle in 0.. {
+            assert!(cycle < 40, "not grown onto 4 nodes");
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+            if sats(&d) == 3 && d.engine.job_nodes(0).len() == 4 {
+                break;
+            }
+        }
+        let mut regular = gen::job(51, "batch", JobBase::Pending);
+        assert_eq!(regular.user_id, d.cluster.jobs[0].user_id, "the owner's");
+        regular.reason = Some("AssocMaxJobsLimit".into());
+        let rid = d.cluster.add_job(regular);
+        d.cluster.dirty = true;
+        for cycle in 0.. {
+            assert!(cycle < 200, "satellites not given back: {} left", sats(&d));
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+            if sats(&d) == 0 {
+                break;
+            }
+        }
+        assert_eq!(d.engine.job_nodes(0).len(), 1, "the core stays");
+        assert_eq!(d.stats.limit_pauses, 1);
+        // It does not grow back while the regular job waits.
+        for _ in 0..30 {
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+            assert_eq!(sats(&d), 0);
+        }
+        // The regular job runs (its limit now lets it): growth resumes.
+        let r = d.cluster.jobs.iter_mut().find(|j| j.job_id == rid).unwrap();
+        r.state = bftrainer_slurm::JobState::from_base(JobBase::Running);
+        r.reason = None;
+        r.nodes = None;
+        d.cluster.dirty = true;
+        for cycle in 0.. {
+            assert!(cycle < 60, "growth did not resume");
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+            if sats(&d) == 3 {
+                break;
+            }
+        }
+        // Another user's job on its own limit changes nothing.
+        let mut other = gen::job(52, "batch", JobBase::Pending);
+        other.reason = Some("AssocMaxJobsLimit".into());
+        assert_ne!(other.user_id, d.cluster.jobs[0].user_id);
+        d.cluster.add_job(other);
+        d.cluster.dirty = true;
+        for _ in 0..10 {
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+        }
+        assert_eq!(sats(&d), 3);
+        assert_eq!(d.stats.limit_pauses, 1);
     }
 
     #[test]

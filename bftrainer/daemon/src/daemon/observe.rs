@@ -226,6 +226,7 @@ impl<C: Cluster> Daemon<C> {
         let copies = std::mem::take(&mut scan.jobs);
         self.observe_satellites(scan, now);
         self.observe_copies = copies;
+        self.observe_limits(now);
     }
 
     /// The job table in one pass: which jobs are bftrainerd's (cores, satellites, ones

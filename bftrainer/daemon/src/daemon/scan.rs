@@ -26,6 +26,9 @@ pub(super) struct Regular {
     pub tagged: Vec<usize>,
     /// Their owners, by Slurm id.
     pub uid_of: FxHashMap<u32, u32>,
+    /// Regular jobs waiting on an association or QOS limit that satellites can feed
+    /// (`limits`).
+    pub limited: Vec<super::limits::Limited>,
     /// The table it was made from: its length, and the slots' generation then.
     len: usize,
     generation: u64,
@@ -50,6 +53,7 @@ impl<C: Cluster> Daemon<C> {
         let mut tagged: Vec<usize> = Vec::new();
         let jobs = self.cluster.jobs();
         let mut last_part: Option<&str> = None;
+        let mut limited = Vec::new();
         for (i, j) in jobs.iter().enumerate() {
             if j.admin_comment.as_deref().is_some_and(spec::looks_like_tag) {
                 tagged.push(i);
@@ -60,6 +64,9 @@ impl<C: Cluster> Daemon<C> {
                     }
                 }
             } else if j.state.base() == JobBase::Pending && !j.is_held() {
+                if let Some(l) = super::limits::Limited::of(j) {
+                    limited.push(l);
+                }
                 if let Some(p) = j.partition.as_deref() {
                     // Most waiting jobs name the same partitions as the one before.
                     if last_part != Some(p) {
@@ -91,6 +98,7 @@ impl<C: Cluster> Daemon<C> {
             plans,
             tagged,
             uid_of,
+            limited,
             len: jobs.len(),
             generation: self.slots.generation(),
         }
