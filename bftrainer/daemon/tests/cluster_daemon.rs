@@ -1581,3 +1581,80 @@ fn cluster_daemon_plain_core_requeued_while_the_daemon_is_down_waits_for_its_adm
     let f = show_job(&l, job);
     assert!(f.contains("Restarts=2"), "{f}");
 }
+
+#[test]
+fn cluster_daemon_gives_satellites_back_to_a_regular_job_waiting_on_the_owners_limit() {
+    // Satellites run as their owner and count against the owner's association limits,
+    // and Slurm never preempts a job for a limit. bftuser may run 3 jobs (MaxJobs=3,
+    // enforced); bftuser's elastic job holds a core and two satellites, then bftuser
+    // submits a regular job, which waits on AssocMaxJobsLimit. bftrainerd pauses the
+    // elastic job and gives its satellites back; the regular job runs, the core stays.
+    let mut l = Live::start_without_daemon("", "", "");
+    let slurm_conf = l.c.slurm_conf().to_path_buf();
+    let text = std::fs::read_to_string(&slurm_conf).unwrap();
+    std::fs::write(
+        &slurm_conf,
+        text.replace(
+            "AccountingStorageType=accounting_storage/slurmdbd\n",
+            "AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageEnforce=associations,limits\n",
+        ),
+    )
+    .unwrap();
+    l.c.stop_daemon("slurmctld", false).unwrap();
+    l.c.start_daemon("slurmctld").unwrap();
+    let user = bftrainer_testcluster::TEST_USER;
+    l.c.run(
+        "sacctmgr",
+        &[
+            "-i",
+            "modify",
+            "user",
+            "where",
+            &format!("name={user}"),
+            "set",
+            "MaxJobs=3",
+        ],
+    )
+    .unwrap();
+    l.wait(60, "slurmctld to know bftuser's MaxJobs", || {
+        l.c.run(
+            "scontrol",
+            &["show", "assoc_mgr", &format!("users={user}"), "flags=assoc"],
+        )
+        .ok()
+        .filter(|o| o.contains("MaxJobs=3("))
+    });
+    l.spawn();
+    let job = l.submit_elastic("1:4");
+    l.wait(90, "the elastic job on its core and two satellites", || {
+        (l.state_of(job) == "RUNNING" && l.satellites(job).len() == 2).then_some(())
+    });
+    let regular = l.sbatch_as_user(
+        &[
+            "-p",
+            "batch",
+            "-N1",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 600",
+        ],
+        Some(std::path::Path::new("/tmp")),
+    );
+    l.wait(90, "bftuser's regular job running", || {
+        (l.state_of(regular) == "RUNNING").then_some(())
+    });
+    let log = l.log_text();
+    assert!(
+        log.contains(&format!("regular job {regular} waits on AssocMaxJobsLimit")),
+        "{log}"
+    );
+    assert_eq!(l.state_of(job), "RUNNING", "the core stays");
+    let restarts =
+        l.c.run("scontrol", &["show", "job", "-o", &job.to_string()])
+            .unwrap();
+    assert!(restarts.contains("Restarts=0"), "{restarts}");
+    // While the regular job runs the limit still binds: no regrowth past it.
+    l.cycles_later(3);
+    assert!(l.satellites(job).len() <= 1, "{:?}", l.satellites(job));
+}
