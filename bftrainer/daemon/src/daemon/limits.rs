@@ -13,7 +13,7 @@ use rustc_hash::FxHashSet;
 pub const LIMIT_PAUSE_S: f64 = 300.0;
 
 /// Whose jobs a limit counts: Slurm's pending reasons (job_reason_string) name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum Scope {
     /// The association's per-user limits (AssocMax*): the same user and account.
     UserAccount,
@@ -71,6 +71,12 @@ impl Limited {
             reason: reason.to_string(),
             scope,
         })
+    }
+
+    /// What decides which core jobs it counts (the same for every job waiting on the
+    /// same limit of the same user, account and QOS).
+    pub fn key(&self) -> (Scope, u32, Option<String>, Option<String>) {
+        (self.scope, self.uid, self.account.clone(), self.qos.clone())
     }
 
     /// Whether core job `c`'s satellites (its user, account and QOS) count against

@@ -54,6 +54,7 @@ impl<C: Cluster> Daemon<C> {
         let jobs = self.cluster.jobs();
         let mut last_part: Option<&str> = None;
         let mut limited = Vec::new();
+        let mut limited_keys = FxHashSet::default();
         for (i, j) in jobs.iter().enumerate() {
             if j.admin_comment.as_deref().is_some_and(spec::looks_like_tag) {
                 tagged.push(i);
@@ -65,7 +66,11 @@ impl<C: Cluster> Daemon<C> {
                 }
             } else if j.state.base() == JobBase::Pending && !j.is_held() {
                 if let Some(l) = super::limits::Limited::of(j) {
-                    limited.push(l);
+                    // One of each (scope, user, account, QOS): thousands of jobs
+                    // waiting on one limit are one test per core job.
+                    if limited_keys.insert(l.key()) {
+                        limited.push(l);
+                    }
                 }
                 if let Some(p) = j.partition.as_deref() {
                     // Most waiting jobs name the same partitions as the one before.
