@@ -145,13 +145,11 @@ fn is_cluster_wide(code: i32) -> bool {
         slurm_sys::ESLURM_DISABLED,
         slurm_sys::ESLURM_NODES_BUSY,
         slurm_sys::ESLURM_PORTS_BUSY,
-        slurm_sys::ESLURM_INTERCONNECT_BUSY,
         slurm_sys::ESLURM_REBOOT_IN_PROGRESS,
         slurm_sys::ESLURM_IN_STANDBY_MODE,
         slurm_sys::ESLURM_IN_STANDBY_USE_BACKUP,
         slurm_sys::ESLURM_DB_CONNECTION,
         slurm_sys::ESLURM_DB_CONNECTION_INVALID,
-        slurm_sys::ESLURM_JOB_SETTING_DB_INX,
     ]
     .iter()
     .any(|&c| c as i32 == code)
