@@ -1198,55 +1198,78 @@ mod tests {
 
     #[test]
     fn no_satellite_or_core_goes_where_a_satellite_is_still_completing() {
-        // A satellite of job 99 (ended, its node n2 still COMPLETING in Slurm) and a
-        // core of job 1 wanting 4 nodes: job 1's satellite on n2 used to be submitted at
-        // once, to pend behind it, and job 1 was charged when it did not start.
-        let (mut cluster, cfg, _state) = four_nodes_one_held_core("");
-        let mut old = gen::job(99, "elastic-sat", JobBase::Cancelled);
-        old.state = bftrainer_slurm::JobState(old.state.0 | 0x8000 /* JOB_COMPLETING */);
-        old.admin_comment = Some(satellite_tag(99));
-        old.name = satellite_name(99);
-        old.nodes = Some("n2".into());
-        old.req_nodes = Some("n2".into());
-        cluster.jobs.insert(0, old);
-        let mut d = Daemon::new(cfg, cluster, None, &[]).unwrap();
-        let on = |d: &Daemon<gen::GenCluster>, node: &str| {
-            d.cluster
-                .jobs
-                .iter()
-                .any(|j| j.name == satellite_name(1) && j.req_nodes.as_deref() == Some(node))
-        };
-        let mut now = 3_000_000_000.0;
-        let mut grown = false;
-        for _ in 0..30 {
-            now += 1.0;
-            d.cluster.start_pending_elastic(now as i64);
-            d.cycle(now).unwrap();
-            grown |= ["n1", "n3", "n4"].iter().filter(|n| on(&d, n)).count() >= 2;
-            let core_on_n2 =
-                d.cluster.jobs.iter().any(|j| {
+        // A satellite of job 99 on n2, still leaving (running out the SIGTERM grace of
+        // its shrink: bftrainerd does not manage job 99, so it ends it), or ended with
+        // n2 still COMPLETING in Slurm; a core of job 1 wanting 4 nodes. Job 1's
+        // satellite on n2 used to be submitted at once, to pend behind it, and job 1
+        // was charged when it did not start in time.
+        for completing in [true, false] {
+            let (mut cluster, cfg, _state) = four_nodes_one_held_core("");
+            let mut old = gen::job(99, "elastic-sat", JobBase::Running);
+            if completing {
+                old.state = bftrainer_slurm::JobState(
+                    bftrainer_slurm::JobState::from_base(JobBase::Cancelled).0 | 0x8000, /* JOB_COMPLETING */
+                );
+            }
+            old.admin_comment = Some(satellite_tag(99));
+            old.name = satellite_name(99);
+            old.nodes = Some("n2".into());
+            old.req_nodes = Some("n2".into());
+            old.start_time = Some(0);
+            cluster.jobs.insert(0, old);
+            let mut d = Daemon::new(cfg, cluster, None, &[]).unwrap();
+            let on = |d: &Daemon<gen::GenCluster>, node: &str| {
+                d.cluster
+                    .jobs
+                    .iter()
+                    .any(|j| j.name == satellite_name(1) && j.req_nodes.as_deref() == Some(node))
+            };
+            let leaving = |d: &Daemon<gen::GenCluster>| {
+                let j = d.cluster.jobs.iter().find(|j| j.job_id == 99).unwrap();
+                j.state.is_active() || j.state.is_completing()
+            };
+            let mut now = 3_000_000_000.0;
+            let mut grown = false;
+            for _ in 0..20 {
+                now += 1.0;
+                d.cluster.start_pending_elastic(now as i64);
+                d.cycle(now).unwrap();
+                grown |=
+                    leaving(&d) && ["n1", "n3", "n4"].iter().filter(|n| on(&d, n)).count() >= 2;
+                let core_on_n2 = d.cluster.jobs.iter().any(|j| {
                     j.job_id == 1 && j.req_nodes.as_deref() == Some("n2") && j.priority != 0
                 });
-            assert!(
-                !on(&d, "n2") && !core_on_n2,
-                "a job placed on n2 while it completes"
-            );
-        }
-        assert!(grown, "the other nodes are used meanwhile");
-        // Slurm is done with n2: job 1 grows there.
-        let old = d.cluster.jobs.iter_mut().find(|j| j.job_id == 99).unwrap();
-        old.state = bftrainer_slurm::JobState::from_base(JobBase::Cancelled);
-        d.cluster.dirty = true;
-        for cycle in 0.. {
-            assert!(cycle < 30, "job 1 did not grow onto n2");
-            now += 1.0;
-            d.cluster.start_pending_elastic(now as i64);
-            d.cycle(now).unwrap();
-            if on(&d, "n2") {
-                break;
+                assert!(
+                    !leaving(&d) || !on(&d, "n2") && !core_on_n2,
+                    "completing={completing}: a job placed on n2 while job 99 leaves it"
+                );
             }
+            assert!(
+                grown,
+                "completing={completing}: the other nodes are used while job 99 leaves n2"
+            );
+            if completing {
+                // Slurm is done with n2.
+                let old = d.cluster.jobs.iter_mut().find(|j| j.job_id == 99).unwrap();
+                old.state = bftrainer_slurm::JobState::from_base(JobBase::Cancelled);
+                d.cluster.dirty = true;
+            }
+            // bftrainerd cancels the leaving one after its grace; then job 1 grows there.
+            for cycle in 0.. {
+                assert!(
+                    cycle < 120,
+                    "completing={completing}: job 1 did not grow onto n2"
+                );
+                now += 1.0;
+                d.cluster.start_pending_elastic(now as i64);
+                d.cycle(now).unwrap();
+                if on(&d, "n2") {
+                    break;
+                }
+                assert!(!leaving(&d) || !on(&d, "n2"));
+            }
+            assert_eq!(d.stats.job_pauses, 0);
         }
-        assert_eq!(d.stats.job_pauses, 0);
     }
 
     #[test]
