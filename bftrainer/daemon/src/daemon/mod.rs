@@ -16,6 +16,7 @@
 //! Slurm is the source of truth for who holds what; the journal keeps what Slurm does
 //! not (node and job ids, the engine's decisions), replayed into the engine at start.
 
+mod adopt;
 pub mod blame;
 pub mod book;
 pub mod cluster;
@@ -220,6 +221,9 @@ pub struct Stats {
     /// the last one was less than `PROGRESS_EVERY_S` ago.
     #[serde(default)]
     pub progress_deferred: u64,
+    /// Running cores adopted from Slurm without an admission on record (`adopt`).
+    #[serde(default)]
+    pub adopted_running: u64,
 }
 
 /// What one cycle did (for logs, tests and the benchmark).
@@ -289,6 +293,8 @@ pub struct Daemon<C: Cluster> {
     /// held again until a job runs there (else a long queue of regular jobs that do not
     /// fit would keep the node from ever being lent).
     held_after_job: rustc_hash::FxHashSet<NodeId>,
+    /// Running cores to adopt as Slurm runs them, at the next decision (`adopt`).
+    adopting: std::collections::BTreeSet<u32>,
     /// The first cycle's time.
     started_at: Option<f64>,
     pub stats: Stats,
@@ -419,6 +425,7 @@ impl<C: Cluster> Daemon<C> {
             tagged_of: None,
             reclaimed: Default::default(),
             held_after_job: Default::default(),
+            adopting: Default::default(),
             started_at: None,
             stats: Stats::default(),
             pending: Vec::new(),
@@ -704,6 +711,7 @@ impl<C: Cluster> Daemon<C> {
             }
         }
         self.stats.events += accepted as u64;
+        self.apply_adoptions(now);
         let decisions = self.engine.stats.decisions;
         let actions = match self.feed(&Event::Tick, now) {
             Ok(a) => a,
@@ -1062,7 +1070,7 @@ mod tests {
     /// Nodes n1-n4 in `batch`, `elastic` and `elastic-sat`, and one held core job
     /// (1, `1:4`); a config with `daemon_extra` added to `[daemon]`, whose state dir
     /// lives as long as the returned guard.
-    fn four_nodes_one_held_core(
+    pub(super) fn four_nodes_one_held_core(
         daemon_extra: &str,
     ) -> (gen::GenCluster, config::Config, tempfile::TempDir) {
         let names: Vec<String> = (1..=4).map(|i| format!("n{i}")).collect();

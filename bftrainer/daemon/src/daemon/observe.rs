@@ -1164,12 +1164,9 @@ impl<C: Cluster> Daemon<C> {
                 user: j.user_name.clone(),
             },
         );
-        if is_running(j) && self.engine.job_nodes(jid).is_empty() {
-            log::warn!(
-                "elastic job {} runs on {} without an admission on record; it will be requeued and held for admission",
-                j.job_id,
-                j.nodes.as_deref().unwrap_or("?")
-            );
+        if is_running(j) {
+            // Slurm runs it: taken as it runs, never requeued for want of a record.
+            self.mark_adoption(j.job_id, jid, j);
         }
     }
 

@@ -325,6 +325,10 @@ impl<C: Cluster> Daemon<C> {
         if !is_running(j) {
             return 0;
         }
+        if self.is_adopting(id) {
+            // Slurm runs it and its adoption waits (`adopt`): left running as is.
+            return 0;
+        }
         if !want.is_empty() {
             // Started on other nodes than the engine holds for its core (a race between
             // a re-plan and the start): the engine's view must match Slurm's, so the
