@@ -25,6 +25,7 @@ pub mod control;
 pub mod gen;
 mod gpulend;
 pub mod journal;
+pub mod lease;
 mod limits;
 pub mod listen;
 pub mod metrics;
