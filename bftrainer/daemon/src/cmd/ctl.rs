@@ -212,6 +212,9 @@ pub fn status_text(s: &Snapshot) -> String {
             g.reason
         );
     }
+    if let Some(l) = &s.lease {
+        let _ = writeln!(o, "   Lease: {l}");
+    }
     let _ = writeln!(
         o,
         "   Nodes={} Idle={} Lent={} Reserved={} Busy={} Unavailable={}",

@@ -384,4 +384,64 @@ mod tests {
         }
         assert!(d.cluster.calls.requeues > calls.requeues);
     }
+
+    #[test]
+    fn a_daemon_that_lost_its_lease_acts_no_more_and_the_standby_adopts() {
+        // Daemon a holds the lease and grows job 1; it is paused past the lease, and
+        // b, a standby with its own state, takes over: a, back, makes no Slurm call
+        // (another core waits to be admitted), and b adopts job 1 without a requeue.
+        let (cluster, cfg, _state) = four_nodes_one_held_core("");
+        let shared = tempfile::tempdir().unwrap();
+        let mut a = Daemon::new(cfg.clone(), cluster, None, &[]).unwrap();
+        a.lease = Some(lease::Lease::new(shared.path(), "a".into(), 10.0).unwrap());
+        let mut now = 3_000_000_000.0;
+        for cycle in 0.. {
+            assert!(cycle < 40, "not grown: {:?}", running_sats(&a.cluster));
+            now += 1.0;
+            a.cluster.start_pending_elastic(now as i64);
+            a.cycle(now).unwrap();
+            if running_sats(&a.cluster).len() == 3 {
+                break;
+            }
+        }
+        assert!(!a.fenced);
+        let mut b_lease = lease::Lease::new(shared.path(), "b".into(), 10.0).unwrap();
+        assert!(!b_lease.hold().unwrap(), "a holds it");
+        lease::age_terms(shared.path(), 30.0);
+        assert!(b_lease.hold().unwrap(), "expired: b takes over");
+        let mut other = gen::job(2, "elastic", JobBase::Pending);
+        other.admin_comment = Some("bftrainer:v1 1:4,role=core".into());
+        other.priority = 0;
+        a.cluster.add_job(other);
+        let calls = a.cluster.calls.clone();
+        for _ in 0..5 {
+            now += 1.0;
+            a.cycle(now).unwrap();
+        }
+        assert!(a.fenced);
+        let c = &a.cluster.calls;
+        assert_eq!(
+            (c.submits, c.updates, c.cancels, c.requeues, c.signals),
+            (
+                calls.submits,
+                calls.updates,
+                calls.cancels,
+                calls.requeues,
+                calls.signals
+            ),
+            "the fenced daemon made no call"
+        );
+        let before = running_sats(&a.cluster);
+        let mut b = Daemon::new(cfg, a.cluster, None, &[]).unwrap();
+        b.lease = Some(b_lease);
+        for _ in 0..10 {
+            now += 1.0;
+            b.cycle(now).unwrap();
+        }
+        assert!(!b.fenced);
+        assert_eq!(b.stats.adopted_running, 1);
+        assert_eq!(b.cluster.calls.requeues, calls.requeues);
+        assert_eq!(core_of(&b.cluster).restart_count, 0);
+        assert_eq!(running_sats(&b.cluster), before);
+    }
 }

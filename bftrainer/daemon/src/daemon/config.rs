@@ -9,7 +9,7 @@ use bftrainer_core::engine::EngineConfig;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub const DAEMON_KEYS: [&str; 17] = [
+pub const DAEMON_KEYS: [&str; 19] = [
     "poll_interval",
     "state_dir",
     "socket",
@@ -27,6 +27,8 @@ pub const DAEMON_KEYS: [&str; 17] = [
     "cycle_budget",
     "job_retention",
     "query_listen",
+    "lease_dir",
+    "lease",
 ];
 pub const ENGINE_KEYS: [&str; 10] = [
     "objective",
@@ -58,6 +60,11 @@ pub struct Config {
     pub path: PathBuf,
     pub poll_interval: Duration,
     pub state_dir: PathBuf,
+    /// Where the cluster-wide lease lives (`lease`): a directory every candidate host
+    /// of bftrainerd sees. None: no lease (one daemon, guarded by `state_dir`'s lock).
+    pub lease_dir: Option<PathBuf>,
+    /// How long a term lasts unrenewed before a standby may take over.
+    pub lease_s: f64,
     /// The control socket (`bftrainer status` and friends).
     pub socket: PathBuf,
     /// Where the Prometheus endpoint listens; None: off.
@@ -297,6 +304,26 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
     };
     let poll = d.seconds("poll_interval", 0.05..=60.0, 1.0)?;
     let state_dir = base.join(d.string("state_dir", "/var/lib/bftrainer")?);
+    let lease_dir = match d.opt_string("lease_dir")? {
+        Some(s) if s.trim().is_empty() => {
+            return Err(d.err(
+                "lease_dir",
+                "is empty; expected a directory every candidate host sees",
+            ))
+        }
+        s => s.map(|s| base.join(s)),
+    };
+    let lease_s = d.seconds("lease", 1.0..=600.0, 15.0)?;
+    // A holder renews once per cycle and stops acting at two thirds of its lease.
+    if lease_s < 3.0 * poll {
+        return Err(d.err(
+            "lease",
+            format!(
+                "{lease_s} s is less than 3 poll intervals ({poll} s each); expected at least {} s",
+                3.0 * poll
+            ),
+        ));
+    }
     if state_dir.as_os_str().is_empty() {
         return Err(d.err("state_dir", "is empty; expected a directory path"));
     }
@@ -363,6 +390,8 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         metrics_listen,
         query_listen,
         state_dir,
+        lease_dir,
+        lease_s,
         shrink_grace_s: d.seconds("shrink_grace", 0.0..=3600.0, 10.0)?,
         shrink_grace_max_s: d.seconds("shrink_grace_max", 0.0..=86_400.0, 600.0)?,
         admit_timeout_s: d.seconds("admit_timeout", 1.0..=3600.0, 30.0)?,
@@ -514,6 +543,9 @@ mod tests {
             // A typo must not fall back to the default (satellites in the core partition).
             ("[policy]\nsatelite_partition = \"elastic-sat\"", "[policy] satelite_partition: unknown key; allowed keys: partition, satellite_partition"),
             ("[daemon]\nnode_backoff = 86400", "[daemon] node_backoff: 86400 is out of range; expected seconds from 1 to 3600"),
+            ("[daemon]\nlease = 0.5", "[daemon] lease: 0.5 is out of range; expected seconds from 1 to 600"),
+            ("[daemon]\npoll_interval = 2\nlease = 5", "[daemon] lease: 5 s is less than 3 poll intervals (2 s each); expected at least 6 s"),
+            ("[daemon]\nlease_dir = \"\"", "[daemon] lease_dir: is empty"),
             ("[daemon]\nnode_blame_users = 0", "[daemon] node_blame_users: 0 is out of range; expected a whole number from 1 to 1000"),
         ];
         for (text, want) in cases {

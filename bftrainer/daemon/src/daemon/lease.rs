@@ -277,9 +277,9 @@ impl Lease {
     }
 }
 
-/// Ages every term in `dir` by `s` seconds (tests).
+/// Ages every term in `dir` by `s` seconds, as a holder's pause would (tests).
 #[cfg(test)]
-fn age_terms(dir: &Path, s: f64) {
+pub(super) fn age_terms(dir: &Path, s: f64) {
     for e in std::fs::read_dir(dir).unwrap().flatten() {
         if !e.file_name().to_string_lossy().starts_with(PREFIX) {
             continue;

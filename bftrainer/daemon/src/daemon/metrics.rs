@@ -465,6 +465,7 @@ mod tests {
     fn sample() -> String {
         let mut s = Snapshot {
             lending: "paused".into(),
+            lease: None,
             slurm_reachable: true,
             node_seconds_harvested: 7200.5,
             time: 1000.0,

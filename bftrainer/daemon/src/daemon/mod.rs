@@ -294,6 +294,10 @@ pub struct Daemon<C: Cluster> {
     /// held again until a job runs there (else a long queue of regular jobs that do not
     /// fit would keep the node from ever being lent).
     held_after_job: rustc_hash::FxHashSet<NodeId>,
+    /// The cluster-wide lease (`[daemon] lease_dir`), checked before each cycle's
+    /// actions; `fenced` once it is lost (the daemon then acts no more).
+    pub lease: Option<lease::Lease>,
+    pub fenced: bool,
     /// Running cores to adopt as Slurm runs them, at the next decision (`adopt`).
     adopting: std::collections::BTreeSet<u32>,
     /// The first cycle's time.
@@ -427,6 +431,8 @@ impl<C: Cluster> Daemon<C> {
             reclaimed: Default::default(),
             held_after_job: Default::default(),
             adopting: Default::default(),
+            lease: None,
+            fenced: false,
             started_at: None,
             stats: Stats::default(),
             pending: Vec::new(),
@@ -677,6 +683,10 @@ impl<C: Cluster> Daemon<C> {
             }
         }
         rep.slurm_ok = true;
+        // Observing acts too (a preempted core requeued, a changed satellite cancelled).
+        if !self.lease_held() {
+            return Ok(rep);
+        }
         let t0 = std::time::Instant::now();
         self.observe(now);
         self.sync_node_attrs();
@@ -688,9 +698,39 @@ impl<C: Cluster> Daemon<C> {
         rep.actions = actions;
         self.calls_t0 = Some(std::time::Instant::now());
         self.lent_in_cycle = false;
+        // Fencing: a daemon paused since the check above (SIGSTOP, a frozen VM, a slow
+        // slurmctld) may have lost the lease meanwhile.
+        if !self.lease_held() {
+            return Ok(rep);
+        }
         rep.calls = self.reconcile(now);
         self.last_t = now;
         Ok(rep)
+    }
+
+    /// Whether this daemon may act now: no lease configured, or it holds (and has just
+    /// renewed) the lease. Once lost, `fenced` stays set and nothing more is done.
+    fn lease_held(&mut self) -> bool {
+        if self.fenced {
+            return false;
+        }
+        let Some(l) = self.lease.as_mut() else {
+            return true;
+        };
+        match l.hold() {
+            Ok(true) => true,
+            Ok(false) => {
+                self.fenced = true;
+                false
+            }
+            Err(e) => {
+                // Unreadable lease: not acting is the safe side; the holder's term runs
+                // out and a daemon that can read it takes over.
+                self.fenced = true;
+                self.error(format!("lease: {e:#}; acting no more"));
+                false
+            }
+        }
     }
 
     /// Feeds pending events and a Tick to the engine, journaling what it accepts, and

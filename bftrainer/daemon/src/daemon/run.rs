@@ -71,6 +71,10 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
             "SlurmUser unknown ({e}): only root may pause, drain or resume until the next start"
         ),
     }
+    let lease = match &cfg.lease_dir {
+        Some(dir) => Some(wait_for_lease(dir, cfg.lease_s, cfg.poll_interval)?),
+        None => None,
+    };
     let (journal, records) = Journal::open(&cfg.state_dir)?;
     log::info!(
         "bftrainerd {} starting: config {}, state in {}, partitions {}, poll every {:?}",
@@ -80,7 +84,8 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
         cfg.elastic_partitions().join(","),
         cfg.poll_interval
     );
-    let daemon = Daemon::new(cfg, SlurmCluster::new(slurm), Some(journal), &records)?;
+    let mut daemon = Daemon::new(cfg, SlurmCluster::new(slurm), Some(journal), &records)?;
+    daemon.lease = lease;
     drop(records);
     if daemon.engine().lending() != bftrainer_core::engine::Lending::Open {
         log::warn!(
@@ -260,6 +265,32 @@ async fn main_loop(
     Ok(())
 }
 
+/// Waits as a standby until this daemon wins the cluster-wide lease in `dir`
+/// (`lease`), logging who holds it whenever that changes. The journal is read only
+/// after the win: what it misses, the first cycle adopts from Slurm.
+fn wait_for_lease(dir: &Path, lease_s: f64, poll: Duration) -> anyhow::Result<super::lease::Lease> {
+    let mut l = super::lease::Lease::new(dir, super::lease::Lease::default_id(), lease_s)?;
+    let mut said: Option<Option<(u64, String)>> = None;
+    let t0 = std::time::Instant::now();
+    loop {
+        if l.hold()? {
+            if said.is_some() {
+                log::info!(
+                    "lease: taking over after {:.1} s as standby",
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+            return Ok(l);
+        }
+        let st = l.state()?;
+        if said.as_ref() != Some(&st.term) {
+            log::info!("standby: {} ({})", st.describe(), dir.display());
+            said = Some(st.term.clone());
+        }
+        std::thread::sleep(poll);
+    }
+}
+
 /// How long an admin verb waits for a cycle under way before it is queued.
 const ADMIN_WAIT: Duration = Duration::from_millis(500);
 
@@ -292,6 +323,12 @@ fn finish_cycle(
     // A journal failure is fatal: acting on a state the journal does not hold would
     // break recovery.
     r?;
+    // Another daemon holds the lease now: this one stops (systemd starts it again, and
+    // it waits as a standby).
+    anyhow::ensure!(
+        !d.fenced,
+        "lease lost to another bftrainerd: stopping without acting again; started again, this daemon waits as a standby"
+    );
     Ok(d)
 }
 

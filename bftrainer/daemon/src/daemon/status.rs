@@ -134,6 +134,13 @@ impl<C: Cluster> Daemon<C> {
             time: now,
             started_at: self.started_at.unwrap_or(now),
             lending: self.engine.lending().as_str().to_string(),
+            lease: self.lease.as_ref().map(|l| match l.term() {
+                Some(t) => format!(
+                    "ACTIVE Holder={} Term={t} Lease={:.0}s RenewedEachCycle",
+                    l.id, l.duration_s
+                ),
+                None => format!("LOST Holder={} Lease={:.0}s", l.id, l.duration_s),
+            }),
             slurm_reachable: self.outage_since.is_none(),
             last_error: self.last_error.clone(),
             growth_held: self.growth_held.clone().filter(|g| g.until > now),

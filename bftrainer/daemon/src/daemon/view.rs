@@ -21,6 +21,10 @@ pub struct Snapshot {
     pub started_at: f64,
     /// open, paused or drained.
     pub lending: String,
+    /// Who is active under the cluster-wide lease and its term (`[daemon] lease_dir`);
+    /// None: no lease configured.
+    #[serde(default)]
+    pub lease: Option<String>,
     pub slurm_reachable: bool,
     pub last_error: Option<LastError>,
     /// New satellites are not submitted until then: Slurm refused one for a reason of
@@ -204,6 +208,7 @@ impl Snapshot {
             time: self.time,
             started_at: self.started_at,
             lending: self.lending.clone(),
+            lease: self.lease.clone(),
             slurm_reachable: self.slurm_reachable,
             last_error: self.last_error.clone(),
             growth_held: self.growth_held.clone(),
