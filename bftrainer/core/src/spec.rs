@@ -333,8 +333,9 @@ pub fn unadmitted_note(restarts: u16) -> String {
 /// script runs) and bft-run (as the script) requeue such a start held with
 /// [`unadmitted_note`]. Plain jobs and satellites are never unadmitted. The Comment is
 /// the owner's to write: writing an admission note by hand only lets their own job run
-/// where Slurm put it, which bftrainerd's reconcile still requeues if the nodes are not
-/// the ones it holds for the job. Only a job still `running` is judged: one requeued
+/// where Slurm put it (bftrainerd adopts a running core that carries one, as it would
+/// after losing its journal), on nodes of its own elastic partition that Slurm preempts
+/// for regular jobs as ever. Only a job still `running` is judged: one requeued
 /// since this start began (a site's `scontrol requeuehold` racing the launch) has a new
 /// restart count, and its Comment is bftrainerd's to read as the site left it.
 pub fn unadmitted(

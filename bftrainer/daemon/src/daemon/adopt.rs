@@ -21,6 +21,24 @@ impl<C: Cluster> Daemon<C> {
         if j.preempt_time.is_some() {
             return;
         }
+        // A start that no bftrainerd admitted (no admission note for this run, no
+        // Comment bft-run wrote during it): Slurm started it on its own (a requeue while
+        // bftrainerd was away, a plain release); the gate requeues such a start held,
+        // and so does reconcile, to admit it in its turn.
+        if spec::unadmitted(
+            j.admin_comment.as_deref(),
+            j.comment.as_deref(),
+            j.restart_count,
+            j.start_time,
+            true,
+        ) {
+            log::warn!(
+                "elastic job {id} runs on {} without an admission for this run (run {}): requeued held to be admitted in its turn",
+                j.nodes.as_deref().unwrap_or("?"),
+                j.restart_count
+            );
+            return;
+        }
         let held = self.engine.job_nodes(jid);
         if !held.is_empty() && self.on_anchors(j, self.engine.job_anchors(jid)) {
             return;
@@ -350,6 +368,35 @@ mod tests {
         assert_eq!(running_sats(&d.cluster), before);
         let jid = d.jobs.iter().position(|&j| j == 1).unwrap() as JobId;
         assert_eq!(d.names(d.engine.job_anchors(jid)), "n3");
+    }
+
+    #[test]
+    fn a_core_started_without_any_admission_for_its_run_is_still_requeued() {
+        // Its Comment holds no admission note for this run (Slurm started it by itself,
+        // and no gate stopped it): not adopted, handled as before adoption (here, off
+        // the engine's first pick, requeued held to wait its turn).
+        let (mut cluster, cfg, _state, now) = grown("");
+        for j in cluster.jobs.iter_mut() {
+            if j.state.base() == JobBase::Running {
+                let moved = match j.nodes.as_deref() {
+                    Some("n1") => "n3",
+                    Some("n3") => "n1",
+                    _ => "",
+                };
+                if !moved.is_empty() {
+                    j.nodes = Some(moved.to_string());
+                }
+            }
+            if j.job_id == 1 {
+                j.restart_count = 1;
+                j.comment = Some(spec::admitted_note(0));
+            }
+        }
+        cluster.dirty = true;
+        let calls = cluster.calls.clone();
+        let d = run_fresh(cluster, cfg, &[], now, 5);
+        assert_eq!(d.stats.adopted_running, 0);
+        assert!(d.cluster.calls.requeues > calls.requeues);
     }
 
     #[test]
