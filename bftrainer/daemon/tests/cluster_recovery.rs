@@ -261,6 +261,19 @@ fn cluster_daemon_adopts_running_cores_and_hands_over_its_lease() {
         standby.status(&l).is_null(),
         "the standby does not serve yet"
     );
+    // There `bftrainer status` says who is active.
+    let out =
+        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
+            .args(["status", "--config"])
+            .arg(&standby.conf)
+            .output()
+            .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("Lease: term 1 held by") && err.contains("(valid, lease 3 s)"),
+        "{err}"
+    );
     same(&l, job, &sats, "an HA pair");
     active.stop(libc::SIGKILL);
     let t0 = std::time::Instant::now();

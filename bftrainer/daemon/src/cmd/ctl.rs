@@ -69,6 +69,22 @@ impl Conn {
             .filter(|s| !s.trim().is_empty())
     }
 
+    /// The cluster-wide lease as its directory shows it, when the config sets
+    /// `[daemon] lease_dir` (a standby answers no status: this says who is active).
+    fn lease_state(&self) -> Option<String> {
+        let path = std::env::var_os("BFTRAINER_CONFIG")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| self.config.clone());
+        let text = std::fs::read_to_string(&path).ok()?;
+        let cfg = crate::daemon::config::parse(&text, &path).ok()?;
+        let dir = cfg.lease_dir?;
+        let l = crate::daemon::lease::Lease::new(&dir, "bftrainer-cli".into(), cfg.lease_s);
+        Some(match l.and_then(|l| l.state()) {
+            Ok(s) => format!("{} ({})", s.describe(), dir.display()),
+            Err(e) => format!("cannot read the lease in {}: {e:#}", dir.display()),
+        })
+    }
+
     fn call(&self, op: Op) -> anyhow::Result<serde_json::Value> {
         let timeout = Duration::from_secs(self.timeout.max(1));
         if let Some(server) = self.server() {
@@ -113,7 +129,14 @@ pub struct AdminArgs {
 }
 
 pub fn status(a: &StatusArgs) -> anyhow::Result<()> {
-    let v = a.conn.call(Op::Status)?;
+    let v = match a.conn.call(Op::Status) {
+        Ok(v) => v,
+        // Not answering here: on a standby of an HA pair, say who is active.
+        Err(e) => match a.conn.lease_state() {
+            Some(l) => anyhow::bail!("{e}\nLease: {l}"),
+            None => return Err(e),
+        },
+    };
     if a.conn.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
