@@ -17,7 +17,7 @@ mod live;
 mod support;
 
 use bftrainer_core::runtime::RunComment;
-use live::{Live, GRACE_TIME_S};
+use live::{same, Live, Other, GRACE_TIME_S};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
@@ -937,4 +937,110 @@ fn cluster_runtime_core_requeued_while_the_daemon_is_down_waits_for_its_admissio
         f.contains("JobState=RUNNING") && f.contains("Restarts=2"),
         "{f}"
     );
+}
+
+#[test]
+fn cluster_runtime_job_is_kept_by_a_second_daemon_an_empty_journal_and_an_ha_takeover() {
+    // A bft-run job grown to 4 nodes (its satellites run `bft-run --join`), its core off n1 (a fresh engine's first pick, which
+    // requeued it before adoption). Then, each while it runs: (1) a second daemon
+    // with another state_dir; (2) a restart on an empty journal; (3) an HA pair under
+    // one lease, its active daemon killed -9. The job's Restarts stay 0 and its
+    // satellites are the same jobs throughout.
+    let (mut l, work, _show) = joining_cluster("bftha");
+    let blocker = l.regular(1, 600);
+    l.wait(60, "a regular job on one node", || {
+        (l.state_of(blocker) == "RUNNING").then_some(())
+    });
+    let job = submit_bft_run_job(&l, &work, "--mode torchrun -- sleep 600");
+    l.wait(120, "the core running beside the regular job", || {
+        (l.state_of(job) == "RUNNING").then_some(())
+    });
+    l.c.run("scancel", &[&blocker.to_string()]).unwrap();
+    let sats = l.grown_to_all(job);
+    let core_node = l.squeue().into_iter().find(|r| r.id == job).unwrap().nodes;
+    assert_ne!(core_node, "n1", "the core runs off n1: {sats:?}");
+    // (1) A second daemon, another state_dir, no lease: it adopts, requeues nothing.
+    let mut second = Other::new(&l, "second", "");
+    second.spawn(&l);
+    l.wait(60, "the second daemon to adopt the job", || {
+        second
+            .log_text()
+            .contains(&format!("elastic job {job} adopted as running"))
+            .then_some(())
+    });
+    l.wait(30, "ten cycles of the second daemon", || {
+        (second.status(&l)["stats"]["cycles"].as_u64().unwrap_or(0) >= 10).then_some(())
+    });
+    same(&l, job, &sats, "a second daemon");
+    assert_eq!(second.status(&l)["stats"]["requeues"], 0);
+    second.stop(libc::SIGTERM);
+
+    // (2) The first daemon again, on an empty journal.
+    l.kill9();
+    std::fs::remove_file(l.dir.join("state/journal.jsonl")).unwrap();
+    let starts = l.log_text().matches("adopted as running").count();
+    l.spawn();
+    l.wait(60, "the restart to adopt the job", || {
+        (l.log_text().matches("adopted as running").count() > starts).then_some(())
+    });
+    l.cycles_later(10);
+    same(&l, job, &sats, "a restart on an empty journal");
+
+    // (3) An HA pair: each with its own state_dir, one lease directory.
+    let lease_dir = l.dir.join("lease");
+    std::fs::create_dir_all(&lease_dir).unwrap();
+    let lease = format!("lease_dir = \"{}\"\nlease = 3", lease_dir.display());
+    l.kill9();
+    let mut active = Other::new(&l, "ha-a", &lease);
+    let mut standby = Other::new(&l, "ha-b", &lease);
+    active.spawn(&l);
+    l.wait(60, "the first of the pair to win the lease", || {
+        active.log_text().contains("won term 1").then_some(())
+    });
+    standby.spawn(&l);
+    l.wait(60, "the second of the pair to wait as a standby", || {
+        standby.log_text().contains("standby: term 1").then_some(())
+    });
+    l.wait(30, "ten cycles of the active daemon", || {
+        (active.status(&l)["stats"]["cycles"].as_u64().unwrap_or(0) >= 10).then_some(())
+    });
+    let st = active.status(&l);
+    assert!(
+        st["lease"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("ACTIVE")),
+        "{st:#}"
+    );
+    assert!(
+        standby.status(&l).is_null(),
+        "the standby does not serve yet"
+    );
+    // There `bftrainer status` says who is active.
+    let out =
+        l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
+            .args(["status", "--config"])
+            .arg(&standby.conf)
+            .output()
+            .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("Lease: term 1 held by") && err.contains("(valid, lease 3 s)"),
+        "{err}"
+    );
+    same(&l, job, &sats, "an HA pair");
+    active.stop(libc::SIGKILL);
+    let t0 = std::time::Instant::now();
+    l.wait(30, "the standby's first cycle", || {
+        (standby.status(&l)["stats"]["cycles"].as_u64().unwrap_or(0) >= 1).then_some(())
+    });
+    let took = t0.elapsed().as_secs_f64();
+    println!("HA takeover: {took:.2} s from kill -9 to the standby's first cycle (lease 3 s, poll 0.5 s)");
+    l.wait(30, "ten cycles of the new active daemon", || {
+        (standby.status(&l)["stats"]["cycles"].as_u64().unwrap_or(0) >= 10).then_some(())
+    });
+    same(&l, job, &sats, "an HA takeover");
+    let st = standby.status(&l);
+    assert_eq!(st["stats"]["requeues"], 0, "{st:#}");
+    assert!(standby.log_text().contains("won term 2"));
 }

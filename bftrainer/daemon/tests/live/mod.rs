@@ -568,3 +568,105 @@ impl Live {
         )
     }
 }
+
+/// `Restarts=` of job `id` in slurmctld.
+pub fn restarts(l: &Live, id: u32) -> String {
+    let out =
+        l.c.run("scontrol", &["show", "job", "-o", &id.to_string()])
+            .unwrap_or_default();
+    out.split_whitespace()
+        .find_map(|f| f.strip_prefix("Restarts="))
+        .unwrap_or("?")
+        .to_string()
+}
+
+/// Job `job` runs as before (`sats`: its running satellites then), never requeued.
+pub fn same(l: &Live, job: u32, sats: &std::collections::BTreeMap<String, u32>, what: &str) {
+    assert_eq!(restarts(l, job), "0", "{what}: job {job} was requeued");
+    assert_eq!(l.state_of(job), "RUNNING", "{what}");
+    assert_eq!(&l.satellites(job), sats, "{what}: satellites changed");
+    assert_eq!(l.active_satellites(job), 3, "{what}: a duplicate satellite");
+}
+
+/// A second bftrainerd beside the test's: its config (another state_dir, `extra` in
+/// `[daemon]`) and its log.
+pub struct Other {
+    pub conf: std::path::PathBuf,
+    pub log: std::path::PathBuf,
+    pub child: Option<std::process::Child>,
+}
+
+impl Other {
+    pub fn new(l: &Live, name: &str, daemon_extra: &str) -> Other {
+        let state = l.dir.join(name);
+        std::fs::create_dir_all(&state).unwrap();
+        let conf = l.dir.join(format!("{name}.toml"));
+        let text = std::fs::read_to_string(&l.conf).unwrap();
+        let text = text
+            .lines()
+            .map(|line| {
+                if line.starts_with("state_dir = ") {
+                    format!("state_dir = \"{}\"\n{daemon_extra}", state.display())
+                } else {
+                    line.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(&conf, text).unwrap();
+        Other {
+            conf,
+            log: l.dir.join(format!("{name}.log")),
+            child: None,
+        }
+    }
+
+    pub fn spawn(&mut self, l: &Live) {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let err = out.try_clone().unwrap();
+        let child =
+            l.c.command(env!("CARGO_BIN_EXE_bftrainerd"))
+                .arg("--config")
+                .arg(&self.conf)
+                .env("RUST_LOG", "info")
+                .stdout(out)
+                .stderr(err)
+                .spawn()
+                .unwrap();
+        self.child = Some(child);
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn status(&self, l: &Live) -> serde_json::Value {
+        let out =
+            l.c.command(env!("CARGO_BIN_EXE_bftrainer"))
+                .args(["status", "--json", "--config"])
+                .arg(&self.conf)
+                .output()
+                .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or_default()
+    }
+
+    pub fn stop(&mut self, sig: i32) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, sig) };
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Other {
+    fn drop(&mut self) {
+        self.stop(libc::SIGKILL);
+        if std::thread::panicking() {
+            eprintln!("--- {} ---\n{}", self.log.display(), self.log_text());
+        }
+    }
+}
