@@ -122,7 +122,8 @@ impl Lease {
         self.duration_s / 3.0
     }
 
-    /// The file server's time now: the mtime of this daemon's probe file, just touched.
+    /// The file server's time now: the mtime of this daemon's probe file, just touched
+    /// (then removed).
     fn fs_now(&self) -> anyhow::Result<f64> {
         let p = self.dir.join(format!(
             "probe.{}",
@@ -136,7 +137,10 @@ impl Lease {
             .open(&p)
             .with_context(|| format!("cannot write {}", p.display()))?;
         touch(&f).with_context(|| format!("cannot touch {}", p.display()))?;
-        Ok(secs(f.metadata()?.modified()?))
+        let t = secs(f.metadata()?.modified()?);
+        // Not left behind: each daemon start has its own name.
+        let _ = std::fs::remove_file(&p);
+        Ok(t)
     }
 
     /// The highest term in the directory: (term, holder, mtime).
