@@ -73,7 +73,15 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     }
     let lease = match &cfg.lease_dir {
         Some(dir) => Some(wait_for_lease(dir, cfg.lease_s, cfg.poll_interval)?),
-        None => None,
+        None => {
+            log::warn!(
+                "no [daemon] lease_dir: nothing keeps a second bftrainerd of this cluster (another \
+                 host or state_dir) from acting too; running cores are adopted, not requeued, but \
+                 two daemons contend for nodes. Set lease_dir to a directory every candidate host \
+                 sees (slurmctld's StateSaveLocation) for one active daemon and a standby"
+            );
+            None
+        }
     };
     let (journal, records) = Journal::open(&cfg.state_dir)?;
     log::info!(
