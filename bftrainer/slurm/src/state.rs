@@ -105,6 +105,17 @@ impl NodeState {
             || self.is_not_responding()
     }
 
+    /// Whether Slurm lets the jobs running on a node in this state run on. DOWN (set
+    /// by slurmctld once a node has missed pings for SlurmdTimeout, or by an
+    /// administrator) kills or requeues them, and a powered-down or future node holds
+    /// none. DRAIN, FAIL, MAINT, a reservation (`ignore_jobs` or not) and
+    /// NOT_RESPONDING alone leave them running (slurmctld's node_mgr.c and ping_nodes.c).
+    #[inline]
+    pub fn keeps_jobs(self) -> bool {
+        !matches!(self.base(), NodeBase::Down | NodeBase::Future)
+            && !self.has(slurm_sys::NODE_STATE_POWERED_DOWN)
+    }
+
     /// Slurm's own rendering, e.g. "IDLE+DRAIN+PLANNED" (as `scontrol show node`).
     pub fn name(self) -> String {
         // SAFETY: returns an xmalloc'd string (or NULL) owned by the guard.

@@ -511,17 +511,18 @@ impl<C: Cluster> Daemon<C> {
                     // slurmctld just restarted, or the node misses pings: Slurm has not
                     // decided; neither have we (no event until it does).
                     (None, Why::NotResponding)
-                } else if st.is_drain()
-                    && !st.is_unavailable()
-                    && !st.is_reserved()
+                } else if (st.is_drain() || st.is_unavailable() || st.is_reserved())
+                    && st.keeps_jobs()
                     && ours
                     && core_nodes.get(s)
                 {
-                    // Draining under a running core job: drain lets running jobs finish,
-                    // and losing the node would requeue the whole job. It keeps the node,
-                    // with a forecast of now so nothing more is lent there; the node is lost
-                    // once the core leaves it (drained). The forecast stays the one first
-                    // sent, so a long drain is one event, not one per poll.
+                    // Draining, failing, in maintenance or a reservation, or not answering
+                    // pings under a running core job: Slurm lets the job run on (only DOWN
+                    // kills it, `NodeState::keeps_jobs`), and losing the node would requeue the whole
+                    // job. It keeps the node, with a forecast of now so nothing more is
+                    // lent there; the node is lost once the core leaves it. The forecast
+                    // stays the one first sent, so a long drain is one event, not one per
+                    // poll.
                     let since = node_id
                         .and_then(|id| self.nodes[id as usize].sent_forecast)
                         .filter(|&t| t <= now)

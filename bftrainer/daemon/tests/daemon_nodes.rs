@@ -1,0 +1,165 @@
+//! What bftrainerd does with the nodes of its jobs when Slurm changes their state, and
+//! with its jobs when partitions change, on the in-memory cluster of the cycle
+//! benchmark (`daemon::gen`). What Slurm itself does with the jobs is tested on real
+//! clusters (tests/cluster_daemon.rs).
+
+use bftrainer_core::engine::JobStatus;
+use bftrainer_daemon::daemon::gen::{job, node, partition, GenCluster};
+use bftrainer_daemon::daemon::{config, Daemon};
+use bftrainer_slurm::{JobBase, NodeBase, NodeState};
+use std::path::Path;
+
+/// Four idle nodes and one held elastic core job of 1 to 4 nodes.
+fn cluster() -> GenCluster {
+    let names: Vec<String> = (1..=4).map(|i| format!("n{i}")).collect();
+    let parts = ["batch", "elastic", "elastic-sat"];
+    let nodes = names.iter().map(|n| node(n.clone(), &parts)).collect();
+    let partitions = vec![
+        partition("batch", &names, 10),
+        partition("elastic", &names, 2),
+        partition("elastic-sat", &names, 1),
+    ];
+    let mut j = job(1, "elastic", JobBase::Pending);
+    j.admin_comment = Some("bftrainer:v1 1:4,role=core".into());
+    j.priority = 0;
+    GenCluster::new(nodes, partitions, vec![j])
+}
+
+fn cfg(extra: &str) -> config::Config {
+    config::parse(
+        &format!("[policy]\nsatellite_partition = \"elastic-sat\"\n{extra}"),
+        Path::new("/test/bftrainer.toml"),
+    )
+    .unwrap()
+}
+
+/// Cycles as bftrainerd does, Slurm starting what was released between two polls.
+fn run(d: &mut Daemon<GenCluster>, now: &mut f64, cycles: usize) {
+    for _ in 0..cycles {
+        *now += 1.0;
+        d.cluster.start_pending_elastic(*now as i64);
+        d.cycle(*now).unwrap();
+    }
+}
+
+/// The daemon with the core grown to all four nodes (the core on one, a satellite on
+/// each other).
+fn grown(extra: &str) -> (Daemon<GenCluster>, f64) {
+    let mut now = 3_000_000_000.0;
+    let mut d = Daemon::new(cfg(extra), cluster(), None, &[]).unwrap();
+    run(&mut d, &mut now, 8);
+    assert_eq!(d.engine().job_status(0), JobStatus::Active);
+    assert_eq!(d.engine().job_nodes(0).len(), 4);
+    assert_eq!(running(&d), 4, "the core and three satellites run");
+    (d, now)
+}
+
+fn running(d: &Daemon<GenCluster>) -> usize {
+    d.cluster
+        .jobs
+        .iter()
+        .filter(|j| j.state.base() == JobBase::Running)
+        .count()
+}
+
+/// The core job's node in Slurm.
+fn core_node(d: &Daemon<GenCluster>) -> String {
+    d.cluster.jobs[0].nodes.clone().expect("the core runs")
+}
+
+fn state(base: NodeBase, flags: &[u64]) -> NodeState {
+    let mut s = NodeState::from_base(base);
+    for f in flags {
+        s.0 |= *f as u32;
+    }
+    s
+}
+
+#[test]
+fn a_core_node_slurm_keeps_the_job_on_is_not_lost() {
+    use slurm_sys::{
+        NODE_STATE_DRAIN, NODE_STATE_FAIL, NODE_STATE_MAINT, NODE_STATE_NO_RESPOND, NODE_STATE_RES,
+    };
+    // The states in which Slurm lets the core run on: drained and then missing a
+    // ping, failing, in a maintenance reservation (ignore_jobs), in a plain one.
+    let cases = [
+        (
+            "drained, not responding",
+            &[NODE_STATE_DRAIN, NODE_STATE_NO_RESPOND][..],
+        ),
+        ("not responding", &[NODE_STATE_NO_RESPOND][..]),
+        ("failing", &[NODE_STATE_FAIL][..]),
+        (
+            "failing and drained",
+            &[NODE_STATE_FAIL, NODE_STATE_DRAIN][..],
+        ),
+        ("maintenance", &[NODE_STATE_MAINT, NODE_STATE_RES][..]),
+        ("reserved", &[NODE_STATE_RES][..]),
+    ];
+    for (what, flags) in cases {
+        let (mut d, mut now) = grown("");
+        let anchors = d.engine().job_anchors(0).to_vec();
+        let n = core_node(&d);
+        d.cluster.node_mut(&n).unwrap().state = state(NodeBase::Mixed, flags);
+        d.cluster.dirty = true;
+        run(&mut d, &mut now, 10);
+        assert_eq!(d.cluster.calls.requeues, 0, "{what}: the core was requeued");
+        assert_eq!(d.cluster.jobs[0].state.base(), JobBase::Running, "{what}");
+        assert_eq!(
+            d.engine().job_anchors(0),
+            &anchors[..],
+            "{what}: the anchor moved"
+        );
+        assert_eq!(d.engine().job_status(0), JobStatus::Active, "{what}");
+    }
+}
+
+#[test]
+fn a_core_node_slurm_sets_down_is_lost() {
+    // DOWN is where Slurm itself kills or requeues the job: the node is lost.
+    let (mut d, mut now) = grown("");
+    let n = core_node(&d);
+    d.cluster.node_mut(&n).unwrap().state = state(NodeBase::Down, &[]);
+    d.cluster.dirty = true;
+    run(&mut d, &mut now, 1);
+    assert!(
+        d.engine().job_nodes(0).len() < 4,
+        "the core's DOWN node is still the job's"
+    );
+}
+
+#[test]
+fn satellites_leave_a_drained_failing_or_reserved_node() {
+    use slurm_sys::{NODE_STATE_DRAIN, NODE_STATE_FAIL, NODE_STATE_MAINT, NODE_STATE_RES};
+    // The administrator wants such a node emptied: the satellite on it (a lent node, not
+    // the user's job) is shrunk off it; the core keeps running.
+    for (what, flags) in [
+        ("drained", &[NODE_STATE_DRAIN][..]),
+        ("failing", &[NODE_STATE_FAIL][..]),
+        ("maintenance", &[NODE_STATE_MAINT, NODE_STATE_RES][..]),
+    ] {
+        let (mut d, mut now) = grown("");
+        let core = core_node(&d);
+        let sat = d
+            .cluster
+            .jobs
+            .iter()
+            .find(|j| j.job_id != 1 && j.state.base() == JobBase::Running)
+            .unwrap()
+            .clone();
+        let n = sat.nodes.clone().unwrap();
+        assert_ne!(n, core);
+        d.cluster.node_mut(&n).unwrap().state = state(NodeBase::Mixed, flags);
+        d.cluster.dirty = true;
+        run(&mut d, &mut now, 40);
+        let after = d
+            .cluster
+            .jobs
+            .iter()
+            .find(|j| j.job_id == sat.job_id)
+            .unwrap();
+        assert!(!after.state.is_active(), "{what}: the satellite still runs");
+        assert_eq!(d.cluster.calls.requeues, 0, "{what}");
+        assert_eq!(d.cluster.jobs[0].state.base(), JobBase::Running, "{what}");
+    }
+}
