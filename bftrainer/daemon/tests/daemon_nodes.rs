@@ -163,3 +163,89 @@ fn satellites_leave_a_drained_failing_or_reserved_node() {
         assert_eq!(d.cluster.jobs[0].state.base(), JobBase::Running, "{what}");
     }
 }
+
+/// A second core job, waiting held (the first takes every node: `max_jobs = 1`).
+fn with_waiting(d: &mut Daemon<GenCluster>, partition: &str) -> u32 {
+    let mut j = job(0, partition, JobBase::Pending);
+    j.admin_comment = Some("bftrainer:v1 1:4,role=core".into());
+    j.priority = 0;
+    d.cluster.add_job(j)
+}
+
+fn slurm_job(d: &Daemon<GenCluster>, id: u32) -> &bftrainer_slurm::Job {
+    d.cluster.jobs.iter().find(|j| j.job_id == id).unwrap()
+}
+
+fn satellites_running(d: &Daemon<GenCluster>) -> usize {
+    d.cluster
+        .jobs
+        .iter()
+        .filter(|j| j.job_id != 1 && j.state.base() == JobBase::Running)
+        .count()
+}
+
+#[test]
+fn a_changed_policy_partition_keeps_running_cores_and_releases_waiting_ones() {
+    // SIGHUP moves `[policy] partition` from elastic to elastic2: the core running in
+    // elastic stays bftrainerd's until it ends (no requeue, not counted finished, its
+    // satellites kept); the one waiting held in elastic is released to Slurm with its
+    // tag off, never left held.
+    let (mut d, mut now) = grown("[engine]\nmax_jobs = 1\n");
+    let waiting = with_waiting(&mut d, "elastic");
+    run(&mut d, &mut now, 3);
+    assert_eq!(slurm_job(&d, waiting).priority, 0, "held for admission");
+    let names: Vec<String> = (1..=4).map(|i| format!("n{i}")).collect();
+    d.cluster.partitions.push(partition("elastic2", &names, 2));
+    d.reconfigure(cfg("partition = \"elastic2\"\n[engine]\nmax_jobs = 1\n"));
+    run(&mut d, &mut now, 10);
+    assert_eq!(
+        d.engine().job_status(0),
+        JobStatus::Active,
+        "the running core"
+    );
+    assert_eq!(d.cluster.calls.requeues, 0);
+    assert_eq!(d.cluster.jobs[0].state.base(), JobBase::Running);
+    assert_eq!(satellites_running(&d), 3, "its satellites run on");
+    let w = slurm_job(&d, waiting);
+    assert_ne!(w.priority, 0, "the waiting core is left held");
+    assert_eq!(w.admin_comment, None, "its tag is still on");
+    assert_eq!(d.stats.released, 1);
+}
+
+#[test]
+fn a_core_an_admin_moves_out_of_the_elastic_partitions_is_released_to_slurm() {
+    // `scontrol update jobid=J partition=batch` by an administrator, on the running
+    // core and on a held waiting one: each is released to Slurm (tag off, bftrainerd's
+    // hold lifted), the running one keeps running and its satellites are cancelled.
+    let (mut d, mut now) = grown("[engine]\nmax_jobs = 1\n");
+    let waiting = with_waiting(&mut d, "elastic");
+    run(&mut d, &mut now, 3);
+    for id in [1, waiting] {
+        d.cluster
+            .jobs
+            .iter_mut()
+            .find(|j| j.job_id == id)
+            .unwrap()
+            .partition = Some("batch".into());
+    }
+    d.cluster.dirty = true;
+    run(&mut d, &mut now, 40);
+    let core = slurm_job(&d, 1);
+    assert_eq!(
+        core.state.base(),
+        JobBase::Running,
+        "the moved core runs on"
+    );
+    assert_eq!(core.admin_comment, None, "its tag is still on");
+    assert_eq!(d.engine().job_status(0), JobStatus::Cancelled);
+    assert_eq!(
+        satellites_running(&d),
+        0,
+        "its satellites were left running"
+    );
+    let w = slurm_job(&d, waiting);
+    assert_ne!(w.priority, 0, "the moved waiting core is left held");
+    assert_eq!(w.admin_comment, None);
+    assert_eq!(d.cluster.calls.requeues, 0);
+    assert_eq!(d.stats.released, 2);
+}

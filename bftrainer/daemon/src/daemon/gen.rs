@@ -251,8 +251,16 @@ impl Cluster for GenCluster {
     }
     fn update(&mut self, id: u32, u: &JobUpdate) -> Result<()> {
         self.calls.updates += 1;
-        if let (Some(j), Some(n)) = (find(&mut self.jobs, id), &u.node_list) {
-            j.req_nodes = Some(n.clone());
+        if let Some(j) = find(&mut self.jobs, id) {
+            if let Some(n) = &u.node_list {
+                j.req_nodes = Some(n.clone());
+            }
+            if let Some(c) = &u.admin_comment {
+                j.admin_comment = (!c.is_empty()).then(|| c.clone());
+            }
+            if let Some(p) = u.priority {
+                j.priority = if p == u32::MAX { 1000 } else { p };
+            }
         }
         self.dirty = true;
         Ok(())

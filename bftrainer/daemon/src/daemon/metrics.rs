@@ -262,6 +262,11 @@ impl Collector for SnapshotCollector {
                 st.not_adopted,
             ),
             (
+                "released_cores",
+                "Elastic jobs released to Slurm (tag off, bftrainerd's hold lifted) after leaving the elastic partitions",
+                st.released,
+            ),
+            (
                 "deferred_calls",
                 "Lending calls left for the next cycle when a cycle ran over cycle_budget",
                 st.deferred_calls,

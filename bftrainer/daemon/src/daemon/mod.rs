@@ -164,6 +164,8 @@ struct Core {
     /// (0: never measured). Sets how long a shrunk satellite gets to leave.
     step_s: f64,
     user: Option<String>,
+    /// Its partition when adopted: one it has left was moved by an administrator.
+    partition: Option<String>,
 }
 
 /// What the daemon remembers of one satellite job.
@@ -196,6 +198,8 @@ pub struct Stats {
     pub slurm_errors: u64,
     pub events: u64,
     pub not_adopted: u64,
+    /// Cores released to Slurm because they left the elastic partitions.
+    pub released: u64,
     /// Decisions the engine refused (an allocator or contract error): logged and
     /// skipped, the loop goes on.
     #[serde(default)]
@@ -618,6 +622,12 @@ impl<C: Cluster> Daemon<C> {
     /// The newest engine job of Slurm job `id` that is not forgotten (Slurm may reuse
     /// an id), without a scan of every job ever.
     fn engine_job(&mut self, id: u32) -> Option<JobId> {
+        self.index_jobs();
+        self.job_index.get(&id).copied()
+    }
+
+    /// Brings `job_index` up to the engine's jobs.
+    fn index_jobs(&mut self) {
         if self.indexed > self.jobs.len() {
             self.job_index.clear();
             self.indexed = 0;
@@ -632,7 +642,6 @@ impl<C: Cluster> Daemon<C> {
             }
             self.indexed += 1;
         }
-        self.job_index.get(&id).copied()
     }
 
     fn emit(&mut self, ev: Event) {

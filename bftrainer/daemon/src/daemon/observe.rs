@@ -199,6 +199,10 @@ struct Scan {
     plans: Vec<Arc<[u32]>>,
     /// A tagged job runs while Slurm preempts it.
     tagged_preempted: bool,
+    /// Cores bftrainerd manages (or its journal knows) that are now outside the
+    /// elastic partitions (`[policy] partition` changed, or an administrator moved
+    /// them): `observe_cores` keeps or releases them.
+    outside: FxHashSet<u32>,
 }
 
 /// The earliest of `start` and what `forecast` has for slot `s`.
@@ -268,6 +272,7 @@ impl<C: Cluster> Daemon<C> {
         let mut plans = regular.plans.clone();
         let tagged = &regular.tagged;
         let uid_of = &regular.uid_of;
+        self.index_jobs();
         let jobs = self.cluster.jobs();
         let seen = self.stats.cycles;
         // The copies of the cycle before, compared in place and copied again where
@@ -279,14 +284,35 @@ impl<C: Cluster> Daemon<C> {
         let mut modified_sats: Vec<(u32, u32)> = Vec::new(); // (job id, parent)
         let mut refusals: Vec<(usize, &'static str)> = Vec::new();
         let mut tagged_preempted = false;
+        let mut outside: FxHashSet<u32> = FxHashSet::default();
         for &i in tagged.iter() {
             let j = &jobs[i];
             let ours = match tag_of(&mut self.tags, j, seen) {
                 Tag::Core => {
-                    if j.partition
+                    let inside = j
+                        .partition
                         .as_deref()
-                        .is_some_and(|p| self.cfg.core_partition_ok(p))
-                    {
+                        .is_some_and(|p| self.cfg.core_partition_ok(p));
+                    // One already ours stays in view whatever its partition now: it is
+                    // kept or released to Slurm, never counted finished while it runs
+                    // or left held (`observe_cores`).
+                    let known = !inside
+                        && j.state.is_active()
+                        && match self.cores.get(&j.job_id) {
+                            Some(c) => !c.ended,
+                            // A restart under a changed `[policy] partition`: the
+                            // journal's engine has it.
+                            None => self.job_index.get(&j.job_id).is_some_and(|&k| {
+                                !matches!(
+                                    self.engine.job_status(k),
+                                    JobStatus::Finished | JobStatus::Cancelled
+                                )
+                            }),
+                        };
+                    if known {
+                        outside.insert(j.job_id);
+                    }
+                    if inside || known {
                         cores_seen.insert(j.job_id, n_cores);
                         keep_copy(&mut core_jobs, n_cores, j);
                         n_cores += 1;
@@ -404,6 +430,7 @@ impl<C: Cluster> Daemon<C> {
             pending_parts,
             plans,
             tagged_preempted,
+            outside,
         }
     }
 
@@ -670,18 +697,32 @@ impl<C: Cluster> Daemon<C> {
 
     fn observe_cores(&mut self, scan: &Scan, parts: &[String], now: f64) {
         let Scan {
-            jobs, cores_seen, ..
+            jobs,
+            cores_seen,
+            outside,
+            ..
         } = scan;
         let known: Vec<u32> = self.cores.keys().copied().collect();
+        // Released to Slurm this cycle (still tagged in this snapshot): not adopted
+        // again below.
+        let mut released: FxHashSet<u32> = FxHashSet::default();
         for id in known {
             let job = cores_seen.get(&id).map(|&i| &jobs[i]);
+            if let Some(j) = job.filter(|_| outside.contains(&id)) {
+                if self.left_the_partitions(id, j, now) {
+                    released.insert(id);
+                    continue;
+                }
+            }
             self.observe_core(id, job, now);
         }
         // An ended core that Slurm shows active again: a new job under the same id.
         let reborn: Vec<u32> = cores_seen
             .iter()
             .filter(|(id, &i)| {
-                jobs[i].state.is_active() && self.cores.get(id).is_some_and(|c| c.ended)
+                jobs[i].state.is_active()
+                    && self.cores.get(id).is_some_and(|c| c.ended)
+                    && !released.contains(id)
             })
             .map(|(&id, _)| id)
             .collect();
@@ -694,7 +735,7 @@ impl<C: Cluster> Daemon<C> {
         }
         let mut new: Vec<usize> = cores_seen
             .iter()
-            .filter(|(id, _)| !self.cores.contains_key(id))
+            .filter(|(id, _)| !self.cores.contains_key(id) && !released.contains(id))
             .map(|(_, &i)| i)
             .collect();
         new.sort_by_key(|&i| (jobs[i].submit_time, jobs[i].job_id));
@@ -1163,12 +1204,68 @@ impl<C: Cluster> Daemon<C> {
                 ended: false,
                 ended_at: f64::INFINITY,
                 user: j.user_name.clone(),
+                partition: j.partition.clone(),
             },
         );
         if is_running(j) {
             // Slurm runs it: taken as it runs, never requeued for want of a record.
             self.mark_adoption(j.job_id, jid, j);
         }
+    }
+
+    /// Core `id`, bftrainerd's, is outside the elastic partitions now. One running in
+    /// the partition it was adopted in (`[policy] partition` changed under it) stays
+    /// bftrainerd's until it ends: false. One an administrator moved to another
+    /// partition, or one not running (waiting for an admission that the changed config
+    /// no longer gives there), is released to Slurm: its tag is taken off (else the
+    /// gate would hold its next start for an admission that never comes), bftrainerd's
+    /// own hold is lifted (an administrator's or owner's is theirs to lift), it leaves
+    /// the engine (its satellites are cancelled) and the log says so: true.
+    pub(super) fn left_the_partitions(&mut self, id: u32, j: &Job, now: f64) -> bool {
+        let Some(core) = self.cores.get(&id) else {
+            return false;
+        };
+        let moved = core.partition != j.partition;
+        if !moved && (is_running(j) || j.state.is_completing()) {
+            return false;
+        }
+        if now - core.asked_at < 5.0 {
+            return true;
+        }
+        let own_hold = j.is_held()
+            && !core.requeue_hold
+            && spec::site_hold(j.admin_comment.as_deref(), j.comment.as_deref()).is_none();
+        let up = JobUpdate {
+            admin_comment: Some(String::new()),
+            // Slurm's INFINITE: what `scontrol release` sends.
+            priority: own_hold.then_some(u32::MAX),
+            ..Default::default()
+        };
+        let part = j.partition.as_deref().unwrap_or("-");
+        match self.cluster.update(id, &up) {
+            Ok(()) => {
+                log::warn!(
+                    "elastic job {id} is in partition {part}, outside the elastic partitions ({}){}: released to Slurm, its tag taken off{}; its satellites are cancelled",
+                    self.cfg.elastic_partitions().join(", "),
+                    if moved { " (moved there)" } else { "" },
+                    if own_hold { " and bftrainerd's hold lifted" } else { "" },
+                );
+                let jid = core.jid;
+                self.stats.released += 1;
+                self.emit(Event::JobCancelled { job: jid });
+                let c = self.cores.get_mut(&id).unwrap();
+                c.ended = true;
+                c.ended_at = now;
+            }
+            Err(e) => {
+                self.cores.get_mut(&id).unwrap().asked_at = now;
+                self.stats.slurm_errors += 1;
+                self.error(format!(
+                    "releasing elastic job {id} (now in partition {part}) to Slurm failed: {e}"
+                ));
+            }
+        }
+        true
     }
 
     /// Gives up the engine's nodes of a core job: core nodes lost to a regular job,
