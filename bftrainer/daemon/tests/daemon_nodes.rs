@@ -249,3 +249,68 @@ fn a_core_an_admin_moves_out_of_the_elastic_partitions_is_released_to_slurm() {
     assert_eq!(d.cluster.calls.requeues, 0);
     assert_eq!(d.stats.released, 2);
 }
+
+fn part_mut<'a>(d: &'a mut Daemon<GenCluster>, name: &str) -> &'a mut bftrainer_slurm::Partition {
+    d.cluster.dirty = true;
+    d.cluster
+        .partitions
+        .iter_mut()
+        .find(|p| p.name == name)
+        .unwrap()
+}
+
+#[test]
+fn partitions_that_break_a_check_at_runtime_stop_lending_until_fixed() {
+    let (mut d, mut now) = grown("");
+    let cases: [(&str, fn(&mut Daemon<GenCluster>, bool)); 3] = [
+        ("PriorityTier", |d, broken| {
+            part_mut(d, "elastic-sat").priority_tier = if broken { 5 } else { 1 };
+        }),
+        ("PreemptMode=OFF", |d, broken| {
+            part_mut(d, "elastic-sat").preempt_mode = if broken {
+                0
+            } else {
+                bftrainer_slurm::Partition::PREEMPT_REQUEUE
+            };
+        }),
+        // SIGHUP: a config naming a partition slurmctld does not have.
+        ("no partition 'ghost'", |d, broken| {
+            d.reconfigure(cfg(if broken {
+                "allowed_partitions = [\"ghost\"]\n"
+            } else {
+                ""
+            }))
+        }),
+    ];
+    for (k, (rule, set)) in cases.into_iter().enumerate() {
+        // A new node appears, with a job that could be admitted onto it at once.
+        let name = format!("n{}", 5 + k);
+        d.cluster
+            .nodes
+            .push(node(name.clone(), &["batch", "elastic", "elastic-sat"]));
+        for p in &mut d.cluster.partitions {
+            p.node_names.push(name.clone());
+        }
+        let waiting = with_waiting(&mut d, "elastic");
+        let sats = satellites_running(&d);
+        let submits = d.cluster.calls.submits;
+        set(&mut d, true);
+        run(&mut d, &mut now, 10);
+        let fault = d.partition_fault.clone().unwrap_or_default();
+        assert!(fault.contains(rule), "case {k}: {fault:?}");
+        let snap = d.snapshot(now);
+        assert_eq!(snap.partition_fault.as_deref(), Some(fault.as_str()));
+        assert_eq!(slurm_job(&d, waiting).priority, 0, "case {k}: admitted");
+        assert_eq!(d.cluster.calls.submits, submits, "case {k}: lent");
+        assert_eq!(satellites_running(&d), sats, "case {k}: satellites ended");
+        assert_eq!(d.cluster.calls.requeues, 0);
+        set(&mut d, false);
+        run(&mut d, &mut now, 10);
+        assert_eq!(d.partition_fault, None, "case {k}");
+        assert_ne!(
+            slurm_job(&d, waiting).priority,
+            0,
+            "case {k}: not admitted after the fix"
+        );
+    }
+}

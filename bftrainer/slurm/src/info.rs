@@ -182,6 +182,14 @@ pub struct Partition {
 }
 
 impl Partition {
+    /// `preempt_mode` of PreemptMode=REQUEUE.
+    pub const PREEMPT_REQUEUE: u16 = slurm_sys::PREEMPT_MODE_REQUEUE as u16;
+
+    /// PreemptMode=OFF: Slurm never preempts jobs in this partition.
+    pub fn preempt_off(&self) -> bool {
+        u32::from(self.preempt_mode) == slurm_sys::PREEMPT_MODE_OFF
+    }
+
     /// Jobs in this partition are requeued when preempted.
     pub fn preempt_requeues(&self) -> bool {
         u32::from(self.preempt_mode) & slurm_sys::PREEMPT_MODE_REQUEUE != 0

@@ -238,6 +238,9 @@ pub fn status_text(s: &Snapshot) -> String {
     if let Some(l) = &s.lease {
         let _ = writeln!(o, "   Lease: {l}");
     }
+    if let Some(f) = &s.partition_fault {
+        let _ = writeln!(o, "   LendingStopped: {f}");
+    }
     let _ = writeln!(
         o,
         "   Nodes={} Idle={} Lent={} Reserved={} Busy={} Unavailable={}",

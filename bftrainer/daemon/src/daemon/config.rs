@@ -155,7 +155,8 @@ impl Config {
     }
 }
 
-/// Checks the config's partitions against slurmctld's (at start): they exist, and the
+/// Checks the config's partitions against slurmctld's (at start, at SIGHUP and whenever
+/// slurmctld's partitions change): they exist, none has PreemptMode=OFF, and the
 /// satellites' partition is a PriorityTier below the core jobs' (else a regular job's
 /// preemption may take a core's node before a satellite's, requeueing the whole job).
 pub fn check_partitions(cfg: &Config, parts: &[bftrainer_slurm::Partition]) -> Result<(), String> {
@@ -177,6 +178,21 @@ pub fn check_partitions(cfg: &Config, parts: &[bftrainer_slurm::Partition]) -> R
         .ok_or_else(|| missing("satellite_partition", &cfg.satellite_partition))?;
     for a in &cfg.allowed_partitions {
         find(a).ok_or_else(|| missing("allowed_partitions", a))?;
+    }
+    // PreemptMode=OFF on a partition of ours: Slurm never preempts its jobs, so a
+    // regular job waits behind satellites and cores (NO_VAL16: the partition takes
+    // slurm.conf's global PreemptMode).
+    for p in std::iter::once(core)
+        .chain(std::iter::once(sat))
+        .chain(cfg.allowed_partitions.iter().filter_map(|a| find(a)))
+    {
+        if p.preempt_off() {
+            return Err(format!(
+                "{}: partition '{}' has PreemptMode=OFF: regular jobs could not preempt the elastic jobs there; set PreemptMode=REQUEUE (cores) or CANCEL (satellites) (conf/slurm.conf.fragment)",
+                cfg.path.display(),
+                p.name
+            ));
+        }
     }
     if sat.name != core.name && sat.priority_tier >= core.priority_tier {
         return Err(format!(
@@ -577,7 +593,7 @@ mod tests {
             node_names: nodes.iter().map(|n| n.to_string()).collect(),
             priority_tier: tier,
             priority_job_factor: 1,
-            preempt_mode: 0,
+            preempt_mode: bftrainer_slurm::Partition::PREEMPT_REQUEUE,
             grace_time_s: 0,
             max_time: None,
             default_time: None,

@@ -68,7 +68,7 @@ pub fn partition(name: &str, nodes: &[String], tier: u16) -> Partition {
         node_names: nodes.to_vec(),
         priority_tier: tier,
         priority_job_factor: 1,
-        preempt_mode: 0,
+        preempt_mode: bftrainer_slurm::Partition::PREEMPT_REQUEUE,
         grace_time_s: 30,
         max_time: None,
         default_time: None,
@@ -216,7 +216,7 @@ impl Cluster for GenCluster {
         }
         Ok(Refresh {
             nodes: d,
-            partitions: false,
+            partitions: d,
             jobs: d || full_jobs,
         })
     }

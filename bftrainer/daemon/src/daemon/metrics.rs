@@ -169,6 +169,13 @@ impl Collector for SnapshotCollector {
         )?;
         single_gauge(
             &mut e,
+            "partitions_ok",
+            "0 while slurmctld's partitions break a check (tiers, PreemptMode, existence): nothing new is lent",
+            None,
+            f64::from(u8::from(s.partition_fault.is_none())),
+        )?;
+        single_gauge(
+            &mut e,
             "slurm_up",
             "1 while slurmctld answers",
             None,

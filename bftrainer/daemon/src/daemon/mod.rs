@@ -320,6 +320,12 @@ pub struct Daemon<C: Cluster> {
     /// Nodes where a satellite (or an ended core) is still leaving, found by reconcile:
     /// nothing new is placed there until Slurm is done with them.
     occupied: rustc_hash::FxHashSet<NodeId>,
+    /// The partition rule slurmctld's partitions break now (`config::check_partitions`,
+    /// run at start, at SIGHUP and whenever they change): while set, nothing new is
+    /// lent (no decision, admission or satellite); what runs is left to Slurm.
+    pub partition_fault: Option<String>,
+    /// Check the partitions at the next cycle (start, SIGHUP).
+    recheck_partitions: bool,
     /// The current cycle's time (for `last_error`).
     clock: f64,
     /// When the current cycle's calls began (for `[daemon] cycle_budget`), and
@@ -445,6 +451,8 @@ impl<C: Cluster> Daemon<C> {
             growth_held: None,
             occupied: Default::default(),
             limit_paused: Default::default(),
+            partition_fault: None,
+            recheck_partitions: true,
             clock: 0.0,
             calls_t0: None,
             lent_in_cycle: false,
@@ -536,6 +544,7 @@ impl<C: Cluster> Daemon<C> {
         self.cluster.set_node_detail(!cfg.gpu_partitions.is_empty());
         self.cfg = cfg;
         self.cfg.state_dir = state_dir;
+        self.recheck_partitions = true;
         log::info!("reloaded {}", self.cfg.path.display());
     }
 
@@ -576,6 +585,23 @@ impl<C: Cluster> Daemon<C> {
             } => format!("job {} measures {samples_per_s:.1} samples/s", job(j)),
             other => format!("{other:?}"),
         }
+    }
+
+    /// `config::check_partitions` against slurmctld's partitions now: lending stops
+    /// while a rule is broken (logged once, in `bftrainer status` and the metrics) and
+    /// resumes once it holds again.
+    fn check_partitions(&mut self) {
+        self.recheck_partitions = false;
+        let fault = config::check_partitions(&self.cfg, self.cluster.partitions()).err();
+        match (&self.partition_fault, &fault) {
+            (None, Some(f)) => self.error(format!(
+                "lending stopped: {f}; running elastic jobs are left to Slurm until the partitions are fixed"
+            )),
+            (Some(_), None) => log::info!("the partitions pass the checks again: lending resumes"),
+            (Some(a), Some(b)) if a != b => self.error(format!("lending still stopped: {b}")),
+            _ => {}
+        }
+        self.partition_fault = fault;
     }
 
     /// Logs an error and keeps it for `bftrainer status`.
@@ -689,6 +715,9 @@ impl<C: Cluster> Daemon<C> {
                 }
                 rep.changed = r.any();
                 self.tables_reloaded = r.any();
+                if r.partitions || self.recheck_partitions {
+                    self.check_partitions();
+                }
             }
         }
         rep.slurm_ok = true;
@@ -763,7 +792,14 @@ impl<C: Cluster> Daemon<C> {
         self.stats.events += accepted as u64;
         self.apply_adoptions(now);
         let decisions = self.engine.stats.decisions;
-        let actions = match self.feed(&Event::Tick, now) {
+        let tick = if self.partition_fault.is_some() {
+            // Nothing new is decided while a partition check fails; the events are
+            // applied, and the next decision after the fix sees them.
+            Ok(Vec::new())
+        } else {
+            self.feed(&Event::Tick, now)
+        };
+        let actions = match tick {
             Ok(a) => a,
             Err(e) => {
                 // Never fatal (a restart would make the same decision): the engine

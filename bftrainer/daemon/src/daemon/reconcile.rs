@@ -160,7 +160,8 @@ impl<C: Cluster> Daemon<C> {
                 if self.set_aside.get(&n).is_some_and(|s| s.until > now) {
                     continue;
                 }
-                if self.over_budget() || self.growth_is_held(now) {
+                if self.over_budget() || self.growth_is_held(now) || self.partition_fault.is_some()
+                {
                     continue;
                 }
                 if self.occupied.contains(&n) {
@@ -265,9 +266,13 @@ impl<C: Cluster> Daemon<C> {
                 return 0;
             }
             if core.admit_at.is_none() && j.is_held() {
-                if self.over_budget() || pin.iter().any(|n| self.occupied.contains(n)) {
-                    // A satellite is still leaving a pinned node: admitted now, the core
-                    // would wait behind it past its admission timeout.
+                if self.over_budget()
+                    || self.partition_fault.is_some()
+                    || pin.iter().any(|n| self.occupied.contains(n))
+                {
+                    // A partition check fails (nothing new is lent), or a satellite is
+                    // still leaving a pinned node: admitted now, the core would wait
+                    // behind it past its admission timeout.
                     return 0;
                 }
                 let names = pin_names;

@@ -141,6 +141,7 @@ impl<C: Cluster> Daemon<C> {
                 ),
                 None => format!("LOST Holder={} Lease={:.0}s", l.id, l.duration_s),
             }),
+            partition_fault: self.partition_fault.clone(),
             slurm_reachable: self.outage_since.is_none(),
             last_error: self.last_error.clone(),
             growth_held: self.growth_held.clone().filter(|g| g.until > now),

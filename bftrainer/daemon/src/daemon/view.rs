@@ -25,6 +25,10 @@ pub struct Snapshot {
     /// None: no lease configured.
     #[serde(default)]
     pub lease: Option<String>,
+    /// The partition rule slurmctld's partitions break now: nothing new is lent
+    /// while it is set (absent when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition_fault: Option<String>,
     pub slurm_reachable: bool,
     pub last_error: Option<LastError>,
     /// New satellites are not submitted until then: Slurm refused one for a reason of
@@ -209,6 +213,7 @@ impl Snapshot {
             started_at: self.started_at,
             lending: self.lending.clone(),
             lease: self.lease.clone(),
+            partition_fault: self.partition_fault.clone(),
             slurm_reachable: self.slurm_reachable,
             last_error: self.last_error.clone(),
             growth_held: self.growth_held.clone(),
