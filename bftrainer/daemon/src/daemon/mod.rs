@@ -164,6 +164,9 @@ struct Core {
     /// (0: never measured). Sets how long a shrunk satellite gets to leave.
     step_s: f64,
     user: Option<String>,
+    /// Slurm's PreemptTime of the run being preempted and when this daemon first saw
+    /// it (engine time): the grace time counts from the latter.
+    preempt_seen: Option<(i64, f64)>,
     /// Its partition when adopted: one it has left was moved by an administrator.
     partition: Option<String>,
 }
@@ -181,6 +184,11 @@ struct SatMemo {
     ending: bool,
     preempted: bool,
     done: bool,
+    /// When this daemon first saw it pending, and its preemption (engine time): its
+    /// timeouts count from these, not from Slurm's timestamps (a clock stepped or
+    /// skewed against slurmctld's would fire them at once).
+    pending_seen: Option<f64>,
+    preempt_seen: Option<f64>,
     /// The GPU slot a GPU satellite stands for (`gpulend`).
     slot: Option<NodeId>,
 }
@@ -271,6 +279,12 @@ pub struct Daemon<C: Cluster> {
     /// Jobs with a tag the daemon refused to adopt (logged once each).
     refused: HashSet<u32>,
     last_t: f64,
+    /// The wall-clock time (`now` as given) that `last_t` stands for: engine time
+    /// advances by the wall clock's steps forward from it, never back (`engine_now`).
+    last_wall: f64,
+    /// Engine time minus the wall clock's, as of the last cycle: what turns Slurm's
+    /// timestamps (wall-clock) into engine time (`slurm_t`).
+    wall_offset: f64,
     last_full: f64,
     outage_since: Option<f64>,
     /// Node names interned per node table, host expressions expanded (`slots`).
@@ -429,6 +443,8 @@ impl<C: Cluster> Daemon<C> {
             outage_ended: f64::NEG_INFINITY,
             refused: HashSet::new(),
             last_t: f64::NEG_INFINITY,
+            last_wall: f64::NAN,
+            wall_offset: 0.0,
             last_full: f64::NEG_INFINITY,
             outage_since: None,
             slots: slots::Slots::default(),
@@ -613,10 +629,35 @@ impl<C: Cluster> Daemon<C> {
         });
     }
 
+    /// Engine time at wall-clock time `wall`. It moves on by the wall clock's steps
+    /// forward since the last call and never back: a clock stepped back (NTP, an
+    /// administrator) leaves it where it was and it goes on from there, so every timer
+    /// (set-asides, holds, pauses, retries, grace times) expires on elapsed time. At
+    /// the first call it is the later of `wall` and the journal's last time, then runs
+    /// from there: a journal written under a clock ahead (future timestamps) is not
+    /// waited out.
+    fn engine_now(&mut self, wall: f64) -> f64 {
+        let t = if self.last_wall.is_nan() {
+            wall.max(self.last_t)
+        } else {
+            self.last_t + (wall - self.last_wall).max(0.0)
+        };
+        let t = if t.is_finite() { t } else { wall };
+        self.last_t = t;
+        self.last_wall = wall;
+        self.wall_offset = t - wall;
+        t
+    }
+
+    /// A Slurm timestamp (slurmctld's wall clock) in engine time.
+    fn slurm_t(&self, t: i64) -> f64 {
+        t as f64 + self.wall_offset
+    }
+
     /// Opens, pauses or drains lending (`bftrainer resume|pause|drain`): journaled, so
     /// it holds across restarts; the next cycle acts on it.
     pub fn set_lending(&mut self, mode: Lending, now: f64) -> anyhow::Result<()> {
-        let now = now.max(self.last_t);
+        let now = self.engine_now(now);
         let ev = Event::Lending { mode };
         self.feed(&ev, now)
             .map_err(|e| anyhow::anyhow!("engine: {e}"))?;
@@ -676,7 +717,8 @@ impl<C: Cluster> Daemon<C> {
 
     /// One poll: observe, decide, reconcile. `now` is Unix time in seconds.
     pub fn cycle(&mut self, now: f64) -> anyhow::Result<CycleReport> {
-        let now = now.max(self.last_t);
+        let wall = now;
+        let now = self.engine_now(wall);
         self.clock = now;
         let mut rep = CycleReport::default();
         self.stats.cycles += 1;
@@ -691,6 +733,7 @@ impl<C: Cluster> Daemon<C> {
         #[cfg(test)]
         let poll_s = if self.still_clock { 0.0 } else { poll_s };
         let now = now + poll_s;
+        self.last_wall = wall + poll_s;
         self.clock = now;
         self.poll_times.push(rep.poll_s);
         match refreshed {

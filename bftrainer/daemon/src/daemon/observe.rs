@@ -109,7 +109,6 @@ pub(super) struct SatJob {
     pub preempt_time: Option<i64>,
     pub start_time: Option<i64>,
     pub end_time: Option<i64>,
-    pub submit_time: Option<i64>,
     /// Why it pends (only read while it does).
     pub reason: Option<String>,
     /// Its node (`nodes`, else `req_nodes`; empty when neither).
@@ -125,7 +124,6 @@ impl SatJob {
             preempt_time: j.preempt_time,
             start_time: j.start_time,
             end_time: j.end_time,
-            submit_time: j.submit_time,
             reason: if j.state.base() == JobBase::Pending {
                 j.reason.clone()
             } else {
@@ -449,7 +447,9 @@ impl<C: Cluster> Daemon<C> {
             tagged_preempted,
             ..
         } = scan;
-        let forecast_of = |s: u32| forecast.get(s as usize).copied().flatten();
+        // Slurm's planned starts (its clock) in engine time.
+        let off = self.wall_offset;
+        let forecast_of = |s: u32| forecast.get(s as usize).copied().flatten().map(|t| t + off);
         // Core nodes are not released early on a forecast: losing one requeues the
         // whole job, and a pending job's planned nodes may change (measured: a 1-node
         // job planned on a core's node while Slurm preempted a satellite for it).
@@ -762,7 +762,7 @@ impl<C: Cluster> Daemon<C> {
             let pending_note = self.cores[&id].requeue_hold && j.is_held();
             let why = held_why(j)
                 .or_else(|| pending_note.then(|| spec::SiteHold::Requeue.describe().to_string()))
-                .or_else(|| not_yet_eligible(j, now));
+                .or_else(|| not_yet_eligible(j, now - self.wall_offset));
             if let Some(why) = why {
                 self.set_unservable(id, Some(why), now);
                 continue;
@@ -1205,6 +1205,7 @@ impl<C: Cluster> Daemon<C> {
                 ended_at: f64::INFINITY,
                 user: j.user_name.clone(),
                 partition: j.partition.clone(),
+                preempt_seen: None,
             },
         );
         if is_running(j) {
@@ -1547,7 +1548,8 @@ impl<C: Cluster> Daemon<C> {
     }
 }
 
-/// Why a waiting core job cannot start yet: its BeginTime is ahead (a requeue sets it
+/// Why a waiting core job cannot start yet (`now`: the wall clock's time, as Slurm's
+/// timestamps): its BeginTime is ahead (a requeue sets it
 /// a while ahead, Slurm's delay before a requeued job may start again). Admitted before
 /// it, the job would hold its pinned nodes idle and time out of its admission.
 fn not_yet_eligible(j: &Job, now: f64) -> Option<String> {

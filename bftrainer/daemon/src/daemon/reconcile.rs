@@ -362,7 +362,18 @@ impl<C: Cluster> Daemon<C> {
                 .and_then(|p| grace.get(p))
                 .copied()
                 .unwrap_or(0.0);
-            if (now as i64) < pt + g as i64 {
+            // Counted from when this daemon first saw this preemption, not from
+            // Slurm's PreemptTime: a clock stepped or skewed against slurmctld's would
+            // requeue the core without its grace.
+            let c = self.cores.get_mut(&id).unwrap();
+            let seen = match c.preempt_seen {
+                Some((p, t)) if p == pt => t,
+                _ => {
+                    c.preempt_seen = Some((pt, now));
+                    now
+                }
+            };
+            if now < seen + g {
                 return 0;
             }
         }

@@ -110,7 +110,7 @@ impl<C: Cluster> Daemon<C> {
                 }
             }
             if let (Some(n), Some(start)) = (node, j.start_time) {
-                if now - start as f64 >= self.cfg.satellite_min_runtime_s {
+                if now - self.slurm_t(start) >= self.cfg.satellite_min_runtime_s {
                     self.blame.ran(parent, n, now);
                     if let Some(sa) = self.set_aside.get_mut(&n) {
                         if sa.until <= now {
@@ -126,7 +126,10 @@ impl<C: Cluster> Daemon<C> {
         // association limits, a request the node cannot meet), never on the node
         // alone: the job is paused, the node stays in the pool. One that waited through
         // a slurmctld outage is nobody's fault.
-        let submitted = j.submit_time.unwrap_or(now as i64) as f64;
+        // Counted from when this daemon first saw it pending, not from Slurm's
+        // SubmitTime: a clock stepped or skewed against slurmctld's would cancel and
+        // charge it at once (the daemon submits it itself: the two differ by a poll).
+        let submitted = *memo.pending_seen.get_or_insert(now);
         let waited = now - submitted;
         if !memo.ending && waited > self.cfg.grow_timeout_s {
             memo.ending = true;
@@ -309,9 +312,12 @@ impl<C: Cluster> Daemon<C> {
             self.call(|c| c.cancel(id), "cancel", id);
             return 1;
         }
-        if let Some(pt) = s.preempt_time {
+        if s.preempt_time.is_some() {
             // Slurm preempts it: cancel at the end of the grace time, not at its
-            // next periodic pass (up to 30 s later).
+            // next periodic pass (up to 30 s later). The grace counts from when this
+            // daemon saw the preemption (at most a poll after Slurm's PreemptTime),
+            // not from Slurm's clock.
+            let pt = *memo.preempt_seen.get_or_insert(now);
             memo.ending = true;
             let g = s
                 .partition
@@ -319,7 +325,7 @@ impl<C: Cluster> Daemon<C> {
                 .and_then(|p| grace.get(p))
                 .copied()
                 .unwrap_or(0.0);
-            if now >= (pt as f64) + g && memo.signalled_at.map_or(true, |t| now - t >= 2.0) {
+            if now >= pt + g && memo.signalled_at.map_or(true, |t| now - t >= 2.0) {
                 memo.signalled_at = Some(now);
                 log::info!("cancel satellite {id} of job {parent} on {node}: its preemption grace time is over");
                 self.call(|c| c.cancel(id), "cancel", id);
