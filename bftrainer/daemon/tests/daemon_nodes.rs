@@ -259,10 +259,13 @@ fn part_mut<'a>(d: &'a mut Daemon<GenCluster>, name: &str) -> &'a mut bftrainer_
         .unwrap()
 }
 
+/// Breaks (true) or mends (false) one partition rule.
+type Breaks = fn(&mut Daemon<GenCluster>, bool);
+
 #[test]
 fn partitions_that_break_a_check_at_runtime_stop_lending_until_fixed() {
     let (mut d, mut now) = grown("");
-    let cases: [(&str, fn(&mut Daemon<GenCluster>, bool)); 3] = [
+    let cases: [(&str, Breaks); 3] = [
         ("PriorityTier", |d, broken| {
             part_mut(d, "elastic-sat").priority_tier = if broken { 5 } else { 1 };
         }),
