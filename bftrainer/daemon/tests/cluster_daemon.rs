@@ -881,6 +881,68 @@ fn cluster_daemon_keeps_a_core_on_a_draining_node_and_drops_a_node_removed_from_
     );
     assert_eq!(l.satellites(job), sats, "{}", l.log_text());
 
+    // The states in which Slurm keeps the job on the drained core node, each kept by
+    // bftrainerd too (issue 33): Restarts stays 0 and the core runs on.
+    let kept = |what: &str| {
+        l.cycles_later(3);
+        let show =
+            l.c.run("scontrol", &["show", "job", "-o", &job.to_string()])
+                .unwrap();
+        assert!(
+            show.contains("JobState=RUNNING") && show.contains("Restarts=0"),
+            "the core was requeued off its node ({what}): {show}\n{}",
+            l.log_text()
+        );
+    };
+    let node_state = || l.c.run("scontrol", &["show", "node", "-o", &core]).unwrap();
+    // Its slurmd misses pings (stopped for less than SlurmdTimeout, 30 s):
+    // DRAIN+NOT_RESPONDING, not DOWN.
+    let slurmd = l.c.daemon_pid(&format!("slurmd-{core}")).unwrap() as i32;
+    // SAFETY: a signal to the cluster's own slurmd, which this test started.
+    unsafe { libc::kill(slurmd, libc::SIGSTOP) };
+    l.wait(30, "the core's node not responding", || {
+        node_state().contains("NOT_RESPONDING").then_some(())
+    });
+    let missed = node_state();
+    kept("drained, not responding");
+    unsafe { libc::kill(slurmd, libc::SIGCONT) };
+    assert!(!missed.contains("State=DOWN"), "{missed}");
+    l.wait(60, "the core's node responding again", || {
+        (!node_state().contains("NOT_RESPONDING")).then_some(())
+    });
+    // FAIL, then a maintenance reservation that ignores the running job.
+    l.c.run(
+        "scontrol",
+        &[
+            "update",
+            &format!("nodename={core}"),
+            "state=fail",
+            "reason=failing-later",
+        ],
+    )
+    .unwrap();
+    kept("failing");
+    l.c.run(
+        "scontrol",
+        &[
+            "create",
+            "reservation",
+            "reservationname=bft-maint",
+            &format!("nodes={core}"),
+            "starttime=now",
+            "duration=10",
+            "users=root",
+            "flags=maint,ignore_jobs",
+        ],
+    )
+    .unwrap();
+    l.wait(30, "the maintenance reservation on the core's node", || {
+        node_state().contains("MAINT").then_some(())
+    });
+    kept("maintenance reservation");
+    l.c.run("scontrol", &["delete", "reservation=bft-maint"])
+        .unwrap();
+
     // A satellite's node leaves both elastic partitions: the job shrinks off it and it
     // is never lent again (it stays in `batch`).
     let (gone, sat) = sats.iter().next().map(|(n, s)| (n.clone(), *s)).unwrap();
