@@ -6,6 +6,9 @@ impl<C: Cluster> Daemon<C> {
     /// What the daemon holds and has done, for the control socket, the metrics and
     /// `state_dir/status.json` (`view::Snapshot`).
     pub fn snapshot(&self, now: f64) -> view::Snapshot {
+        // In engine time, as every time the daemon keeps (set-asides, pauses): the
+        // same as the wall clock's but after the clock stepped back.
+        let now = now + self.wall_offset;
         let mut counts = view::NodeCounts::default();
         let nodes: Vec<view::NodeView> = self
             .nodes
