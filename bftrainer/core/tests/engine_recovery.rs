@@ -149,6 +149,7 @@ fn history() -> Journaled<Exact> {
             job: 0,
             samples_per_s: 3.5,
             remaining: None,
+            nodes: None,
         },
         5.0,
     );
@@ -453,6 +454,7 @@ fn a_refused_decision_applies_nothing() {
                 job: 0,
                 samples_per_s: 1.0,
                 remaining: Some(t),
+                nodes: None,
             },
             t,
         )
@@ -469,6 +471,7 @@ fn a_refused_decision_applies_nothing() {
             job: 0,
             samples_per_s: 1.0,
             remaining: None,
+            nodes: None,
         },
         6.0,
     )

@@ -120,6 +120,7 @@ fn generate(path: &Path, n: usize) -> usize {
                     job: j,
                     samples_per_s: rng.gen_range(10.0..1000.0),
                     remaining: None,
+                    nodes: None,
                 },
                 t,
                 &mut count,

@@ -97,16 +97,23 @@ pub enum Event {
     WorkerLeft { job: JobId, node: NodeId },
     /// A worker was killed by Slurm's preemption on `node`; the node is busy.
     WorkerPreempted { job: JobId, node: NodeId },
-    /// Measured throughput of `job` (samples/s) at its current size, and the work it
-    /// has left in its objective curve's units times seconds (samples for a
-    /// throughput curve), when known. The rate is recorded (the allocator's terms use
-    /// the job's curve, as BFTrainer's do); the remaining work feeds objectives that
-    /// use it (remaining-work).
+    /// Measured throughput of `job` (samples/s) on `nodes` nodes (its current size when
+    /// `None`), and the work it has left in its objective curve's units times seconds
+    /// (samples for a throughput curve), when known. The rate replaces the declared
+    /// curve's value at that size in the allocator's terms (`fair::effective_curve`);
+    /// the remaining work feeds objectives that use it (remaining-work). `nodes` was
+    /// added to format 1 without a version bump (absent: the current size).
     Progress {
         job: JobId,
         samples_per_s: f64,
         remaining: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nodes: Option<u32>,
     },
+    /// The weight of `user`'s share of the lent nodes (Slurm's fairshare factor of the
+    /// user, 0..1; floored at `fair::MIN_WEIGHT`). Users never weighed weigh 1. Added
+    /// to format 1 without a version bump.
+    UserWeight { user: u32, weight: f64 },
     /// The observations up to `now` are complete: re-plan if anything changed. The
     /// daemon sends one per poll, the simulator one per distinct timestamp.
     Tick,

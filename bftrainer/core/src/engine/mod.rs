@@ -2,6 +2,7 @@
 //! of the cluster, journaled) go in with the time; actions (admit, grow, shrink, requeue) come out.
 
 mod event;
+pub mod fair;
 
 pub use event::{Action, ElasticSpec, Event, Lending, Record, EVENT_FORMAT_VERSION};
 
@@ -66,7 +67,24 @@ pub struct EngineConfig {
     /// At most this many nodes held by one user's jobs together; decisions give a
     /// user's jobs no more (their node ranges are cut to the user's budget). 0: no cap.
     pub max_nodes_per_user: u32,
+    /// Fair shares (docs/design.md, "Fair shares"): curves are normalised to each job's
+    /// speed-up against its own minimum, and each user's jobs together get at most the
+    /// user's weighted max-min share of the lent nodes (`Event::UserWeight`); a job
+    /// without a known user is a user of its own. Off: declared curves weigh against
+    /// each other as they are (BFTrainer's objective alone).
+    pub fair_share: bool,
+    /// Floors of the rescale costs the allocator uses, seconds: a declared `up`/`down`
+    /// below them counts as them (a rescale at least finishes a step and rebuilds the
+    /// process group, which nothing measures yet).
+    pub min_scale_up_s: f64,
+    pub min_scale_down_s: f64,
 }
+
+/// bftrainerd's default floors of the rescale costs (`EngineConfig::min_scale_up_s`,
+/// `_down_s`; `[engine] min_scale_up`, `min_scale_down`). The engine's own default is no
+/// floor, so that a simulation or test states the costs it models.
+pub const DEFAULT_MIN_SCALE_UP_S: f64 = 10.0;
+pub const DEFAULT_MIN_SCALE_DOWN_S: f64 = 5.0;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -77,6 +95,9 @@ impl Default for EngineConfig {
             lend_after_idle_s: 0.0,
             max_jobs_per_user: 0,
             max_nodes_per_user: 0,
+            fair_share: true,
+            min_scale_up_s: 0.0,
+            min_scale_down_s: 0.0,
         }
     }
 }
@@ -94,6 +115,8 @@ impl EngineConfig {
         for (name, v) in [
             ("min-rescale-interval", self.min_rescale_interval_s),
             ("lend-after-idle", self.lend_after_idle_s),
+            ("min-scale-up", self.min_scale_up_s),
+            ("min-scale-down", self.min_scale_down_s),
         ] {
             if !(v >= 0.0 && v.is_finite()) {
                 return Err(format!("{name} must be >= 0 seconds, found {v}"));
@@ -145,6 +168,11 @@ struct JobSlot {
     status: JobStatus,
     nodes: Vec<NodeId>,
     measured_rate: Option<f64>,
+    /// Measured rates by size (nodes, samples/s), sorted by size: they replace the
+    /// declared curve there (`fair::effective_curve`).
+    measured: Vec<(u32, f64)>,
+    /// `measured` changed since the job's curve was last given to the allocator.
+    curve_stale: bool,
     remaining: Option<f64>,
     /// The core allocation, which decisions take last (only by a requeue): the first
     /// `min_nodes` nodes of its admission, a lost one replaced from its other nodes
@@ -291,6 +319,9 @@ pub struct EngineState {
     pub queue: Vec<JobId>,
     /// Active jobs in admission order.
     pub active: Vec<JobId>,
+    /// Users' share weights (`Event::UserWeight`), by uid.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user_weights: Vec<(u32, f64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -322,6 +353,8 @@ pub enum JobSnap {
         paused_until: Option<f64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         needs: Option<Needs>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        measured: Vec<(u32, f64)>,
     },
     Forgotten {
         status: JobStatus,
@@ -383,6 +416,8 @@ pub struct Engine<A> {
     host_ids: std::collections::HashMap<String, u32>,
     /// GPU-slot units declared: when none, the allocator sees no hosts.
     slot_units: usize,
+    /// Users' share weights (`Event::UserWeight`); absent: 1.
+    user_weights: HashMap<u32, f64>,
     pub stats: EngineStats,
 }
 
@@ -420,6 +455,7 @@ impl<A: Allocator> Engine<A> {
             hosts: Vec::new(),
             host_ids: std::collections::HashMap::new(),
             slot_units: 0,
+            user_weights: HashMap::new(),
             stats: EngineStats::default(),
         }
     }
@@ -492,12 +528,19 @@ impl<A: Allocator> Engine<A> {
                         last_rescale: s.last_rescale,
                         paused_until: s.paused_until,
                         needs: s.needs.as_ref().map(|n| n.0.clone()),
+                        measured: s.measured.clone(),
                     },
                     Entry::Forgotten(st) => JobSnap::Forgotten { status: *st },
                 })
                 .collect(),
             queue: self.queue().collect(),
             active: self.active.clone(),
+            user_weights: {
+                let mut w: Vec<(u32, f64)> =
+                    self.user_weights.iter().map(|(&u, &w)| (u, w)).collect();
+                w.sort_by_key(|x| x.0);
+                w
+            },
         }
     }
 
@@ -607,11 +650,14 @@ impl<A: Allocator> Engine<A> {
                         last_rescale,
                         paused_until,
                         needs,
+                        measured,
                     } => Entry::Live(Box::new(JobSlot {
                         spec: spec.clone(),
                         status: *status,
                         nodes: nodes.clone(),
                         measured_rate: *measured_rate,
+                        measured: measured.clone(),
+                        curve_stale: false,
                         remaining: *remaining,
                         anchors: anchors.clone(),
                         last_rescale: *last_rescale,
@@ -633,6 +679,7 @@ impl<A: Allocator> Engine<A> {
             .collect();
         self.active = st.active.clone();
         self.lending = st.lending;
+        self.user_weights = st.user_weights.iter().copied().collect();
         self.last_t = st.t;
         self.view.clear();
         self.deciding.clear();
@@ -658,6 +705,8 @@ impl<A: Allocator> Engine<A> {
     pub fn set_config(&mut self, cfg: EngineConfig) {
         self.inst.t_fwd_s = cfg.t_fwd_s;
         self.cfg = cfg;
+        // Curves and rescale floors depend on the settings.
+        self.active_changed = true;
         self.dirty = true;
     }
 
@@ -722,6 +771,11 @@ impl<A: Allocator> Engine<A> {
 
     pub fn job_spec(&self, j: JobId) -> &ElasticSpec {
         &self.jobs[j as usize].spec
+    }
+
+    /// The share weight last given for `user` (`Event::UserWeight`).
+    pub fn user_weight(&self, user: u32) -> Option<f64> {
+        self.user_weights.get(&user).copied()
     }
 
     pub fn measured_rate(&self, j: JobId) -> Option<f64> {
@@ -925,6 +979,8 @@ impl<A: Allocator> Engine<A> {
                     status: JobStatus::Queued,
                     nodes: Vec::new(),
                     measured_rate: None,
+                    measured: Vec::new(),
+                    curve_stale: false,
                     remaining: None,
                     anchors: Vec::new(),
                     last_rescale: None,
@@ -979,10 +1035,31 @@ impl<A: Allocator> Engine<A> {
                 job,
                 samples_per_s,
                 remaining,
+                nodes,
             } => {
                 self.job(*job, now)?;
                 let slot = &mut self.jobs[*job as usize];
                 slot.measured_rate = Some(*samples_per_s);
+                // A rate is a point of the job's curve at the size it was measured on;
+                // a bad one (not finite, negative) is no measurement.
+                let n = nodes.unwrap_or(slot.nodes.len() as u32);
+                let r = *samples_per_s;
+                if n >= 1 && r.is_finite() && r >= 0.0 {
+                    match slot.measured.binary_search_by_key(&n, |m| m.0) {
+                        Ok(i) if slot.measured[i].1 == r => {}
+                        Ok(i) => {
+                            slot.measured[i].1 = r;
+                            slot.curve_stale = true;
+                            self.dirty = true;
+                        }
+                        Err(i) => {
+                            slot.measured.insert(i, (n, r));
+                            slot.curve_stale = true;
+                            self.dirty = true;
+                        }
+                    }
+                }
+                let slot = &mut self.jobs[*job as usize];
                 if slot.remaining != *remaining {
                     slot.remaining = *remaining;
                     self.dirty = true;
@@ -1046,7 +1123,9 @@ impl<A: Allocator> Engine<A> {
                         self.queue.insert((Reverse(*priority), *job));
                     }
                     // Orders the per-user node budgets of active jobs.
-                    if st == JobStatus::Active && self.cfg.max_nodes_per_user > 0 {
+                    if st == JobStatus::Active
+                        && (self.cfg.max_nodes_per_user > 0 || self.cfg.fair_share)
+                    {
                         self.dirty = true;
                     }
                 }
@@ -1054,6 +1133,18 @@ impl<A: Allocator> Engine<A> {
             Event::Lending { mode } => {
                 if *mode != self.lending {
                     self.lending = *mode;
+                    self.dirty = true;
+                }
+            }
+            Event::UserWeight { user, weight } => {
+                if !weight.is_finite() || *weight < 0.0 {
+                    return Err(Self::err(
+                        now,
+                        format!("user {user}: weight {weight} must be a finite number >= 0"),
+                    ));
+                }
+                if self.user_weights.insert(*user, *weight) != Some(*weight) && self.cfg.fair_share
+                {
                     self.dirty = true;
                 }
             }
@@ -1230,26 +1321,44 @@ impl<A: Allocator> Engine<A> {
         // Per-user node caps cut the deciding jobs' ranges to their user's budget; a
         // job left without a budget sits out, and one that holds nodes it has no budget
         // for (the cap was lowered) is requeued after the decision.
-        let evict = if self.cfg.max_nodes_per_user > 0 && !drained {
-            self.user_budgets(&mut deciding)
+        let fair = self.cfg.fair_share && !drained;
+        let evict = if (self.cfg.max_nodes_per_user > 0 || fair) && !drained {
+            self.user_budgets(&mut deciding, now)
         } else {
             Vec::new()
         };
-        if self.active_changed || deciding != self.deciding {
+        let rebuild = self.active_changed || deciding != self.deciding;
+        if rebuild {
             self.active_changed = false;
             self.inst.jobs.clear();
-            for &j in &deciding {
-                let s = &self.jobs[j as usize].spec;
-                self.inst.jobs.push(JobInput::new(
-                    &s.name,
-                    s.min_nodes,
-                    s.max_nodes,
-                    s.scale_up_s,
-                    s.scale_down_s,
-                    s.objective.clone(),
-                ));
-            }
             self.deciding = deciding;
+        }
+        for k in 0..self.deciding.len() {
+            let j = self.deciding[k];
+            let job = &mut self.jobs[j as usize];
+            if !rebuild && !job.curve_stale {
+                continue;
+            }
+            job.curve_stale = false;
+            let s = &job.spec;
+            let curve = if fair || !job.measured.is_empty() {
+                fair::effective_curve(&s.objective, &job.measured, s.min_nodes, fair)
+            } else {
+                s.objective.clone()
+            };
+            let input = JobInput::new(
+                &s.name,
+                s.min_nodes,
+                s.max_nodes,
+                s.scale_up_s.max(self.cfg.min_scale_up_s),
+                s.scale_down_s.max(self.cfg.min_scale_down_s),
+                curve,
+            );
+            if rebuild {
+                self.inst.jobs.push(input);
+            } else {
+                self.inst.jobs[k].curve = input.curve;
+            }
         }
         // The nodes this decision may use: the pool without nodes idle for less than
         // `lend_after_idle_s` and without the nodes of jobs sitting it out. With neither
@@ -1374,75 +1483,126 @@ impl<A: Allocator> Engine<A> {
         out
     }
 
-    /// Splits each user's node cap among that user's jobs: first what the deciding
-    /// ones hold, or the part of it the budget leaves (highest priority first, then
-    /// submit order), then the rest a node at a
-    /// time, a job that holds none getting its minimum at once. Sets each job's
-    /// `budget` (its node range's top in this decision), takes jobs without one out of
-    /// `deciding`, and returns those of them that hold nodes (to be requeued).
-    fn user_budgets(&mut self, deciding: &mut Vec<JobId>) -> Vec<JobId> {
+    /// The user a job's share is counted for: its owner; under fair shares a job
+    /// without a known owner is a user of its own; else it has no user (no cap).
+    fn user_key(&self, j: JobId) -> Option<u64> {
+        match self.jobs[j as usize].spec.user {
+            Some(u) => Some(u64::from(u)),
+            None if self.cfg.fair_share => Some(1 << 32 | u64::from(j)),
+            None => None,
+        }
+    }
+
+    /// Each user's node budget in this decision, split among that user's deciding jobs.
+    /// The budget is the user's fixed cap (`max_nodes_per_user`) and, under fair shares,
+    /// the user's weighted max-min share of the lendable nodes (`fair::water_fill`;
+    /// a share a user's jobs cannot use, a minimum too big for it, goes to the others).
+    /// A user's budget is split as `split_budgets` says. Sets each job's `budget` (its
+    /// node range's top in this decision), takes jobs without one out of `deciding`, and
+    /// returns those of them that hold nodes (to be requeued).
+    fn user_budgets(&mut self, deciding: &mut Vec<JobId>, now: f64) -> Vec<JobId> {
         let cap = self.cfg.max_nodes_per_user;
-        let mut left: HashMap<u32, u32> = HashMap::new();
+        let fair = self.cfg.fair_share;
+        let mut index: HashMap<u64, usize> = HashMap::new();
+        // Per user: fixed cap, nodes held by jobs sitting out, and the fair claim.
+        let mut caps: Vec<u32> = Vec::new();
+        let mut held_out: Vec<u32> = Vec::new();
+        let mut claims: Vec<fair::Claim> = Vec::new();
         for &j in &self.active {
+            let Some(key) = self.user_key(j) else {
+                continue;
+            };
             let job = &self.jobs[j as usize];
-            if let Some(u) = job.spec.user {
-                let b = left.entry(u).or_insert(cap);
-                if !job.in_decision {
-                    *b = b.saturating_sub(job.nodes.len() as u32);
+            let u = *index.entry(key).or_insert_with(|| {
+                let user = job.spec.user;
+                caps.push(if cap > 0 && user.is_some() {
+                    cap
+                } else {
+                    u32::MAX
+                });
+                held_out.push(0);
+                let weight = user.and_then(|u| self.user_weights.get(&u).copied());
+                claims.push(fair::Claim {
+                    weight: weight.unwrap_or(1.0),
+                    floor: 0,
+                    demand: 0,
+                });
+                caps.len() - 1
+            });
+            let h = job.nodes.len() as u32;
+            let c = &mut claims[u];
+            if job.in_decision {
+                if h >= job.spec.min_nodes {
+                    c.floor += job.spec.min_nodes;
                 }
+                c.demand = c.demand.saturating_add(job.spec.max_nodes);
+            } else {
+                held_out[u] += h;
+                c.floor += h;
+                c.demand = c.demand.saturating_add(h);
             }
         }
-        let mut order: Vec<JobId> = deciding
+        let mut order: Vec<(JobId, usize)> = deciding
             .iter()
-            .copied()
-            .filter(|&j| self.jobs[j as usize].spec.user.is_some())
+            .filter_map(|&j| self.user_key(j).map(|k| (j, index[&k])))
             .collect();
         if order.is_empty() {
             return Vec::new();
         }
-        order.sort_by_key(|&j| (Reverse(self.jobs[j as usize].spec.priority), j));
-        let mut give = vec![0u32; order.len()];
-        for (k, &j) in order.iter().enumerate() {
-            let job = &self.jobs[j as usize];
-            let b = left
-                .get_mut(&job.spec.user.unwrap_or(0))
-                .expect("user counted");
-            let h = job.nodes.len() as u32;
-            // What it holds, or as much of it as the budget leaves (a shrink).
-            let g = h.min(*b).min(job.spec.max_nodes);
-            if h >= job.spec.min_nodes && g >= job.spec.min_nodes {
-                give[k] = g;
-                *b -= g;
+        order.sort_by_key(|&(j, _)| (Reverse(self.jobs[j as usize].spec.priority), j));
+        let mut limit = caps.clone();
+        if fair {
+            let lend_after = self.cfg.lend_after_idle_s;
+            let n = self
+                .pool
+                .iter()
+                .filter(|&&n| {
+                    let s = &self.nodes[n as usize];
+                    match s.state {
+                        NodeState::Held(_) => true,
+                        NodeState::Idle => !(lend_after > 0.0 && s.idle_since + lend_after > now),
+                        _ => false,
+                    }
+                })
+                .count() as u32;
+            for (c, &k) in claims.iter_mut().zip(&caps) {
+                c.demand = c.demand.min(k);
             }
-        }
-        loop {
-            let mut more = false;
-            for (k, &j) in order.iter().enumerate() {
-                let job = &self.jobs[j as usize];
-                let b = left
-                    .get_mut(&job.spec.user.unwrap_or(0))
-                    .expect("user counted");
-                let step = if give[k] == 0 {
-                    job.spec.min_nodes
-                } else if give[k] < job.spec.max_nodes {
-                    1
-                } else {
-                    continue;
-                };
-                if step <= *b {
-                    give[k] += step;
-                    *b -= step;
-                    more = true;
+            // A user whose share its jobs cannot use (minimums too big for it) asks for
+            // what they can use, and the rest is shared again.
+            for _ in 0..4 {
+                let shares = fair::water_fill(&claims, n);
+                for u in 0..limit.len() {
+                    // A user given every node is bounded by the pool alone: its jobs are
+                    // split by the allocator, as without fair shares.
+                    limit[u] = if shares[u] >= n {
+                        caps[u]
+                    } else {
+                        caps[u].min(shares[u])
+                    };
+                }
+                let give = self.split_budgets(&order, &limit, &held_out);
+                let mut used = held_out.clone();
+                for (k, &(_, u)) in order.iter().enumerate() {
+                    used[u] += give[k];
+                }
+                let mut again = false;
+                for (u, c) in claims.iter_mut().enumerate() {
+                    if used[u] < shares[u].min(c.demand) {
+                        c.demand = used[u];
+                        again = true;
+                    }
+                }
+                if !again {
+                    break;
                 }
             }
-            if !more {
-                break;
-            }
         }
+        let give = self.split_budgets(&order, &limit, &held_out);
         let mut evict = Vec::new();
-        for (k, &j) in order.iter().enumerate() {
+        for (k, &(j, _)) in order.iter().enumerate() {
             let job = &mut self.jobs[j as usize];
-            job.budget = give[k];
+            job.budget = give[k].min(job.spec.max_nodes);
             if give[k] == 0 {
                 job.in_decision = false;
                 if !job.nodes.is_empty() {
@@ -1452,6 +1612,70 @@ impl<A: Allocator> Engine<A> {
         }
         deciding.retain(|&j| self.jobs[j as usize].in_decision);
         evict
+    }
+
+    /// Splits each user's budget (`limit` less what its jobs sitting out hold) among its
+    /// deciding jobs, `order` (job, user) being highest priority first, then submit
+    /// order: first each job that runs gets its minimum, then what it holds (a shrink
+    /// where the budget is short), then the rest a node at a time, a job that holds
+    /// none getting its minimum at once. A budget of `u32::MAX` is no cap.
+    fn split_budgets(&self, order: &[(JobId, usize)], limit: &[u32], held_out: &[u32]) -> Vec<u32> {
+        let mut left: Vec<u32> = limit
+            .iter()
+            .zip(held_out)
+            .map(|(&l, &h)| l.saturating_sub(h))
+            .collect();
+        let mut give = vec![0u32; order.len()];
+        // Without a cap: everything up to its maximum.
+        let free: Vec<bool> = order.iter().map(|&(_, u)| left[u] == u32::MAX).collect();
+        for (k, &(j, _)) in order.iter().enumerate() {
+            if free[k] {
+                give[k] = self.jobs[j as usize].spec.max_nodes;
+            }
+        }
+        for (k, &(j, u)) in order.iter().enumerate() {
+            let s = &self.jobs[j as usize];
+            let min = s.spec.min_nodes;
+            if !free[k] && s.nodes.len() as u32 >= min && min <= left[u] {
+                give[k] = min;
+                left[u] -= min;
+            }
+        }
+        for (k, &(j, u)) in order.iter().enumerate() {
+            let s = &self.jobs[j as usize];
+            if !free[k] && give[k] > 0 {
+                let g = (s.nodes.len() as u32)
+                    .min(s.spec.max_nodes)
+                    .saturating_sub(give[k])
+                    .min(left[u]);
+                give[k] += g;
+                left[u] -= g;
+            }
+        }
+        // Round robin over the jobs that can still grow; each pass gives every one of
+        // them a node (or its minimum) or drops it, so the passes cost O(nodes + jobs).
+        let mut open: Vec<usize> = (0..order.len()).filter(|&k| !free[k]).collect();
+        while !open.is_empty() {
+            open.retain(|&k| {
+                let (j, u) = order[k];
+                let s = &self.jobs[j as usize].spec;
+                let step = if give[k] == 0 {
+                    s.min_nodes
+                } else if give[k] < s.max_nodes {
+                    1
+                } else {
+                    return false;
+                };
+                if step <= left[u] {
+                    give[k] += step;
+                    left[u] -= step;
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+        give
     }
 
     /// The drained allocation: every deciding job keeps its core nodes (anchors), topped

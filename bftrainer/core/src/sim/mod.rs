@@ -1025,6 +1025,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
                     job,
                     samples_per_s: 0.0,
                     remaining,
+                    nodes: None,
                 },
                 t,
             )?;
@@ -1640,10 +1641,13 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 let j = self.scratch[k];
                 let (s, rec) = (&self.jobs[j as usize], self.rec_of(j));
                 let scale = self.objective_scale(j);
+                // The rate in the curve's units, on the nodes it was reached with (a
+                // point of the job's curve for the allocator, as bft-run's report is).
                 let ev = Event::Progress {
                     job: j,
-                    samples_per_s: rate(rec, working(s)),
+                    samples_per_s: rate(rec, working(s)) * scale,
                     remaining: Some(((rec.total_samples - s.progress) * scale).max(0.0)),
+                    nodes: Some(working(s)),
                 };
                 self.send(&ev, t)?;
             }
@@ -2168,7 +2172,13 @@ mod tests {
     #[test]
     fn repeat_keeps_the_queue_full() {
         let tr = four_nodes(10);
-        let jobs = [job("A", 0, 60_000.0), job("B", 0, 60_000.0)];
+        // One user's: fair shares do not split the pool between them (two users' jobs
+        // would hold 2 nodes each, and a finished one's 2 stay idle until its copy comes).
+        let mine = |name| JobRecord {
+            user: Some(7),
+            ..job(name, 0, 60_000.0)
+        };
+        let jobs = [mine("A"), mine("B")];
         let once = run(&tr, &jobs, Workload::File, 0).unwrap().report;
         assert_eq!(once.jobs_submitted, 2);
         assert!(once.harvested_node_h < 0.2 * once.idle_node_h, "{once:?}");

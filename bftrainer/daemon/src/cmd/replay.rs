@@ -169,6 +169,10 @@ pub struct Args {
     /// --core-loss node): the plain job model, as replays before they were modelled.
     #[arg(long, conflicts_with_all = ["release_before", "reclaim_hold", "start_latency", "core_loss"])]
     pub no_daemon_rules: bool,
+    /// Without fair shares: declared curves weigh against each other as they are and
+    /// declared rescale costs have no floor (bftrainerd before fair shares).
+    #[arg(long)]
+    pub no_fair_share: bool,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -292,6 +296,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             (true, None) => Workload::Repeat,
             (false, None) => Workload::File,
         },
+        fair_share: !args.no_fair_share,
         rules: if args.no_daemon_rules {
             DaemonRules::NONE
         } else {

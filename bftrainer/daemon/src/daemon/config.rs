@@ -30,7 +30,7 @@ pub const DAEMON_KEYS: [&str; 19] = [
     "lease_dir",
     "lease",
 ];
-pub const ENGINE_KEYS: [&str; 10] = [
+pub const ENGINE_KEYS: [&str; 13] = [
     "objective",
     "t_fwd",
     "max_jobs",
@@ -38,6 +38,9 @@ pub const ENGINE_KEYS: [&str; 10] = [
     "lend_after_idle",
     "max_jobs_per_user",
     "max_nodes_per_user",
+    "fair_share",
+    "min_scale_up",
+    "min_scale_down",
     "default_up",
     "default_down",
     "default_curve",
@@ -357,13 +360,29 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         .into_iter()
         .find(|o| o.name() == objective)
         .unwrap_or_default();
+    let max_jobs = e.uint("max_jobs", 1..=100_000)?.unwrap_or(10) as usize;
     let engine = EngineConfig {
         t_fwd_s: e.seconds("t_fwd", 1.0..=86_400.0, 600.0)?,
-        max_jobs: e.uint("max_jobs", 1..=100_000)?.unwrap_or(10) as usize,
+        max_jobs,
         min_rescale_interval_s: e.seconds("min_rescale_interval", 0.0..=86_400.0, 0.0)?,
         lend_after_idle_s: e.seconds("lend_after_idle", 0.0..=86_400.0, 0.0)?,
-        max_jobs_per_user: e.uint("max_jobs_per_user", 0..=100_000)?.unwrap_or(0) as usize,
+        // Half the places by default, so one user's jobs never take every place
+        // (docs/admin.md, "Fair shares"); 0 turns the cap off.
+        max_jobs_per_user: e
+            .uint("max_jobs_per_user", 0..=100_000)?
+            .map_or(max_jobs.div_ceil(2), |v| v as usize),
         max_nodes_per_user: e.uint("max_nodes_per_user", 0..=1_000_000)?.unwrap_or(0) as u32,
+        fair_share: e.boolean("fair_share", true)?,
+        min_scale_up_s: e.seconds(
+            "min_scale_up",
+            0.0..=86_400.0,
+            bftrainer_core::engine::DEFAULT_MIN_SCALE_UP_S,
+        )?,
+        min_scale_down_s: e.seconds(
+            "min_scale_down",
+            0.0..=86_400.0,
+            bftrainer_core::engine::DEFAULT_MIN_SCALE_DOWN_S,
+        )?,
     };
     engine
         .validate()

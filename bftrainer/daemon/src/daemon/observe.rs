@@ -1543,6 +1543,7 @@ impl<C: Cluster> Daemon<C> {
                 job: jid,
                 samples_per_s: rc.rate,
                 remaining: None,
+                nodes: Some(rc.nodes),
             });
         }
     }

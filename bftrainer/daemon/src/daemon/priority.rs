@@ -87,6 +87,7 @@ impl<C: Cluster> Daemon<C> {
         if !self.prio.weights.multifactor {
             return;
         }
+        self.send_user_weights();
         let waiting: Vec<(u32, JobId)> = self
             .cores
             .iter()
@@ -107,6 +108,40 @@ impl<C: Cluster> Daemon<C> {
                     priority: p,
                 });
             }
+        }
+    }
+
+    /// Sends the engine each elastic user's share weight (docs/admin.md, "Fair
+    /// shares"): the fairshare factor of the user's association, the highest over the
+    /// accounts their live elastic jobs charge, where it changed. A user whose factor
+    /// Slurm does not know weighs `fair::MIN_WEIGHT`, as a factor of 0 does.
+    fn send_user_weights(&mut self) {
+        let mut weights: HashMap<u32, f64> = HashMap::new();
+        for j in self.cluster.jobs() {
+            let live = self.cores.get(&j.job_id).is_some_and(|c| {
+                !c.ended
+                    && !matches!(
+                        self.engine.job_status(c.jid),
+                        JobStatus::Finished | JobStatus::Cancelled
+                    )
+            });
+            if !live {
+                continue;
+            }
+            let fs = self
+                .prio
+                .table
+                .fairshare(j.account.as_deref(), j.user_name.as_deref());
+            let w = weights.entry(j.user_id).or_insert(fs);
+            *w = w.max(fs);
+        }
+        let mut changed: Vec<(u32, f64)> = weights
+            .into_iter()
+            .filter(|&(u, w)| self.engine.user_weight(u) != Some(w))
+            .collect();
+        changed.sort_by_key(|x| x.0);
+        for (user, weight) in changed {
+            self.emit(Event::UserWeight { user, weight });
         }
     }
 }

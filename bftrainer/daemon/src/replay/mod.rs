@@ -13,7 +13,9 @@ use bftrainer_core::alloc::{Objective, Options as AllocOptions};
 use bftrainer_core::easy::{
     self, Backfill, JobPass, JobSource, Plan, SchedConfig, SchedMetrics, StartTimes,
 };
-use bftrainer_core::engine::{EngineConfig, Exact};
+use bftrainer_core::engine::{
+    EngineConfig, Exact, DEFAULT_MIN_SCALE_DOWN_S, DEFAULT_MIN_SCALE_UP_S,
+};
 use bftrainer_core::sim::nodes::{self, NodeTable};
 use bftrainer_core::sim::{
     self, DaemonRules, Hooks, Objective as CurveChoice, Outcome, SimConfig, Steps, Workload,
@@ -93,6 +95,9 @@ pub struct Options {
     /// bftrainerd's rules the replay models (`--release-before`, `--reclaim-hold`,
     /// `--start-latency`, `--core-loss`, `--no-daemon-rules`).
     pub rules: DaemonRules,
+    /// Fair shares and rescale-cost floors as bftrainerd applies them (off:
+    /// `--no-fair-share`, the plain BFTrainer objective on declared curves).
+    pub fair_share: bool,
     /// `--node-classes FILE`: what the nodes offer (features, GPUs, memory), by class.
     pub node_classes: Option<PathBuf>,
     /// `--gpus-per-node K`: harvest reported in GPU-hours, K GPUs per node.
@@ -764,6 +769,18 @@ fn engine_config(o: &Options) -> EngineConfig {
     EngineConfig {
         t_fwd_s: o.t_fwd,
         max_jobs: o.max_jobs,
+        fair_share: o.fair_share,
+        // bftrainerd's floors of the rescale costs come with its fair shares.
+        min_scale_up_s: if o.fair_share {
+            DEFAULT_MIN_SCALE_UP_S
+        } else {
+            0.0
+        },
+        min_scale_down_s: if o.fair_share {
+            DEFAULT_MIN_SCALE_DOWN_S
+        } else {
+            0.0
+        },
         ..EngineConfig::default()
     }
 }
@@ -1092,6 +1109,7 @@ mod replay_tests {
             strict: false,
             workload: Workload::File,
             rules: DaemonRules::DAEMON,
+            fair_share: true,
             node_classes: None,
             gpus_per_node: None,
             gpu_granular: false,

@@ -144,12 +144,13 @@ pub fn print_table(
     row(
         "settings",
         format!(
-            "max-jobs {}, t-fwd {} s, grace {} s, objective {}, seed {}{}",
+            "max-jobs {}, t-fwd {} s, grace {} s, objective {}, seed {}{}{}",
             o.max_jobs,
             o.t_fwd,
             o.grace,
             o.objective,
             o.seed,
+            if o.fair_share { "" } else { ", no fair shares" },
             if o.steps == Steps::Trace {
                 ", steps at trace events"
             } else {
