@@ -479,6 +479,10 @@ fn daemon_refuses_bad_configs_naming_file_key_and_allowed_values() {
     }
 }
 
+/// One user's two jobs split the nodes as `bftrainer solve` does; then Mallory
+/// (bftuser2) submits with the largest profile and free rescales (`up=0,down=0`): Alice
+/// (bftuser) keeps her fair share (half of the 4 nodes), no job of hers is requeued, and
+/// `bftrainer solve` gives the same split.
 #[test]
 fn cluster_daemon_splits_nodes_between_two_jobs_as_solve_does() {
     let profiles = tempfile::Builder::new()
@@ -488,7 +492,12 @@ fn cluster_daemon_splits_nodes_between_two_jobs_as_solve_does() {
     std::fs::set_permissions(profiles.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::write(
         profiles.path().join("fast.toml"),
-        "points = [[1, 3.0], [3, 9.0]]\nup = 20\ndown = 5\n",
+        "points = [[1, 3.0], [3, 12.0]]\nup = 20\ndown = 5\n",
+    )
+    .unwrap();
+    std::fs::write(
+        profiles.path().join("huge.toml"),
+        "points = [[1, 1.0e9], [4, 4.0e9]]\nup = 0\ndown = 0\n",
     )
     .unwrap();
     let mut l = Live::start_without_daemon(
@@ -498,39 +507,43 @@ fn cluster_daemon_splits_nodes_between_two_jobs_as_solve_does() {
     );
     // Both submitted before the daemon starts: one decision over both.
     let a = l.submit_elastic("1:4");
-    let b = l.submit_elastic("2:3,profile=fast");
+    let b = l.submit_elastic("1:3,profile=fast");
     l.spawn();
     let sizes = l.wait(60, "both jobs to settle on all 4 nodes", || {
         let (x, y) = (l.elastic_size(a), l.elastic_size(b));
         (x + y == 4 && x >= 1 && y >= 2).then_some((x, y))
     });
     // The same instance through `bftrainer solve`: linear default curve for a (default
-    // costs 30/10 s), the profile for b, t_fwd 600, four nodes, nothing held yet.
+    // costs 30/10 s), the profile for b, t_fwd 600, four nodes, nothing held yet; both
+    // of one user, so the objective alone splits them.
     let instance = serde_json::json!({
         "t_fwd_s": 600,
         "nodes": ["n1", "n2", "n3", "n4"],
         "jobs": [
-            {"id": a.to_string(), "min_nodes": 1, "max_nodes": 4, "scale_up_s": 30, "scale_down_s": 10, "curve": [[1, 1.0], [4, 4.0]]},
-            {"id": b.to_string(), "min_nodes": 2, "max_nodes": 3, "scale_up_s": 20, "scale_down_s": 5, "curve": [[1, 3.0], [3, 9.0]]}
+            {"id": a.to_string(), "user": 1, "min_nodes": 1, "max_nodes": 4, "scale_up_s": 30, "scale_down_s": 10, "curve": [[1, 1.0], [4, 4.0]]},
+            {"id": b.to_string(), "user": 1, "min_nodes": 1, "max_nodes": 3, "scale_up_s": 20, "scale_down_s": 5, "curve": [[1, 3.0], [3, 12.0]]}
         ]
     });
-    let mut solve = Command::new(env!("CARGO_BIN_EXE_bftrainer"))
-        .arg("solve")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    solve
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(instance.to_string().as_bytes())
-        .unwrap();
-    let out = solve.wait_with_output().unwrap();
-    assert!(out.status.success());
-    let sol: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let count = |id: u32| {
+    let solve = |instance: &serde_json::Value| -> serde_json::Value {
+        let mut solve = Command::new(env!("CARGO_BIN_EXE_bftrainer"))
+            .arg("solve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        solve
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(instance.to_string().as_bytes())
+            .unwrap();
+        let out = solve.wait_with_output().unwrap();
+        assert!(out.status.success());
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let sol = solve(&instance);
+    let count = |sol: &serde_json::Value, id: u32| {
         sol["jobs"]
             .as_array()
             .unwrap()
@@ -541,15 +554,66 @@ fn cluster_daemon_splits_nodes_between_two_jobs_as_solve_does() {
             .unwrap()
             .len()
     };
-    assert_eq!((count(a), count(b)), (1, 3), "solve: {sol}");
+    assert_eq!((count(&sol, a), count(&sol, b)), (1, 3), "solve: {sol}");
     // Stable: the daemon's split equals the optimum and stays there.
-    std::thread::sleep(Duration::from_secs(3));
+    l.cycles_later(3);
     assert_eq!(
         sizes,
-        (count(a), count(b)),
+        (count(&sol, a), count(&sol, b)),
         "daemon split {sizes:?}, solve {sol}"
     );
     assert_eq!((l.elastic_size(a), l.elastic_size(b)), sizes);
+    l.assert_no_double_allocation();
+
+    // Mallory's declarations: the largest profile there is, rescales for free.
+    let m = l.submit_elastic_as("bftuser2", "1:4,profile=huge,up=0,down=0");
+    l.wait(
+        120,
+        "Mallory on her share (2 nodes) beside Alice's (2)",
+        || (l.elastic_size(m) == 2 && l.elastic_size(a) + l.elastic_size(b) == 2).then_some(()),
+    );
+    l.cycles_later(3);
+    let alice = l.elastic_size(a) + l.elastic_size(b);
+    // Two users with demand share 4 nodes: 2 each, whatever Mallory declares.
+    assert!(
+        alice >= 2 && l.elastic_size(m) == 2,
+        "alice {alice}, mallory {}\n{}",
+        l.elastic_size(m),
+        l.log_text()
+    );
+    for j in [a, b] {
+        let show =
+            l.c.run("scontrol", &["show", "job", "-o", &j.to_string()])
+                .unwrap();
+        assert!(
+            show.contains("JobState=RUNNING") && show.contains("Restarts=0"),
+            "Alice's job {j} was requeued for Mallory's: {show}\n{}",
+            l.log_text()
+        );
+    }
+    // `bftrainer solve` on that state gives the same split.
+    let held = |j: u32| -> Vec<String> {
+        l.squeue()
+            .into_iter()
+            .filter(|r| r.state == "RUNNING" && (r.id == j || r.name == format!("bftsat-{j}")))
+            .flat_map(|r| bftrainer_slurm::hostlist_expand(&r.nodes).unwrap())
+            .collect()
+    };
+    let now = serde_json::json!({
+        "t_fwd_s": 600,
+        "nodes": ["n1", "n2", "n3", "n4"],
+        "jobs": [
+            {"id": a.to_string(), "user": 1, "min_nodes": 1, "max_nodes": 4, "scale_up_s": 30, "scale_down_s": 10, "curve": [[1, 1.0], [4, 4.0]], "nodes": held(a)},
+            {"id": b.to_string(), "user": 1, "min_nodes": 1, "max_nodes": 3, "scale_up_s": 20, "scale_down_s": 5, "curve": [[1, 3.0], [3, 12.0]], "nodes": held(b)},
+            {"id": m.to_string(), "user": 2, "min_nodes": 1, "max_nodes": 4, "scale_up_s": 10, "scale_down_s": 5, "curve": [[1, 1.0e9], [4, 4.0e9]], "nodes": held(m)}
+        ]
+    });
+    let sol = solve(&now);
+    assert_eq!(
+        (count(&sol, a) + count(&sol, b), count(&sol, m)),
+        (alice, 2),
+        "solve: {sol}"
+    );
     l.assert_no_double_allocation();
 }
 

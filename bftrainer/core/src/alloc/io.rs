@@ -41,6 +41,10 @@ struct JobJson {
     current_batch: Option<u32>,
     #[serde(default)]
     remaining_work: Option<f64>,
+    #[serde(default)]
+    user: Option<u32>,
+    #[serde(default)]
+    user_weight: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -60,6 +64,10 @@ pub const DEFAULT_T_FWD_S: f64 = 10.0;
 pub struct NamedInstance {
     pub instance: Instance,
     pub node_names: Vec<String>,
+    /// Each job's user (`jobs[].user`), for fair shares; `None`: a user of its own.
+    pub users: Vec<Option<u32>>,
+    /// Users' share weights (`jobs[].user_weight`), by user.
+    pub user_weights: HashMap<u32, f64>,
 }
 
 /// Parse and resolve names; the instance is not yet validated (see [`Instance::validate`]).
@@ -87,7 +95,27 @@ pub fn parse_instance(json: &str) -> Result<NamedInstance, AllocError> {
         reclaim.push(r);
     }
     let mut jobs = Vec::with_capacity(raw.jobs.len());
+    let mut users = Vec::with_capacity(raw.jobs.len());
+    let mut user_weights: HashMap<u32, f64> = HashMap::new();
     for (j, job) in raw.jobs.into_iter().enumerate() {
+        let loc = || format!("jobs[{j}] (id {:?})", job.id);
+        if let Some(w) = job.user_weight {
+            let Some(u) = job.user else {
+                return Err(invalid(loc() + ".user_weight", "needs the job's `user`"));
+            };
+            if !w.is_finite() || w < 0.0 {
+                return Err(invalid(
+                    loc() + ".user_weight",
+                    format!("is {w}; must be a finite number >= 0"),
+                ));
+            }
+            if let Some(prev) = user_weights.insert(u, w) {
+                if prev != w {
+                    return Err(invalid(loc() + ".user_weight", format!("is {w}, but another job of user {u} gives {prev}; give one weight per user")));
+                }
+            }
+        }
+        users.push(job.user);
         let mut current = Vec::with_capacity(job.nodes.len());
         for (k, name) in job.nodes.iter().enumerate() {
             let i = index.get(name.as_str()).ok_or_else(|| {
@@ -141,6 +169,8 @@ pub fn parse_instance(json: &str) -> Result<NamedInstance, AllocError> {
             jobs,
         },
         node_names,
+        users,
+        user_weights,
     })
 }
 

@@ -5,7 +5,8 @@
 //! no declared throughput or rescale cost can move nodes from one user to another; the
 //! allocator then optimises inside each share.
 
-use crate::alloc::Curve;
+use crate::alloc::{Curve, Instance};
+use std::collections::HashMap;
 
 /// The least weight a user with demand has: a fairshare factor of 0 (a user far over
 /// their Slurm share) still gets nodes nobody else asks for, and a little besides.
@@ -139,6 +140,192 @@ pub fn effective_curve(
         }
     }
     c
+}
+
+/// One job in a split of its user's budget.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobClaim {
+    /// Index of its user's [`Claim`].
+    pub user: usize,
+    pub min: u32,
+    pub max: u32,
+    /// Nodes it holds now.
+    pub held: u32,
+}
+
+/// Each job's node budget (the top of its range in this decision): its user's budget
+/// is the user's fixed cap (`caps`, `u32::MAX` for none) and, when `n` (the lendable
+/// nodes) is given, the user's weighted max-min share of them ([`water_fill`]; a share
+/// the user's jobs cannot use, a minimum too big for it, goes to the others). A user
+/// given every node is bounded by the pool alone (its jobs are split by the allocator,
+/// as without shares). `held_out`: nodes each user's jobs outside the split hold (they
+/// count against its budget); `jobs` come highest priority first. `users[u].demand`
+/// is lowered where a share goes unused.
+pub fn budgets(
+    jobs: &[JobClaim],
+    users: &mut [Claim],
+    caps: &[u32],
+    held_out: &[u32],
+    n: Option<u32>,
+) -> Vec<u32> {
+    let Some(n) = n else {
+        return split(jobs, caps, held_out);
+    };
+    for (c, &k) in users.iter_mut().zip(caps) {
+        c.demand = c.demand.min(k);
+    }
+    let mut limit = caps.to_vec();
+    // A user whose share its jobs cannot use asks for what they can use, and the rest
+    // is shared again: each round settles at least one such user.
+    for _ in 0..4 {
+        let shares = water_fill(users, n);
+        for u in 0..limit.len() {
+            limit[u] = if shares[u] >= n {
+                caps[u]
+            } else {
+                caps[u].min(shares[u])
+            };
+        }
+        let give = split(jobs, &limit, held_out);
+        let mut used = held_out.to_vec();
+        for (k, j) in jobs.iter().enumerate() {
+            used[j.user] = used[j.user].saturating_add(give[k]);
+        }
+        let mut again = false;
+        for (u, c) in users.iter_mut().enumerate() {
+            if used[u] < shares[u].min(c.demand) {
+                c.demand = used[u];
+                again = true;
+            }
+        }
+        if !again {
+            return give;
+        }
+    }
+    let shares = water_fill(users, n);
+    for u in 0..limit.len() {
+        limit[u] = if shares[u] >= n {
+            caps[u]
+        } else {
+            caps[u].min(shares[u])
+        };
+    }
+    split(jobs, &limit, held_out)
+}
+
+/// Splits each user's budget (`limit` less `held_out`) among its jobs, highest priority
+/// first: first each job that runs (holds at least its minimum) gets its minimum, then
+/// what it holds (a shrink where the budget is short), then the rest a node at a time,
+/// a job that holds none getting its minimum at once. A budget of `u32::MAX` is no cap:
+/// its jobs get their maximum.
+pub fn split(jobs: &[JobClaim], limit: &[u32], held_out: &[u32]) -> Vec<u32> {
+    let mut left: Vec<u32> = limit
+        .iter()
+        .zip(held_out)
+        .map(|(&l, &h)| {
+            if l == u32::MAX {
+                l
+            } else {
+                l.saturating_sub(h)
+            }
+        })
+        .collect();
+    let free: Vec<bool> = jobs.iter().map(|j| left[j.user] == u32::MAX).collect();
+    let mut give: Vec<u32> = jobs
+        .iter()
+        .zip(&free)
+        .map(|(j, &f)| if f { j.max } else { 0 })
+        .collect();
+    for (k, j) in jobs.iter().enumerate() {
+        if !free[k] && j.held >= j.min && j.min <= left[j.user] {
+            give[k] = j.min;
+            left[j.user] -= j.min;
+        }
+    }
+    for (k, j) in jobs.iter().enumerate() {
+        if !free[k] && give[k] > 0 {
+            let g = j.held.min(j.max).saturating_sub(give[k]).min(left[j.user]);
+            give[k] += g;
+            left[j.user] -= g;
+        }
+    }
+    // Round robin over the jobs that can still grow; each pass gives every one of them
+    // a node (or its minimum) or drops it, so the passes cost O(nodes + jobs).
+    let mut open: Vec<usize> = (0..jobs.len()).filter(|&k| !free[k]).collect();
+    while !open.is_empty() {
+        open.retain(|&k| {
+            let j = &jobs[k];
+            let step = if give[k] == 0 {
+                j.min
+            } else if give[k] < j.max {
+                1
+            } else {
+                return false;
+            };
+            if step <= left[j.user] {
+                give[k] += step;
+                left[j.user] -= step;
+                true
+            } else {
+                false
+            }
+        });
+    }
+    give
+}
+
+/// The rule bftrainerd applies, on a bare allocation instance (`bftrainer solve`):
+/// curves normalised (jobs with batch curves keep theirs), and each job's maximum cut
+/// to its part of its user's share (`users[j]`, `None`: a user of its own; `weights`
+/// by user, 1 when absent), jobs in instance order. Returns which jobs keep a budget:
+/// one without (its user's share is below its minimum) must get no nodes.
+pub fn fair_instance(
+    inst: &mut Instance,
+    users: &[Option<u32>],
+    weights: &HashMap<u32, f64>,
+) -> Vec<bool> {
+    let mut index: HashMap<u64, usize> = HashMap::new();
+    let mut claims: Vec<Claim> = Vec::new();
+    let mut jobs = Vec::with_capacity(inst.jobs.len());
+    for (j, job) in inst.jobs.iter_mut().enumerate() {
+        if !job.curve.points.is_empty() {
+            job.curve = effective_curve(&job.curve, &[], job.min_nodes, true);
+        }
+        let user = users.get(j).copied().flatten();
+        let key = user.map_or(1 << 32 | j as u64, u64::from);
+        let u = *index.entry(key).or_insert_with(|| {
+            claims.push(Claim {
+                weight: user.and_then(|u| weights.get(&u).copied()).unwrap_or(1.0),
+                floor: 0,
+                demand: 0,
+            });
+            claims.len() - 1
+        });
+        let held = job.current.len() as u32;
+        if held >= job.min_nodes {
+            claims[u].floor += job.min_nodes;
+        }
+        claims[u].demand = claims[u].demand.saturating_add(job.max_nodes);
+        jobs.push(JobClaim {
+            user: u,
+            min: job.min_nodes,
+            max: job.max_nodes,
+            held,
+        });
+    }
+    let caps = vec![u32::MAX; claims.len()];
+    let held_out = vec![0; claims.len()];
+    let give = budgets(&jobs, &mut claims, &caps, &held_out, Some(inst.n_nodes));
+    inst.jobs
+        .iter_mut()
+        .zip(give)
+        .map(|(job, g)| {
+            if g > 0 {
+                job.max_nodes = job.max_nodes.min(g);
+            }
+            g > 0
+        })
+        .collect()
 }
 
 #[cfg(test)]

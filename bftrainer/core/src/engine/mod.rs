@@ -1550,10 +1550,21 @@ impl<A: Allocator> Engine<A> {
             return Vec::new();
         }
         order.sort_by_key(|&(j, _)| (Reverse(self.jobs[j as usize].spec.priority), j));
-        let mut limit = caps.clone();
-        if fair {
+        let jobs: Vec<fair::JobClaim> = order
+            .iter()
+            .map(|&(j, u)| {
+                let s = &self.jobs[j as usize];
+                fair::JobClaim {
+                    user: u,
+                    min: s.spec.min_nodes,
+                    max: s.spec.max_nodes,
+                    held: s.nodes.len() as u32,
+                }
+            })
+            .collect();
+        let n = if fair {
             let lend_after = self.cfg.lend_after_idle_s;
-            let n = self
+            let count = self
                 .pool
                 .iter()
                 .filter(|&&n| {
@@ -1564,41 +1575,12 @@ impl<A: Allocator> Engine<A> {
                         _ => false,
                     }
                 })
-                .count() as u32;
-            for (c, &k) in claims.iter_mut().zip(&caps) {
-                c.demand = c.demand.min(k);
-            }
-            // A user whose share its jobs cannot use (minimums too big for it) asks for
-            // what they can use, and the rest is shared again.
-            for _ in 0..4 {
-                let shares = fair::water_fill(&claims, n);
-                for u in 0..limit.len() {
-                    // A user given every node is bounded by the pool alone: its jobs are
-                    // split by the allocator, as without fair shares.
-                    limit[u] = if shares[u] >= n {
-                        caps[u]
-                    } else {
-                        caps[u].min(shares[u])
-                    };
-                }
-                let give = self.split_budgets(&order, &limit, &held_out);
-                let mut used = held_out.clone();
-                for (k, &(_, u)) in order.iter().enumerate() {
-                    used[u] += give[k];
-                }
-                let mut again = false;
-                for (u, c) in claims.iter_mut().enumerate() {
-                    if used[u] < shares[u].min(c.demand) {
-                        c.demand = used[u];
-                        again = true;
-                    }
-                }
-                if !again {
-                    break;
-                }
-            }
-        }
-        let give = self.split_budgets(&order, &limit, &held_out);
+                .count();
+            Some(count as u32)
+        } else {
+            None
+        };
+        let give = fair::budgets(&jobs, &mut claims, &caps, &held_out, n);
         let mut evict = Vec::new();
         for (k, &(j, _)) in order.iter().enumerate() {
             let job = &mut self.jobs[j as usize];
@@ -1612,70 +1594,6 @@ impl<A: Allocator> Engine<A> {
         }
         deciding.retain(|&j| self.jobs[j as usize].in_decision);
         evict
-    }
-
-    /// Splits each user's budget (`limit` less what its jobs sitting out hold) among its
-    /// deciding jobs, `order` (job, user) being highest priority first, then submit
-    /// order: first each job that runs gets its minimum, then what it holds (a shrink
-    /// where the budget is short), then the rest a node at a time, a job that holds
-    /// none getting its minimum at once. A budget of `u32::MAX` is no cap.
-    fn split_budgets(&self, order: &[(JobId, usize)], limit: &[u32], held_out: &[u32]) -> Vec<u32> {
-        let mut left: Vec<u32> = limit
-            .iter()
-            .zip(held_out)
-            .map(|(&l, &h)| l.saturating_sub(h))
-            .collect();
-        let mut give = vec![0u32; order.len()];
-        // Without a cap: everything up to its maximum.
-        let free: Vec<bool> = order.iter().map(|&(_, u)| left[u] == u32::MAX).collect();
-        for (k, &(j, _)) in order.iter().enumerate() {
-            if free[k] {
-                give[k] = self.jobs[j as usize].spec.max_nodes;
-            }
-        }
-        for (k, &(j, u)) in order.iter().enumerate() {
-            let s = &self.jobs[j as usize];
-            let min = s.spec.min_nodes;
-            if !free[k] && s.nodes.len() as u32 >= min && min <= left[u] {
-                give[k] = min;
-                left[u] -= min;
-            }
-        }
-        for (k, &(j, u)) in order.iter().enumerate() {
-            let s = &self.jobs[j as usize];
-            if !free[k] && give[k] > 0 {
-                let g = (s.nodes.len() as u32)
-                    .min(s.spec.max_nodes)
-                    .saturating_sub(give[k])
-                    .min(left[u]);
-                give[k] += g;
-                left[u] -= g;
-            }
-        }
-        // Round robin over the jobs that can still grow; each pass gives every one of
-        // them a node (or its minimum) or drops it, so the passes cost O(nodes + jobs).
-        let mut open: Vec<usize> = (0..order.len()).filter(|&k| !free[k]).collect();
-        while !open.is_empty() {
-            open.retain(|&k| {
-                let (j, u) = order[k];
-                let s = &self.jobs[j as usize].spec;
-                let step = if give[k] == 0 {
-                    s.min_nodes
-                } else if give[k] < s.max_nodes {
-                    1
-                } else {
-                    return false;
-                };
-                if step <= left[u] {
-                    give[k] += step;
-                    left[u] -= step;
-                    true
-                } else {
-                    false
-                }
-            });
-        }
-        give
     }
 
     /// The drained allocation: every deciding job keeps its core nodes (anchors), topped
