@@ -292,7 +292,10 @@ fn declared_rescale_costs_have_a_floor() {
     assert_eq!(run(40.0), 1);
 }
 
-fn one_user_instance() -> impl Strategy<Value = (u32, Vec<(u32, u32, f64, f64, Vec<f64>)>)> {
+/// One job: min, max, up, down, curve increments past its minimum.
+type JobDraw = (u32, u32, f64, f64, Vec<f64>);
+
+fn one_user_instance() -> impl Strategy<Value = (u32, Vec<JobDraw>)> {
     (
         2u32..16,
         prop::collection::vec(

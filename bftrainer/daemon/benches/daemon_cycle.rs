@@ -8,7 +8,10 @@
 //! Then what operating it costs in that state: building the snapshot the control socket
 //! and metrics read, a Prometheus scrape, and the JSON of `status`, `jobs` and `nodes`.
 //!
-//!   cargo bench -p bftrainer-daemon --bench daemon_cycle -- [--nodes N] [--jobs N] [--cycles N] [--elastic N]
+//!   cargo bench -p bftrainer-daemon --bench daemon_cycle -- [--nodes N] [--jobs N] [--cycles N] [--elastic N] [--no-fair-share]
+//!
+//! `--no-fair-share` runs the engine without fair shares (`[engine] fair_share = false`:
+//! the cycle as it was before them), for a before/after on the same binary.
 
 use bftrainer_daemon::daemon::config;
 use bftrainer_daemon::daemon::gen::{job, node, partition, GenCluster};
@@ -120,9 +123,13 @@ fn main() {
         .filter(|j| j.state.base() == JobBase::Running)
         .count();
     let dir = std::env::temp_dir();
+    let fair = !std::env::args().any(|a| a == "--no-fair-share");
+    println!("fair shares: {}", if fair { "on" } else { "off (--no-fair-share)" });
+    // The generated elastic jobs belong to 50 users (gen.rs); the per-user job cap is
+    // off so that both settings admit the same jobs.
     let cfg = config::parse(
         &format!(
-            "[policy]\nsatellite_partition = \"elastic-sat\"\n[daemon]\nstate_dir = \"{}\"\n[engine]\nmax_jobs = {elastic}\n",
+            "[policy]\nsatellite_partition = \"elastic-sat\"\n[daemon]\nstate_dir = \"{}\"\n[engine]\nmax_jobs = {elastic}\nmax_jobs_per_user = 0\nfair_share = {fair}\n",
             dir.display()
         ),
         Path::new("/bench/bftrainer.toml"),

@@ -1497,7 +1497,7 @@ impl<A: Allocator> Engine<A> {
     /// The budget is the user's fixed cap (`max_nodes_per_user`) and, under fair shares,
     /// the user's weighted max-min share of the lendable nodes (`fair::water_fill`;
     /// a share a user's jobs cannot use, a minimum too big for it, goes to the others).
-    /// A user's budget is split as `split_budgets` says. Sets each job's `budget` (its
+    /// A user's budget is split as `fair::split` says. Sets each job's `budget` (its
     /// node range's top in this decision), takes jobs without one out of `deciding`, and
     /// returns those of them that hold nodes (to be requeued).
     fn user_budgets(&mut self, deciding: &mut Vec<JobId>, now: f64) -> Vec<JobId> {
