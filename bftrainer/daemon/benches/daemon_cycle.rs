@@ -124,7 +124,10 @@ fn main() {
         .count();
     let dir = std::env::temp_dir();
     let fair = !std::env::args().any(|a| a == "--no-fair-share");
-    println!("fair shares: {}", if fair { "on" } else { "off (--no-fair-share)" });
+    println!(
+        "fair shares: {}",
+        if fair { "on" } else { "off (--no-fair-share)" }
+    );
     // The generated elastic jobs belong to 50 users (gen.rs); the per-user job cap is
     // off so that both settings admit the same jobs.
     let cfg = config::parse(

@@ -40,7 +40,20 @@ fn example() -> Value {
 
 #[test]
 fn solves_the_example() {
+    // Two jobs of no named user are two users: J2 asks for 2 nodes at most, so J1's
+    // share is the other 4 (max-min fair); the normalised objective is not the example's.
     let (code, out, err) = run(&[], &example().to_string());
+    assert_eq!(code, 0, "stderr: {err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let sizes: Vec<usize> = v["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["nodes"].as_array().unwrap().len())
+        .collect();
+    assert_eq!(sizes, [4, 2], "{v}");
+    // The allocator on the instance as given.
+    let (code, out, err) = run(&["--no-fair-share"], &example().to_string());
     assert_eq!(code, 0, "stderr: {err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["objective"], "bftrainer");
