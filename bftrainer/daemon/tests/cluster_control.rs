@@ -62,7 +62,18 @@ fn wait_socket(l: &Live) {
 
 #[test]
 fn cluster_control_status_jobs_nodes_and_lending_verbs() {
-    let mut l = Live::start("", "", "");
+    // The verbs are the subject: one user's job holds every node while root's job
+    // waits, as without fair shares (which would split the four nodes 2/2; they have
+    // their own live test in cluster_daemon).
+    let mut l = Live::start_without_daemon("", "", "");
+    let conf = std::fs::read_to_string(&l.conf).unwrap();
+    assert!(conf.contains("[engine]\n"));
+    std::fs::write(
+        &l.conf,
+        conf.replace("[engine]\n", "[engine]\nfair_share = false\n"),
+    )
+    .unwrap();
+    l.spawn();
     wait_socket(&l);
     // bftuser charges this job to a second account: satellites must follow the core.
     l.c.run("sacctmgr", &["-i", "add", "account", "proj"])

@@ -295,6 +295,14 @@ fn partitions_that_break_a_check_at_runtime_stop_lending_until_fixed() {
             p.node_names.push(name.clone());
         }
         let waiting = with_waiting(&mut d, "elastic");
+        // A user of its own: under fair shares a second job of a user who already
+        // holds its share would wait behind that user's running job, fault or not.
+        d.cluster
+            .jobs
+            .iter_mut()
+            .find(|j| j.job_id == waiting)
+            .unwrap()
+            .user_id = 2000 + k as u32;
         let sats = satellites_running(&d);
         let submits = d.cluster.calls.submits;
         set(&mut d, true);
@@ -308,8 +316,23 @@ fn partitions_that_break_a_check_at_runtime_stop_lending_until_fixed() {
         assert_eq!(satellites_running(&d), sats, "case {k}: satellites ended");
         assert_eq!(d.cluster.calls.requeues, 0);
         set(&mut d, false);
-        run(&mut d, &mut now, 10);
+        run(&mut d, &mut now, 1);
         assert_eq!(d.partition_fault, None, "case {k}");
+        // Fair shares give the waiting job (another user's) a node the running job
+        // gives up first: its satellite leaves within its shrink grace. Waited for
+        // until it runs and no satellite is left to start, so that the next case
+        // starts from a settled cluster.
+        for _ in 0..60 {
+            let settled = d
+                .cluster
+                .jobs
+                .iter()
+                .all(|j| j.state.base() != JobBase::Pending || j.priority == 0);
+            if slurm_job(&d, waiting).state.base() == JobBase::Running && settled {
+                break;
+            }
+            run(&mut d, &mut now, 1);
+        }
         assert_ne!(
             slurm_job(&d, waiting).priority,
             0,
