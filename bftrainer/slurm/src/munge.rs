@@ -63,27 +63,20 @@ impl Munge {
     /// another uid, it is of no use to it. (slurmctld refuses it as an RPC's credential
     /// for another reason: its payload is not the hash of an RPC.)
     pub fn encode(&self, payload: &str, decoder: u32) -> Result<String, String> {
-        let out = self
-            .cmd("munge")
-            .args(["-u", &decoder.to_string(), "-s", payload])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run munge: {e} (is the munge package installed?)"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "munged is not running or refused the credential: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        self.munge(&["-u", &decoder.to_string(), "-s", payload])
     }
 
     /// A credential of this process's uid carrying `payload` that any uid may decode:
     /// bftrainerd's proof to query clients that it runs as root.
     pub fn encode_for_anyone(&self, payload: &str) -> Result<String, String> {
+        self.munge(&["-s", payload])
+    }
+
+    /// Runs `munge ARGS` and returns the credential it printed.
+    fn munge(&self, args: &[&str]) -> Result<String, String> {
         let out = self
             .cmd("munge")
-            .args(["-s", payload])
+            .args(args)
             .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("cannot run munge: {e} (is the munge package installed?)"))?;
