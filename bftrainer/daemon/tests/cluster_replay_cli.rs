@@ -81,8 +81,9 @@ fn cluster_replay_from_sacct_cli_reports_the_recorded_idle_time() {
         .arg(&jobs)
         // The identity below (every idle node-second harvested) is the model's without
         // bftrainerd's own rules (release before a planned start, reclaim hold, start
-        // latency), which keep some idle time from the job on purpose.
-        .args(["--json", "--quiet", "--no-daemon-rules"])
+        // latency), which keep some idle time from the job on purpose, and without the
+        // floors of rescale costs that come with fair shares (the job declares none).
+        .args(["--json", "--quiet", "--no-daemon-rules", "--no-fair-share"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
