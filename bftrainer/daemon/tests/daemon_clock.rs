@@ -58,11 +58,18 @@ struct Clocks {
     slurm: f64,
 }
 
+thread_local! {
+    /// A monotonic clock for `Daemon::use_elapsed_clock` (bftrainerd's is
+    /// CLOCK_MONOTONIC): a second passes on it per cycle, whatever the wall clock does.
+    static MONO: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+}
+
 /// `n` cycles; Slurm starts the released jobs (satellites too unless `hold_sats`).
 fn run(d: &mut Daemon<GenCluster>, c: &mut Clocks, n: usize, hold_sats: bool) {
     for _ in 0..n {
         c.wall += 1.0;
         c.slurm += 1.0;
+        MONO.with(|m| m.set(m.get() + 1.0));
         if hold_sats {
             // Only the core starts: its satellites wait (their request is not met).
             let sats: Vec<u32> = d
@@ -151,6 +158,19 @@ fn a_clock_stepped_back_mid_shrink_cancels_after_the_grace() {
     };
     let mut d = grown(None, &mut c);
     shrink_with_a_step(&mut d, &mut c, -HOUR);
+}
+
+#[test]
+fn with_the_elapsed_clock_a_clock_stepped_forward_mid_shrink_cancels_after_the_grace() {
+    // Without a monotonic clock a step forward is time passed (it cannot be told from
+    // a long pause); bftrainerd runs its timers on CLOCK_MONOTONIC, so it is not.
+    let mut c = Clocks {
+        wall: 3_000_000_000.0,
+        slurm: 3_000_000_000.0,
+    };
+    let mut d = grown(None, &mut c);
+    d.use_elapsed_clock(Box::new(|| MONO.with(|m| m.get())));
+    shrink_with_a_step(&mut d, &mut c, HOUR);
 }
 
 /// Slurm preempts the running core (PreemptTime on slurmctld's clock): the daemon

@@ -252,6 +252,9 @@ pub struct CycleReport {
     pub decide_s: f64,
 }
 
+/// A monotonic clock in seconds (`Daemon::use_elapsed_clock`).
+pub type ElapsedClock = Box<dyn FnMut() -> f64 + Send>;
+
 pub struct Daemon<C: Cluster> {
     pub cfg: Config,
     pub cluster: C,
@@ -282,6 +285,11 @@ pub struct Daemon<C: Cluster> {
     /// The wall-clock time (`now` as given) that `last_t` stands for: engine time
     /// advances by the wall clock's steps forward from it, never back (`engine_now`).
     last_wall: f64,
+    /// A monotonic clock (seconds on its own scale) and its reading that `last_t`
+    /// stands for: set, engine time advances by it instead of the wall clock's steps
+    /// forward, so a clock stepped forward shortens no timer either
+    /// (`use_elapsed_clock`; bftrainerd sets it, tests drive wall time alone).
+    elapsed_clock: Option<(ElapsedClock, f64)>,
     /// Engine time minus the wall clock's, as of the last cycle: what turns Slurm's
     /// timestamps (wall-clock) into engine time (`slurm_t`).
     wall_offset: f64,
@@ -444,6 +452,7 @@ impl<C: Cluster> Daemon<C> {
             refused: HashSet::new(),
             last_t: f64::NEG_INFINITY,
             last_wall: f64::NAN,
+            elapsed_clock: None,
             wall_offset: 0.0,
             last_full: f64::NEG_INFINITY,
             outage_since: None,
@@ -637,16 +646,34 @@ impl<C: Cluster> Daemon<C> {
     /// from there: a journal written under a clock ahead (future timestamps) is not
     /// waited out.
     fn engine_now(&mut self, wall: f64) -> f64 {
+        let elapsed = match self.elapsed_clock.as_mut() {
+            Some((clock, last)) => {
+                let m = clock();
+                let e = (m - *last).max(0.0);
+                *last = m;
+                e
+            }
+            None => (wall - self.last_wall).max(0.0),
+        };
         let t = if self.last_wall.is_nan() {
             wall.max(self.last_t)
         } else {
-            self.last_t + (wall - self.last_wall).max(0.0)
+            self.last_t + elapsed
         };
         let t = if t.is_finite() { t } else { wall };
         self.last_t = t;
         self.last_wall = wall;
         self.wall_offset = t - wall;
         t
+    }
+
+    /// Makes engine time advance by `clock` (seconds, monotonic: bftrainerd passes
+    /// CLOCK_MONOTONIC's) between calls instead of by the wall clock's steps forward:
+    /// then neither a clock stepped back nor one stepped forward changes how long a
+    /// timer runs. Slurm's timestamps are still mapped through the wall clock
+    /// (`slurm_t`).
+    pub fn use_elapsed_clock(&mut self, clock: ElapsedClock) {
+        self.elapsed_clock = Some((clock, f64::NAN));
     }
 
     /// A Slurm timestamp (slurmctld's wall clock) in engine time.
@@ -734,6 +761,9 @@ impl<C: Cluster> Daemon<C> {
         let poll_s = if self.still_clock { 0.0 } else { poll_s };
         let now = now + poll_s;
         self.last_wall = wall + poll_s;
+        if let Some((_, last)) = self.elapsed_clock.as_mut() {
+            *last += poll_s;
+        }
         self.clock = now;
         self.poll_times.push(rep.poll_s);
         match refreshed {

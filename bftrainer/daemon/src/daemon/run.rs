@@ -94,6 +94,9 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     );
     let mut daemon = Daemon::new(cfg, SlurmCluster::new(slurm), Some(journal), &records)?;
     daemon.lease = lease;
+    // Timers run on elapsed time: a wall clock stepped either way shortens none.
+    let started = std::time::Instant::now();
+    daemon.use_elapsed_clock(Box::new(move || started.elapsed().as_secs_f64()));
     drop(records);
     if daemon.engine().lending() != bftrainer_core::engine::Lending::Open {
         log::warn!(
