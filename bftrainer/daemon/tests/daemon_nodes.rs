@@ -265,7 +265,7 @@ type Breaks = fn(&mut Daemon<GenCluster>, bool);
 #[test]
 fn partitions_that_break_a_check_at_runtime_stop_lending_until_fixed() {
     let (mut d, mut now) = grown("");
-    let cases: [(&str, Breaks); 3] = [
+    let cases: [(&str, Breaks); 4] = [
         ("PriorityTier", |d, broken| {
             part_mut(d, "elastic-sat").priority_tier = if broken { 5 } else { 1 };
         }),
@@ -275,6 +275,19 @@ fn partitions_that_break_a_check_at_runtime_stop_lending_until_fixed() {
             } else {
                 bftrainer_slurm::Partition::PREEMPT_REQUEUE
             };
+        }),
+        // slurmctld reconfigured without preemption (a reconfigure rebuilds the
+        // partitions, which is when the daemon reads PreemptType again).
+        ("PreemptType=preempt/none", |d, broken| {
+            d.cluster.preempt_type = Some(
+                if broken {
+                    "preempt/none"
+                } else {
+                    "preempt/partition_prio"
+                }
+                .into(),
+            );
+            d.cluster.dirty = true;
         }),
         // SIGHUP: a config naming a partition slurmctld does not have.
         ("no partition 'ghost'", |d, broken| {

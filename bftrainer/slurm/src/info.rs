@@ -508,6 +508,12 @@ impl Slurm {
             .ok_or_else(|| crate::Error::from_code("slurm_load_ctl_conf", slurm_sys::SLURM_ERROR))
     }
 
+    /// PreemptType as slurmctld reports it (`preempt/partition_prio`), if set.
+    pub fn preempt_type(&self) -> Result<Option<String>> {
+        // SAFETY: the field is NULL or a C string owned by the message.
+        self.ctl_conf(|c| unsafe { opt_string(c.preempt_type) })
+    }
+
     /// The release slurmctld runs, as it reports it ("24.11.5"), if it says.
     pub fn controller_version(&self) -> Result<Option<String>> {
         // SAFETY: the field is NULL or a C string owned by the message.

@@ -158,6 +158,24 @@ impl Config {
     }
 }
 
+/// Checks slurmctld's PreemptType (read with the partitions): without preemption no
+/// regular job can take a lent node back, so lending stops. `preempt/partition_prio`
+/// is what conf/slurm.conf.fragment sets and the tests run; `preempt/qos` is the site
+/// alternative docs/admin.md describes.
+pub fn check_preempt_type(cfg: &Config, preempt_type: Option<&str>) -> Result<(), String> {
+    const ALLOWED: [&str; 2] = ["preempt/partition_prio", "preempt/qos"];
+    match preempt_type.map(str::trim) {
+        Some(t) if ALLOWED.contains(&t) => Ok(()),
+        other => Err(format!(
+            "{}: slurmctld runs PreemptType={}: regular jobs could not preempt elastic jobs on lent nodes; set PreemptType={} (or {}) in slurm.conf (conf/slurm.conf.fragment) and `scontrol reconfigure`",
+            cfg.path.display(),
+            other.filter(|t| !t.is_empty()).unwrap_or("preempt/none"),
+            ALLOWED[0],
+            ALLOWED[1]
+        )),
+    }
+}
+
 /// Checks the config's partitions against slurmctld's (at start, at SIGHUP and whenever
 /// slurmctld's partitions change): they exist, none has PreemptMode=OFF, and the
 /// satellites' partition is a PriorityTier below the core jobs' (else a regular job's
@@ -633,6 +651,15 @@ mod tests {
             part("elastic-sat", 1),
         ];
         check_partitions(&c, &good).unwrap();
+        check_preempt_type(&c, Some("preempt/partition_prio")).unwrap();
+        check_preempt_type(&c, Some("preempt/qos")).unwrap();
+        for bad in [None, Some(""), Some("preempt/none")] {
+            let e = check_preempt_type(&c, bad).unwrap_err();
+            assert!(
+                e.contains("PreemptType=preempt/none") && e.contains("preempt/partition_prio"),
+                "{e}"
+            );
+        }
         let e = check_partitions(&c, &good[..2]).unwrap_err();
         assert!(
             e.contains("[policy] satellite_partition: slurmctld has no partition 'elastic-sat'; it has: batch, elastic"),

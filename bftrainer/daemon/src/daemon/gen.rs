@@ -31,6 +31,8 @@ pub struct GenCluster {
     pub calls: Calls,
     /// What `priority_inputs` answers (priority/basic by default).
     pub priority: (PriorityWeights, FairshareTable),
+    /// What `preempt_type` answers (`preempt/partition_prio` by default).
+    pub preempt_type: Option<String>,
     next_id: u32,
     /// Jobs already ended at the last `purge_ended`.
     ended: std::collections::HashSet<u32>,
@@ -137,6 +139,7 @@ impl GenCluster {
             dirty: true,
             calls: Calls::default(),
             priority: Default::default(),
+            preempt_type: Some("preempt/partition_prio".into()),
             next_id,
             ended: Default::default(),
         }
@@ -318,5 +321,8 @@ impl Cluster for GenCluster {
     }
     fn priority_inputs(&mut self) -> Result<(PriorityWeights, FairshareTable)> {
         Ok(self.priority.clone())
+    }
+    fn preempt_type(&mut self) -> Result<Option<String>> {
+        Ok(self.preempt_type.clone())
     }
 }

@@ -617,7 +617,16 @@ impl<C: Cluster> Daemon<C> {
     /// resumes once it holds again.
     fn check_partitions(&mut self) {
         self.recheck_partitions = false;
-        let fault = config::check_partitions(&self.cfg, self.cluster.partitions()).err();
+        let mut fault = config::check_partitions(&self.cfg, self.cluster.partitions()).err();
+        if fault.is_none() {
+            // PreemptType is slurmctld's config: read when the partitions change (a
+            // reconfigure rebuilds them), at start and at SIGHUP. Unknown now (an
+            // error): the partitions' verdict stands.
+            match self.cluster.preempt_type() {
+                Ok(t) => fault = config::check_preempt_type(&self.cfg, t.as_deref()).err(),
+                Err(e) => log::warn!("cannot read slurmctld's PreemptType now ({e})"),
+            }
+        }
         match (&self.partition_fault, &fault) {
             (None, Some(f)) => self.error(format!(
                 "lending stopped: {f}; running elastic jobs are left to Slurm until the partitions are fixed"
@@ -1081,6 +1090,10 @@ mod tests {
             self.wait();
             self.inner.priority_inputs()
         }
+        fn preempt_type(&mut self) -> cluster::Result<Option<String>> {
+            self.wait();
+            self.inner.preempt_type()
+        }
     }
 
     /// The generated cluster, refusing satellites with Slurm error `refuse` while set.
@@ -1145,6 +1158,9 @@ mod tests {
         }
         fn priority_inputs(&mut self) -> cluster::Result<(PriorityWeights, FairshareTable)> {
             self.inner.priority_inputs()
+        }
+        fn preempt_type(&mut self) -> cluster::Result<Option<String>> {
+            self.inner.preempt_type()
         }
     }
 
