@@ -273,13 +273,9 @@ mod tests {
         assert_eq!(d.names(d.engine.job_anchors(jid)), "n1");
     }
 
-    #[test]
-    fn a_running_core_off_the_engines_first_pick_is_adopted_not_requeued() {
-        // The case that requeued before adoption: the core runs on n3 (Slurm put it
-        // there after an earlier requeue), the satellites on n1, n2 and n4. A fresh
-        // engine admitted the job "onto n[1-4]" with its core on n1, and reconcile
-        // requeued the core for running off its core nodes.
-        let (mut cluster, cfg, _state, now) = grown("");
+    /// Swaps the running jobs on n1 and n3 (the core and a satellite), as Slurm would
+    /// have placed them after an earlier requeue; `pinned`: their node requests too.
+    fn swap_n1_and_n3(cluster: &mut GenCluster, pinned: bool) {
         for j in cluster.jobs.iter_mut() {
             if j.state.base() != JobBase::Running {
                 continue;
@@ -290,9 +286,21 @@ mod tests {
                 _ => continue,
             };
             j.nodes = Some(moved.to_string());
-            j.req_nodes = Some(moved.to_string());
+            if pinned {
+                j.req_nodes = Some(moved.to_string());
+            }
         }
         cluster.dirty = true;
+    }
+
+    #[test]
+    fn a_running_core_off_the_engines_first_pick_is_adopted_not_requeued() {
+        // The case that requeued before adoption: the core runs on n3 (Slurm put it
+        // there after an earlier requeue), the satellites on n1, n2 and n4. A fresh
+        // engine admitted the job "onto n[1-4]" with its core on n1, and reconcile
+        // requeued the core for running off its core nodes.
+        let (mut cluster, cfg, _state, now) = grown("");
+        swap_n1_and_n3(&mut cluster, true);
         let before = running_sats(&cluster);
         let calls = cluster.calls.clone();
         let d = run_fresh(cluster, cfg, &[], now, 20);
@@ -347,18 +355,7 @@ mod tests {
         let mut cluster = d0.cluster;
         let (_, records) = journal::Journal::open(state.path()).unwrap();
         assert!(!records.is_empty());
-        for j in cluster.jobs.iter_mut() {
-            if j.state.base() != JobBase::Running {
-                continue;
-            }
-            let moved = match j.nodes.as_deref() {
-                Some("n1") => "n3",
-                Some("n3") => "n1",
-                _ => continue,
-            };
-            j.nodes = Some(moved.to_string());
-        }
-        cluster.dirty = true;
+        swap_n1_and_n3(&mut cluster, false);
         let before = running_sats(&cluster);
         let calls = cluster.calls.clone();
         let d = run_fresh(cluster, cfg, &records, now, 20);
