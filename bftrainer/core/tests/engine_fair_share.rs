@@ -250,6 +250,41 @@ fn measured_rates_feed_the_allocator() {
     assert_eq!(run(true), (1, 7));
 }
 
+/// The size of a measurement is the owner's word (bft-run's `nodes=` in the Comment):
+/// one outside the job's own range is no measurement, so it neither bends the curve nor
+/// grows the job's list of points.
+#[test]
+fn measured_rates_at_sizes_outside_the_jobs_range_are_ignored() {
+    let mut e = engine(EngineConfig::default(), 8);
+    let flat = submit(
+        &mut e,
+        ElasticSpec {
+            objective: Curve::new(vec![(1, 1.0), (8, 16.0)]),
+            ..spec("flat", 1, 1, 8)
+        },
+        0.0,
+    );
+    let scales = submit(&mut e, spec("scales", 1, 1, 8), 0.0);
+    // A genuine point at 1 node keeps the declared shape; a claimed flat rate at 9
+    // nodes (above the job's max of 8) would flatten the curve at 8 if it were taken.
+    for (nodes, rate) in [(1, 100.0), (0, 1.0), (9, 100.5), (u32::MAX, 100.5)] {
+        e.on_event(
+            &Event::Progress {
+                job: flat,
+                samples_per_s: rate,
+                remaining: None,
+                nodes: Some(nodes),
+            },
+            0.0,
+        )
+        .unwrap();
+    }
+    tick(&mut e, 0.0);
+    // The declared shape stands (`measured_rates_feed_the_allocator`: a flat curve
+    // gives (1, 7)).
+    assert_eq!((held(&e, flat), held(&e, scales)), (8, 0));
+}
+
 /// Rescale costs below the configured floors count as the floors.
 #[test]
 fn declared_rescale_costs_have_a_floor() {

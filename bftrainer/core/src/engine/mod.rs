@@ -1041,10 +1041,13 @@ impl<A: Allocator> Engine<A> {
                 let slot = &mut self.jobs[*job as usize];
                 slot.measured_rate = Some(*samples_per_s);
                 // A rate is a point of the job's curve at the size it was measured on;
-                // a bad one (not finite, negative) is no measurement.
+                // a bad one (not finite, negative, or at a size outside the job's own
+                // range: the size comes from the owner's Comment) is no measurement, so
+                // a job keeps at most `max - min + 1` points.
                 let n = nodes.unwrap_or(slot.nodes.len() as u32);
                 let r = *samples_per_s;
-                if n >= 1 && r.is_finite() && r >= 0.0 {
+                let in_range = (slot.spec.min_nodes..=slot.spec.max_nodes).contains(&n);
+                if in_range && r.is_finite() && r >= 0.0 {
                     match slot.measured.binary_search_by_key(&n, |m| m.0) {
                         Ok(i) if slot.measured[i].1 == r => {}
                         Ok(i) => {
