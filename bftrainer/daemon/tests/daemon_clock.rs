@@ -4,7 +4,7 @@
 //! Slurm's timestamps come from slurmctld's own clock, which the tests keep apart.
 
 use bftrainer_core::engine::{JobStatus, Lending};
-use bftrainer_daemon::daemon::gen::{job, node, partition, GenCluster};
+use bftrainer_daemon::daemon::gen::{held_cores, GenCluster};
 use bftrainer_daemon::daemon::journal::Journal;
 use bftrainer_daemon::daemon::{config, Daemon};
 use bftrainer_slurm::JobBase;
@@ -19,18 +19,7 @@ fn cluster() -> GenCluster {
 
 /// `n` idle nodes and one held elastic core job of 1 to 4 nodes.
 fn cluster_of(n: usize) -> GenCluster {
-    let names: Vec<String> = (1..=n).map(|i| format!("n{i}")).collect();
-    let parts = ["batch", "elastic", "elastic-sat"];
-    let nodes = names.iter().map(|n| node(n.clone(), &parts)).collect();
-    let partitions = vec![
-        partition("batch", &names, 10),
-        partition("elastic", &names, 2),
-        partition("elastic-sat", &names, 1),
-    ];
-    let mut j = job(1, "elastic", JobBase::Pending);
-    j.admin_comment = Some("bftrainer:v1 1:4,role=core".into());
-    j.priority = 0;
-    GenCluster::new(nodes, partitions, vec![j])
+    held_cores(n, 1, "1:4")
 }
 
 fn daemon(dir: Option<&Path>, c: GenCluster) -> Daemon<GenCluster> {

@@ -4,25 +4,14 @@
 //! clusters (tests/cluster_daemon.rs).
 
 use bftrainer_core::engine::JobStatus;
-use bftrainer_daemon::daemon::gen::{job, node, partition, GenCluster};
+use bftrainer_daemon::daemon::gen::{held_cores, job, node, partition, GenCluster};
 use bftrainer_daemon::daemon::{config, Daemon};
 use bftrainer_slurm::{JobBase, NodeBase, NodeState};
 use std::path::Path;
 
 /// Four idle nodes and one held elastic core job of 1 to 4 nodes.
 fn cluster() -> GenCluster {
-    let names: Vec<String> = (1..=4).map(|i| format!("n{i}")).collect();
-    let parts = ["batch", "elastic", "elastic-sat"];
-    let nodes = names.iter().map(|n| node(n.clone(), &parts)).collect();
-    let partitions = vec![
-        partition("batch", &names, 10),
-        partition("elastic", &names, 2),
-        partition("elastic-sat", &names, 1),
-    ];
-    let mut j = job(1, "elastic", JobBase::Pending);
-    j.admin_comment = Some("bftrainer:v1 1:4,role=core".into());
-    j.priority = 0;
-    GenCluster::new(nodes, partitions, vec![j])
+    held_cores(4, 1, "1:4")
 }
 
 fn cfg(extra: &str) -> config::Config {

@@ -9,7 +9,7 @@
 //! itself does is tested on real clusters (tests/cluster_daemon.rs).
 
 use bftrainer_core::engine::{EngineState, Event, JobStatus};
-use bftrainer_daemon::daemon::gen::{job, node, partition, GenCluster};
+use bftrainer_daemon::daemon::gen::{held_cores, GenCluster};
 use bftrainer_daemon::daemon::journal::{Journal, JOURNAL_FILE};
 use bftrainer_daemon::daemon::{config, Daemon};
 use bftrainer_slurm::JobBase;
@@ -17,23 +17,7 @@ use std::path::Path;
 
 /// Six idle nodes and three held elastic core jobs of 1 to 2 nodes each.
 fn cluster() -> GenCluster {
-    let names: Vec<String> = (1..=6).map(|i| format!("n{i}")).collect();
-    let parts = ["batch", "elastic", "elastic-sat"];
-    let nodes = names.iter().map(|n| node(n.clone(), &parts)).collect();
-    let partitions = vec![
-        partition("batch", &names, 10),
-        partition("elastic", &names, 2),
-        partition("elastic-sat", &names, 1),
-    ];
-    let jobs = (1..=3)
-        .map(|id| {
-            let mut j = job(id, "elastic", JobBase::Pending);
-            j.admin_comment = Some("bftrainer:v1 1:2,role=core".into());
-            j.priority = 0;
-            j
-        })
-        .collect();
-    GenCluster::new(nodes, partitions, jobs)
+    held_cores(6, 3, "1:2")
 }
 
 fn cfg(dir: &Path, engine: &str) -> config::Config {

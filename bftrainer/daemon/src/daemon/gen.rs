@@ -61,6 +61,29 @@ pub fn node(name: String, parts: &[&str]) -> Node {
     }
 }
 
+/// The small cluster of the daemon's tests: `n` idle nodes n1..nN in `batch` (tier
+/// 10), `elastic` (2) and `elastic-sat` (1), and `cores` held elastic core jobs (ids
+/// 1..=cores, each `--elastic=spec`) waiting for admission.
+pub fn held_cores(n: usize, cores: u32, spec: &str) -> GenCluster {
+    let names: Vec<String> = (1..=n).map(|i| format!("n{i}")).collect();
+    let parts = ["batch", "elastic", "elastic-sat"];
+    let nodes = names.iter().map(|n| node(n.clone(), &parts)).collect();
+    let partitions = vec![
+        partition("batch", &names, 10),
+        partition("elastic", &names, 2),
+        partition("elastic-sat", &names, 1),
+    ];
+    let jobs = (1..=cores)
+        .map(|id| {
+            let mut j = job(id, "elastic", JobBase::Pending);
+            j.admin_comment = Some(format!("bftrainer:v1 {spec},role=core"));
+            j.priority = 0;
+            j
+        })
+        .collect();
+    GenCluster::new(nodes, partitions, jobs)
+}
+
 /// A partition over `nodes` at PriorityTier `tier` (GraceTime 30 s; `batch` is the
 /// default one).
 pub fn partition(name: &str, nodes: &[String], tier: u16) -> Partition {
