@@ -85,3 +85,130 @@ def test_bad_arguments_and_mismatched_state_are_refused():
     d = ElasticSampler(10, 2).state_dict()
     with pytest.raises(ValueError, match="batch_size=2.*has 3"):
         ElasticSampler(10, 3).load_state_dict(d)
+
+
+# -- the keyed order and the global-batch form ------------------------------------------
+
+from bftrainer.sampler import KeyedOrder  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 15, 16, 17, 63, 64, 65, 255, 1000, 4097])
+def test_the_keyed_order_is_a_bijection_and_take_agrees_with_indexing(n):
+    for key in range(4):
+        o = KeyedOrder(n, key)
+        one_by_one = [o[i] for i in range(n)]
+        assert sorted(one_by_one) == list(range(n))
+        assert o.take(0, n) == one_by_one  # the numpy path from 64 positions up
+        assert all(o.position(s) == i for i, s in enumerate(one_by_one))
+
+
+@pytest.mark.parametrize("n", [10**3, 10**6, 10**10, 2**40])
+def test_large_orders_stay_inside_the_range_and_invert(n):
+    rng = random.Random(n)
+    o = KeyedOrder(n, 12345)
+    lo = rng.randrange(n - 300) if n > 300 else 0
+    window = o.take(lo, min(lo + 300, n))
+    assert len(set(window)) == len(window) and all(0 <= s < n for s in window)
+    for i in [0, n - 1] + [rng.randrange(n) for _ in range(200)]:
+        assert o.position(o[i]) == i
+
+
+def run_global(n, g, epochs, world_at, rollback_at=()):
+    """As run_epochs, with a fixed global batch; also checks each step's split."""
+    world = {"w": 1}
+
+    def make(rank):
+        return ElasticSampler(n, global_batch=g, seed=11, world=lambda: (rank, world["w"]))
+
+    lead = make(0)
+    used = [[] for _ in range(epochs)]
+    step = 0
+    while lead.epoch < epochs:
+        world["w"] = world_at(step)
+        saved = lead.state_dict()
+        if lead.consumed >= n:
+            lead.epoch, lead.consumed = lead.epoch + 1, 0
+            continue
+        taken = []
+        for r in range(world["w"]):
+            s = make(r)
+            s.load_state_dict(saved)
+            taken.append(s.take())
+            last = s
+        sizes = [len(t) for t in taken]
+        assert sum(sizes) == min(g, n - saved["consumed"]) and max(sizes) - min(sizes) <= 1
+        lead.load_state_dict(last.state_dict())
+        if step in rollback_at:
+            lead.load_state_dict(saved)
+        else:
+            for t in taken:
+                used[saved["epoch"]].extend(t)
+        step += 1
+    return used
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_global_batch_takes_exactly_once_per_epoch_whatever_the_world_does(seed):
+    rng = random.Random(seed)
+    n, g, epochs = rng.randint(1, 3000), rng.randint(1, 97), 2
+    sizes = [rng.randint(1, 9) for _ in range(10_000)]
+    rollbacks = {s for s in range(10_000) if rng.random() < 0.1}
+    used = run_global(n, g, epochs, lambda s: sizes[s], rollbacks)
+    for e in range(epochs):
+        assert sorted(used[e]) == list(range(n)), f"epoch {e}"
+
+
+def test_a_global_batch_step_is_the_same_samples_whatever_the_world():
+    def step_samples(world, n=10**10):
+        out = []
+        for r in range(world):
+            s = ElasticSampler(n, global_batch=1000, seed=5, world=lambda r=r: (r, world))
+            s.consumed = 123_456_789
+            out.extend(s.take())
+        return out
+
+    one = step_samples(1)
+    assert len(one) == 1000 and len(set(one)) == 1000
+    for w in (2, 3, 7, 16):
+        assert step_samples(w) == one
+
+
+def test_micro_batches_cover_the_share_with_weights_summing_to_one():
+    s = ElasticSampler(100, global_batch=10, micro_batch=3, world=lambda: (0, 1))
+    idx = s.take()
+    pieces = list(s.micro_batches(idx))
+    assert [len(p) for p, _ in pieces] == [3, 3, 3, 1]
+    assert [i for p, _ in pieces for i in p] == idx
+    assert sum(w for _, w in pieces) == pytest.approx(1.0)
+    assert list(s.micro_batches([])) == []
+
+
+def test_forms_are_exclusive_and_a_changed_global_batch_is_refused():
+    with pytest.raises(ValueError, match="either batch_size"):
+        ElasticSampler(10)
+    with pytest.raises(ValueError, match="either batch_size"):
+        ElasticSampler(10, 2, global_batch=4)
+    with pytest.raises(ValueError, match="global_batch must be a positive"):
+        ElasticSampler(10, global_batch=0)
+    with pytest.raises(ValueError, match="micro_batch must be a positive"):
+        ElasticSampler(10, global_batch=4, micro_batch=-1)
+    d = ElasticSampler(10, global_batch=4).state_dict()
+    with pytest.raises(ValueError, match="global_batch=4.*has 8"):
+        ElasticSampler(10, global_batch=8).load_state_dict(d)
+    with pytest.raises(ValueError, match="batch_size=None.*has 4"):
+        ElasticSampler(10, 4).load_state_dict(d)
+
+
+def test_an_older_checkpoint_ends_its_epoch_in_its_own_order():
+    n = 50
+    legacy = list(range(n))
+    random.Random(3 * 1_000_003 + 0).shuffle(legacy)  # the order of release <= 0.1 (seed 3, epoch 0)
+    old_state = {"num_samples": n, "batch_size": 5, "seed": 3, "shuffle": True, "epoch": 0, "consumed": 20, "total": 20}
+    s = ElasticSampler(n, 5, seed=3, world=lambda: (0, 1))
+    s.load_state_dict(old_state)
+    rest = [i for b in s for i in b]
+    assert rest == legacy[20:]
+    assert s.epoch == 1 and s.state_dict()["order"] == 2
+    legacy_next = list(range(n))
+    random.Random(3 * 1_000_003 + 1).shuffle(legacy_next)
+    assert sorted(s.permutation()) == list(range(n)) and s.permutation() != legacy_next
