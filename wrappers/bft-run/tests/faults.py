@@ -10,6 +10,11 @@ SIGNAL (KILL, STOP or TERM) to a worker chosen by TARGET (``worker``: a member o
 ``rebuild``: a new process group, ``transfer``: the state sent to a newcomer), seen in
 the library's phase trace (BFT_TRACE; BFT_TRACE_PAUSE holds short phases open).
 
+With FAULTS_GLOBAL_BATCH=G in the environment the job trains with a fixed global
+batch of G samples (``--global-batch``), and its per-step losses must equal, within a
+relative 1e-4, those of the same training run alone (one process, no bft-run): the
+result does not depend on the joins, leaves, kills and rollbacks.
+
 Checked at the end: the job finished (exit 0); every sample was used exactly once per
 epoch; no worker other than a target was killed or dropped; each stopped worker was
 killed within the hang timeout (+ slack), and each killed one was out of the
@@ -37,6 +42,8 @@ TRAIN = os.path.join(REPO, "wrappers", "python", "examples", "train.py")
 CHECK = os.path.join(REPO, "wrappers", "python", "tests")
 HANG = 5.0  # --hang-timeout of these jobs (seconds): short, but not so short that a loaded machine starves a heartbeat
 SAMPLES, EPOCHS = 768, 2
+# Per-step loss against a static run, relative: fp32 on CPU, sums over other splits.
+LOSS_RTOL = 1e-4
 
 
 def munged(d: str) -> Tuple[subprocess.Popen, str]:
@@ -111,9 +118,11 @@ def main() -> int:
     # more steps; a job that runs out of samples before the plan ends fails the test.
     per_fault = 10 if step >= 1 else 250
     samples = 16 * 3 * (10 + per_fault * len(plan))
+    global_batch = os.environ.get("FAULTS_GLOBAL_BATCH")
+    batch = ["--global-batch", global_batch] if global_batch else ["--batch", "16"]
     args = [bft, "--local", "2", "--hang-timeout", str(HANG), "--broken-timeout", "3",
             "--max-restarts", "20", "--coord-file", coord_file, "--",
-            sys.executable, TRAIN, "--samples", str(samples), "--batch", "16", "--epochs", str(epochs),
+            sys.executable, TRAIN, "--samples", str(samples), *batch, "--epochs", str(epochs),
             "--step-sleep", str(step), "--log-dir", os.path.join(d, "samples")]
     core = subprocess.Popen(args, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, cwd=d)
     trace = Trace(env["BFT_TRACE"])
@@ -277,6 +286,19 @@ def main() -> int:
 
         res = check(os.path.join(d, "samples"), samples, epochs)
         print(f"samples ok: {res}", flush=True)
+        if global_batch:
+            from check_samples import compare_losses, step_losses
+
+            solo_dir = os.path.join(d, "solo")
+            solo_env = {k: v for k, v in env.items() if not k.startswith("BFT_")}
+            solo_env["PYTHONPATH"] = env["PYTHONPATH"]
+            subprocess.run(
+                [sys.executable, TRAIN, "--samples", str(samples), *batch, "--epochs", str(epochs),
+                 "--log-dir", solo_dir],
+                env=solo_env, check=True, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            same = compare_losses(step_losses(os.path.join(d, "samples")), step_losses(solo_dir), LOSS_RTOL)
+            print(f"losses as a static run: {same}", flush=True)
         ok = True
         print("MATRIX OK", flush=True)
         return 0

@@ -19,6 +19,8 @@ import bftrainer
 p = argparse.ArgumentParser()
 p.add_argument("--samples", type=int, default=4096, help="dataset size")
 p.add_argument("--batch", type=int, default=32, help="per-rank batch size")
+p.add_argument("--global-batch", type=int, default=None,
+               help="samples per step whatever the world (instead of --batch): results do not depend on the nodes lent")
 p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--lr", type=float, default=0.05)
 p.add_argument("--hidden", type=int, default=64, help="width of the hidden layer")
@@ -43,7 +45,10 @@ X, Y = X.to(dev), Y.to(dev)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1)).to(dev)
 opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-sampler = bftrainer.ElasticSampler(args.samples, batch_size=args.batch, seed=42)
+if args.global_batch:
+    sampler = bftrainer.ElasticSampler(args.samples, global_batch=args.global_batch, seed=42)
+else:
+    sampler = bftrainer.ElasticSampler(args.samples, batch_size=args.batch, seed=42)
 state = bftrainer.State(
     model=model,
     optimizer=opt,
@@ -77,6 +82,11 @@ def train(state):
                 loss.backward()
                 epoch_loss += loss.item() * len(idx)
                 epoch_n += len(idx)
+                if log:
+                    # This rank's share of the step's loss (before the update): the
+                    # checker sums the ranks of the committed run of each step.
+                    log.write(f"L {bftrainer.generation()} {state.step + 1} {bftrainer.rank()} "
+                              f"{loss.item() * len(idx)!r} {len(idx)}\n")
             bftrainer.allreduce_gradients(model, len(idx))
             opt.step()
             if args.step_sleep:

@@ -68,6 +68,49 @@ def check(log_dir: str, num_samples: int, epochs: int) -> Dict[str, int]:
     return {"steps": last, "samples": total, "rerun_steps": rollbacks}
 
 
+def step_losses(log_dir: str) -> Dict[int, float]:
+    """The loss of each step of the committed lineage, over the whole step: from the
+    ``L <gen> <step> <rank> <loss_sum> <n>`` lines of examples/train.py
+    (``--log-dir``), the run of the highest generation of each step, summed over its
+    ranks and divided by the step's samples."""
+    runs: Dict[int, Dict[int, Dict[int, Tuple[float, int]]]] = collections.defaultdict(dict)
+    for name in sorted(os.listdir(log_dir)):
+        with open(os.path.join(log_dir, name)) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) != 6 or parts[0] != "L":
+                    continue
+                gen, step, rank = (int(x) for x in parts[1:4])
+                runs[step].setdefault(gen, {})[rank] = (float(parts[4]), int(parts[5]))
+    out: Dict[int, float] = {}
+    for step, gens in runs.items():
+        by_rank = gens[max(gens)]
+        n = sum(k for _, k in by_rank.values())
+        out[step] = sum(v for v, _ in by_rank.values()) / n if n else float("nan")
+    return out
+
+
+def compare_losses(elastic: Dict[int, float], static: Dict[int, float], rtol: float) -> Dict[str, float]:
+    """Every step of the static run was run by the elastic one, with a loss equal
+    within ``rtol`` (relative); returns the step count and the largest difference."""
+    if not static:
+        raise AssertionError("the static run logged no losses")
+    missing = sorted(set(static) - set(elastic))
+    if missing:
+        raise AssertionError(f"steps of the static run missing from the elastic one: {missing[:10]}")
+    worst, at = 0.0, 0
+    for step, ref in sorted(static.items()):
+        d = abs(elastic[step] - ref) / max(abs(ref), 1e-12)
+        if d > worst:
+            worst, at = d, step
+        if d > rtol:
+            raise AssertionError(
+                f"step {step}: loss {elastic[step]!r} elastic against {ref!r} static, "
+                f"relative difference {d:.2e} over {rtol:.0e}"
+            )
+    return {"steps": len(static), "max_rel_diff": worst, "at_step": at}
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 4:
         sys.exit(__doc__)

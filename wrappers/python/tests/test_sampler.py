@@ -212,3 +212,19 @@ def test_an_older_checkpoint_ends_its_epoch_in_its_own_order():
     legacy_next = list(range(n))
     random.Random(3 * 1_000_003 + 1).shuffle(legacy_next)
     assert sorted(s.permutation()) == list(range(n)) and s.permutation() != legacy_next
+
+
+def test_the_loss_comparison_of_the_runtime_tests_catches_a_difference(tmp_path):
+    import sys as _sys
+
+    _sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from check_samples import compare_losses, step_losses
+
+    (tmp_path / "a.log").write_text("L 1 1 0 2.0 2\nL 1 1 1 4.0 2\nL 1 2 0 9.0 3\nL 2 2 0 3.0 3\n")
+    losses = step_losses(str(tmp_path))
+    assert losses == {1: 1.5, 2: 1.0}  # step 2: the later generation's run counts
+    assert compare_losses(losses, {1: 1.5, 2: 1.00005}, 1e-4)["steps"] == 2
+    with pytest.raises(AssertionError, match="step 2: loss"):
+        compare_losses(losses, {1: 1.5, 2: 1.001}, 1e-4)
+    with pytest.raises(AssertionError, match="missing"):
+        compare_losses(losses, {3: 1.0}, 1e-4)
