@@ -10,7 +10,8 @@ SIGNAL (KILL, STOP or TERM) to a worker chosen by TARGET (``worker``: a member o
 ``rebuild``: a new process group, ``transfer``: the state sent to a newcomer), seen in
 the library's phase trace (BFT_TRACE; BFT_TRACE_PAUSE holds short phases open).
 
-With FAULTS_GLOBAL_BATCH=G in the environment the job trains with a fixed global
+With FAULTS_DATALOADER=1 the job reads its samples from a file through a DataLoader
+with worker processes and prefetch. With FAULTS_GLOBAL_BATCH=G in the environment the job trains with a fixed global
 batch of G samples (``--global-batch``), and its per-step losses must equal, within a
 relative 1e-4, those of the same training run alone (one process, no bft-run): the
 result does not depend on the joins, leaves, kills and rollbacks.
@@ -120,6 +121,10 @@ def main() -> int:
     samples = 16 * 3 * (10 + per_fault * len(plan))
     global_batch = os.environ.get("FAULTS_GLOBAL_BATCH")
     batch = ["--global-batch", global_batch] if global_batch else ["--batch", "16"]
+    # FAULTS_DATALOADER=1: the job reads its samples from a file through a DataLoader
+    # with 2 worker processes and prefetch (ElasticDataLoader).
+    if os.environ.get("FAULTS_DATALOADER"):
+        batch += ["--data-dir", os.path.join(d, "data")]
     args = [bft, "--local", "2", "--hang-timeout", str(HANG), "--broken-timeout", "3",
             "--max-restarts", "20", "--coord-file", coord_file, "--",
             sys.executable, TRAIN, "--samples", str(samples), *batch, "--epochs", str(epochs),

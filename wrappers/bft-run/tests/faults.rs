@@ -7,8 +7,9 @@
 //! bound. At 0.05 s steps every signal meets every target in every phase (27 faults);
 //! at 5 s steps each signal meets each target once and each phase once (9 faults).
 //!
-//! The SIGKILL matrix at 0.05 s trains with a fixed global batch and checks that every
-//! step's loss equals that of the same training run alone (issue 32).
+//! The SIGKILL matrix at 0.05 s trains with a fixed global batch, reads its samples
+//! through a DataLoader with worker processes, and checks that every step's loss equals
+//! that of the same training run alone (issue 32).
 //!
 //! It needs the virtualenv with torch (`BFT_VENV`, default /opt/bftrainer-venv, made by
 //! scripts/python-env, as `make test` does) and munged.
@@ -29,12 +30,13 @@ const ALL: &[&str] = &[
 ];
 
 fn matrix(step: &str, signal: &str, plan: &[&str]) {
-    run_matrix(step, signal, plan, None);
+    run_matrix(step, signal, plan, &[]);
 }
 
-/// The matrix with a fixed global batch of `global_batch` samples a step: the per-step
-/// losses must then equal those of the same training run alone (faults.py checks).
-fn run_matrix(step: &str, signal: &str, plan: &[&str], global_batch: Option<&str>) {
+/// The matrix with faults.py's options in `env`: FAULTS_GLOBAL_BATCH=G (a fixed global
+/// batch; the per-step losses must then equal those of the same training run alone),
+/// FAULTS_DATALOADER=1 (samples read from a file through a DataLoader with workers).
+fn run_matrix(step: &str, signal: &str, plan: &[&str], env: &[(&str, &str)]) {
     let venv =
         PathBuf::from(std::env::var("BFT_VENV").unwrap_or_else(|_| "/opt/bftrainer-venv".into()));
     let python = venv.join("bin/python");
@@ -44,11 +46,8 @@ fn run_matrix(step: &str, signal: &str, plan: &[&str], global_batch: Option<&str
         python.display()
     );
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/faults.py");
-    let mut cmd = Command::new(&python);
-    if let Some(g) = global_batch {
-        cmd.env("FAULTS_GLOBAL_BATCH", g);
-    }
-    let o = cmd
+    let o = Command::new(&python)
+        .envs(env.iter().copied())
         .arg(script)
         .arg(env!("CARGO_BIN_EXE_bft-run"))
         .args([step, signal])
@@ -68,11 +67,17 @@ fn run_matrix(step: &str, signal: &str, plan: &[&str], global_batch: Option<&str
     }
 }
 
-/// Also the reproducibility check of a fixed global batch: joins, graceful leaves of
-/// the extra agents, nine kills and their rollbacks, and the losses of a run alone.
+/// Also the reproducibility check of a fixed global batch read through a DataLoader
+/// with prefetching workers: joins, graceful leaves of the extra agents, nine kills and
+/// their rollbacks, and every step's loss against a run alone.
 #[test]
 fn faults_at_50ms_steps_sigkill() {
-    run_matrix("0.05", "KILL", ALL, Some("32"));
+    run_matrix(
+        "0.05",
+        "KILL",
+        ALL,
+        &[("FAULTS_GLOBAL_BATCH", "32"), ("FAULTS_DATALOADER", "1")],
+    );
 }
 
 #[test]

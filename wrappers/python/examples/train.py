@@ -25,6 +25,9 @@ p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--lr", type=float, default=0.05)
 p.add_argument("--hidden", type=int, default=64, help="width of the hidden layer")
 p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step (slow the job down for demos)")
+p.add_argument("--data-dir", default=None,
+               help="keep the data set as a file here and read it through a DataLoader with worker processes")
+p.add_argument("--loader-workers", type=int, default=2, help="the DataLoader's worker processes (with --data-dir)")
 p.add_argument("--log-dir", default=None, help="write each rank's samples per step here (for checking)")
 p.add_argument("--checkpoint-dir", default=None, help="checkpoint here every --checkpoint-every commits")
 p.add_argument("--checkpoint-every", type=int, default=0)
@@ -58,6 +61,45 @@ state = bftrainer.State(
     last_loss=float("nan"),
 )
 
+class FileRows(torch.utils.data.Dataset):
+    """The data set as a file of float32 rows (16 inputs, 1 target), read per sample."""
+
+    def __init__(self, path: str, n: int) -> None:
+        self.path, self.n, self.rows = path, n, None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        import numpy as np
+
+        if self.rows is None:  # opened in each DataLoader worker process
+            self.rows = np.memmap(self.path, dtype=np.float32, mode="r", shape=(self.n, 17))
+        return torch.from_numpy(np.array(self.rows[i]))
+
+
+loader = None
+if args.data_dir:
+    os.makedirs(args.data_dir, exist_ok=True)
+    path = os.path.join(args.data_dir, f"rows-{args.samples}.f32")
+    if not os.path.exists(path):
+        # Every worker may write it at once: the same bytes, renamed into place.
+        tmp = f"{path}.{os.getpid()}"
+        torch.cat([X, Y], 1).cpu().numpy().tofile(tmp)
+        os.replace(tmp, path)
+    loader = bftrainer.ElasticDataLoader(FileRows(path, args.samples), sampler,
+                                         num_workers=args.loader_workers, prefetch_factor=4)
+
+
+def steps():
+    """(this rank's indices, their rows from the file or None) for each step."""
+    if loader is None:
+        for idx in state.sampler:
+            yield idx, None
+    else:
+        yield from loader
+
+
 log = None
 if args.log_dir:
     os.makedirs(args.log_dir, exist_ok=True)
@@ -70,7 +112,7 @@ timeline = open(args.timeline, "a", buffering=1) if args.timeline else None
 def train(state):
     while state.sampler.epoch < args.epochs:
         epoch_loss, epoch_n = 0.0, 0
-        for idx in state.sampler:
+        for idx, rows in steps():
             if log:
                 # Written before the step: the checker keeps, for each step, the
                 # samples of the last generation that ran it (the committed one).
@@ -78,7 +120,8 @@ def train(state):
                           f"{bftrainer.rank()} {' '.join(map(str, idx))}\n")
             opt.zero_grad()
             if idx:
-                loss = torch.nn.functional.mse_loss(model(X[idx]), Y[idx])
+                x, y = (X[idx], Y[idx]) if rows is None else (rows[:, :16].to(dev), rows[:, 16:].to(dev))
+                loss = torch.nn.functional.mse_loss(model(x), y)
                 loss.backward()
                 epoch_loss += loss.item() * len(idx)
                 epoch_n += len(idx)

@@ -228,3 +228,11 @@ def test_the_loss_comparison_of_the_runtime_tests_catches_a_difference(tmp_path)
         compare_losses(losses, {1: 1.5, 2: 1.001}, 1e-4)
     with pytest.raises(AssertionError, match="missing"):
         compare_losses(losses, {3: 1.0}, 1e-4)
+
+
+def test_a_samples_random_stream_is_keyed_by_sample_and_epoch_not_by_rank():
+    a = ElasticSampler(100, global_batch=10, seed=4, world=lambda: (0, 1))
+    b = ElasticSampler(100, global_batch=10, seed=4, world=lambda: (3, 4))
+    assert a.seed_of(17) == b.seed_of(17) and 0 <= a.seed_of(17) < 2**63
+    assert a.seed_of(17) != a.seed_of(18) and a.seed_of(17) != a.seed_of(17, epoch=1)
+    assert a.seed_of(17) != ElasticSampler(100, global_batch=10, seed=5).seed_of(17)

@@ -34,6 +34,7 @@ from .elastic import (
     worker_id,
     world_size,
 )
+from .data import ElasticDataLoader
 from .sampler import ElasticSampler
 from .state import State
 
@@ -42,6 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AgentError",
     "DeviceChoice",
+    "ElasticDataLoader",
     "ElasticSampler",
     "JobEnded",
     "PeerFailure",

@@ -222,16 +222,35 @@ class ElasticSampler:
         (the sampler itself never builds it)."""
         return self.indices(0, self.num_samples, epoch)
 
+    def seed_of(self, sample: int, epoch: Optional[int] = None) -> int:
+        """A seed for ``sample``'s random stream in ``epoch`` (default: the current),
+        from the sampler's seed: key dropout masks, augmentation and noise of a sample
+        with it (``torch.Generator().manual_seed(sampler.seed_of(i))``), never with the
+        rank, so that they do not change when the sample lands on another rank."""
+        e = self.epoch if epoch is None else epoch
+        return _mix(_mix(_mix(self.seed & _M64) ^ e) ^ (sample & _M64)) >> 1  # torch takes < 2^63
+
     def remaining(self) -> int:
         """Samples of the current epoch not taken yet."""
         return self.num_samples - self.consumed
 
     # -- steps -------------------------------------------------------------------------
 
-    def step_size(self, world: int) -> int:
-        """Samples the next step takes with ``world`` ranks."""
+    def step_size(self, world: int, start: Optional[int] = None) -> int:
+        """Samples the step from position ``start`` (default: the sampler's) takes
+        with ``world`` ranks."""
+        start = self.consumed if start is None else start
         per_step = self.global_batch if self.global_batch is not None else world * (self.batch_size or 0)
-        return min(per_step, self.num_samples - self.consumed)
+        return min(per_step, self.num_samples - start)
+
+    def share(self, rank: int, world: int, start: int, step: int) -> Tuple[int, int]:
+        """The positions ``[lo, hi)`` of ``rank``'s share of the step of ``step``
+        samples from ``start``."""
+        if self.global_batch is not None:
+            # Even split: rank r takes [r*step/W, (r+1)*step/W); sizes differ by <= 1.
+            return start + rank * step // world, start + (rank + 1) * step // world
+        assert self.batch_size is not None
+        return start + min(rank * self.batch_size, step), start + min((rank + 1) * self.batch_size, step)
 
     def take(self) -> List[int]:
         """This rank's indices for the next step; advances the position by the whole
@@ -239,16 +258,16 @@ class ElasticSampler:
         rank, world = self._world()
         start = self.consumed
         step = self.step_size(world)
-        if self.global_batch is not None:
-            # Even split: rank r takes [r*step/W, (r+1)*step/W); sizes differ by <= 1.
-            lo, hi = start + rank * step // world, start + (rank + 1) * step // world
-        else:
-            assert self.batch_size is not None
-            lo = start + min(rank * self.batch_size, step)
-            hi = start + min((rank + 1) * self.batch_size, step)
+        lo, hi = self.share(rank, world, start, step)
         self.consumed = start + step
         self.total += step
         return self.indices(lo, hi)
+
+    def next_epoch(self) -> None:
+        """The epoch is used up: the next one starts (in this release's order)."""
+        self.epoch += 1
+        self.consumed = 0
+        self.order_version = _ORDER
 
     def micro_batches(self, indices: Sequence[int]) -> Iterator[Tuple[Sequence[int], float]]:
         """Split this rank's share of a step into pieces of at most ``micro_batch``
@@ -264,9 +283,7 @@ class ElasticSampler:
     def __iter__(self) -> Iterator[List[int]]:
         while self.consumed < self.num_samples:
             yield self.take()
-        self.epoch += 1
-        self.consumed = 0
-        self.order_version = _ORDER
+        self.next_epoch()
 
     # -- state -------------------------------------------------------------------------
 
