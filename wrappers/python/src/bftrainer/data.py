@@ -101,8 +101,7 @@ class ElasticDataLoader:
                         break
                     batch = next(fetched) if hi > lo else None
                     indices = s.indices(lo, hi, epoch)
-                    s.consumed = expect + step
-                    s.total += step
+                    s._advance(step, hi - lo)
                     expect = s.consumed
                     yield indices, batch
             finally:

@@ -259,9 +259,13 @@ class ElasticSampler:
         start = self.consumed
         step = self.step_size(world)
         lo, hi = self.share(rank, world, start, step)
-        self.consumed = start + step
-        self.total += step
+        self._advance(step, hi - lo)
         return self.indices(lo, hi)
+
+    def _advance(self, step: int, mine: int) -> None:
+        """The training takes a step of ``step`` samples, ``mine`` of them this rank's."""
+        self.consumed += step
+        self.total += step
 
     def next_epoch(self) -> None:
         """The epoch is used up: the next one starts (in this release's order)."""
