@@ -4,6 +4,8 @@ against the list shuffle of earlier releases (the baseline, in the same run).
 Each case runs in a fresh process (the numpy import is counted apart: torch brings
 numpy in before any step). Prints one row per case: first-step time and the process's RSS growth (best of the
 repeats, untraced), and peak Python allocation (tracemalloc, one more process).
+Then what ``take()`` costs a step in the steady state, for both orders (best of the
+repeats, 2,000 steps each).
 
     /opt/bftrainer-venv/bin/python wrappers/python/bench/sampler_bench.py
 """
@@ -56,6 +58,37 @@ def run(src: str, n: int, form: str, batch: int, world: int, repeats: int) -> di
     return {"s": timed["s"], "rss_kb": timed["rss_kb"], "peak": mem["peak"]}
 
 
+def per_step(src: str, repeats: int) -> None:
+    """What ``take()`` costs a step in the steady state, both orders, n = 10^6 (the
+    list is built once, before the clock starts), rank 1 of 2."""
+    sys.path.insert(0, src)
+    import time
+
+    from bftrainer.sampler import ElasticSampler
+
+    print(f"\n{'per rank':>8} {'list take()':>12} {'keyed take()':>13}")
+    for per in (32, 256, 1024):
+        cost = {}
+        for form in ("list", "keyed"):
+            if form == "list":
+                s = ElasticSampler(10**6, per, seed=1, world=lambda: (1, 2))
+                s.order_version = 1
+            else:
+                s = ElasticSampler(10**6, global_batch=2 * per, seed=1, world=lambda: (1, 2))
+            s.take()
+            best = float("inf")
+            for _ in range(repeats):
+                k, t = 0, time.perf_counter()
+                while k < 2000:
+                    if s.consumed + 2 * per > s.num_samples:
+                        s.consumed = 0
+                    s.take()
+                    k += 1
+                best = min(best, (time.perf_counter() - t) / k)
+            cost[form] = best
+        print(f"{per:>8} {cost['list'] * 1e6:>9.1f} us {cost['keyed'] * 1e6:>10.1f} us", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=512, help="samples per rank and step")
@@ -70,6 +103,7 @@ def main() -> None:
     for form, n in rows:
         r = run(src, n, "global" if form == "keyed" else "list", args.batch, args.world, args.repeats)
         print(f"{form:<8} {n:>18,} {r['s'] * 1e3:>9.2f} ms {r['peak'] / 1e6:>9.3f} MB {r['rss_kb'] / 1e3:>9.1f} MB", flush=True)
+    per_step(src, args.repeats)
 
 
 if __name__ == "__main__":
