@@ -93,3 +93,27 @@ def test_dataloader_arguments_that_the_sampler_decides_are_refused():
     s = ElasticSampler(10, global_batch=4, world=lambda: (0, 1))
     with pytest.raises(ValueError, match="do not give batch_size, shuffle"):
         ElasticDataLoader(Rows(10), s, batch_size=4, shuffle=True)
+
+
+def test_a_sigterm_to_the_process_group_leaves_the_loader_running():
+    """bft-run asks a leaving worker to leave with SIGTERM to its process group; the
+    DataLoader's processes must not die of it mid-step."""
+    import multiprocessing
+    import os
+    import signal
+
+    n = 64
+    s = ElasticSampler(n, global_batch=4, seed=1, world=lambda: (0, 1))
+    loader = ElasticDataLoader(Rows(n), s, generation=lambda: 1, num_workers=2, prefetch_factor=2)
+    old = signal.signal(signal.SIGTERM, lambda *a: None)  # the library's leave handler
+    try:
+        it = iter(loader)
+        next(it)
+        children = multiprocessing.active_children()  # the DataLoader's processes
+        assert children
+        for child in children:
+            os.kill(child.pid, signal.SIGTERM)
+        got = [b for _, b in it]
+        assert len(got) == n // 4 - 1
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -21,6 +21,23 @@ from .sampler import ElasticSampler
 _PLANNED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
 
 
+def _ignore_sigterm(user_init: Any) -> Any:
+    """The DataLoader workers' init: SIGTERM is ignored there. bft-run tells a leaving
+    worker to leave by SIGTERM to its process group, which holds its DataLoader's
+    processes too; the worker leaves at its next step boundary, and its loader
+    processes end with it (torch's workers exit when their parent is gone). Killed by
+    the signal, they would fail the step still in progress instead."""
+
+    def init(worker_id: int) -> None:
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if user_init is not None:
+            user_init(worker_id)
+
+    return init
+
+
 def _generation() -> int:
     from . import elastic
 
@@ -73,6 +90,7 @@ class ElasticDataLoader:
             )
         self.dataset = dataset
         self.sampler = sampler
+        dataloader_kwargs["worker_init_fn"] = _ignore_sigterm(dataloader_kwargs.get("worker_init_fn"))
         self.kwargs = dataloader_kwargs
         self._world = world or sampler._world
         self._generation = generation or _generation
