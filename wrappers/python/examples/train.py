@@ -28,6 +28,8 @@ p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per 
 p.add_argument("--data-dir", default=None,
                help="keep the data set as a file here and read it through a DataLoader with worker processes")
 p.add_argument("--loader-workers", type=int, default=2, help="the DataLoader's worker processes (with --data-dir)")
+p.add_argument("--fast-file", default=None,
+               help="once this file exists, steps no longer sleep (a test's faults are over: run out the epoch)")
 p.add_argument("--log-dir", default=None, help="write each rank's samples per step here (for checking)")
 p.add_argument("--checkpoint-dir", default=None, help="checkpoint here every --checkpoint-every commits")
 p.add_argument("--checkpoint-every", type=int, default=0)
@@ -132,7 +134,7 @@ def train(state):
                               f"{loss.item() * len(idx)!r} {len(idx)}\n")
             bftrainer.allreduce_gradients(model, len(idx))
             opt.step()
-            if args.step_sleep:
+            if args.step_sleep and not (args.fast_file and os.path.exists(args.fast_file)):
                 time.sleep(args.step_sleep)
             state.commit()
             if timeline and bftrainer.rank() == 0:
