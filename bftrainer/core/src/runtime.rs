@@ -15,12 +15,20 @@
 //! that Slurm ends COMPLETED while preempting it is then counted finished by bftrainerd,
 //! not requeued to run its finished work again. Only the job's own fate depends on it
 //! (its owner could write it; it can only end their job).
+//!
+//! `up=U down=D` (written once measured) are the seconds the job's last grow and last
+//! shrink cost it: a newcomer's start until it contributed a step, and the pause from a
+//! shrunk generation's announcement to its first step. They are the owner's word:
+//! at most [`MAX_RESCALE_S`], and bftrainerd clamps them again by its ceilings.
 
 use std::fmt;
 
 pub const PREFIX: &str = "bftrainer-run:v1";
 
-#[derive(Debug, Clone, PartialEq)]
+/// The largest rescale cost (`up=`, `down=`) a Comment may state, seconds: a day.
+pub const MAX_RESCALE_S: f64 = 86_400.0;
+
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct RunComment {
     /// `host:port` of the job's coordinator.
     pub coord: String,
@@ -36,6 +44,10 @@ pub struct RunComment {
     pub rate: f64,
     /// Measured seconds per training step (0: not measured yet).
     pub step: f64,
+    /// Measured seconds the last grow cost (0: none measured yet).
+    pub up: f64,
+    /// Measured seconds the last shrink paused the job (0: none measured yet).
+    pub down: f64,
     /// The training has finished (written once, as the run's last word).
     pub done: bool,
 }
@@ -47,6 +59,12 @@ impl fmt::Display for RunComment {
             "{PREFIX} coord={} run={} start={} gen={} nodes={} rate={:.1} step={:.3}",
             self.coord, self.run, self.start, self.gen, self.nodes, self.rate, self.step
         )?;
+        if self.up > 0.0 {
+            write!(f, " up={:.1}", self.up)?;
+        }
+        if self.down > 0.0 {
+            write!(f, " down={:.1}", self.down)?;
+        }
         if self.done {
             f.write_str(" done=1")?;
         }
@@ -62,17 +80,9 @@ impl RunComment {
         if words.next()? != PREFIX {
             return None;
         }
-        let mut c = RunComment {
-            coord: String::new(),
-            run: String::new(),
-            start: 0,
-            gen: 0,
-            nodes: 0,
-            rate: 0.0,
-            step: 0.0,
-            done: false,
-        };
+        let mut c = RunComment::default();
         let non_negative = |v: &str| v.parse().ok().filter(|r: &f64| r.is_finite() && *r >= 0.0);
+        let seconds = |v: &str| non_negative(v).filter(|s| *s <= MAX_RESCALE_S);
         for w in words {
             let (k, v) = w.split_once('=')?;
             match k {
@@ -86,6 +96,8 @@ impl RunComment {
                 "start" => c.start = v.parse().ok()?,
                 "rate" => c.rate = non_negative(v)?,
                 "step" => c.step = non_negative(v)?,
+                "up" => c.up = seconds(v)?,
+                "down" => c.down = seconds(v)?,
                 "done" => {
                     c.done = match v {
                         "1" => true,
@@ -121,7 +133,7 @@ mod tests {
             nodes: 3,
             rate: 1234.56,
             step: 2.5,
-            done: false,
+            ..RunComment::default()
         };
         let s = c.to_string();
         assert_eq!(
@@ -164,6 +176,20 @@ mod tests {
         assert!(!RunComment::parse(&s)
             .unwrap()
             .finished_run(Some(1_795_000_000)));
+        // Measured rescale costs: written once measured, read back.
+        let costs = RunComment {
+            up: 42.25,
+            down: 3.0,
+            ..c.clone()
+        };
+        let text = costs.to_string();
+        assert!(text.ends_with(" up=42.2 down=3.0"), "{text}");
+        let back = RunComment::parse(&text).unwrap();
+        assert_eq!((back.up, back.down), (42.2, 3.0));
+        assert_eq!(
+            RunComment::parse("bftrainer-run:v1 coord=h:1 up=86400").map(|c| c.up),
+            Some(86_400.0)
+        );
         // An older bft-run's comment: no run, start or step.
         let old = RunComment::parse("bftrainer-run:v1 coord=h:1 gen=2 nodes=1 rate=3.0").unwrap();
         assert_eq!((old.run.as_str(), old.start, old.step), ("", 0, 0.0));
@@ -179,6 +205,12 @@ mod tests {
             "bftrainer-run:v1 coord=h:1 rate=-3",
             "bftrainer-run:v1 coord=h:1 rate=NaN",
             "bftrainer-run:v1 coord=h:1 step=-1",
+            "bftrainer-run:v1 coord=h:1 up=-1",
+            "bftrainer-run:v1 coord=h:1 up=inf",
+            "bftrainer-run:v1 coord=h:1 up=86400.1",
+            "bftrainer-run:v1 coord=h:1 down=NaN",
+            "bftrainer-run:v1 coord=h:1 down=1e9",
+            "bftrainer-run:v1 coord=h:1 down=",
             "bftrainer-run:v1 coord=h:1 run=zz",
             "bftrainer-run:v1 coord=h:1 start=x",
             "bftrainer-run:v1 coord=h:1 gen=x",

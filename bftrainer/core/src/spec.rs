@@ -649,6 +649,8 @@ mod tests {
                 rate: 1.0,
                 step: 0.5,
                 done: false,
+                up: 0.0,
+                down: 0.0,
             }
             .to_string()
         };

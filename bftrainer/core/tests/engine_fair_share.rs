@@ -327,6 +327,67 @@ fn declared_rescale_costs_have_a_floor() {
     assert_eq!(run(40.0), 1);
 }
 
+/// A measured grow cost (bft-run's, through `Event::RescaleCost`) above the declared
+/// cost and the floor counts, up to the config's ceiling; one below them changes
+/// nothing. The measurement arrives between two decisions, as it does live.
+#[test]
+fn measured_rescale_costs_count_above_the_floor_up_to_the_ceiling() {
+    let run = |measured: f64, ceiling: f64| {
+        let mut e = engine(
+            EngineConfig {
+                min_scale_up_s: 10.0,
+                max_scale_up_s: ceiling,
+                ..EngineConfig::default()
+            },
+            4,
+        );
+        let j = submit(
+            &mut e,
+            ElasticSpec {
+                scale_up_s: 0.0,
+                ..spec("j", 1, 1, 4)
+            },
+            0.0,
+        );
+        for n in 1..4 {
+            e.on_event(&Event::NodeClaimed { node: n }, 0.0).unwrap();
+        }
+        tick(&mut e, 0.0);
+        e.on_event(
+            &Event::RescaleCost {
+                job: j,
+                up_s: measured,
+                down_s: 0.0,
+            },
+            0.5,
+        )
+        .unwrap();
+        for n in 1..4 {
+            e.on_event(
+                &Event::NodeIdle {
+                    node: n,
+                    reclaim_at: None,
+                },
+                1.0,
+            )
+            .unwrap();
+        }
+        tick(&mut e, 1.0);
+        held(&e, j)
+    };
+    // Grow by 3 gains t_fwd (10 s) x 3 against up x 1: a cost of 10 s (the floor)
+    // grows, 40 s does not.
+    assert_eq!(run(0.0, 300.0), 4);
+    assert_eq!(run(5.0, 300.0), 4, "a measurement below the floor");
+    assert_eq!(run(40.0, 300.0), 1, "the measured cost counts");
+    assert_eq!(
+        run(1e9, 20.0),
+        4,
+        "an inflated measurement stops at the ceiling"
+    );
+    assert_eq!(run(f64::NAN, 300.0), 4, "a bad measurement is none");
+}
+
 /// One job: min, max, up, down, curve increments past its minimum.
 type JobDraw = (u32, u32, f64, f64, Vec<f64>);
 

@@ -254,12 +254,26 @@ type Breaks = fn(&mut Daemon<GenCluster>, bool);
 #[test]
 fn partitions_that_break_a_check_at_runtime_stop_lending_until_fixed() {
     let (mut d, mut now) = grown("");
-    let cases: [(&str, Breaks); 4] = [
+    let cases: [(&str, Breaks); 5] = [
         ("PriorityTier", |d, broken| {
             part_mut(d, "elastic-sat").priority_tier = if broken { 5 } else { 1 };
         }),
         ("PreemptMode=OFF", |d, broken| {
             part_mut(d, "elastic-sat").preempt_mode = if broken {
+                0
+            } else {
+                bftrainer_slurm::Partition::PREEMPT_REQUEUE
+            };
+        }),
+        // A partition without a PreemptMode of its own takes slurm.conf's global one:
+        // OFF there is OFF in the partition.
+        ("global PreemptMode is OFF", |d, broken| {
+            part_mut(d, "elastic-sat").preempt_mode = if broken {
+                bftrainer_slurm::Partition::PREEMPT_INHERIT
+            } else {
+                bftrainer_slurm::Partition::PREEMPT_REQUEUE
+            };
+            d.cluster.preempt_mode = if broken {
                 0
             } else {
                 bftrainer_slurm::Partition::PREEMPT_REQUEUE

@@ -358,6 +358,7 @@ fn a_core_ended_under_preemption_is_finished_only_when_its_run_said_done() {
             rate: 10.0,
             step: 1.0,
             done,
+            ..RunComment::default()
         }
         .to_string()
     };

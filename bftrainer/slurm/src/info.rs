@@ -168,7 +168,8 @@ pub struct Partition {
     pub node_names: Vec<String>,
     pub priority_tier: u16,
     pub priority_job_factor: u16,
-    /// PREEMPT_MODE_* bits (slurm_sys), e.g. PREEMPT_MODE_REQUEUE.
+    /// PREEMPT_MODE_* bits (slurm_sys), e.g. PREEMPT_MODE_REQUEUE;
+    /// [`Partition::PREEMPT_INHERIT`]: none of its own (slurm.conf's global one holds).
     pub preempt_mode: u16,
     /// Preemption grace time, seconds.
     pub grace_time_s: u32,
@@ -185,15 +186,41 @@ impl Partition {
     /// `preempt_mode` of PreemptMode=REQUEUE.
     pub const PREEMPT_REQUEUE: u16 = slurm_sys::PREEMPT_MODE_REQUEUE as u16;
 
+    /// `preempt_mode` of PreemptMode=OFF.
+    pub const PREEMPT_OFF: u16 = slurm_sys::PREEMPT_MODE_OFF as u16;
+
+    /// `preempt_mode` of a partition without a PreemptMode of its own (NO_VAL16): it
+    /// takes slurm.conf's global PreemptMode (as sinfo and scontrol show it).
+    pub const PREEMPT_INHERIT: u16 = slurm_sys::NO_VAL16 as u16;
+
     /// PreemptMode=OFF: Slurm never preempts jobs in this partition.
     pub fn preempt_off(&self) -> bool {
         u32::from(self.preempt_mode) == slurm_sys::PREEMPT_MODE_OFF
+    }
+
+    /// The PreemptMode that holds in this partition under slurm.conf's global one.
+    pub fn effective_preempt_mode(&self, global: u16) -> u16 {
+        if self.preempt_mode == Self::PREEMPT_INHERIT {
+            global
+        } else {
+            self.preempt_mode
+        }
     }
 
     /// Jobs in this partition are requeued when preempted.
     pub fn preempt_requeues(&self) -> bool {
         u32::from(self.preempt_mode) & slurm_sys::PREEMPT_MODE_REQUEUE != 0
     }
+}
+
+/// slurmctld's preemption settings (`slurm_load_ctl_conf`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preemption {
+    /// PreemptType (`preempt/partition_prio`), if set.
+    pub preempt_type: Option<String>,
+    /// The global PreemptMode (PREEMPT_MODE_* bits): what a partition without one of
+    /// its own takes.
+    pub preempt_mode: u16,
 }
 
 /// All partitions, with the controller's update time.
@@ -512,6 +539,15 @@ impl Slurm {
     pub fn preempt_type(&self) -> Result<Option<String>> {
         // SAFETY: the field is NULL or a C string owned by the message.
         self.ctl_conf(|c| unsafe { opt_string(c.preempt_type) })
+    }
+
+    /// slurmctld's PreemptType and global PreemptMode, read in one call.
+    pub fn preemption(&self) -> Result<Preemption> {
+        self.ctl_conf(|c| Preemption {
+            // SAFETY: the field is NULL or a C string owned by the message.
+            preempt_type: unsafe { opt_string(c.preempt_type) },
+            preempt_mode: c.preempt_mode,
+        })
     }
 
     /// The release slurmctld runs, as it reports it ("24.11.5"), if it says.

@@ -44,7 +44,7 @@ pub use error::{strerror, Error, Result};
 pub use ffi::{hostlist_compress, hostlist_expand};
 pub use info::{
     assign_partitions, gpu_count, gpu_entries, gpu_tres_request, gpus_of_type, gpus_per_node, Job,
-    Jobs, Loaded, Node, Nodes, Partition, Partitions,
+    Jobs, Loaded, Node, Nodes, Partition, Partitions, Preemption,
 };
 pub use ops::{BatchJob, JobUpdate, SignalTarget, Submitted, WillRun};
 pub use priority::{FairshareTable, PriorityWeights};

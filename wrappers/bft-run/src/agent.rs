@@ -189,6 +189,7 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
         let hello = json!({
             "t": "hello", "proto": PROTO, "cred": cred, "host": host, "anonce": anonce,
             "node": o.node_name, "slurm_job": o.slurm_job, "nproc": o.local_nproc,
+            "age": proto::process_age(),
         });
         if wr.write_all(proto::line(&hello).as_bytes()).await.is_err() {
             if let Some(p) = again(&mut tries) {

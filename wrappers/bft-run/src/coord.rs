@@ -139,6 +139,11 @@ struct AgentRec {
     leaving: bool,
     /// When it was last heard from (seconds since the start).
     seen: f64,
+    /// When its process started (seconds since the coordinator's start; its hello
+    /// states its age), and whether it joined a running job (a grow) and has not yet
+    /// contributed a step: its grow's cost is measured then.
+    born: f64,
+    newcomer: bool,
     /// Closes its connection (it froze or fell silent).
     kick: Arc<Notify>,
 }
@@ -187,6 +192,45 @@ impl RateMeter {
     }
 }
 
+/// What the job's rescales cost, measured here and published in the Comment (`up=`,
+/// `down=`; bftrainerd takes them as floors of the costs it weighs, docs/design.md):
+/// a grow, from a newcomer's start until the first step of a generation it is a member
+/// of; a shrink (a generation with fewer members, none lost to a failure), from its
+/// announcement to its first step. Native mode only: there the first step of each
+/// generation is reported at once.
+#[derive(Debug, Default)]
+struct RescaleMeter {
+    /// A shrink's generation and when it was announced, until its first step.
+    shrink: Option<(u64, f64)>,
+    up: f64,
+    down: f64,
+}
+
+impl RescaleMeter {
+    /// Generation `gen` was announced at `now`; `shrink`: it only lost members, to
+    /// their leaving.
+    fn announced(&mut self, gen: u64, shrink: bool, now: f64) {
+        self.shrink = shrink.then_some((gen, now));
+    }
+
+    /// A progress report of generation `gen` (the current one) at `now`, with the start
+    /// times of its members that had not contributed yet; whether a cost changed.
+    fn stepped(&mut self, gen: u64, now: f64, newcomers: &[f64]) -> bool {
+        let before = (self.up, self.down);
+        if let Some((g, at)) = self.shrink {
+            if g == gen {
+                self.down = (now - at).max(0.0);
+                self.shrink = None;
+            }
+        }
+        // Several newcomers of one grow: the slowest is the grow's cost.
+        if let Some(born) = newcomers.iter().copied().reduce(f64::min) {
+            self.up = (now - born).max(0.0);
+        }
+        (self.up, self.down) != before
+    }
+}
+
 struct Shared {
     m: Membership,
     /// torchrun mode: the worlds restarted at each generation.
@@ -194,6 +238,7 @@ struct Shared {
     agents: HashMap<u64, AgentRec>,
     next_agent: u64,
     progress: RateMeter,
+    rescale: RescaleMeter,
     nodes: u32,
     /// The members of the last generation announced (for the log's +joined -left).
     last_members: Vec<String>,
@@ -335,6 +380,10 @@ struct Gate {
 }
 
 /// What the coordinator publishes; the caller writes it to the job's Comment.
+/// The longest an agent's stated age counts, seconds: an agent waits for its
+/// coordinator at most a few minutes, so more is no grow's cost.
+const MAX_AGENT_AGE_S: f64 = 3600.0;
+
 pub type CommentTx = std::sync::mpsc::Sender<RunComment>;
 
 pub struct Coordinator {
@@ -427,6 +476,7 @@ impl Coordinator {
                 agents: HashMap::new(),
                 next_agent: 1,
                 progress: RateMeter::default(),
+                rescale: RescaleMeter::default(),
                 nodes: 0,
                 last_members: Vec::new(),
                 start: Instant::now(),
@@ -499,6 +549,8 @@ impl Coordinator {
                 nodes: s.nodes,
                 rate: s.progress.rate,
                 step: s.progress.step,
+                up: s.rescale.up,
+                down: s.rescale.down,
                 done,
             });
         }
@@ -628,6 +680,11 @@ impl Coordinator {
     fn announce(&self, s: &mut Shared, g: Gen) {
         let nodes: BTreeSet<Option<u64>> = g.members.iter().map(|w| agent_of(w)).collect();
         s.nodes = nodes.len() as u32;
+        let shrink = g.dead.is_empty()
+            && g.members.len() < s.last_members.len()
+            && g.members.iter().all(|w| s.last_members.contains(w));
+        let now = s.start.elapsed().as_secs_f64();
+        s.rescale.announced(g.gen, shrink, now);
         say!(
             "bft-run: {} {}",
             ts(),
@@ -654,7 +711,18 @@ impl Coordinator {
 
     fn progress(&self, s: &mut Shared, gen: u64, samples: u64, steps: u64) {
         let now = s.start.elapsed().as_secs_f64();
-        if s.progress.report(gen, samples, steps, now).is_some() {
+        let mut costs = false;
+        if gen == s.m.gen() {
+            let mut newcomers = Vec::new();
+            for a in s.agents.values_mut() {
+                if a.newcomer && a.workers.iter().any(|w| s.m.is_member(w)) {
+                    a.newcomer = false;
+                    newcomers.push(a.born);
+                }
+            }
+            costs = s.rescale.stepped(gen, now, &newcomers);
+        }
+        if s.progress.report(gen, samples, steps, now).is_some() || costs {
             self.publish(s);
         }
     }
@@ -819,13 +887,14 @@ impl Coordinator {
             _ = evicted.notified() => return,
         };
         self.unadmit(gate_id);
-        let (host, node, nproc, mut welcome) = match greeted {
+        let (host, node, nproc, age, mut welcome) = match greeted {
             Ok(Greeted::Agent {
                 host,
                 node,
                 nproc,
+                age,
                 welcome,
-            }) => (host, node, nproc, welcome),
+            }) => (host, node, nproc, age, welcome),
             Ok(Greeted::Query(answer)) => {
                 let _ = wr.write_all(proto::line(&answer).as_bytes()).await;
                 let _ = wr.shutdown().await;
@@ -854,6 +923,7 @@ impl Coordinator {
             let id = s.next_agent;
             s.next_agent += 1;
             let seen = s.start.elapsed().as_secs_f64();
+            let newcomer = s.world.is_none() && s.m.gen() > 0;
             s.agents.insert(
                 id,
                 AgentRec {
@@ -864,6 +934,8 @@ impl Coordinator {
                     slots,
                     leaving: false,
                     seen,
+                    born: seen - age,
+                    newcomer,
                     kick: kick.clone(),
                 },
             );
@@ -990,10 +1062,17 @@ impl Coordinator {
             "env": self.cfg.env, "nproc": self.cfg.nproc, "opts": self.cfg.opts.to_json(),
             "mode": self.cfg.mode.name(),
         });
+        // The agent's own word (the owner's): bounded, as what it feeds is.
+        let age = hello
+            .get("age")
+            .and_then(Value::as_f64)
+            .filter(|a| a.is_finite() && *a >= 0.0)
+            .map_or(0.0, |a| a.min(MAX_AGENT_AGE_S));
         Ok(Greeted::Agent {
             host,
             node,
             nproc,
+            age,
             welcome,
         })
     }
@@ -1347,6 +1426,8 @@ enum Greeted {
         host: String,
         node: String,
         nproc: u64,
+        /// Seconds since its process started, as it says (bounded).
+        age: f64,
         welcome: Value,
     },
     Query(Value),
@@ -1421,6 +1502,27 @@ async fn refuse(wr: &mut tokio::net::tcp::OwnedWriteHalf, peer: &str, why: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rescale_costs_are_measured_to_the_first_step_of_the_new_generation() {
+        let mut r = RescaleMeter::default();
+        // A grow: generation 2 announced at 100 s; its newcomers started at 60 and
+        // 70 s; its first step at 103 s: the slower newcomer took 43 s.
+        r.announced(2, false, 100.0);
+        assert!(r.stepped(2, 103.0, &[70.0, 60.0]));
+        assert_eq!((r.up, r.down), (43.0, 0.0));
+        assert!(!r.stepped(2, 104.0, &[]), "later steps change nothing");
+        // A shrink: generation 3 announced at 200 s, first step at 202.5 s.
+        r.announced(3, true, 200.0);
+        assert!(!r.stepped(2, 201.0, &[]), "a late report of generation 2");
+        assert!(r.stepped(3, 202.5, &[]));
+        assert_eq!((r.up, r.down), (43.0, 2.5));
+        assert!(!r.stepped(3, 210.0, &[]), "measured once");
+        // A generation that is no shrink (a failure's, a grow) measures no pause.
+        r.announced(4, false, 300.0);
+        assert!(!r.stepped(4, 330.0, &[]));
+        assert_eq!(r.down, 2.5);
+    }
 
     #[test]
     fn the_rate_is_measured_within_the_current_generation() {

@@ -210,6 +210,7 @@ fn seconds(s: &str) -> Result<f64, String> {
 }
 
 fn main() {
+    proto::mark_start();
     let cli = Cli::parse();
     proto::set_verbose(cli.verbose);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -868,6 +869,8 @@ fn comment_writer(
                         || w.done != c.done
                         || w.nodes != c.nodes
                         || w.coord != c.coord
+                        || w.up != c.up
+                        || w.down != c.down
                         || (at.elapsed() >= Duration::from_secs(5)
                             && (c.rate - w.rate).abs() > 0.05 * w.rate.max(1e-9))
                 }
@@ -1046,6 +1049,8 @@ mod tests {
             rate: 0.0,
             step: 0.0,
             done: false,
+            up: 0.0,
+            down: 0.0,
         };
         assert!(fresh_comment(&c("ab", 100), Some(100)));
         assert!(

@@ -14,6 +14,22 @@ pub const MAX_HELLO: usize = 16 << 10;
 /// Writes `line` and a newline to stderr in one write. The coordinator and the agents
 /// share the job's output file, and `eprintln!` writes a formatted line in pieces that
 /// interleave with other processes' (a pipe keeps writes up to 4 KiB whole).
+static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Marks the process's start (called first thing in `main`).
+pub fn mark_start() {
+    STARTED.get_or_init(std::time::Instant::now);
+}
+
+/// Seconds since the process started: an agent states it in its hello, so that the
+/// coordinator measures a grow from the newcomer's start on its own clock.
+pub fn process_age() -> f64 {
+    STARTED
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
+}
+
 pub fn write_err(line: String) {
     use std::io::Write;
     let mut line = line;

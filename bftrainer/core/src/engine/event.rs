@@ -110,6 +110,13 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         nodes: Option<u32>,
     },
+    /// Measured rescale costs of `job`, seconds (0: not measured): `up_s` what its last
+    /// grow cost (from a newcomer's start until it contributed a step), `down_s` the
+    /// pause of its last shrink (from the new generation's announcement to its first
+    /// step). bft-run measures them and writes them in the job's Comment, so they are
+    /// the owner's word: the allocator takes `max(declared, floor, min(measured,
+    /// ceiling))` (`fair::rescale_cost`). Added to format 1 without a version bump.
+    RescaleCost { job: JobId, up_s: f64, down_s: f64 },
     /// The weight of `user`'s share of the lent nodes (Slurm's fairshare factor of the
     /// user, 0..1; floored at `fair::MIN_WEIGHT`). Users never weighed weigh 1. Added
     /// to format 1 without a version bump.

@@ -89,6 +89,16 @@ pub fn water_fill(claims: &[Claim], n: u32) -> Vec<u32> {
     share
 }
 
+/// The rescale cost (seconds) the allocator uses for a job: the largest of its declared
+/// cost, the config's floor and its measured cost (0: none), the measured one clamped to
+/// the config's ceiling. Declared and measured costs are both the owner's word: lying
+/// low gains nothing below the floor, and lying high (a job that costs so much to shrink
+/// that it keeps its nodes) gains at most the ceiling, and only within its user's
+/// share, which fairness enforces whatever the cost.
+pub fn rescale_cost(declared: f64, floor: f64, measured: f64, ceiling: f64) -> f64 {
+    declared.max(floor).max(measured.min(ceiling))
+}
+
 /// The curve the allocator uses for a job: its declared curve, with the rates measured
 /// at some sizes (`measured`: (nodes, samples/s), sorted by nodes) in place of the
 /// declared values there and the declared shape scaled to the nearest measurement in
@@ -385,6 +395,17 @@ mod tests {
         );
         assert_eq!(effective_curve(&big, &[], 2, true).eval(2), 1.0);
         assert_eq!(effective_curve(&big, &[], 1, false), big);
+    }
+
+    #[test]
+    fn rescale_costs_are_the_largest_word_with_the_measured_one_capped() {
+        // Declared 0 (a lie low): the floor, or a larger measurement.
+        assert_eq!(rescale_cost(0.0, 10.0, 0.0, 300.0), 10.0);
+        assert_eq!(rescale_cost(0.0, 10.0, 42.0, 300.0), 42.0);
+        // A measurement below the declaration does not lower it.
+        assert_eq!(rescale_cost(60.0, 10.0, 42.0, 300.0), 60.0);
+        // An inflated measurement stops at the ceiling.
+        assert_eq!(rescale_cost(0.0, 10.0, 1e9, 300.0), 300.0);
     }
 
     #[test]

@@ -75,9 +75,14 @@ pub struct EngineConfig {
     pub fair_share: bool,
     /// Floors of the rescale costs the allocator uses, seconds: a declared `up`/`down`
     /// below them counts as them (a rescale at least finishes a step and rebuilds the
-    /// process group, which nothing measures yet).
+    /// process group), as does a measured one (`Event::RescaleCost`) above them.
     pub min_scale_up_s: f64,
     pub min_scale_down_s: f64,
+    /// Ceilings of a *measured* rescale cost, seconds (`fair::rescale_cost`): the
+    /// measurement is the owner's word (bft-run's Comment), and a cost inflated without
+    /// bound would keep the job from ever being shrunk within its user's share.
+    pub max_scale_up_s: f64,
+    pub max_scale_down_s: f64,
 }
 
 /// bftrainerd's default floors of the rescale costs (`EngineConfig::min_scale_up_s`,
@@ -85,6 +90,10 @@ pub struct EngineConfig {
 /// floor, so that a simulation or test states the costs it models.
 pub const DEFAULT_MIN_SCALE_UP_S: f64 = 10.0;
 pub const DEFAULT_MIN_SCALE_DOWN_S: f64 = 5.0;
+/// bftrainerd's default ceilings of a measured rescale cost (`[engine] max_scale_up`,
+/// `max_scale_down`); the engine's own default too.
+pub const DEFAULT_MAX_SCALE_UP_S: f64 = 300.0;
+pub const DEFAULT_MAX_SCALE_DOWN_S: f64 = 120.0;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -98,6 +107,8 @@ impl Default for EngineConfig {
             fair_share: true,
             min_scale_up_s: 0.0,
             min_scale_down_s: 0.0,
+            max_scale_up_s: DEFAULT_MAX_SCALE_UP_S,
+            max_scale_down_s: DEFAULT_MAX_SCALE_DOWN_S,
         }
     }
 }
@@ -117,9 +128,21 @@ impl EngineConfig {
             ("lend-after-idle", self.lend_after_idle_s),
             ("min-scale-up", self.min_scale_up_s),
             ("min-scale-down", self.min_scale_down_s),
+            ("max-scale-up", self.max_scale_up_s),
+            ("max-scale-down", self.max_scale_down_s),
         ] {
             if !(v >= 0.0 && v.is_finite()) {
                 return Err(format!("{name} must be >= 0 seconds, found {v}"));
+            }
+        }
+        for (dir, floor, ceiling) in [
+            ("up", self.min_scale_up_s, self.max_scale_up_s),
+            ("down", self.min_scale_down_s, self.max_scale_down_s),
+        ] {
+            if ceiling < floor {
+                return Err(format!(
+                    "max-scale-{dir} ({ceiling} s) must be >= min-scale-{dir} ({floor} s)"
+                ));
             }
         }
         Ok(())
@@ -171,7 +194,11 @@ struct JobSlot {
     /// Measured rates by size (nodes, samples/s), sorted by size: they replace the
     /// declared curve there (`fair::effective_curve`).
     measured: Vec<(u32, f64)>,
-    /// `measured` changed since the job's curve was last given to the allocator.
+    /// Measured rescale costs, seconds (`Event::RescaleCost`; 0: not measured).
+    measured_up_s: f64,
+    measured_down_s: f64,
+    /// `measured` or the measured costs changed since the job's curve and costs were
+    /// last given to the allocator.
     curve_stale: bool,
     remaining: Option<f64>,
     /// The core allocation, which decisions take last (only by a requeue): the first
@@ -355,6 +382,10 @@ pub enum JobSnap {
         needs: Option<Needs>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         measured: Vec<(u32, f64)>,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        measured_up_s: f64,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        measured_down_s: f64,
     },
     Forgotten {
         status: JobStatus,
@@ -529,6 +560,8 @@ impl<A: Allocator> Engine<A> {
                         paused_until: s.paused_until,
                         needs: s.needs.as_ref().map(|n| n.0.clone()),
                         measured: s.measured.clone(),
+                        measured_up_s: s.measured_up_s,
+                        measured_down_s: s.measured_down_s,
                     },
                     Entry::Forgotten(st) => JobSnap::Forgotten { status: *st },
                 })
@@ -651,12 +684,16 @@ impl<A: Allocator> Engine<A> {
                         paused_until,
                         needs,
                         measured,
+                        measured_up_s,
+                        measured_down_s,
                     } => Entry::Live(Box::new(JobSlot {
                         spec: spec.clone(),
                         status: *status,
                         nodes: nodes.clone(),
                         measured_rate: *measured_rate,
                         measured: measured.clone(),
+                        measured_up_s: *measured_up_s,
+                        measured_down_s: *measured_down_s,
                         curve_stale: false,
                         remaining: *remaining,
                         anchors: anchors.clone(),
@@ -980,6 +1017,8 @@ impl<A: Allocator> Engine<A> {
                     nodes: Vec::new(),
                     measured_rate: None,
                     measured: Vec::new(),
+                    measured_up_s: 0.0,
+                    measured_down_s: 0.0,
                     curve_stale: false,
                     remaining: None,
                     anchors: Vec::new(),
@@ -1065,6 +1104,20 @@ impl<A: Allocator> Engine<A> {
                 let slot = &mut self.jobs[*job as usize];
                 if slot.remaining != *remaining {
                     slot.remaining = *remaining;
+                    self.dirty = true;
+                }
+            }
+            Event::RescaleCost { job, up_s, down_s } => {
+                self.job(*job, now)?;
+                let slot = &mut self.jobs[*job as usize];
+                // The owner's word, through bft-run's Comment: a bad value (not finite,
+                // negative) is no measurement; the ceilings apply where it is used.
+                let ok = |v: f64| if v.is_finite() && v >= 0.0 { v } else { 0.0 };
+                let (up, down) = (ok(*up_s), ok(*down_s));
+                if (slot.measured_up_s, slot.measured_down_s) != (up, down) {
+                    slot.measured_up_s = up;
+                    slot.measured_down_s = down;
+                    slot.curve_stale = true;
                     self.dirty = true;
                 }
             }
@@ -1349,18 +1402,32 @@ impl<A: Allocator> Engine<A> {
             } else {
                 s.objective.clone()
             };
+            let c = &self.cfg;
             let input = JobInput::new(
                 &s.name,
                 s.min_nodes,
                 s.max_nodes,
-                s.scale_up_s.max(self.cfg.min_scale_up_s),
-                s.scale_down_s.max(self.cfg.min_scale_down_s),
+                fair::rescale_cost(
+                    s.scale_up_s,
+                    c.min_scale_up_s,
+                    job.measured_up_s,
+                    c.max_scale_up_s,
+                ),
+                fair::rescale_cost(
+                    s.scale_down_s,
+                    c.min_scale_down_s,
+                    job.measured_down_s,
+                    c.max_scale_down_s,
+                ),
                 curve,
             );
             if rebuild {
                 self.inst.jobs.push(input);
             } else {
-                self.inst.jobs[k].curve = input.curve;
+                let k = &mut self.inst.jobs[k];
+                k.curve = input.curve;
+                k.scale_up_s = input.scale_up_s;
+                k.scale_down_s = input.scale_down_s;
             }
         }
         // The nodes this decision may use: the pool without nodes idle for less than
@@ -2003,6 +2070,10 @@ impl<A: Allocator> Engine<A> {
 }
 
 /// Whether a node's attributes mark it a GPU slot (`NodeAttrs::gpu_slot`).
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
+}
+
 fn is_gpu_slot(n: &NodeSlot) -> bool {
     n.attrs.as_deref().is_some_and(|a| a.gpu_slot)
 }

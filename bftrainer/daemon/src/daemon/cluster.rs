@@ -37,8 +37,8 @@ pub trait Cluster {
     /// Whether nodes are read with the GRES they have in use (`Node::gres_used`, which
     /// GPU lending needs); off by default.
     fn set_node_detail(&mut self, _on: bool) {}
-    /// slurmctld's PreemptType now (`None`: not set); an error: unknown now.
-    fn preempt_type(&mut self) -> Result<Option<String>>;
+    /// slurmctld's PreemptType and global PreemptMode now; an error: unknown now.
+    fn preemption(&mut self) -> Result<bftrainer_slurm::Preemption>;
 }
 
 /// slurmctld through libslurm.
@@ -105,8 +105,8 @@ impl Cluster for SlurmCluster {
         bftrainer_slurm::hostlist_expand(expr)
             .unwrap_or_else(|_| expr.split(',').map(str::to_string).collect())
     }
-    fn preempt_type(&mut self) -> Result<Option<String>> {
-        self.slurm.preempt_type()
+    fn preemption(&mut self) -> Result<bftrainer_slurm::Preemption> {
+        self.slurm.preemption()
     }
     fn priority_inputs(&mut self) -> Result<(PriorityWeights, FairshareTable)> {
         let weights = self.slurm.priority_weights()?;

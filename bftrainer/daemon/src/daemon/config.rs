@@ -30,7 +30,7 @@ pub const DAEMON_KEYS: [&str; 19] = [
     "lease_dir",
     "lease",
 ];
-pub const ENGINE_KEYS: [&str; 13] = [
+pub const ENGINE_KEYS: [&str; 15] = [
     "objective",
     "t_fwd",
     "max_jobs",
@@ -41,6 +41,8 @@ pub const ENGINE_KEYS: [&str; 13] = [
     "fair_share",
     "min_scale_up",
     "min_scale_down",
+    "max_scale_up",
+    "max_scale_down",
     "default_up",
     "default_down",
     "default_curve",
@@ -174,6 +176,39 @@ pub fn check_preempt_type(cfg: &Config, preempt_type: Option<&str>) -> Result<()
             ALLOWED[1]
         )),
     }
+}
+
+/// Checks that no partition of ours (the cores', the satellites', the allowed ones, the
+/// GPU satellites') is left without preemption by slurm.conf's global PreemptMode
+/// (`global`, read with PreemptType): a partition with no PreemptMode of its own takes
+/// it, and a global PreemptMode=OFF would keep regular jobs behind elastic ones there.
+pub fn check_global_preempt_mode(
+    cfg: &Config,
+    global: u16,
+    parts: &[bftrainer_slurm::Partition],
+) -> Result<(), String> {
+    let ours = std::iter::once(cfg.partition.as_str())
+        .chain(std::iter::once(cfg.satellite_partition.as_str()))
+        .chain(cfg.allowed_partitions.iter().map(String::as_str))
+        .chain(cfg.gpu_satellite_partition.as_deref());
+    for name in ours {
+        let Some(p) = parts.iter().find(|p| p.name == name) else {
+            continue; // check_partitions names a missing one
+        };
+        let mode = p.effective_preempt_mode(global);
+        if mode == bftrainer_slurm::Partition::PREEMPT_OFF {
+            let whose = if p.preempt_mode == bftrainer_slurm::Partition::PREEMPT_INHERIT {
+                "has no PreemptMode of its own and slurm.conf's global PreemptMode is OFF"
+            } else {
+                "has PreemptMode=OFF"
+            };
+            return Err(format!(
+                "{}: partition '{name}' {whose}: regular jobs could not preempt the elastic jobs there; set PreemptMode=REQUEUE (cores) or CANCEL (satellites) on it (conf/slurm.conf.fragment), or a global PreemptMode other than OFF, and `scontrol reconfigure`",
+                cfg.path.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks the config's partitions against slurmctld's (at start, at SIGHUP and whenever
@@ -400,6 +435,16 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
             "min_scale_down",
             0.0..=86_400.0,
             bftrainer_core::engine::DEFAULT_MIN_SCALE_DOWN_S,
+        )?,
+        max_scale_up_s: e.seconds(
+            "max_scale_up",
+            0.0..=86_400.0,
+            bftrainer_core::engine::DEFAULT_MAX_SCALE_UP_S,
+        )?,
+        max_scale_down_s: e.seconds(
+            "max_scale_down",
+            0.0..=86_400.0,
+            bftrainer_core::engine::DEFAULT_MAX_SCALE_DOWN_S,
         )?,
     };
     engine
@@ -653,6 +698,24 @@ mod tests {
         check_partitions(&c, &good).unwrap();
         check_preempt_type(&c, Some("preempt/partition_prio")).unwrap();
         check_preempt_type(&c, Some("preempt/qos")).unwrap();
+        // A partition with no PreemptMode of its own takes the global one.
+        let off = bftrainer_slurm::Partition::PREEMPT_OFF;
+        let requeue = bftrainer_slurm::Partition::PREEMPT_REQUEUE;
+        check_global_preempt_mode(&c, requeue, &good).unwrap();
+        check_global_preempt_mode(&c, off, &good).unwrap();
+        let mut inheriting = good.clone();
+        inheriting[2].preempt_mode = bftrainer_slurm::Partition::PREEMPT_INHERIT;
+        check_global_preempt_mode(&c, requeue, &inheriting).unwrap();
+        let e = check_global_preempt_mode(&c, off, &inheriting).unwrap_err();
+        assert!(
+            e.contains("partition 'elastic-sat' has no PreemptMode of its own")
+                && e.contains("global PreemptMode is OFF"),
+            "{e}"
+        );
+        // A regular partition of the cluster inheriting OFF is not ours to check.
+        let mut batch_off = good.clone();
+        batch_off[0].preempt_mode = bftrainer_slurm::Partition::PREEMPT_INHERIT;
+        check_global_preempt_mode(&c, off, &batch_off).unwrap();
         for bad in [None, Some(""), Some("preempt/none")] {
             let e = check_preempt_type(&c, bad).unwrap_err();
             assert!(

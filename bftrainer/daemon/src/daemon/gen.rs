@@ -31,8 +31,10 @@ pub struct GenCluster {
     pub calls: Calls,
     /// What `priority_inputs` answers (priority/basic by default).
     pub priority: (PriorityWeights, FairshareTable),
-    /// What `preempt_type` answers (`preempt/partition_prio` by default).
+    /// What `preemption` answers: PreemptType (`preempt/partition_prio` by default)
+    /// and the global PreemptMode (REQUEUE by default).
     pub preempt_type: Option<String>,
+    pub preempt_mode: u16,
     next_id: u32,
     /// Jobs already ended at the last `purge_ended`.
     ended: std::collections::HashSet<u32>,
@@ -163,6 +165,7 @@ impl GenCluster {
             calls: Calls::default(),
             priority: Default::default(),
             preempt_type: Some("preempt/partition_prio".into()),
+            preempt_mode: bftrainer_slurm::Partition::PREEMPT_REQUEUE,
             next_id,
             ended: Default::default(),
         }
@@ -345,7 +348,10 @@ impl Cluster for GenCluster {
     fn priority_inputs(&mut self) -> Result<(PriorityWeights, FairshareTable)> {
         Ok(self.priority.clone())
     }
-    fn preempt_type(&mut self) -> Result<Option<String>> {
-        Ok(self.preempt_type.clone())
+    fn preemption(&mut self) -> Result<bftrainer_slurm::Preemption> {
+        Ok(bftrainer_slurm::Preemption {
+            preempt_type: self.preempt_type.clone(),
+            preempt_mode: self.preempt_mode,
+        })
     }
 }

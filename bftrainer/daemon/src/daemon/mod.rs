@@ -158,8 +158,11 @@ struct Core {
     ended_at: f64,
     /// The runtime's last published rate (samples/s) and size, from the job's Comment.
     rate: Option<(f64, u32)>,
-    /// When that rate was journaled (`Event::Progress`), for the rate limit.
+    /// When that rate or the costs were last journaled (`Event::Progress`,
+    /// `Event::RescaleCost`), for the rate limit.
     rate_at: f64,
+    /// The runtime's last published rescale costs (up, down seconds), from the Comment.
+    costs: Option<(f64, f64)>,
     /// The runtime's last measured seconds per training step, from the job's Comment
     /// (0: never measured). Sets how long a shrunk satellite gets to leave.
     step_s: f64,
@@ -619,11 +622,21 @@ impl<C: Cluster> Daemon<C> {
         self.recheck_partitions = false;
         let mut fault = config::check_partitions(&self.cfg, self.cluster.partitions()).err();
         if fault.is_none() {
-            // PreemptType is slurmctld's config: read when the partitions change (a
-            // reconfigure rebuilds them), at start and at SIGHUP. Unknown now (an
-            // error): the partitions' verdict stands.
-            match self.cluster.preempt_type() {
-                Ok(t) => fault = config::check_preempt_type(&self.cfg, t.as_deref()).err(),
+            // PreemptType and the global PreemptMode are slurmctld's config: read when
+            // the partitions change (a reconfigure rebuilds them), at start and at
+            // SIGHUP. Unknown now (an error): the partitions' verdict stands.
+            match self.cluster.preemption() {
+                Ok(p) => {
+                    fault = config::check_preempt_type(&self.cfg, p.preempt_type.as_deref())
+                        .and_then(|()| {
+                            config::check_global_preempt_mode(
+                                &self.cfg,
+                                p.preempt_mode,
+                                self.cluster.partitions(),
+                            )
+                        })
+                        .err()
+                }
                 Err(e) => log::warn!("cannot read slurmctld's PreemptType now ({e})"),
             }
         }
@@ -1090,9 +1103,9 @@ mod tests {
             self.wait();
             self.inner.priority_inputs()
         }
-        fn preempt_type(&mut self) -> cluster::Result<Option<String>> {
+        fn preemption(&mut self) -> cluster::Result<bftrainer_slurm::Preemption> {
             self.wait();
-            self.inner.preempt_type()
+            self.inner.preemption()
         }
     }
 
@@ -1159,8 +1172,8 @@ mod tests {
         fn priority_inputs(&mut self) -> cluster::Result<(PriorityWeights, FairshareTable)> {
             self.inner.priority_inputs()
         }
-        fn preempt_type(&mut self) -> cluster::Result<Option<String>> {
-            self.inner.preempt_type()
+        fn preemption(&mut self) -> cluster::Result<bftrainer_slurm::Preemption> {
+            self.inner.preemption()
         }
     }
 
@@ -1356,6 +1369,9 @@ mod tests {
                 rate: 100.0,
                 step: 0.5,
                 done: false,
+                // Measured rescale costs alternate too, in the same window.
+                up: if i % 3 == 0 { 40.0 } else { 20.0 },
+                down: 0.0,
             };
             d.cluster
                 .jobs
@@ -1375,6 +1391,12 @@ mod tests {
             progress()
         );
         assert!(progress() >= 2, "changes are still journaled");
+        let costs = std::fs::read_to_string(state.path().join(journal::JOURNAL_FILE))
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("\"type\":\"rescale_cost\""))
+            .count();
+        assert!(costs >= 2, "measured costs are journaled too ({costs})");
         // Half the polls show the value last journaled: no change to defer.
         assert!(d.stats.progress_deferred >= polls as u64 / 2 - bound);
     }
@@ -1725,6 +1747,8 @@ mod tests {
                         rate: f64::from(rng.gen_range(10u32..20)) * 10.0,
                         step: 0.5,
                         done: false,
+                        up: 0.0,
+                        down: 0.0,
                     };
                     c.jobs[i].comment = Some(rc.to_string());
                 }

@@ -1200,6 +1200,7 @@ impl<C: Cluster> Daemon<C> {
                 hold_tried: f64::NEG_INFINITY,
                 rate: None,
                 rate_at: f64::NEG_INFINITY,
+                costs: None,
                 step_s: 0.0,
                 ended: false,
                 ended_at: f64::INFINITY,
@@ -1519,31 +1520,51 @@ impl<C: Cluster> Daemon<C> {
         if rc.step > 0.0 {
             core.step_s = rc.step;
         }
-        if !core.started || rc.rate <= 0.0 {
+        if !core.started {
             return;
         }
-        // The Comment is the owner's to write: a rate or a size (`nodes=`) that changes
-        // at every poll would put a record in the journal, and an fsync, at every poll.
-        // The first one is news at once; any change after it (size or rate) at most
-        // every PROGRESS_EVERY_S, the value then in the Comment winning. Changes left
-        // for later are counted.
+        // The Comment is the owner's to write: a rate, a size (`nodes=`) or a rescale
+        // cost (`up=`, `down=`) that changes at every poll would put a record in the
+        // journal, and an fsync, at every poll. The first rate and the first costs are
+        // news at once; any change after them at most every PROGRESS_EVERY_S (one
+        // window for all of them), the values then in the Comment winning. Changes
+        // left for later are counted.
         let resized = core.rate.map_or(true, |(_, n)| n != rc.nodes);
         let changed = core.rate.map_or(true, |(r, _)| {
             (rc.rate - r).abs() > 0.01 * r.max(f64::MIN_POSITIVE)
         });
-        if (resized || changed) && core.rate.is_some() && now - core.rate_at < PROGRESS_EVERY_S {
+        let rate_news = rc.rate > 0.0 && (resized || changed);
+        let costs = (rc.up, rc.down);
+        let cost_news = core.costs.unwrap_or((0.0, 0.0)) != costs;
+        if !rate_news && !cost_news {
+            return;
+        }
+        let first = (rate_news && core.rate.is_none()) || (cost_news && core.costs.is_none());
+        if !first && now - core.rate_at < PROGRESS_EVERY_S {
             self.stats.progress_deferred += 1;
             return;
         }
-        if resized || changed {
+        core.rate_at = now;
+        let jid = core.jid;
+        if rate_news {
             core.rate = Some((rc.rate, rc.nodes));
-            core.rate_at = now;
-            let jid = core.jid;
+        }
+        if cost_news {
+            core.costs = Some(costs);
+        }
+        if rate_news {
             self.emit(Event::Progress {
                 job: jid,
                 samples_per_s: rc.rate,
                 remaining: None,
                 nodes: Some(rc.nodes),
+            });
+        }
+        if cost_news {
+            self.emit(Event::RescaleCost {
+                job: jid,
+                up_s: rc.up,
+                down_s: rc.down,
             });
         }
     }

@@ -245,6 +245,9 @@ class _Runtime:
         transfer.sync(state, self.rank, self.world, self.device, _wait)
         trace("entered")
         state.on_reset()
+        # The first step of a generation is reported at once: bft-run measures a
+        # rescale's cost up to it (the `up=`/`down=` of the job's Comment).
+        self._last_progress = 0.0
 
     def _member_generation(self, after: int) -> _agent.Generation:
         agent = self.agent
@@ -326,6 +329,7 @@ class _Runtime:
             if self.worker not in g.members:
                 self.leave()
             self.enter(g, state)
+            return  # no step in the new generation yet: its first one is reported
         if self.rank == 0 and time.monotonic() - self._last_progress >= PROGRESS_EVERY_S:
             self._last_progress = time.monotonic()
             agent.send(
