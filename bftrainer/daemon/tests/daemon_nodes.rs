@@ -356,3 +356,41 @@ fn partitions_that_break_a_check_at_runtime_stop_lending_until_fixed() {
         );
     }
 }
+
+/// Slurm's fairshare factor of a running elastic job's user reaches the engine as
+/// that user's share weight (`send_user_weights`, journaled as `UserWeight`), and a
+/// change of it at the next read of the factors (every PriorityCalcPeriod, at least
+/// 30 s) follows.
+#[test]
+fn slurms_fairshare_factors_reach_the_engine_as_user_weights() {
+    let (mut d, mut now) = grown("");
+    let core = &mut d.cluster.jobs[0];
+    core.account = Some("proj".into());
+    core.user_name = Some("ann".into());
+    let uid = core.user_id;
+    let mut table = bftrainer_slurm::FairshareTable::default();
+    table.users.insert(("proj".into(), "ann".into()), 0.25);
+    d.cluster.priority = (
+        bftrainer_slurm::PriorityWeights {
+            multifactor: true,
+            fairshare: 1000,
+            calc_period_s: 30,
+            ..Default::default()
+        },
+        table.clone(),
+    );
+    let mut waited = 0;
+    while d.engine().user_weight(uid) != Some(0.25) {
+        assert!(waited < 120, "weight {:?}", d.engine().user_weight(uid));
+        run(&mut d, &mut now, 1);
+        waited += 1;
+    }
+    table.users.insert(("proj".into(), "ann".into()), 0.75);
+    d.cluster.priority.1 = table;
+    let mut waited = 0;
+    while d.engine().user_weight(uid) != Some(0.75) {
+        assert!(waited < 120, "weight {:?}", d.engine().user_weight(uid));
+        run(&mut d, &mut now, 1);
+        waited += 1;
+    }
+}
