@@ -135,6 +135,10 @@ struct Cli {
     /// Write the coordinator's HOST:PORT here once it listens.
     #[arg(long, value_name = "PATH")]
     coord_file: Option<String>,
+    /// (internal, tests) Outside Slurm, write what would be the job's Comment here at
+    /// each change (the measured rate and rescale costs).
+    #[arg(long, hide = true, value_name = "PATH")]
+    comment_file: Option<String>,
     /// (internal) Run an agent that joins the coordinator at --coord.
     #[arg(long, hide = true, requires = "coord")]
     agent: bool,
@@ -690,7 +694,7 @@ async fn coordinate(cli: &Cli) -> i32 {
     let (comment_tx, comment_done) =
         match slurm.map(|s| comment_writer(s, job.parse().unwrap_or(0))) {
             Some((tx, done)) => (Some(tx), Some(done)),
-            None => (None, None),
+            None => (cli.comment_file.clone().map(comment_file_writer), None),
         };
     let c = Coordinator::new(cfg, comment_tx);
     say!(
@@ -840,6 +844,21 @@ async fn coordinate(cli: &Cli) -> i32 {
         }
     }
     code
+}
+
+/// Outside Slurm (tests): a thread that writes each Comment the coordinator publishes
+/// into the file `path`, whole.
+fn comment_file_writer(path: String) -> coord::CommentTx {
+    let (tx, rx) = std::sync::mpsc::channel::<RunComment>();
+    std::thread::spawn(move || {
+        for c in rx {
+            let tmp = format!("{path}.tmp");
+            if std::fs::write(&tmp, format!("{c}\n")).is_ok() {
+                let _ = std::fs::rename(&tmp, &path);
+            }
+        }
+    });
+    tx
 }
 
 /// A thread that writes the job's Comment: at once when the generation or size

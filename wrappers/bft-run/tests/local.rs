@@ -693,8 +693,18 @@ fn a_hand_started_agent_grows_the_job_and_leaves_on_sigterm() {
     let logs = tmp.path().join("logs");
     std::fs::create_dir(&logs).unwrap();
     let t = Instant::now();
-    let (core, addr, job, run) = core_with_address(&m, &logs, &[]);
+    let comment_file = tmp.path().join("comment");
+    let (core, addr, job, run) = core_with_address(
+        &m,
+        &logs,
+        &["--comment-file", comment_file.to_str().unwrap()],
+    );
     let wait_for = wait_until;
+    let comment = || {
+        std::fs::read_to_string(&comment_file)
+            .ok()
+            .and_then(|c| bftrainer_core::runtime::RunComment::parse(&c))
+    };
     wait_for("generation 1", &|| {
         worker_logs(&logs)
             .get("1.0")
@@ -708,6 +718,13 @@ fn a_hand_started_agent_grows_the_job_and_leaves_on_sigterm() {
             .get("2.0")
             .is_some_and(|l| l.contains("gen 2 1.0 2.0 dead="))
     });
+    // The grow's measured cost is in the Comment once the newcomer contributed (its
+    // generation's first progress report): at least the agent's own start-up.
+    wait_for("the grow's cost in the Comment", &|| {
+        comment().is_some_and(|c| c.up > 0.0)
+    });
+    let grown = comment().unwrap();
+    assert!(grown.up < 30.0 && grown.down == 0.0, "{grown:?}");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(extra.get().id() as i32, libc::SIGTERM) };
     let left = extra.take().wait_with_output().unwrap();
