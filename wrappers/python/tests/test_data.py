@@ -107,10 +107,11 @@ def test_a_sigterm_to_the_process_group_leaves_the_loader_running():
     loader = ElasticDataLoader(Rows(n), s, generation=lambda: 1, num_workers=2, prefetch_factor=2)
     old = signal.signal(signal.SIGTERM, lambda *a: None)  # the library's leave handler
     try:
+        before = {c.pid for c in multiprocessing.active_children()}  # other tests' leftovers
         it = iter(loader)
         next(it)
-        children = multiprocessing.active_children()  # the DataLoader's processes
-        assert children
+        children = [c for c in multiprocessing.active_children() if c.pid not in before]
+        assert len(children) == 2  # this DataLoader's processes
         for child in children:
             os.kill(child.pid, signal.SIGTERM)
         got = [b for _, b in it]

@@ -32,10 +32,25 @@ def _ignore_sigterm(user_init: Any) -> Any:
         import signal
 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked by _start
         if user_init is not None:
             user_init(worker_id)
 
     return init
+
+
+def _start(loader: Any) -> Any:
+    """``iter(loader)``, which forks the DataLoader's processes, with SIGTERM blocked
+    meanwhile: the children start with it blocked (torch's own worker handler dies of
+    a SIGTERM not sent by the parent) and unblock it only once their init ignores it; a
+    SIGTERM sent meanwhile waits, and reaches this process when the fork is done."""
+    import signal
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _generation() -> int:
@@ -109,7 +124,7 @@ class ElasticDataLoader:
             steps = _steps(s, start, rank, world)
             plan = _Plan(s, epoch, start, rank, world)
             loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=plan, **self.kwargs)
-            fetched = iter(loader)
+            fetched = _start(loader)
             expect = start
             stale = False
             try:
