@@ -5,14 +5,16 @@ import pytest
 from bftrainer.sampler import ElasticSampler
 
 
-def run_epochs(n, batch, epochs, world_at, rollback_at=()):
+def run_epochs(n, batch, epochs, world_at, rollback_at=(), global_batch=None):
     """Drive a sampler through epochs with the world size changing per step;
-    return the samples each epoch used (committed lineage)."""
+    return the samples each epoch used (committed lineage). With ``global_batch`` each
+    step's split is checked too (G samples, sizes differing by at most one)."""
     world = {"w": 1}
     samplers = {}
+    form = {"global_batch": global_batch} if global_batch else {"batch_size": batch}
 
     def make(rank):
-        return ElasticSampler(n, batch, seed=7, world=lambda: (rank, world["w"]))
+        return ElasticSampler(n, seed=7, world=lambda: (rank, world["w"]), **form)
 
     lead = make(0)
     used = [[] for _ in range(epochs)]
@@ -28,6 +30,9 @@ def run_epochs(n, batch, epochs, world_at, rollback_at=()):
             s = samplers.setdefault(r, make(r))
             s.load_state_dict(saved)
             taken.append(s.take())
+        if global_batch:
+            sizes = [len(t) for t in taken]
+            assert sum(sizes) == min(global_batch, n - saved["consumed"]) and max(sizes) - min(sizes) <= 1
         lead.load_state_dict(samplers[0].state_dict())
         if step in rollback_at:
             lead.load_state_dict(saved)  # the step is lost: taken again
@@ -113,47 +118,13 @@ def test_large_orders_stay_inside_the_range_and_invert(n):
         assert o.position(o[i]) == i
 
 
-def run_global(n, g, epochs, world_at, rollback_at=()):
-    """As run_epochs, with a fixed global batch; also checks each step's split."""
-    world = {"w": 1}
-
-    def make(rank):
-        return ElasticSampler(n, global_batch=g, seed=11, world=lambda: (rank, world["w"]))
-
-    lead = make(0)
-    used = [[] for _ in range(epochs)]
-    step = 0
-    while lead.epoch < epochs:
-        world["w"] = world_at(step)
-        saved = lead.state_dict()
-        if lead.consumed >= n:
-            lead.epoch, lead.consumed = lead.epoch + 1, 0
-            continue
-        taken = []
-        for r in range(world["w"]):
-            s = make(r)
-            s.load_state_dict(saved)
-            taken.append(s.take())
-            last = s
-        sizes = [len(t) for t in taken]
-        assert sum(sizes) == min(g, n - saved["consumed"]) and max(sizes) - min(sizes) <= 1
-        lead.load_state_dict(last.state_dict())
-        if step in rollback_at:
-            lead.load_state_dict(saved)
-        else:
-            for t in taken:
-                used[saved["epoch"]].extend(t)
-        step += 1
-    return used
-
-
 @pytest.mark.parametrize("seed", range(10))
 def test_a_global_batch_takes_exactly_once_per_epoch_whatever_the_world_does(seed):
     rng = random.Random(seed)
     n, g, epochs = rng.randint(1, 3000), rng.randint(1, 97), 2
     sizes = [rng.randint(1, 9) for _ in range(10_000)]
     rollbacks = {s for s in range(10_000) if rng.random() < 0.1}
-    used = run_global(n, g, epochs, lambda s: sizes[s], rollbacks)
+    used = run_epochs(n, None, epochs, lambda s: sizes[s], rollbacks, global_batch=g)
     for e in range(epochs):
         assert sorted(used[e]) == list(range(n)), f"epoch {e}"
 
