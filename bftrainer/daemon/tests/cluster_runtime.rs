@@ -551,6 +551,16 @@ fn hosts_of(l: &Live, job: u32) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `bft-run hosts --job J` once it lists `n` hosts: it reads Slurm's view of the job's
+/// satellites, which may lag the world the workers already formed by a poll (a
+/// satellite preempted a moment ago still ending), so it is waited for, not sampled.
+fn wait_hosts(l: &Live, job: u32, n: usize) -> String {
+    l.wait(60, &format!("bft-run hosts to list {n} hosts"), || {
+        let hosts = hosts_of(l, job);
+        (hosts.lines().count() == n).then_some(hosts)
+    })
+}
+
 /// A live cluster whose satellites run `bft-run --join` (bftrainerd running), and a
 /// work directory of the test user's in it (its files shown if the test fails).
 fn joining_cluster(name: &str) -> (Live, PathBuf, ShowOutput) {
@@ -629,8 +639,7 @@ fn cluster_runtime_torchrun_script_through_grow_preemption_and_regrow() {
     let r = l.wait(240, "a world of 4 at step 20", || {
         torchrun_holding(&logs, 4, 20, None)
     });
-    let hosts = hosts_of(&l, job);
-    assert_eq!(hosts.lines().count(), 4, "{hosts}");
+    let hosts = wait_hosts(&l, job, 4);
     assert!(hosts.lines().all(|h| h.ends_with(":1")), "{hosts}");
     set_limit(40);
     l.wait(120, "step 40 in the world of 4", || {
@@ -653,14 +662,13 @@ fn cluster_runtime_torchrun_script_through_grow_preemption_and_regrow() {
     let r2 = l.wait(120, "a world of 2 at step 40", || {
         torchrun_holding(&logs, 2, 40, Some(r))
     });
-    let hosts = hosts_of(&l, job);
-    assert_eq!(hosts.lines().count(), 2, "{hosts}");
+    wait_hosts(&l, job, 2);
 
     // 3. The regular job ends; bftrainerd grows the job back to 4.
     let r3 = l.wait(240, "a world of 4 at step 40 again", || {
         torchrun_holding(&logs, 4, 40, Some(r2))
     });
-    assert_eq!(hosts_of(&l, job).lines().count(), 4);
+    wait_hosts(&l, job, 4);
     set_limit(budget);
 
     // 4. It finishes at the budget, learned, every step once.
@@ -810,7 +818,7 @@ fn cluster_runtime_mpi_program_through_grow_preemption_and_regrow() {
     let a = l.wait(240, "a world of 4 at step 10", || {
         mpi_holding(&log, 4, 10, None)
     });
-    assert_eq!(hosts_of(&l, job).lines().count(), 4);
+    wait_hosts(&l, job, 4);
     set_limit(20);
     let b = l.wait(120, "step 20 in the world of 4", || {
         mpi_holding(&log, 4, 20, Some(a))
@@ -826,7 +834,7 @@ fn cluster_runtime_mpi_program_through_grow_preemption_and_regrow() {
     let c = l.wait(120, "a world of 2 at step 20", || {
         mpi_holding(&log, 2, 20, Some(b))
     });
-    assert_eq!(hosts_of(&l, job).lines().count(), 2);
+    wait_hosts(&l, job, 2);
 
     // 3. The regular job ends; the job grows back to 4 and finishes.
     l.wait(240, "a world of 4 at step 20 again", || {
