@@ -379,11 +379,11 @@ struct Gate {
     logged: Option<Instant>,
 }
 
-/// What the coordinator publishes; the caller writes it to the job's Comment.
 /// The longest an agent's stated age counts, seconds: an agent waits for its
 /// coordinator at most a few minutes, so more is no grow's cost.
 const MAX_AGENT_AGE_S: f64 = 3600.0;
 
+/// What the coordinator publishes; the caller writes it to the job's Comment.
 pub type CommentTx = std::sync::mpsc::Sender<RunComment>;
 
 pub struct Coordinator {
