@@ -572,7 +572,7 @@ fn cluster_interrupted_up_leaves_nothing_running() {
     // 4th daemon): `up` still has daemons to start or wait for, so it is interrupted
     // with some of its daemons running, and must stop them.
     for started in [1, 4] {
-        let up = std::process::Command::new(
+        let mut up = std::process::Command::new(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster/cluster"),
         )
         .args(["up", "--nodes", "2", "--dir", dir.to_str().unwrap()])
@@ -580,16 +580,31 @@ fn cluster_interrupted_up_leaves_nothing_running() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        // A safety net only, longer than `up`'s own waits (MariaDB 60 s, slurmdbd 120 s):
+        // an `up` that fails ends first, and says why.
+        let deadline = std::time::Instant::now() + Duration::from_secs(400);
         loop {
             let text = std::fs::read_to_string(&state).unwrap_or_default();
             if text.matches("\"pid\": ").count() >= started {
                 break;
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "`up` did not start {started} daemons in 120 s"
-            );
+            if up.try_wait().unwrap().is_some() {
+                let out = up.wait_with_output().unwrap();
+                panic!(
+                    "`up` ended ({}) before it had started {started} daemons:\n{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            if std::time::Instant::now() > deadline {
+                // SAFETY: kill(2) on our own child's pid.
+                unsafe { kill(up.id() as i32, 15) };
+                let out = up.wait_with_output().unwrap();
+                panic!(
+                    "`up` did not start {started} daemons in 400 s ({text}):\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
             // Finer than the fixture's 100 ms polls: the interrupt must land mid-`up`.
             std::thread::sleep(Duration::from_millis(5));
         }

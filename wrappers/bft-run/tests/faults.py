@@ -312,6 +312,16 @@ def main() -> int:
         print("MATRIX OK", flush=True)
         return 0
     finally:
+        if not ok:
+            # Where each live worker is: the library prints every thread's stack on
+            # SIGUSR1 (into the logs printed below).
+            for pid in {r[2] for r in trace.rows}:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                    os.kill(pid, signal.SIGUSR1)
+                except OSError:
+                    pass
+            time.sleep(2)
         for p in [core] + extras:
             if p.poll() is None:
                 try:
@@ -329,9 +339,9 @@ def main() -> int:
         if not ok:
             rows = [r for r in trace.rows if r[5] != "step"]
             print("--- trace (without steps) ---\n" + "\n".join(map(str, rows[-60:])), flush=True)
-            print("--- bft-run log ---\n" + open(log_path).read()[-20000:], flush=True)
+            print("--- bft-run log ---\n" + open(log_path).read()[-60000:], flush=True)
             for i in range(len(extras)):
-                print(f"--- extra agent {i} ---\n" + open(log_path + f".extra{i}").read()[-4000:], flush=True)
+                print(f"--- extra agent {i} ---\n" + open(log_path + f".extra{i}").read()[-12000:], flush=True)
         shutil.rmtree(d, ignore_errors=True)
 
 

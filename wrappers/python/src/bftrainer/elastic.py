@@ -12,6 +12,7 @@ it, the wait gives up at once instead of hanging until a timeout. See docs/desig
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import functools
 import inspect
 import os
@@ -526,6 +527,11 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
             agent.request_leave()
 
         signal.signal(signal.SIGTERM, on_term)
+        # `kill -USR1` prints every thread's Python stack on stderr (in bft-run's log):
+        # how to see where a stuck worker is. Only where SIGUSR1 would otherwise end
+        # the process; a handler the user installed stays.
+        if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
         try:
             state.load_checkpoint()
             agent.send({"t": "ready", "worker": rt.worker})
