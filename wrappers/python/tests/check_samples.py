@@ -92,15 +92,20 @@ def step_losses(log_dir: str) -> Dict[int, float]:
 
 def compare_losses(elastic: Dict[int, float], static: Dict[int, float], rtol: float) -> Dict[str, float]:
     """Every step of the static run was run by the elastic one, with a loss equal
-    within ``rtol`` (relative); returns the step count and the largest difference."""
+    within ``rtol`` relative to the step's loss, or to a thousandth of the first step's
+    loss where the loss has fallen below that: near convergence the loss is tiny and
+    the last bits of a sum taken in another order (other world sizes) dominate it
+    (seen: 6e-7 apart at a loss of 0.005 after 2,800 steps, 45.6 at the start).
+    Returns the step count and the largest difference."""
     if not static:
         raise AssertionError("the static run logged no losses")
     missing = sorted(set(static) - set(elastic))
     if missing:
         raise AssertionError(f"steps of the static run missing from the elastic one: {missing[:10]}")
+    floor = max(abs(static[min(static)]) * 1e-3, 1e-12)
     worst, at = 0.0, 0
     for step, ref in sorted(static.items()):
-        d = abs(elastic[step] - ref) / max(abs(ref), 1e-12)
+        d = abs(elastic[step] - ref) / max(abs(ref), floor)
         if d > worst:
             worst, at = d, step
         if d > rtol:

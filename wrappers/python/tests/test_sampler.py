@@ -199,6 +199,12 @@ def test_the_loss_comparison_of_the_runtime_tests_catches_a_difference(tmp_path)
         compare_losses(losses, {1: 1.5, 2: 1.001}, 1e-4)
     with pytest.raises(AssertionError, match="missing"):
         compare_losses(losses, {3: 1.0}, 1e-4)
+    # Near convergence a difference counts against a thousandth of the first loss
+    # (here 0.01): 5e-7 apart at a loss of 0.001 passes (5e-5 against 0.01, though 5e-4
+    # of the loss itself), 1e-5 apart does not.
+    assert compare_losses({1: 10.0, 2: 0.0010005}, {1: 10.0, 2: 0.001}, 1e-4)["steps"] == 2
+    with pytest.raises(AssertionError, match="step 2: loss"):
+        compare_losses({1: 10.0, 2: 0.00101}, {1: 10.0, 2: 0.001}, 1e-4)
 
 
 def test_a_samples_random_stream_is_keyed_by_sample_and_epoch_not_by_rank():
