@@ -43,8 +43,11 @@ TRAIN = os.path.join(REPO, "wrappers", "python", "examples", "train.py")
 CHECK = os.path.join(REPO, "wrappers", "python", "tests")
 HANG = 5.0  # --hang-timeout of these jobs (seconds): short, but not so short that a loaded machine starves a heartbeat
 SAMPLES, EPOCHS = 768, 2
-# Per-step loss against a static run, relative: fp32 on CPU, sums over other splits.
-LOSS_RTOL = 1e-4
+# Per-step loss against a static run, relative: fp32 on CPU, sums over other splits
+# (the order of a sum's terms): 2.4e-5 to 2.8e-5 at worst over 3,390 steps in most runs,
+# up to 1.17e-4 (at a loss of 0.0054) in some. A lost, doubled or misweighted sample
+# moves a step's loss by far more.
+LOSS_RTOL = 1e-3
 
 
 def munged(d: str) -> Tuple[subprocess.Popen, str]:
