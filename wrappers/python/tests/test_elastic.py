@@ -77,6 +77,12 @@ def test_worker_killed_costs_a_rollback_not_the_job(agent, tmp_path):
     # process group's 1800 s timeout, which is what a missed failure would cost.
     agent.wait_for(lambda: agent.count("broken", gen=g) == 2, timeout=120, what="broken reports")
     print(f"survivors reported the loss {time.monotonic() - t0:.2f} s after the kill")
-    agent.announce(["a.0", "b.0"])
+    g = agent.announce(["a.0", "b.0"])
+    # Five more generations of the same two: each switch lets go of the group before,
+    # the failed generation's too, which may hold a collective stuck on the other
+    # survivor (kept until it ends: test_leftovers).
+    for _ in range(5):
+        agent.wait_for(lambda: agent.count("progress", gen=g) > 0, timeout=120, what=f"a step in generation {g}")
+        g = agent.announce(["a.0", "b.0"])
     r = finish(agent, tmp_path, ["a.0", "b.0"])
     assert r["samples"] == N * EPOCHS

@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, Iterable, List, Mapping, NamedTuple, Optional, TypeVar
 
 from . import _agent, transfer
+from ._leftovers import LEFTOVERS
 from .state import State
 
 T = TypeVar("T")
@@ -172,9 +173,10 @@ class _Runtime:
         # A gradient all-reduce of this step succeeded: the optimizer may have stepped
         # since the last commit, so a failure now cannot roll back in place.
         self.dirty = False
-        # Process groups given up on after a failure: kept referenced, never destroyed
-        # here (a collective stuck on a frozen peer would block the destructor).
-        self._abandoned: List[Any] = []
+        # Collectives of the current group issued and not seen complete: those a
+        # failure abandons may stay stuck on a peer that gave up too; the group is
+        # then kept until they end (_leftovers says why).
+        self._inflight: List[Any] = []
 
     # -- process group -------------------------------------------------------------
 
@@ -354,12 +356,12 @@ class _Runtime:
                     abort(pg)
                 except Exception as e:  # noqa: BLE001 - best effort; say so
                     print(f"bftrainer: aborting the NCCL communicator failed: {e}", file=sys.stderr, flush=True)
-        self._abandoned.append(pg)
-        del self._abandoned[:-4]
         try:
             dist.destroy_process_group()
         except Exception as e:  # noqa: BLE001 - an aborted group may refuse; it is left anyway
             print(f"bftrainer: leaving the old process group: {e}", file=sys.stderr, flush=True)
+        LEFTOVERS.leave(pg, self._inflight)
+        self._inflight = []
 
     def leave(self) -> None:
         """Not in the new generation: the step is committed, so leave without a rollback.
@@ -369,7 +371,7 @@ class _Runtime:
         the like do not run for a leaver."""
         import torch.distributed as dist
 
-        if dist.is_initialized() and not self._abandoned:
+        if dist.is_initialized() and not LEFTOVERS:
             dist.destroy_process_group()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -394,6 +396,7 @@ def _wait(work: Any, what: str) -> None:
     rt = _rt()
     agent = rt.agent
     pause = 0.0001
+    rt._inflight.append(work)
     while not work.is_completed():
         if agent is not None:
             why = agent.failed(rt.gen, rt.members)
@@ -402,6 +405,7 @@ def _wait(work: Any, what: str) -> None:
             agent.check()
         time.sleep(pause)
         pause = min(pause * 2, 0.002)
+    rt._inflight.remove(work)
     try:
         work.wait()
     except RuntimeError as e:
@@ -481,8 +485,11 @@ def allreduce_gradients(params: Iterable[Any], n_local: int) -> int:
     meta = torch.tensor([float(n_local), seen], dtype=torch.float64, device=flat.device)
     w1 = dist.all_reduce(flat, async_op=True)
     w2 = dist.all_reduce(meta, async_op=True)
+    # Queued behind w1 (or run beside it): pending too if w1's wait gives up.
+    rt._inflight.append(w2)
     _wait(w1, "the gradient all-reduce")
     _wait(w2, "the gradient all-reduce")
+    rt._inflight.remove(w2)
     total = float(meta[0].item())
     rt._flag = float(meta[1].item())
     rt.dirty = True

@@ -19,6 +19,8 @@ import sys
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple, Union
 
+from ._leftovers import LEFTOVERS
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -263,9 +265,15 @@ class _Window:
             self._pop()
 
     def _pop(self) -> None:
-        work, what, nbytes, _ = self.pending.popleft()
+        work, what, nbytes, _ = self.pending[0]
         self.wait(work, what)
+        # Out of the deque once complete: a wait that gives up leaves it there.
+        self.pending.popleft()
         self.bytes -= nbytes
+
+    def left(self) -> List[Any]:
+        """The transfers posted and not waited for (after a failure)."""
+        return [p[0] for p in self.pending]
 
     def drain(self) -> None:
         while self.pending:
@@ -327,6 +335,7 @@ def sync(state: State, rank: int, world: int, device: Any, wait: Wait) -> None:
     # the commit take no part. (Gloo's point-to-point operations cannot be waited for
     # with a deadline: a group's broadcast can, and it reaches only the newcomers.)
     sub = dist.new_group([src] + receivers) if receivers else None
+    window = _Window(wait)
     if rank == src or rank in receivers:
         from .elastic import trace
 
@@ -334,21 +343,24 @@ def sync(state: State, rank: int, world: int, device: Any, wait: Wait) -> None:
     try:
         if rank == src:
             if receivers:
-                _send(state, sub, src, dev, wait)
+                _send(state, sub, src, dev, window)
             if top < 0:
                 state.save()
         elif rank in receivers:
-            _receive(state, sub, src, dev, wait)
+            _receive(state, sub, src, dev, window)
             if top >= 0 and state.step != top:
                 raise StateTransferError(f"rank {src} sent the state of step {state.step}, not its commit {top}")
             state.save()
     finally:
         if sub is not None and rank in [src] + receivers:
             dist.destroy_process_group(sub)
+            # Kept while broadcasts that a peer gave up on are pending (_leftovers).
+            LEFTOVERS.leave(sub, window.left())
 
 
-def _send(state: State, sub: Any, src: int, dev: Any, wait: Wait) -> None:
-    """Broadcasts the state from ``src`` (this rank) over ``sub`` (it and the receivers)."""
+def _send(state: State, sub: Any, src: int, dev: Any, window: _Window) -> None:
+    """Broadcasts the state from ``src`` (this rank) over ``sub`` (it and the receivers),
+    through ``window``."""
     import torch
     import torch.distributed as dist
 
@@ -359,11 +371,11 @@ def _send(state: State, sub: Any, src: int, dev: Any, wait: Wait) -> None:
         header, tensors, paths = encode(state._payload())
     except (TypeError, ValueError):
         refusal = torch.tensor([-1], dtype=torch.int64, device=dev)
-        wait(bcast(refusal), "the refusal to the receivers")
+        window.post(bcast(refusal), "the refusal to the receivers", 8, refusal)
+        window.drain()
         raise
     length = torch.tensor([len(header)], dtype=torch.int64, device=dev)
     head = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(dev)
-    window = _Window(wait)
     window.post(bcast(length), "the state's header length", 8, length)
     window.post(bcast(head), "the state's header", len(header), head)
     for t, path in zip(tensors, paths):
@@ -374,7 +386,7 @@ def _send(state: State, sub: Any, src: int, dev: Any, wait: Wait) -> None:
     window.drain()
 
 
-def _receive(state: State, sub: Any, src: int, dev: Any, wait: Wait) -> None:
+def _receive(state: State, sub: Any, src: int, dev: Any, window: _Window) -> None:
     import torch
     import torch.distributed as dist
 
@@ -383,19 +395,20 @@ def _receive(state: State, sub: Any, src: int, dev: Any, wait: Wait) -> None:
 
     state._receiving()
     length = torch.empty(1, dtype=torch.int64, device=dev)
-    wait(bcast(length), f"the state's header length from rank {src}")
+    window.post(bcast(length), f"the state's header length from rank {src}", 8)
+    window.drain()
     n = int(length.item())
     if n < 0:
         raise StateTransferError(f"rank {src} could not send its state (its own error says why)")
     if n > _MAX_HEADER:
         raise _bad(f"a header of {n} bytes")
     head = torch.empty(n, dtype=torch.uint8, device=dev)
-    wait(bcast(head), f"the state's header from rank {src}")
+    window.post(bcast(head), f"the state's header from rank {src}", n)
+    window.drain()
     tree, descs = parse_header(bytes(head.cpu().tolist()))
     live: Dict[str, Any] = dict(state.model.state_dict()) if state.model is not None else {}
     if state.optimizer is not None:
         state.optimizer.state.clear()  # replaced by what arrives: do not hold both
-    window = _Window(wait)
     tensors: List[Any] = []
     for d in descs:
         target: Optional[torch.Tensor] = None
