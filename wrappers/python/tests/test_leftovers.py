@@ -49,3 +49,38 @@ def test_a_group_with_a_pending_collective_is_kept_until_it_ends():
     done.wait()
     left.leave(g0, [done])
     assert len(left) == 0
+
+
+EXITING = """
+import datetime, threading, torch, torch.distributed as dist
+from bftrainer._leftovers import LEFTOVERS
+store = dist.HashStore()
+g = [None, None]
+def make(r):
+    g[r] = dist.ProcessGroupGloo(store, r, 2, datetime.timedelta(seconds=600))
+ts = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+# Each rank waits on a collective the other never matches.
+stuck = [g[0].broadcast([torch.ones(4)], dist.BroadcastOptions()), g[1].allreduce([torch.ones(4)])]
+LEFTOVERS.leave(g[0], [stuck[0]])
+LEFTOVERS.leave(g[1], [stuck[1]])
+del g, stuck
+print("leaving", flush=True)
+"""
+
+
+def test_a_worker_with_stuck_groups_exits_without_waiting_for_them():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    p = subprocess.Popen([sys.executable, "-c", EXITING], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        # Their destructors would wait out the groups' 600 s timeout.
+        out, _ = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("the process waited for its stuck groups at exit")
+    assert p.returncode == 0 and "leaving" in out

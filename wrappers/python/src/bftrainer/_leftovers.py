@@ -10,12 +10,15 @@ its destructor returns at once."""
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 from typing import Any, Iterable, List, Tuple
 
 
 class Leftovers:
     def __init__(self) -> None:
         self._kept: List[Tuple[Any, List[Any]]] = []
+        self._hooked = False
 
     def leave(self, group: Any, works: Iterable[Any]) -> None:
         """Let go of ``group``: kept until ``works`` (its collectives issued here and
@@ -23,7 +26,19 @@ class Leftovers:
         pending = [w for w in works if not w.is_completed()]
         if pending:
             self._kept.append((group, pending))
+            if not self._hooked:
+                self._hooked = True
+                atexit.register(self._at_exit)
         self.prune()
+
+    def _at_exit(self) -> None:
+        """At the interpreter's exit the groups still kept are never destroyed (a
+        reference is leaked on purpose): their destructors would wait for collectives
+        that peers exiting the same way never end, and the worker would not exit
+        before the timeout. The process's end closes their sockets anyway."""
+        self.prune()
+        for g, _ in self._kept:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(g))
 
     def prune(self) -> None:
         """Drops the groups whose collectives have all ended."""
