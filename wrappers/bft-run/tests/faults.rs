@@ -8,8 +8,9 @@
 //! at 5 s steps each signal meets each target once and each phase once (9 faults).
 //!
 //! The SIGKILL matrix at 0.05 s trains with a fixed global batch and checks that every
-//! step's loss equals that of the same training run alone; the SIGTERM one reads its
-//! samples through a DataLoader with worker processes (issue 32).
+//! step's loss equals that of the same training run alone; the SIGTERM one and the
+//! SIGKILL one at 5 s steps read their samples through a DataLoader with worker
+//! processes (issue 32).
 //!
 //! It needs the virtualenv with torch (`BFT_VENV`, default /opt/bftrainer-venv, made by
 //! scripts/python-env, as `make test` does) and munged.
@@ -87,12 +88,15 @@ fn faults_at_50ms_steps_sigterm() {
     run_matrix("0.05", "TERM", ALL, &[("FAULTS_DATALOADER", "1")]);
 }
 
+/// Through a DataLoader too: three kills and their rollbacks discard what the loader
+/// processes had prefetched.
 #[test]
 fn faults_at_5s_steps_sigkill() {
-    matrix(
+    run_matrix(
         "5",
         "KILL",
         &["worker:step", "rank0:rebuild", "newcomer:transfer"],
+        &[("FAULTS_DATALOADER", "1")],
     );
 }
 
