@@ -44,9 +44,10 @@ CHECK = os.path.join(REPO, "wrappers", "python", "tests")
 HANG = 5.0  # --hang-timeout of these jobs (seconds): short, but not so short that a loaded machine starves a heartbeat
 SAMPLES, EPOCHS = 768, 2
 # Per-step loss against a static run, relative: fp32 on CPU, sums over other splits
-# (the order of a sum's terms): 2.4e-5 to 2.8e-5 at worst over 3,390 steps in most runs,
-# up to 1.17e-4 (at a loss of 0.0054) in some. A lost, doubled or misweighted sample
-# moves a step's loss by far more.
+# (the order of a sum's terms), a drift that grows with the steps: over 3,390 steps
+# 2.5e-5 to 2.3e-4 at worst in six runs, once 1.45e-3 (at step 1841, after the faults).
+# So LOSS_RTOL through the faults and 50 steps on, the looser bound of compare_losses
+# (1e-2) after. A lost, doubled or misweighted sample moves a step's loss by far more.
 LOSS_RTOL = 1e-3
 
 
@@ -299,7 +300,7 @@ def main() -> int:
         res = check(os.path.join(d, "samples"), samples, epochs)
         print(f"samples ok: {res}", flush=True)
         if global_batch:
-            from check_samples import compare_losses, step_losses
+            from check_samples import compare_losses, last_change_step, step_losses
 
             solo_dir = os.path.join(d, "solo")
             solo_env = {k: v for k, v in env.items() if not k.startswith("BFT_")}
@@ -309,7 +310,10 @@ def main() -> int:
                  "--log-dir", solo_dir],
                 env=solo_env, check=True, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
-            same = compare_losses(step_losses(os.path.join(d, "samples")), step_losses(solo_dir), LOSS_RTOL)
+            # Strict through the faults (and 50 steps on); looser once the world stays.
+            until = last_change_step(os.path.join(d, "samples")) + 50
+            same = compare_losses(step_losses(os.path.join(d, "samples")), step_losses(solo_dir), LOSS_RTOL, until)
+            same["strict_until_step"] = until
             print(f"losses as a static run: {same}", flush=True)
         ok = True
         print("MATRIX OK", flush=True)

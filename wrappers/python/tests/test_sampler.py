@@ -205,6 +205,11 @@ def test_the_loss_comparison_of_the_runtime_tests_catches_a_difference(tmp_path)
     assert compare_losses({1: 10.0, 2: 0.0010005}, {1: 10.0, 2: 0.001}, 1e-4)["steps"] == 2
     with pytest.raises(AssertionError, match="step 2: loss"):
         compare_losses({1: 10.0, 2: 0.00101}, {1: 10.0, 2: 0.001}, 1e-4)
+    # After `until` (the world no longer changed) the bound is rtol_after.
+    far = ({1: 10.0, 2: 0.00101, 3: 2.0}, {1: 10.0, 2: 0.001, 3: 2.0})
+    assert compare_losses(*far, 1e-4, until=1)["steps"] == 3
+    with pytest.raises(AssertionError, match="over 1e-02"):
+        compare_losses({1: 10.0, 2: 0.0011}, {1: 10.0, 2: 0.001}, 1e-4, until=1)
 
 
 def test_a_samples_random_stream_is_keyed_by_sample_and_epoch_not_by_rank():
