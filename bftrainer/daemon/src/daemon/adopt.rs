@@ -11,6 +11,7 @@
 
 use super::*;
 use bftrainer_core::engine::Action;
+use bftrainer_core::placement::slot_host;
 
 impl<C: Cluster> Daemon<C> {
     /// Marks core `id` (running, already declared to the engine as `jid`) for adoption
@@ -98,6 +99,10 @@ impl<C: Cluster> Daemon<C> {
             // per node off the core's nodes.
             let (sat_tag, sat_name) = (satellite_tag(id), satellite_name(id));
             let mut sat_nodes: Vec<NodeId> = Vec::new();
+            // GPU satellites (in `[gpu_lending] satellite_partition`): id and host; each
+            // gets one GPU slot of its host below.
+            let mut gpu_sats: Vec<(u32, String)> = Vec::new();
+            let gpu_part = self.cfg.gpu_satellite_partition.as_deref();
             for s in self.cluster.jobs() {
                 if !is_running(s)
                     || s.preempt_time.is_some()
@@ -111,14 +116,16 @@ impl<C: Cluster> Daemon<C> {
                 {
                     continue;
                 }
+                if gpu_part.is_some() && s.partition.as_deref() == gpu_part {
+                    gpu_sats.push((s.job_id, observe::sat_node(s).to_string()));
+                    continue;
+                }
                 if let Some(&n) = self.node_ids.get(observe::sat_node(s)) {
                     if !core_nodes.contains(&n) && !sat_nodes.contains(&n) {
                         sat_nodes.push(n);
                     }
                 }
             }
-            let max = self.engine.job_spec(jid).max_nodes as usize;
-            sat_nodes.truncate(max.saturating_sub(core_nodes.len()));
             // The journal's nodes for it (an old backup) lose to Slurm's.
             let held: Vec<NodeId> = self.engine.job_nodes(jid).to_vec();
             for &n in &held {
@@ -129,6 +136,14 @@ impl<C: Cluster> Daemon<C> {
                     }
                 }
             }
+            // Each GPU satellite takes one slot of its host that the engine lends to no
+            // job: the one it is bound to if any, else the first such. Which GPU Slurm
+            // gave it does not matter (a host's slots are interchangeable); that the
+            // engine counts one slot per satellite does.
+            let gpu_slots = self.adopt_gpu_slots(&gpu_sats);
+            sat_nodes.extend(gpu_slots.iter().map(|&(_, slot)| slot));
+            let max = self.engine.job_spec(jid).max_nodes as usize;
+            sat_nodes.truncate(max.saturating_sub(core_nodes.len()));
             let mut actions = vec![Action::Admit {
                 job: jid,
                 nodes: core_nodes.clone(),
@@ -162,6 +177,18 @@ impl<C: Cluster> Daemon<C> {
             if let Some(jr) = self.journal.as_mut() {
                 jr.push(&record(now, ev));
             }
+            // Bound now, so that reconcile, later in this cycle, counts each one as the
+            // worker on its slot (not as a satellite of no slot, nor a slot to lend).
+            for &(sid, slot) in &gpu_slots {
+                if !sat_nodes.contains(&slot)
+                    || self.engine.node_state(slot) != NodeState::Held(jid)
+                {
+                    continue;
+                }
+                let memo = self.sats.entry(sid).or_default();
+                memo.parent = id;
+                memo.slot = Some(slot);
+            }
             self.adopting.remove(&id);
             self.stats.adopted_running += 1;
             let restarts = j.restart_count;
@@ -178,6 +205,34 @@ impl<C: Cluster> Daemon<C> {
                 start.map_or("?".to_string(), |t| t.to_string())
             );
         }
+    }
+
+    /// One GPU slot for each GPU satellite `(id, host)` whose host's slots the engine
+    /// knows: its bound slot if the engine lends it to no job, else the first slot of
+    /// its host the engine lends to no job and no other satellite here took.
+    fn adopt_gpu_slots(&self, gpu_sats: &[(u32, String)]) -> Vec<(u32, NodeId)> {
+        let mut taken: Vec<(u32, NodeId)> = Vec::new();
+        let free = |slot: NodeId, taken: &[(u32, NodeId)]| {
+            self.engine.node_state(slot) == NodeState::Idle
+                && !taken.iter().any(|&(_, t)| t == slot)
+        };
+        for (sid, host) in gpu_sats {
+            let bound = self
+                .sats
+                .get(sid)
+                .and_then(|m| m.slot)
+                .filter(|&slot| slot_host(&self.nodes[slot as usize].name) == host);
+            let pick = bound.filter(|&slot| free(slot, &taken)).or_else(|| {
+                (0..self.nodes.len() as NodeId).find(|&slot| {
+                    let r = &self.nodes[slot as usize];
+                    r.gpu_slot && slot_host(&r.name) == host && free(slot, &taken)
+                })
+            });
+            if let Some(slot) = pick {
+                taken.push((*sid, slot));
+            }
+        }
+        taken
     }
 
     /// Engine ids of the nodes of a host expression that the daemon knows.
@@ -271,6 +326,133 @@ mod tests {
         let jid = d.jobs.iter().position(|&j| j == 1).unwrap() as JobId;
         assert_eq!(d.engine.job_nodes(jid).len(), 4);
         assert_eq!(d.names(d.engine.job_anchors(jid)), "n1");
+    }
+
+    /// Running GPU satellites of job 1 (in `shared-sat`): ids.
+    fn gpu_sats(c: &GenCluster) -> Vec<u32> {
+        c.jobs
+            .iter()
+            .filter(|j| {
+                j.state.base() == JobBase::Running
+                    && j.name == satellite_name(1)
+                    && j.partition.as_deref() == Some("shared-sat")
+            })
+            .map(|j| j.job_id)
+            .collect()
+    }
+
+    /// What slurmctld does for g1's GPUs: in use, those of its running GPU satellites
+    /// and `regular` more (GenCluster does not count them).
+    fn keep_gres_used(c: &mut GenCluster, regular: u32) {
+        let used = gpu_sats(c).len() as u32 + regular;
+        let g1 = c.node_mut("g1").unwrap();
+        let text = format!("gpu:a100:{used}");
+        if g1.gres_used.as_deref() != Some(text.as_str()) {
+            g1.gres_used = Some(text);
+            c.dirty = true;
+        }
+    }
+
+    /// A daemon with GPU lending on `shared` (host g1, 4 A100s) grows core job 1 (on
+    /// the whole elastic node n1) onto g1's GPU slots, of which a regular job holds
+    /// `regular`; returns the cluster as it left it, and the time.
+    fn grown_onto_gpu_slots(regular: u32) -> (GenCluster, config::Config, tempfile::TempDir, f64) {
+        let mut n1 = gen::node("n1".into(), &["batch", "elastic", "elastic-sat"]);
+        n1.gres = Some("gpu:a100:4".into());
+        let mut g1 = gen::node("g1".into(), &["shared", "shared-sat"]);
+        g1.gres = Some("gpu:a100:4".into());
+        g1.gres_used = Some(format!("gpu:a100:{regular}"));
+        let (n1s, g1s) = (vec!["n1".to_string()], vec!["g1".to_string()]);
+        let partitions = vec![
+            gen::partition("batch", &n1s, 10),
+            gen::partition("elastic", &n1s, 2),
+            gen::partition("elastic-sat", &n1s, 1),
+            gen::partition("shared", &g1s, 10),
+            gen::partition("shared-sat", &g1s, 1),
+        ];
+        let mut core = gen::job(1, "elastic", JobBase::Pending);
+        core.admin_comment = Some("bftrainer:v1 1:5,role=core".into());
+        core.tres_per_node = Some("gres/gpu:a100:1".into());
+        core.priority = 0;
+        let mut jobs = vec![core];
+        if regular > 0 {
+            let mut r = gen::job(2, "shared", JobBase::Running);
+            r.nodes = Some("g1".into());
+            r.tres_per_node = Some(format!("gres/gpu:a100:{regular}"));
+            r.start_time = Some(1);
+            jobs.push(r);
+        }
+        let state = tempfile::tempdir().unwrap();
+        let cfg = super::super::tests::test_config(
+            state.path(),
+            "[gpu_lending]\npartitions = [\"shared\"]\nsatellite_partition = \"shared-sat\"\n",
+        );
+        let mut cluster = GenCluster::new(vec![n1, g1], partitions, jobs);
+        cluster.dirty = true;
+        let mut d = Daemon::new(cfg.clone(), cluster, None, &[]).unwrap();
+        let mut now = 3_000_000_000.0;
+        let want = 4 - regular as usize;
+        for cycle in 0.. {
+            assert!(cycle < 40, "not grown: {:?}", gpu_sats(&d.cluster));
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            keep_gres_used(&mut d.cluster, regular);
+            d.cycle(now).unwrap();
+            if gpu_sats(&d.cluster).len() == want {
+                break;
+            }
+        }
+        (d.cluster, cfg, state, now)
+    }
+
+    /// A fresh daemon (empty journal) on a cluster `grown_onto_gpu_slots(regular)` left:
+    /// it adopts the core and every GPU satellite, each bound to a slot of the job,
+    /// with no requeue, cancel or submit.
+    fn adopts_gpu_satellites(regular: u32) {
+        let (cluster, cfg, _state, mut now) = grown_onto_gpu_slots(regular);
+        let before = gpu_sats(&cluster);
+        assert_eq!(before.len(), 4 - regular as usize);
+        let calls = cluster.calls.clone();
+        let mut d = Daemon::new(cfg, cluster, None, &[]).unwrap();
+        for _ in 0..20 {
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            keep_gres_used(&mut d.cluster, regular);
+            d.cycle(now).unwrap();
+        }
+        assert_eq!(core_of(&d.cluster).restart_count, 0);
+        assert_eq!(d.cluster.calls.requeues, calls.requeues, "no requeue");
+        assert_eq!(
+            d.cluster.calls.cancels, calls.cancels,
+            "no satellite cancelled"
+        );
+        assert_eq!(d.cluster.calls.submits, calls.submits, "no satellite again");
+        assert_eq!(gpu_sats(&d.cluster), before);
+        assert_eq!(d.stats.adopted_running, 1);
+        let jid = d.jobs.iter().position(|&j| j == 1).unwrap() as JobId;
+        let held = d.engine.job_nodes(jid).to_vec();
+        assert_eq!(d.names(d.engine.job_anchors(jid)), "n1");
+        assert_eq!(held.len(), 1 + before.len(), "{}", d.names(&held));
+        let mut slots = Vec::new();
+        for id in &before {
+            let slot = d.sats.get(id).and_then(|m| m.slot);
+            let slot = slot.unwrap_or_else(|| panic!("satellite {id} is bound to no slot"));
+            assert!(held.contains(&slot), "satellite {id}: slot not the job's");
+            assert!(!slots.contains(&slot), "satellite {id}: slot bound twice");
+            slots.push(slot);
+        }
+    }
+
+    #[test]
+    fn a_running_core_is_adopted_with_its_gpu_satellites() {
+        adopts_gpu_satellites(0);
+    }
+
+    #[test]
+    fn a_regular_job_keeps_its_gpus_when_gpu_satellites_are_adopted() {
+        // A regular job holds 2 of g1's 4 GPUs, the core's satellites the other 2:
+        // those 2 slots only are adopted.
+        adopts_gpu_satellites(2);
     }
 
     /// Swaps the running jobs on n1 and n3 (the core and a satellite), as Slurm would

@@ -1021,7 +1021,7 @@ mod tests {
 
     /// The tests' config: satellites in `elastic-sat`, state in `state`, then
     /// `daemon_extra` (more `[daemon]` keys).
-    fn test_config(state: &std::path::Path, daemon_extra: &str) -> config::Config {
+    pub(super) fn test_config(state: &std::path::Path, daemon_extra: &str) -> config::Config {
         config::parse(
             &format!(
                 "[policy]\nsatellite_partition = \"elastic-sat\"\n\
