@@ -177,6 +177,47 @@ class _Runtime:
         # failure abandons may stay stuck on a peer that gave up too; the group is
         # then kept until they end (_leftovers says why).
         self._inflight: List[Any] = []
+        # Generations entered so far (a DDP built once rebuilds its reducer when this
+        # moves), and the "switch" metadata of this generation's reductions: the one
+        # issued since the last commit, and the one before it, read at this commit.
+        self.entries = 0
+        self._meta_cur: Optional["_Meta"] = None
+        self._meta_prev: Optional["_Meta"] = None
+        # This rank's samples and the whole step's since the last gradient reduction
+        # (the sampler counts them; a DDP comm hook weighs by them).
+        self.samples_local = 0
+        self.samples_total = 0
+        self._group: Any = None
+        if self.agent is not None:
+            self.agent.listeners.append(self._watch)
+
+    # -- the elastic group -----------------------------------------------------------
+
+    def group(self) -> Any:
+        """The process group that stays valid in every generation (``_groups``)."""
+        if self._group is None:
+            from ._groups import ElasticGroup
+
+            self._group = ElasticGroup()
+        return self._group
+
+    def _watch(self) -> None:
+        """From the agent's reader thread: when the coordinator's verdict says the
+        current generation cannot complete its collectives (a member died, froze or
+        left without warning, the generation was aborted, the agent is gone), fail
+        them at once. Off the step's path: nothing polls per step."""
+        grp = self._group
+        agent = self.agent
+        if grp is None or agent is None or grp.real is None:
+            return
+        why = agent.failed(grp.generation, self.members)
+        if why is None and agent._closed is not None:
+            why = f"lost the bft-run agent ({agent._closed})"
+        if why is None and agent._ended is not None:
+            why = "the job ended"
+        if why is not None:
+            nccl = self._choice is not None and self._choice.backend == "nccl"
+            grp.abort(why, real_abort=nccl)
 
     # -- process group -------------------------------------------------------------
 
@@ -294,6 +335,12 @@ class _Runtime:
             **kwargs,
         )
         self._flag = None
+        self._meta_cur = self._meta_prev = None
+        self.samples_local = self.samples_total = 0
+        self.group().install(dist.group.WORLD, g.gen, self.device)
+        self.entries += 1
+        # A verdict that came while the group formed.
+        self._watch()
 
     # -- membership ------------------------------------------------------------------
 
@@ -320,6 +367,13 @@ class _Runtime:
         if self._flag is not None:
             changed = self._flag > 0
             self._flag = None
+        elif self._meta_cur is not None or self._meta_prev is not None:
+            # A DDP step: its reduction carried the flag. Read the one of the step
+            # before this one, complete long ago, so that reading it never waits on the
+            # device; every member reads the same one, so all switch at the same step.
+            prev = self._meta_prev
+            self._meta_prev, self._meta_cur = self._meta_cur, None
+            changed = prev is not None and prev.values()[1] > 0
         else:
             t = torch.tensor([1.0 if agent.latest > self.gen else 0.0], device=self.device)
             _wait(dist.all_reduce(t, async_op=True), "the switch flag")
@@ -346,10 +400,17 @@ class _Runtime:
         timeout)."""
         import torch.distributed as dist
 
+        self._meta_cur = self._meta_prev = None
+        aborting = False
+        if self._group is not None:
+            # Aborted by the watcher: on NCCL the real abort already runs in the
+            # background and must not be waited for here.
+            aborting = self._group.broken is not None
+            self._group.retire()
         if not dist.is_initialized():
             return
         pg = dist.group.WORLD
-        if self._pick_backend() == "nccl":
+        if self._pick_backend() == "nccl" and not aborting:
             abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
             if abort is not None:
                 try:
@@ -414,6 +475,57 @@ def _wait(work: Any, what: str) -> None:
         raise
 
 
+class _Meta:
+    """One reduction's float64 pair [this rank's samples, "a newer generation was
+    announced"], all-reduced on the elastic group beside the gradients (counts never
+    ride in the gradients' dtype, where bf16 would round them). On a GPU its result is
+    copied to pinned host memory behind an event, so that a later read waits for that
+    copy only, never for the device's queue."""
+
+    def __init__(self, rt: "_Runtime", n_local: float, device: Any) -> None:
+        import torch
+
+        seen = 1.0 if rt.agent is not None and rt.agent.latest > rt.gen else 0.0
+        self.tensor = torch.tensor([float(n_local), seen], dtype=torch.float64, device=device)
+        self.future = rt.group().allreduce_future(self.tensor)
+        self._event: Any = None
+        self._host: Any = None
+        if self.tensor.is_cuda:
+            self._host = torch.empty(2, dtype=torch.float64, pin_memory=True)
+            self._event = torch.cuda.Event()
+
+            def copy(f: Any) -> Any:
+                self._host.copy_(self.tensor, non_blocking=True)
+                self._event.record()
+                return f.value()
+
+            self.future = self.future.then(copy)
+
+    def values(self) -> List[float]:
+        """(samples of the whole step, flag); PeerFailure if the reduction failed."""
+        try:
+            self.future.wait()
+        except RuntimeError as e:
+            if _is_peer_failure(e):
+                raise PeerFailure(f"the step's metadata: {e}") from e
+            raise
+        if self._event is not None:
+            self._event.synchronize()
+            return [float(x) for x in self._host.tolist()]
+        return [float(x) for x in self.tensor.tolist()]
+
+
+def _wait_future(fut: Any, what: str) -> Any:
+    """Wait for a collective of the elastic group: it fails at once (PeerFailure) when
+    the coordinator's verdict aborts the generation; nothing polls here."""
+    try:
+        return fut.wait()
+    except RuntimeError as e:
+        if _is_peer_failure(e):
+            raise PeerFailure(f"{what}: {e}") from e
+        raise
+
+
 def _check_alive(what: str) -> None:
     """Before a collective: a generation already known to be broken is not entered."""
     rt = _rt()
@@ -455,6 +567,13 @@ def device() -> Any:
     return torch.device(_rt().choice().device)
 
 
+def process_group() -> Any:
+    """The process group that stays valid in every generation: build torch objects on
+    it once (DDP, a DeviceMesh); the runtime swaps its real group (gloo or NCCL) at
+    step boundaries and fails its collectives at once when a peer fails."""
+    return _rt().group()
+
+
 def backend() -> str:
     """The torch.distributed backend of this worker: ``nccl`` or ``gloo``."""
     return _rt().choice().backend
@@ -479,19 +598,14 @@ def allreduce_gradients(params: Iterable[Any], n_local: int) -> int:
     trace("step")
     _check_alive("the gradient all-reduce")
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ps]
-    seen = 1.0 if rt.agent is not None and rt.agent.latest > rt.gen else 0.0
     flat = torch.cat([g.reshape(-1) for g in grads])
     flat.mul_(float(n_local))
-    meta = torch.tensor([float(n_local), seen], dtype=torch.float64, device=flat.device)
-    w1 = dist.all_reduce(flat, async_op=True)
-    w2 = dist.all_reduce(meta, async_op=True)
-    # Queued behind w1 (or run beside it): pending too if w1's wait gives up.
-    rt._inflight.append(w2)
-    _wait(w1, "the gradient all-reduce")
-    _wait(w2, "the gradient all-reduce")
-    rt._inflight.remove(w2)
-    total = float(meta[0].item())
-    rt._flag = float(meta[1].item())
+    # On the elastic group, like DDP's buckets: a verdict of the coordinator fails
+    # both at once from the agent's thread.
+    fut = rt.group().allreduce_future(flat)
+    meta = _Meta(rt, n_local, flat.device)
+    _wait_future(fut, "the gradient all-reduce")
+    total, rt._flag = meta.values()
     rt.dirty = True
     if total > 0:
         flat.div_(total)

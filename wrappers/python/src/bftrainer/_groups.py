@@ -1,0 +1,273 @@
+"""A process group that outlives generations: torch objects built once on it (DDP, a
+DeviceMesh) stay valid while the runtime swaps the real group underneath.
+
+Interface (used by elastic.py, ddp.py and the HSDP mesh):
+
+- ``ElasticGroup()``: a ``torch.distributed.ProcessGroup`` subclass. Before the first
+  generation it is a world of one with no real group; collectives then act locally.
+- ``group.install(real, gen)``: at a step boundary, the runtime hands it this
+  generation's real group (gloo or NCCL). ``rank()``/``size()`` follow it.
+- ``group.retire()``: the runtime leaves the generation; returns the old real group.
+- ``group.abort(why)``: from any thread (the agent's reader, when the coordinator says
+  the generation is broken): every pending and later collective of this generation
+  fails at once with ``PeerFailure`` (the text carries ``ABANDONED``), without waiting
+  on the real group. On NCCL the real communicator is aborted in a background thread,
+  so the next generation's group is made while the old one is still being torn down.
+- Collectives (``allreduce``, ``broadcast``, ``allgather``, ``_allgather_base``,
+  ``reduce_scatter``, ``_reduce_scatter_base``, ``barrier``, ...) delegate to the real
+  group; the ``Work`` returned is backed by a future of ours, so an abort completes it
+  with an error even while the real operation hangs on a frozen peer.
+  ``allreduce_future(tensor, op)`` returns that future directly (DDP comm hooks).
+
+torchft's reconfigurable process groups (a wrapper whose backend is replaced at each
+quorum, DDP given a dummy group and a comm hook) are the model; the code is ours.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+from torch.futures import Future
+
+#: In every error of an abandoned collective (elastic._is_peer_failure matches it).
+ABANDONED = "was abandoned (a member failed)"
+
+
+class _Pending:
+    __slots__ = ("future", "done")
+
+    def __init__(self, future: Future) -> None:
+        self.future = future
+        self.done = False
+
+
+class ElasticGroup(dist.ProcessGroup):
+    """See the module's docstring."""
+
+    def __init__(self) -> None:
+        # The C++ side's rank and size stay (0, 1): torch's Python code asks rank() and
+        # size(), which follow the generation.
+        super().__init__(0, 1)
+        self._lock = threading.Lock()
+        self._real: Any = None
+        self._gen = 0
+        self._rank = 0
+        self._size = 1
+        self._broken: Optional[str] = None
+        self._pending: Dict[int, _Pending] = {}
+        self._ids = 0
+        self._device: Optional[torch.device] = None
+        #: Real groups given up on: kept referenced, never destroyed on the step's path
+        #: (a collective stuck on a frozen peer would block the destructor).
+        self._abandoned: List[Any] = []
+
+    # -- generations -------------------------------------------------------------------
+
+    def install(self, real: Any, gen: int, device: Optional[torch.device] = None) -> None:
+        """Make ``real`` (this generation's group) the one collectives run on."""
+        with self._lock:
+            self._real = real
+            self._gen = gen
+            self._rank = real.rank()
+            self._size = real.size()
+            self._broken = None
+            self._device = device
+
+    def retire(self) -> Any:
+        """Leave the current generation: later collectives act locally until the next
+        ``install``. Returns the old real group (or None)."""
+        with self._lock:
+            real, self._real = self._real, None
+            self._broken = None
+            self._rank, self._size = 0, 1
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for p in pending:
+            self._fail(p, "its generation ended")
+        if real is not None:
+            self._abandoned.append(real)
+            del self._abandoned[:-4]
+        return real
+
+    def abort(self, why: str, real_abort: bool = False) -> bool:
+        """Fail every pending and later collective of this generation at once. With
+        ``real_abort`` (NCCL) the real communicator is aborted too, in a background
+        thread. Returns whether this call broke the generation (False if it already
+        was, or none is installed)."""
+        with self._lock:
+            if self._real is None or self._broken is not None:
+                return False
+            self._broken = why
+            real = self._real
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for p in pending:
+            self._fail(p, why)
+        if real_abort:
+            threading.Thread(target=_abort_real, args=(real,), name="bftrainer-abort", daemon=True).start()
+        return True
+
+    @property
+    def generation(self) -> int:
+        return self._gen
+
+    @property
+    def broken(self) -> Optional[str]:
+        return self._broken
+
+    @property
+    def real(self) -> Any:
+        return self._real
+
+    # -- ProcessGroup ------------------------------------------------------------------
+
+    def rank(self) -> int:  # type: ignore[override]
+        return self._rank
+
+    def size(self) -> int:  # type: ignore[override]
+        return self._size
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return "bftrainer"
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        return "bftrainer-elastic"
+
+    def _fail(self, p: _Pending, why: str) -> None:
+        with self._lock:
+            if p.done:
+                return
+            p.done = True
+        p.future.set_exception(RuntimeError(f"collective {ABANDONED}: {why}"))
+
+    def _run(self, op: Callable[[Any], Any], result: Callable[[], Any]) -> Future:
+        """Start ``op(real)`` and return our future of it: completed by the real one,
+        or failed by ``abort`` first."""
+        with self._lock:
+            real, broken = self._real, self._broken
+            if real is not None and broken is None:
+                self._ids += 1
+                key = self._ids
+                devices = [self._device] if self._device is not None and self._device.type == "cuda" else None
+                fut: Future = Future(devices=devices) if devices else Future()
+                p = _Pending(fut)
+                self._pending[key] = p
+        if broken is not None:
+            raise RuntimeError(f"collective {ABANDONED}: {broken}")
+        if real is None:
+            # No generation: a world of one, where every collective is the identity.
+            fut = Future()
+            fut.set_result(result())
+            return fut
+        try:
+            work = op(real)
+        except Exception:
+            with self._lock:
+                self._pending.pop(key, None)
+            raise
+
+        def done(f: Future) -> None:
+            with self._lock:
+                self._pending.pop(key, None)
+                if p.done:
+                    return
+                p.done = True
+            try:
+                f.value()
+            except Exception as e:  # noqa: BLE001 - handed on to the waiter
+                p.future.set_exception(e)
+                return
+            p.future.set_result(result())
+
+        work.get_future().then(done)
+        return fut
+
+    def _work(self, op: Callable[[Any], Any], result: Callable[[], Any]) -> Any:
+        return _create_work_from_future(self._run(op, result))
+
+    def allreduce_future(self, tensor: torch.Tensor, op: Any = None) -> Future:
+        """All-reduce ``tensor`` in place (SUM by default); a future of it."""
+        opts = dist.AllreduceOptions()
+        if op is not None:
+            opts.reduceOp = op
+        return self._run(lambda pg: pg.allreduce([tensor], opts), lambda: tensor)
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        if opts is None:
+            opts = dist.AllreduceOptions()
+        elif not isinstance(opts, dist.AllreduceOptions):
+            op, opts = opts, dist.AllreduceOptions()
+            opts.reduceOp = op
+        return self._work(lambda pg: pg.allreduce(tensors, opts), lambda: tensors)
+
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        return self._work(lambda pg: pg.allreduce_coalesced(tensors, opts), lambda: tensors)
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        if isinstance(tensors, torch.Tensor):
+            root, tensors, opts = opts, [tensors], dist.BroadcastOptions()
+            opts.rootRank = int(root or 0)
+        elif opts is None:
+            opts = dist.BroadcastOptions()
+        return self._work(lambda pg: pg.broadcast(tensors, opts), lambda: tensors)
+
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        opts = opts if opts is not None else dist.AllgatherOptions()
+
+        def local() -> Any:
+            for outs, inp in zip(output_tensors, input_tensors):
+                outs[0].copy_(inp)
+            return output_tensors
+
+        return self._work(lambda pg: pg.allgather(output_tensors, input_tensors, opts), local)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # type: ignore[override]
+        opts = opts if opts is not None else dist.AllgatherOptions()
+
+        def local() -> Any:
+            output.copy_(input.reshape(output.shape))
+            return output
+
+        return self._work(lambda pg: pg._allgather_base(output, input, opts), local)
+
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+
+        def local() -> Any:
+            for out, ins in zip(output_tensors, input_tensors):
+                out.copy_(ins[0])
+            return output_tensors
+
+        return self._work(lambda pg: pg.reduce_scatter(output_tensors, input_tensors, opts), local)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # type: ignore[override]
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+
+        def local() -> Any:
+            output.copy_(input.reshape(output.shape))
+            return output
+
+        return self._work(lambda pg: pg._reduce_scatter_base(output, input, opts), local)
+
+    def barrier(self, opts: Any = None) -> Any:  # type: ignore[override]
+        opts = opts if opts is not None else dist.BarrierOptions()
+        return self._work(lambda pg: pg.barrier(opts), lambda: [])
+
+
+def _abort_real(real: Any) -> None:
+    """Abort a real group off the step's path (NCCL: about a second with an operation
+    in flight); the new generation's group forms meanwhile."""
+    try:
+        real.abort()
+    except Exception as e:  # noqa: BLE001 - best effort; the group is abandoned anyway
+        import sys
+
+        print(f"bftrainer: aborting the old communicator failed: {e}", file=sys.stderr, flush=True)
