@@ -76,6 +76,35 @@ class ElasticGroup(dist.ProcessGroup):
             self._size = real.size()
             self._broken = None
             self._device = device
+        self._register_c10d(real)
+
+    def _register_c10d(self, real: Any) -> None:
+        """Make the group known to torch.distributed's registry, with the real group
+        as its backend for the device: DeviceMesh.from_group and FSDP2's collectives
+        (which dispatch in C++, past the Python methods below) then run on the current
+        generation's group. Checked by experiment on torch 2.15 (gloo): a 1-D mesh from
+        this group, fully_shard on it, forward/backward in two generations."""
+        from torch.distributed import distributed_c10d as c10d
+
+        world = c10d._world
+        name = self.group_name
+        world.pg_group_ranks[self] = {i: i for i in range(self._size)}
+        if self not in world.pg_map:
+            world.pg_map[self] = ("bftrainer", None)
+            world.pg_names[self] = name
+            c10d._register_process_group(name, self)
+        kind = {"gloo": dist.ProcessGroup.BackendType.GLOO, "nccl": dist.ProcessGroup.BackendType.NCCL}
+        backend_name = real.name() if hasattr(real, "name") else ""
+        bt = kind.get(str(backend_name).lower())
+        if bt is None:
+            return
+        for dev in ("cpu", "cuda") if bt == dist.ProcessGroup.BackendType.GLOO else ("cuda",):
+            try:
+                be = real._get_backend(torch.device(dev)) if hasattr(real, "_get_backend") else real
+            except Exception:  # noqa: BLE001 - the real group has no backend for that device
+                continue
+            self._register_backend(torch.device(dev), bt, be)
+        self._set_default_backend(bt)
 
     def retire(self) -> Any:
         """Leave the current generation: later collectives act locally until the next
