@@ -526,6 +526,13 @@ def _wait_future(fut: Any, what: str) -> Any:
         raise
 
 
+def _count_samples(n_local: int, n_step: int) -> None:
+    """The sampler took a slice: this rank's samples and the whole step's."""
+    rt = _rt()
+    rt.samples_local += n_local
+    rt.samples_total += n_step
+
+
 def _check_alive(what: str) -> None:
     """Before a collective: a generation already known to be broken is not entered."""
     rt = _rt()
