@@ -194,11 +194,20 @@ class _Runtime:
     # -- the elastic group -----------------------------------------------------------
 
     def group(self) -> Any:
-        """The process group that stays valid in every generation (``_groups``)."""
+        """The process group that stays valid in every generation (``_groups``). Made
+        at the first call (bftrainer.DistributedDataParallel's): a program that never
+        asks for it has none, and ``allreduce_gradients`` never uses it."""
         if self._group is None:
+            import torch.distributed as dist
+
             from ._groups import ElasticGroup
 
-            self._group = ElasticGroup()
+            grp = ElasticGroup()
+            self._group = grp
+            if self.gen > 0 and dist.is_initialized():
+                # Asked for inside a generation: it starts with the current one.
+                grp.install(dist.group.WORLD, self.gen, self.device)
+                self._watch()
         return self._group
 
     def _watch(self) -> None:
@@ -337,10 +346,11 @@ class _Runtime:
         self._flag = None
         self._meta_cur = self._meta_prev = None
         self.samples_local = self.samples_total = 0
-        self.group().install(dist.group.WORLD, g.gen, self.device)
         self.entries += 1
-        # A verdict that came while the group formed.
-        self._watch()
+        if self._group is not None:
+            self._group.install(dist.group.WORLD, g.gen, self.device)
+            # A verdict that came while the group formed.
+            self._watch()
 
     # -- membership ------------------------------------------------------------------
 
@@ -515,17 +525,6 @@ class _Meta:
         return [float(x) for x in self.tensor.tolist()]
 
 
-def _wait_future(fut: Any, what: str) -> Any:
-    """Wait for a collective of the elastic group: it fails at once (PeerFailure) when
-    the coordinator's verdict aborts the generation; nothing polls here."""
-    try:
-        return fut.wait()
-    except RuntimeError as e:
-        if _is_peer_failure(e):
-            raise PeerFailure(f"{what}: {e}") from e
-        raise
-
-
 def _count_samples(n_local: int, n_step: int) -> None:
     """The sampler took a slice: this rank's samples and the whole step's."""
     rt = _rt()
@@ -605,14 +604,16 @@ def allreduce_gradients(params: Iterable[Any], n_local: int) -> int:
     trace("step")
     _check_alive("the gradient all-reduce")
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ps]
+    seen = 1.0 if rt.agent is not None and rt.agent.latest > rt.gen else 0.0
     flat = torch.cat([g.reshape(-1) for g in grads])
     flat.mul_(float(n_local))
-    # On the elastic group, like DDP's buckets: a verdict of the coordinator fails
-    # both at once from the agent's thread.
-    fut = rt.group().allreduce_future(flat)
-    meta = _Meta(rt, n_local, flat.device)
-    _wait_future(fut, "the gradient all-reduce")
-    total, rt._flag = meta.values()
+    meta = torch.tensor([float(n_local), seen], dtype=torch.float64, device=flat.device)
+    w1 = dist.all_reduce(flat, async_op=True)
+    w2 = dist.all_reduce(meta, async_op=True)
+    _wait(w1, "the gradient all-reduce")
+    _wait(w2, "the gradient all-reduce")
+    total = float(meta[0].item())
+    rt._flag = float(meta[1].item())
     rt.dirty = True
     if total > 0:
         flat.div_(total)
