@@ -26,6 +26,7 @@ quorum, DDP given a dummy group and a comm hook) are the model; the code is ours
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -68,6 +69,7 @@ class ElasticGroup(dist.ProcessGroup):
         #: default; with it, a survivor of a kill -9 was seen to abort (gloo's
         #: IoException thrown in its thread) in test_elastic -- not understood yet.
         self.register_with_torch = False
+        self._watch: Optional[_Watcher] = None
 
     # -- generations -------------------------------------------------------------------
 
@@ -221,21 +223,40 @@ class ElasticGroup(dist.ProcessGroup):
                 self._pending.pop(key, None)
             raise
 
-        def done(f: Future) -> None:
-            with self._lock:
-                self._pending.pop(key, None)
-                if p.done:
-                    return
-                p.done = True
-            try:
-                f.value()
-            except Exception as e:  # noqa: BLE001 - handed on to the waiter
-                p.future.set_exception(e)
-                return
-            p.future.set_result(result())
+        if devices:
+            # NCCL: the real future completes (CUDA-aware) once the operation is on
+            # the stream; its callback runs no host wait for the device.
+            def done(f: Future) -> None:
+                self._complete(key, p, f.value, result)
 
-        work.get_future().then(done)
+            work.get_future().then(done)
+        else:
+            # gloo: never a callback of ours in gloo's threads. A Python callback on
+            # a gloo future (`then`) that completes with an error after the survivors
+            # moved on crashed survivors of a kill -9 (SIGABRT: `terminate called
+            # after throwing gloo::IoException`); a thread of ours watches instead.
+            self._watcher().add(work, key, p, result)
         return fut
+
+    def _complete(self, key: int, p: _Pending, wait: Callable[[], Any], result: Callable[[], Any]) -> None:
+        """The real operation ended: complete our future (unless aborted first)."""
+        with self._lock:
+            self._pending.pop(key, None)
+            if p.done:
+                return
+            p.done = True
+        try:
+            wait()
+        except Exception as e:  # noqa: BLE001 - handed on to the waiter
+            p.future.set_exception(e)
+            return
+        p.future.set_result(result())
+
+    def _watcher(self) -> "_Watcher":
+        with self._lock:
+            if self._watch is None:
+                self._watch = _Watcher(self)
+            return self._watch
 
     def _work(self, op: Callable[[Any], Any], result: Callable[[], Any]) -> Any:
         return _create_work_from_future(self._run(op, result))
@@ -310,6 +331,43 @@ class ElasticGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> Any:  # type: ignore[override]
         opts = opts if opts is not None else dist.BarrierOptions()
         return self._work(lambda pg: pg.barrier(opts), lambda: [])
+
+
+class _Watcher:
+    """One thread that completes our futures of gloo operations: it asks each pending
+    ``Work`` ``is_completed()`` (a flag, no wait) and then takes its result or error
+    with ``wait()`` in this thread, as ``elastic._wait`` does on the step's thread.
+    Polls only while operations are pending: 50 us at first, backing off to 1 ms."""
+
+    def __init__(self, group: ElasticGroup) -> None:
+        self._group = group
+        self._cond = threading.Condition()
+        self._items: List[Any] = []
+        threading.Thread(target=self._loop, name="bftrainer-collectives", daemon=True).start()
+
+    def add(self, work: Any, key: int, p: _Pending, result: Callable[[], Any]) -> None:
+        with self._cond:
+            self._items.append((work, key, p, result))
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        pause = 0.00005
+        while True:
+            with self._cond:
+                while not self._items:
+                    self._cond.wait()
+                    pause = 0.00005
+                # Aborted ones are dropped: gloo's thread ends them, nobody waits.
+                items = [it for it in self._items if not it[2].done]
+                ended = [it for it in items if it[0].is_completed()]
+                self._items = [it for it in items if it not in ended] if ended else items
+            for work, key, p, result in ended:
+                self._group._complete(key, p, work.wait, result)
+            if ended:
+                pause = 0.00005
+            else:
+                time.sleep(pause)
+                pause = min(pause * 2, 0.001)
 
 
 def _abort_real(real: Any) -> None:
