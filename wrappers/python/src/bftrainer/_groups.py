@@ -18,6 +18,8 @@ Interface (used by elastic.py, ddp.py and the HSDP mesh):
   group; the ``Work`` returned is backed by a future of ours, so an abort completes it
   with an error even while the real operation hangs on a frozen peer.
   ``allreduce_future(tensor, op)`` returns that future directly (DDP comm hooks).
+  On gloo a thread of ours completes those futures (``_Watcher``); on NCCL the real
+  future's callback does.
 
 torchft's reconfigurable process groups (a wrapper whose backend is replaced at each
 quorum, DDP given a dummy group and a comm hook) are the model; the code is ours.
@@ -66,8 +68,9 @@ class ElasticGroup(dist.ProcessGroup):
         #: (a collective stuck on a frozen peer would block the destructor).
         self._abandoned: List[Any] = []
         #: Register with torch.distributed (a DeviceMesh/FSDP2 needs it): off by
-        #: default; with it, a survivor of a kill -9 was seen to abort (gloo's
-        #: IoException thrown in its thread) in test_elastic -- not understood yet.
+        #: default. It was blamed for a survivor's abort after a kill -9 (gloo's
+        #: IoException) that the Python callbacks then run in gloo's threads also
+        #: cause (see _Watcher); not tried again since.
         self.register_with_torch = False
         self._watch: Optional[_Watcher] = None
 
