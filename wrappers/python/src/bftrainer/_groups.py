@@ -7,7 +7,9 @@ Interface (used by elastic.py, ddp.py and the HSDP mesh):
   generation it is a world of one with no real group; collectives then act locally.
 - ``group.install(real, gen)``: at a step boundary, the runtime hands it this
   generation's real group (gloo or NCCL). ``rank()``/``size()`` follow it.
-- ``group.retire()``: the runtime leaves the generation; returns the old real group.
+- ``group.retire()``: the runtime leaves the generation; returns the old real group
+  and its operations not seen complete (for ``_leftovers``: a group is kept until
+  they end, its destructor would wait for them).
 - ``group.abort(why)``: from any thread (the agent's reader, when the coordinator says
   the generation is broken): every pending and later collective of this generation
   fails at once with ``PeerFailure`` (the text carries ``ABANDONED``), without waiting
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -64,9 +66,9 @@ class ElasticGroup(dist.ProcessGroup):
         self._pending: Dict[int, _Pending] = {}
         self._ids = 0
         self._device: Optional[torch.device] = None
-        #: Real groups given up on: kept referenced, never destroyed on the step's path
-        #: (a collective stuck on a frozen peer would block the destructor).
-        self._abandoned: List[Any] = []
+        #: The real operations of this generation not seen complete: the runtime keeps
+        #: the real group until they end (_leftovers).
+        self._works: List[Any] = []
         #: Register with torch.distributed (a DeviceMesh/FSDP2 needs it): off by
         #: default. It was blamed for a survivor's abort after a kill -9 (gloo's
         #: IoException) that the Python callbacks then run in gloo's threads also
@@ -116,22 +118,21 @@ class ElasticGroup(dist.ProcessGroup):
             self._register_backend(torch.device(dev), bt, be)
         self._set_default_backend(bt)
 
-    def retire(self) -> Any:
+    def retire(self) -> Tuple[Any, List[Any]]:
         """Leave the current generation: later collectives act locally until the next
-        ``install``. Returns the old real group (or None)."""
+        ``install``. Returns the old real group (or None) and its operations not seen
+        complete (the caller keeps the group until they end: ``_leftovers``)."""
         with self._lock:
             real, self._real = self._real, None
             self._broken = None
             self._rank, self._size = 0, 1
             pending = list(self._pending.values())
             self._pending.clear()
+            works, self._works = self._works, []
         for p in pending:
             self._fail(p, "its generation ended")
-        if real is not None:
-            self._abandoned.append(real)
-            del self._abandoned[:-4]
         self._unregister_c10d()
-        return real
+        return real, [w for w in works if not w.is_completed()]
 
     def _unregister_c10d(self) -> None:
         """Out of torch.distributed's registry between generations: the runtime's
@@ -225,6 +226,16 @@ class ElasticGroup(dist.ProcessGroup):
             with self._lock:
                 self._pending.pop(key, None)
             raise
+        with self._lock:
+            current = self._real is real
+            if current:
+                self._works = [w for w in self._works if not w.is_completed()]
+                self._works.append(work)
+        if not current:
+            # Retired meanwhile: the runtime let go of the group without this one.
+            from ._leftovers import LEFTOVERS
+
+            LEFTOVERS.leave(real, [work])
 
         if devices:
             # NCCL: the real future completes (CUDA-aware) once the operation is on

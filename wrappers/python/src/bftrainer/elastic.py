@@ -412,11 +412,12 @@ class _Runtime:
 
         self._meta_cur = self._meta_prev = None
         aborting = False
+        ddp_works: List[Any] = []
         if self._group is not None:
             # Aborted by the watcher: on NCCL the real abort already runs in the
             # background and must not be waited for here.
             aborting = self._group.broken is not None
-            self._group.retire()
+            _, ddp_works = self._group.retire()
         if not dist.is_initialized():
             return
         pg = dist.group.WORLD
@@ -431,7 +432,7 @@ class _Runtime:
             dist.destroy_process_group()
         except Exception as e:  # noqa: BLE001 - an aborted group may refuse; it is left anyway
             print(f"bftrainer: leaving the old process group: {e}", file=sys.stderr, flush=True)
-        LEFTOVERS.leave(pg, self._inflight)
+        LEFTOVERS.leave(pg, self._inflight + ddp_works)
         self._inflight = []
 
     def leave(self) -> None:
@@ -610,8 +611,11 @@ def allreduce_gradients(params: Iterable[Any], n_local: int) -> int:
     meta = torch.tensor([float(n_local), seen], dtype=torch.float64, device=flat.device)
     w1 = dist.all_reduce(flat, async_op=True)
     w2 = dist.all_reduce(meta, async_op=True)
+    # Queued behind w1 (or run beside it): pending too if w1's wait gives up.
+    rt._inflight.append(w2)
     _wait(w1, "the gradient all-reduce")
     _wait(w2, "the gradient all-reduce")
+    rt._inflight.remove(w2)
     total = float(meta[0].item())
     rt._flag = float(meta[1].item())
     rt.dirty = True
