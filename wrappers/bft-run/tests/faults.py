@@ -136,6 +136,11 @@ def main() -> int:
             "--max-restarts", "20", "--coord-file", coord_file, "--",
             sys.executable, TRAIN, "--samples", str(samples), *batch, "--epochs", str(epochs),
             "--step-sleep", str(step), "--fast-file", fast_file, "--log-dir", os.path.join(d, "samples")]
+    # FAULTS_DDP=1: the same matrix through bftrainer.DistributedDataParallel, with
+    # gradient accumulation over 2 micro-batches (no_sync() on the first).
+    ddp = os.environ.get("FAULTS_DDP") == "1"
+    if ddp:
+        args += ["--ddp", "--accum", "2"]
     core = subprocess.Popen(args, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, cwd=d)
     trace = Trace(env["BFT_TRACE"])
     extras: List[subprocess.Popen] = []
@@ -315,6 +320,12 @@ def main() -> int:
             same = compare_losses(step_losses(os.path.join(d, "samples")), step_losses(solo_dir), LOSS_RTOL, until)
             same["strict_until_step"] = until
             print(f"losses as a static run: {same}", flush=True)
+        # The loss fell: the final model against the initial one, on the whole set.
+        first = float(re.search(r"initial loss ([0-9.]+)", log).group(1))
+        final = float(re.search(r"final loss ([0-9.]+)", log).group(1))
+        print(f"loss {first} -> {final}", flush=True)
+        if not final < 0.5 * first:
+            raise AssertionError(f"the loss did not fall: {first} -> {final}")
         ok = True
         print("MATRIX OK", flush=True)
         return 0

@@ -117,3 +117,24 @@ fn faults_at_5s_steps_sigterm() {
         &["newcomer:step", "worker:rebuild", "rank0:transfer"],
     );
 }
+
+// bftrainer.DistributedDataParallel (torch's DDP, no_sync() accumulation over 2
+// micro-batches): a worker killed -9 in the middle of backward (its first bucket's
+// reduction), a newcomer killed in its first step; each kill is followed by a join
+// (the agent restarts the worker).
+#[test]
+fn ddp_faults_sigkill() {
+    run_matrix(
+        "0.05",
+        "KILL",
+        &["worker:step", "newcomer:step"],
+        &[("FAULTS_DDP", "1")],
+    );
+}
+
+// A member leaves on SIGTERM mid-step (graceful: at the step boundary), and a
+// newcomer joins in its place.
+#[test]
+fn ddp_faults_sigterm() {
+    run_matrix("0.05", "TERM", &["worker:step"], &[("FAULTS_DDP", "1")]);
+}

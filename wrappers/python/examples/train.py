@@ -8,6 +8,7 @@ sampler makes sure every sample is used exactly once per epoch.
 """
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -34,6 +35,8 @@ p.add_argument("--log-dir", default=None, help="write each rank's samples per st
 p.add_argument("--checkpoint-dir", default=None, help="checkpoint here every --checkpoint-every commits")
 p.add_argument("--checkpoint-every", type=int, default=0)
 p.add_argument("--timeline", default=None, help="rank 0 appends 'time step world generation' per step here")
+p.add_argument("--ddp", action="store_true", help="train through bftrainer.DistributedDataParallel (torch's DDP)")
+p.add_argument("--accum", type=int, default=1, help="with --ddp: micro-batches per step (no_sync() on all but the last)")
 p.add_argument("--report-rss", action="store_true", help="every rank prints its peak RSS at the end (benchmarks)")
 args = p.parse_args()
 
@@ -49,6 +52,8 @@ X, Y = X.to(dev), Y.to(dev)
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1)).to(dev)
+# With --ddp, torch's DDP on the library's group: built once, valid in every generation.
+net = bftrainer.DistributedDataParallel(model) if args.ddp else model
 opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 if args.global_batch:
     sampler = bftrainer.ElasticSampler(args.samples, global_batch=args.global_batch, seed=42)
@@ -101,6 +106,8 @@ def steps():
     else:
         yield from loader
 
+with torch.no_grad():
+    print(f"initial loss {torch.nn.functional.mse_loss(model(X), Y).item():.5f}", flush=True)
 
 log = None
 if args.log_dir:
@@ -110,8 +117,52 @@ if args.log_dir:
 timeline = open(args.timeline, "a", buffering=1) if args.timeline else None
 
 
+def ddp_step(chunk):
+    """One step of --ddp: each micro-batch's mean loss, divided by their number, as a
+    plain DDP script with gradient accumulation does; torch's DDP reduces the
+    gradients during the last backward (the others run under no_sync())."""
+    opt.zero_grad()
+    loss_sum, n = 0.0, 0
+    for j, idx in enumerate(chunk):
+        last = j == len(chunk) - 1
+        with (contextlib.nullcontext() if last else net.no_sync()):
+            out = net(X[idx])
+            # An empty slice (the end of an epoch) still runs backward: every rank
+            # must reach the reduction; it adds nothing.
+            loss = torch.nn.functional.mse_loss(out, Y[idx]) if idx else out.sum() * 0.0
+            (loss / len(chunk)).backward()
+        loss_sum += loss.item() * len(idx)
+        n += len(idx)
+    opt.step()
+    return loss_sum, n
+
+
 @bftrainer.run
 def train(state):
+    if args.ddp:
+        while state.sampler.epoch < args.epochs:
+            epoch_loss, epoch_n, chunk = 0.0, 0, []
+            for idx in state.sampler:
+                chunk.append(idx)
+                if len(chunk) < args.accum and state.sampler.remaining() > 0:
+                    continue
+                if log:
+                    log.write(f"S {bftrainer.generation()} {state.step + 1} {state.sampler.epoch} "
+                              f"{bftrainer.rank()} {' '.join(str(i) for c in chunk for i in c)}\n")
+                loss_sum, n = ddp_step(chunk)
+                chunk = []
+                epoch_loss += loss_sum
+                epoch_n += n
+                if args.step_sleep and not (args.fast_file and os.path.exists(args.fast_file)):
+                    time.sleep(args.step_sleep)
+                state.commit()
+                if timeline and bftrainer.rank() == 0:
+                    timeline.write(f"{time.time():.6f} {state.step} {bftrainer.world_size()} {bftrainer.generation()}\n")
+            if epoch_n:
+                state.last_loss = epoch_loss / epoch_n
+            if bftrainer.rank() == 0:
+                print(f"epoch {state.sampler.epoch} done at step {state.step}, world {bftrainer.world_size()}, "
+                      f"rank-0 loss {state.last_loss:.4f}", flush=True)
     while state.sampler.epoch < args.epochs:
         epoch_loss, epoch_n = 0.0, 0
         for idx, rows in steps():

@@ -135,7 +135,9 @@ class FakeAgent:
                     raise AssertionError(f"timed out waiting for {what}; messages: {self.messages[-10:]}")
                 self.lock.wait(min(left, 0.2))
 
-    def wait_ready(self, workers: List[str], timeout: float = 60.0) -> None:
+    def wait_ready(self, workers: List[str], timeout: float = 300.0) -> None:
+        # Generous: three workers importing torch at once on a loaded 2-core machine
+        # took over 60 s.
         self.wait_for(lambda: all(w in self.ready for w in workers), timeout, f"ready {workers}")
 
     def announce(self, members: List[str], dead: Optional[List[str]] = None) -> int:

@@ -29,6 +29,7 @@ from .elastic import (
     choose_device,
     device,
     generation,
+    process_group,
     rank,
     run,
     worker_id,
@@ -40,9 +41,20 @@ from .state import State
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # torch is imported only by programs that use the DDP wrapper.
+    if name == "DistributedDataParallel":
+        from .ddp import DistributedDataParallel
+
+        return DistributedDataParallel
+    raise AttributeError(f"module 'bftrainer' has no attribute {name!r}")
+
+
 __all__ = [
     "AgentError",
     "DeviceChoice",
+    "DistributedDataParallel",
     "ElasticDataLoader",
     "ElasticSampler",
     "JobEnded",
@@ -53,6 +65,7 @@ __all__ = [
     "choose_device",
     "device",
     "generation",
+    "process_group",
     "rank",
     "run",
     "worker_id",

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set
 
 MAX_LINE = 1 << 20
 HEARTBEAT_S = 1.0
@@ -77,6 +77,9 @@ class AgentClient:
         self._closed: Optional[str] = None
         self._ids = itertools.count(1)
         self._replies: Dict[int, Dict[str, Any]] = {}
+        #: Called from the reader thread after every message and when the connection
+        #: ends (the runtime aborts a broken generation's group from there).
+        self.listeners: List[Callable[[], None]] = []
         self.send({"t": "hello", "worker": worker})
         self._reader = threading.Thread(target=self._read, name="bftrainer-agent", daemon=True)
         self._reader.start()
@@ -131,6 +134,14 @@ class AgentClient:
             with self._cond:
                 self._closed = self._closed or reason
                 self._cond.notify_all()
+            self._notify()
+
+    def _notify(self) -> None:
+        for fn in list(self.listeners):
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - a listener must not kill the reader
+                print(f"bftrainer: agent listener failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
     def _handle(self, msg: Dict[str, Any]) -> None:
         t = msg.get("t")
@@ -162,6 +173,8 @@ class AgentClient:
             elif t == "error":
                 print(f"bftrainer: agent error: {msg.get('msg')}", file=sys.stderr, flush=True)
             self._cond.notify_all()
+        if t in ("gen", "abort", "end"):
+            self._notify()
         if ack is not None:
             # At once, from this thread: the coordinator drops members that do not
             # acknowledge within --broken-timeout, and a long step must not look hung.

@@ -177,6 +177,56 @@ class _Runtime:
         # failure abandons may stay stuck on a peer that gave up too; the group is
         # then kept until they end (_leftovers says why).
         self._inflight: List[Any] = []
+        # Generations entered so far (a DDP built once rebuilds its reducer when this
+        # moves), and the "switch" metadata of this generation's reductions: the one
+        # issued since the last commit, and the one before it, read at this commit.
+        self.entries = 0
+        self._meta_cur: Optional["_Meta"] = None
+        self._meta_prev: Optional["_Meta"] = None
+        # This rank's samples and the whole step's since the last gradient reduction
+        # (the sampler counts them; a DDP comm hook weighs by them).
+        self.samples_local = 0
+        self.samples_total = 0
+        self._group: Any = None
+        if self.agent is not None:
+            self.agent.listeners.append(self._watch)
+
+    # -- the elastic group -----------------------------------------------------------
+
+    def group(self) -> Any:
+        """The process group that stays valid in every generation (``_groups``). Made
+        at the first call (bftrainer.DistributedDataParallel's): a program that never
+        asks for it has none, and ``allreduce_gradients`` never uses it."""
+        if self._group is None:
+            import torch.distributed as dist
+
+            from ._groups import ElasticGroup
+
+            grp = ElasticGroup()
+            self._group = grp
+            if self.gen > 0 and dist.is_initialized():
+                # Asked for inside a generation: it starts with the current one.
+                grp.install(dist.group.WORLD, self.gen, self.device)
+                self._watch()
+        return self._group
+
+    def _watch(self) -> None:
+        """From the agent's reader thread: when the coordinator's verdict says the
+        current generation cannot complete its collectives (a member died, froze or
+        left without warning, the generation was aborted, the agent is gone), fail
+        them at once. Off the step's path: nothing polls per step."""
+        grp = self._group
+        agent = self.agent
+        if grp is None or agent is None or grp.real is None:
+            return
+        why = agent.failed(grp.generation, self.members)
+        if why is None and agent._closed is not None:
+            why = f"lost the bft-run agent ({agent._closed})"
+        if why is None and agent._ended is not None:
+            why = "the job ended"
+        if why is not None:
+            nccl = self._choice is not None and self._choice.backend == "nccl"
+            grp.abort(why, real_abort=nccl)
 
     # -- process group -------------------------------------------------------------
 
@@ -294,6 +344,13 @@ class _Runtime:
             **kwargs,
         )
         self._flag = None
+        self._meta_cur = self._meta_prev = None
+        self.samples_local = self.samples_total = 0
+        self.entries += 1
+        if self._group is not None:
+            self._group.install(dist.group.WORLD, g.gen, self.device)
+            # A verdict that came while the group formed.
+            self._watch()
 
     # -- membership ------------------------------------------------------------------
 
@@ -320,6 +377,13 @@ class _Runtime:
         if self._flag is not None:
             changed = self._flag > 0
             self._flag = None
+        elif self._meta_cur is not None or self._meta_prev is not None:
+            # A DDP step: its reduction carried the flag. Read the one of the step
+            # before this one, complete long ago, so that reading it never waits on the
+            # device; every member reads the same one, so all switch at the same step.
+            prev = self._meta_prev
+            self._meta_prev, self._meta_cur = self._meta_cur, None
+            changed = prev is not None and prev.values()[1] > 0
         else:
             t = torch.tensor([1.0 if agent.latest > self.gen else 0.0], device=self.device)
             _wait(dist.all_reduce(t, async_op=True), "the switch flag")
@@ -346,10 +410,18 @@ class _Runtime:
         timeout)."""
         import torch.distributed as dist
 
+        self._meta_cur = self._meta_prev = None
+        aborting = False
+        ddp_works: List[Any] = []
+        if self._group is not None:
+            # Aborted by the watcher: on NCCL the real abort already runs in the
+            # background and must not be waited for here.
+            aborting = self._group.broken is not None
+            _, ddp_works = self._group.retire()
         if not dist.is_initialized():
             return
         pg = dist.group.WORLD
-        if self._pick_backend() == "nccl":
+        if self._pick_backend() == "nccl" and not aborting:
             abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
             if abort is not None:
                 try:
@@ -360,7 +432,7 @@ class _Runtime:
             dist.destroy_process_group()
         except Exception as e:  # noqa: BLE001 - an aborted group may refuse; it is left anyway
             print(f"bftrainer: leaving the old process group: {e}", file=sys.stderr, flush=True)
-        LEFTOVERS.leave(pg, self._inflight)
+        LEFTOVERS.leave(pg, self._inflight + ddp_works)
         self._inflight = []
 
     def leave(self) -> None:
@@ -414,6 +486,53 @@ def _wait(work: Any, what: str) -> None:
         raise
 
 
+class _Meta:
+    """One reduction's float64 pair [this rank's samples, "a newer generation was
+    announced"], all-reduced on the elastic group beside the gradients (counts never
+    ride in the gradients' dtype, where bf16 would round them). On a GPU its result is
+    copied to pinned host memory behind an event, so that a later read waits for that
+    copy only, never for the device's queue."""
+
+    def __init__(self, rt: "_Runtime", n_local: float, device: Any) -> None:
+        import torch
+
+        seen = 1.0 if rt.agent is not None and rt.agent.latest > rt.gen else 0.0
+        self.tensor = torch.tensor([float(n_local), seen], dtype=torch.float64, device=device)
+        self.future = rt.group().allreduce_future(self.tensor)
+        self._event: Any = None
+        self._host: Any = None
+        if self.tensor.is_cuda:
+            self._host = torch.empty(2, dtype=torch.float64, pin_memory=True)
+            self._event = torch.cuda.Event()
+
+            def copy(f: Any) -> Any:
+                self._host.copy_(self.tensor, non_blocking=True)
+                self._event.record()
+                return f.value()
+
+            self.future = self.future.then(copy)
+
+    def values(self) -> List[float]:
+        """(samples of the whole step, flag); PeerFailure if the reduction failed."""
+        try:
+            self.future.wait()
+        except RuntimeError as e:
+            if _is_peer_failure(e):
+                raise PeerFailure(f"the step's metadata: {e}") from e
+            raise
+        if self._event is not None:
+            self._event.synchronize()
+            return [float(x) for x in self._host.tolist()]
+        return [float(x) for x in self.tensor.tolist()]
+
+
+def _count_samples(n_local: int, n_step: int) -> None:
+    """The sampler took a slice: this rank's samples and the whole step's."""
+    rt = _rt()
+    rt.samples_local += n_local
+    rt.samples_total += n_step
+
+
 def _check_alive(what: str) -> None:
     """Before a collective: a generation already known to be broken is not entered."""
     rt = _rt()
@@ -453,6 +572,13 @@ def device() -> Any:
     import torch
 
     return torch.device(_rt().choice().device)
+
+
+def process_group() -> Any:
+    """The process group that stays valid in every generation: build torch objects on
+    it once (DDP, a DeviceMesh); the runtime swaps its real group (gloo or NCCL) at
+    step boundaries and fails its collectives at once when a peer fails."""
+    return _rt().group()
 
 
 def backend() -> str:

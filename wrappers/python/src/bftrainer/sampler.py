@@ -266,6 +266,11 @@ class ElasticSampler:
         """The training takes a step of ``step`` samples, ``mine`` of them this rank's."""
         self.consumed += step
         self.total += step
+        if self._world is _world:
+            # The step's split, for the weighting of a DDP comm hook.
+            from . import elastic
+
+            elastic._count_samples(mine, step)
 
     def next_epoch(self) -> None:
         """The epoch is used up: the next one starts (in this release's order)."""

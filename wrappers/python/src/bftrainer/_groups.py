@@ -1,0 +1,395 @@
+"""A process group that outlives generations: torch objects built once on it (DDP, a
+DeviceMesh) stay valid while the runtime swaps the real group underneath.
+
+Interface (used by elastic.py, ddp.py and the HSDP mesh):
+
+- ``ElasticGroup()``: a ``torch.distributed.ProcessGroup`` subclass. Before the first
+  generation it is a world of one with no real group; collectives then act locally.
+- ``group.install(real, gen)``: at a step boundary, the runtime hands it this
+  generation's real group (gloo or NCCL). ``rank()``/``size()`` follow it.
+- ``group.retire()``: the runtime leaves the generation; returns the old real group
+  and its operations not seen complete (for ``_leftovers``: a group is kept until
+  they end, its destructor would wait for them).
+- ``group.abort(why)``: from any thread (the agent's reader, when the coordinator says
+  the generation is broken): every pending and later collective of this generation
+  fails at once with ``PeerFailure`` (the text carries ``ABANDONED``), without waiting
+  on the real group. On NCCL the real communicator is aborted in a background thread,
+  so the next generation's group is made while the old one is still being torn down.
+- Collectives (``allreduce``, ``broadcast``, ``allgather``, ``_allgather_base``,
+  ``reduce_scatter``, ``_reduce_scatter_base``, ``barrier``, ...) delegate to the real
+  group; the ``Work`` returned is backed by a future of ours, so an abort completes it
+  with an error even while the real operation hangs on a frozen peer.
+  ``allreduce_future(tensor, op)`` returns that future directly (DDP comm hooks).
+  On gloo a thread of ours completes those futures (``_Watcher``); on NCCL the real
+  future's callback does.
+
+torchft's reconfigurable process groups (a wrapper whose backend is replaced at each
+quorum, DDP given a dummy group and a comm hook) are the model; the code is ours.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+from torch.futures import Future
+
+#: In every error of an abandoned collective (elastic._is_peer_failure matches it).
+ABANDONED = "was abandoned (a member failed)"
+
+
+class _Pending:
+    __slots__ = ("future", "done")
+
+    def __init__(self, future: Future) -> None:
+        self.future = future
+        self.done = False
+
+
+class ElasticGroup(dist.ProcessGroup):
+    """See the module's docstring."""
+
+    def __init__(self) -> None:
+        # The C++ side's rank and size stay (0, 1): torch's Python code asks rank() and
+        # size(), which follow the generation.
+        super().__init__(0, 1)
+        self._lock = threading.Lock()
+        self._real: Any = None
+        self._gen = 0
+        self._rank = 0
+        self._size = 1
+        self._broken: Optional[str] = None
+        self._pending: Dict[int, _Pending] = {}
+        self._ids = 0
+        self._device: Optional[torch.device] = None
+        #: The real operations of this generation not seen complete: the runtime keeps
+        #: the real group until they end (_leftovers).
+        self._works: List[Any] = []
+        #: Register with torch.distributed (a DeviceMesh/FSDP2 needs it): off by
+        #: default. It was blamed for a survivor's abort after a kill -9 (gloo's
+        #: IoException) that the Python callbacks then run in gloo's threads also
+        #: cause (see _Watcher); not tried again since.
+        self.register_with_torch = False
+        self._watch: Optional[_Watcher] = None
+
+    # -- generations -------------------------------------------------------------------
+
+    def install(self, real: Any, gen: int, device: Optional[torch.device] = None) -> None:
+        """Make ``real`` (this generation's group) the one collectives run on."""
+        with self._lock:
+            self._real = real
+            self._gen = gen
+            self._rank = real.rank()
+            self._size = real.size()
+            self._broken = None
+            self._device = device
+        if self.register_with_torch:
+            self._register_c10d(real)
+
+    def _register_c10d(self, real: Any) -> None:
+        """Make the group known to torch.distributed's registry, with the real group
+        as its backend for the device: DeviceMesh.from_group and FSDP2's collectives
+        (which dispatch in C++, past the Python methods below) then run on the current
+        generation's group. Checked by experiment on torch 2.15 (gloo): a 1-D mesh from
+        this group, fully_shard on it, forward/backward in two generations."""
+        from torch.distributed import distributed_c10d as c10d
+
+        world = c10d._world
+        name = self.group_name
+        world.pg_group_ranks[self] = {i: i for i in range(self._size)}
+        if self not in world.pg_map:
+            world.pg_map[self] = ("bftrainer", None)
+            world.pg_names[self] = name
+            c10d._register_process_group(name, self)
+        kind = {"gloo": dist.ProcessGroup.BackendType.GLOO, "nccl": dist.ProcessGroup.BackendType.NCCL}
+        backend_name = real.name() if hasattr(real, "name") else ""
+        bt = kind.get(str(backend_name).lower())
+        if bt is None:
+            return
+        for dev in ("cpu", "cuda") if bt == dist.ProcessGroup.BackendType.GLOO else ("cuda",):
+            try:
+                be = real._get_backend(torch.device(dev)) if hasattr(real, "_get_backend") else real
+            except Exception:  # noqa: BLE001 - the real group has no backend for that device
+                continue
+            self._register_backend(torch.device(dev), bt, be)
+        self._set_default_backend(bt)
+
+    def retire(self) -> Tuple[Any, List[Any]]:
+        """Leave the current generation: later collectives act locally until the next
+        ``install``. Returns the old real group (or None) and its operations not seen
+        complete (the caller keeps the group until they end: ``_leftovers``)."""
+        with self._lock:
+            real, self._real = self._real, None
+            self._broken = None
+            self._rank, self._size = 0, 1
+            pending = list(self._pending.values())
+            self._pending.clear()
+            works, self._works = self._works, []
+        for p in pending:
+            self._fail(p, "its generation ended")
+        self._unregister_c10d()
+        return real, [w for w in works if not w.is_completed()]
+
+    def _unregister_c10d(self) -> None:
+        """Out of torch.distributed's registry between generations: the runtime's
+        ``destroy_process_group()`` (all groups) must not shut this one down."""
+        from torch.distributed import distributed_c10d as c10d
+
+        world = c10d._world
+        if self in world.pg_map:
+            world.pg_map.pop(self, None)
+            world.pg_names.pop(self, None)
+            world.pg_group_ranks.pop(self, None)
+            try:
+                c10d._unregister_process_group(self.group_name)
+            except Exception:  # noqa: BLE001 - not registered under that name
+                pass
+
+    def abort(self, why: str, real_abort: bool = False) -> bool:
+        """Fail every pending and later collective of this generation at once. With
+        ``real_abort`` (NCCL) the real communicator is aborted too, in a background
+        thread. Returns whether this call broke the generation (False if it already
+        was, or none is installed)."""
+        with self._lock:
+            if self._real is None or self._broken is not None:
+                return False
+            self._broken = why
+            real = self._real
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for p in pending:
+            self._fail(p, why)
+        if real_abort:
+            threading.Thread(target=_abort_real, args=(real,), name="bftrainer-abort", daemon=True).start()
+        return True
+
+    @property
+    def generation(self) -> int:
+        return self._gen
+
+    @property
+    def broken(self) -> Optional[str]:
+        return self._broken
+
+    @property
+    def real(self) -> Any:
+        return self._real
+
+    # -- ProcessGroup ------------------------------------------------------------------
+
+    def rank(self) -> int:  # type: ignore[override]
+        return self._rank
+
+    def size(self) -> int:  # type: ignore[override]
+        return self._size
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return "bftrainer"
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        return "bftrainer-elastic"
+
+    def _fail(self, p: _Pending, why: str) -> None:
+        with self._lock:
+            if p.done:
+                return
+            p.done = True
+        p.future.set_exception(RuntimeError(f"collective {ABANDONED}: {why}"))
+
+    def _run(self, op: Callable[[Any], Any], result: Callable[[], Any]) -> Future:
+        """Start ``op(real)`` and return our future of it: completed by the real one,
+        or failed by ``abort`` first."""
+        with self._lock:
+            real, broken = self._real, self._broken
+            if real is not None and broken is None:
+                self._ids += 1
+                key = self._ids
+                devices = [self._device] if self._device is not None and self._device.type == "cuda" else None
+                fut: Future = Future(devices=devices) if devices else Future()
+                p = _Pending(fut)
+                self._pending[key] = p
+        if broken is not None:
+            raise RuntimeError(f"collective {ABANDONED}: {broken}")
+        if real is None:
+            # No generation: a world of one, where every collective is the identity.
+            fut = Future()
+            fut.set_result(result())
+            return fut
+        try:
+            work = op(real)
+        except Exception:
+            with self._lock:
+                self._pending.pop(key, None)
+            raise
+        with self._lock:
+            current = self._real is real
+            if current:
+                self._works = [w for w in self._works if not w.is_completed()]
+                self._works.append(work)
+        if not current:
+            # Retired meanwhile: the runtime let go of the group without this one.
+            from ._leftovers import LEFTOVERS
+
+            LEFTOVERS.leave(real, [work])
+
+        if devices:
+            # NCCL: the real future completes (CUDA-aware) once the operation is on
+            # the stream; its callback runs no host wait for the device.
+            def done(f: Future) -> None:
+                self._complete(key, p, f.value, result)
+
+            work.get_future().then(done)
+        else:
+            # gloo: never a callback of ours in gloo's threads. A Python callback on
+            # a gloo future (`then`) that completes with an error after the survivors
+            # moved on crashed survivors of a kill -9 (SIGABRT: `terminate called
+            # after throwing gloo::IoException`); a thread of ours watches instead.
+            self._watcher().add(work, key, p, result)
+        return fut
+
+    def _complete(self, key: int, p: _Pending, wait: Callable[[], Any], result: Callable[[], Any]) -> None:
+        """The real operation ended: complete our future (unless aborted first)."""
+        with self._lock:
+            self._pending.pop(key, None)
+            if p.done:
+                return
+            p.done = True
+        try:
+            wait()
+        except Exception as e:  # noqa: BLE001 - handed on to the waiter
+            p.future.set_exception(e)
+            return
+        p.future.set_result(result())
+
+    def _watcher(self) -> "_Watcher":
+        with self._lock:
+            if self._watch is None:
+                self._watch = _Watcher(self)
+            return self._watch
+
+    def _work(self, op: Callable[[Any], Any], result: Callable[[], Any]) -> Any:
+        return _create_work_from_future(self._run(op, result))
+
+    def allreduce_future(self, tensor: torch.Tensor, op: Any = None) -> Future:
+        """All-reduce ``tensor`` in place (SUM by default); a future of it."""
+        opts = dist.AllreduceOptions()
+        if op is not None:
+            opts.reduceOp = op
+        return self._run(lambda pg: pg.allreduce([tensor], opts), lambda: tensor)
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        if opts is None:
+            opts = dist.AllreduceOptions()
+        elif not isinstance(opts, dist.AllreduceOptions):
+            op, opts = opts, dist.AllreduceOptions()
+            opts.reduceOp = op
+        return self._work(lambda pg: pg.allreduce(tensors, opts), lambda: tensors)
+
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        return self._work(lambda pg: pg.allreduce_coalesced(tensors, opts), lambda: tensors)
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        if isinstance(tensors, torch.Tensor):
+            root, tensors, opts = opts, [tensors], dist.BroadcastOptions()
+            opts.rootRank = int(root or 0)
+        elif opts is None:
+            opts = dist.BroadcastOptions()
+        return self._work(lambda pg: pg.broadcast(tensors, opts), lambda: tensors)
+
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        opts = opts if opts is not None else dist.AllgatherOptions()
+
+        def local() -> Any:
+            for outs, inp in zip(output_tensors, input_tensors):
+                outs[0].copy_(inp)
+            return output_tensors
+
+        return self._work(lambda pg: pg.allgather(output_tensors, input_tensors, opts), local)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # type: ignore[override]
+        opts = opts if opts is not None else dist.AllgatherOptions()
+
+        def local() -> Any:
+            output.copy_(input.reshape(output.shape))
+            return output
+
+        return self._work(lambda pg: pg._allgather_base(output, input, opts), local)
+
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+
+        def local() -> Any:
+            for out, ins in zip(output_tensors, input_tensors):
+                out.copy_(ins[0])
+            return output_tensors
+
+        return self._work(lambda pg: pg.reduce_scatter(output_tensors, input_tensors, opts), local)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # type: ignore[override]
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+
+        def local() -> Any:
+            output.copy_(input.reshape(output.shape))
+            return output
+
+        return self._work(lambda pg: pg._reduce_scatter_base(output, input, opts), local)
+
+    def barrier(self, opts: Any = None) -> Any:  # type: ignore[override]
+        opts = opts if opts is not None else dist.BarrierOptions()
+        return self._work(lambda pg: pg.barrier(opts), lambda: [])
+
+
+class _Watcher:
+    """One thread that completes our futures of gloo operations: it asks each pending
+    ``Work`` ``is_completed()`` (a flag, no wait) and then takes its result or error
+    with ``wait()`` in this thread, as ``elastic._wait`` does on the step's thread.
+    Polls only while operations are pending: 50 us at first, backing off to 1 ms."""
+
+    def __init__(self, group: ElasticGroup) -> None:
+        self._group = group
+        self._cond = threading.Condition()
+        self._items: List[Any] = []
+        threading.Thread(target=self._loop, name="bftrainer-collectives", daemon=True).start()
+
+    def add(self, work: Any, key: int, p: _Pending, result: Callable[[], Any]) -> None:
+        with self._cond:
+            self._items.append((work, key, p, result))
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        pause = 0.00005
+        while True:
+            with self._cond:
+                while not self._items:
+                    self._cond.wait()
+                    pause = 0.00005
+                # Aborted ones are dropped: gloo's thread ends them, nobody waits.
+                items = [it for it in self._items if not it[2].done]
+                ended = [it for it in items if it[0].is_completed()]
+                self._items = [it for it in items if it not in ended] if ended else items
+            for work, key, p, result in ended:
+                self._group._complete(key, p, work.wait, result)
+            if ended:
+                pause = 0.00005
+            else:
+                time.sleep(pause)
+                pause = min(pause * 2, 0.001)
+
+
+def _abort_real(real: Any) -> None:
+    """Abort a real group off the step's path (NCCL: about a second with an operation
+    in flight); the new generation's group forms meanwhile."""
+    try:
+        real.abort()
+    except Exception as e:  # noqa: BLE001 - best effort; the group is abandoned anyway
+        import sys
+
+        print(f"bftrainer: aborting the old communicator failed: {e}", file=sys.stderr, flush=True)

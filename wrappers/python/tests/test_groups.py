@@ -1,0 +1,79 @@
+"""ElasticGroup: one group object across generations, aborted from another thread."""
+
+import datetime
+import os
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = torch.distributed
+mp = torch.multiprocessing
+
+
+def _worker(rank: int, world: int, path: str, out: str) -> None:
+    from bftrainer._groups import ABANDONED, ElasticGroup
+
+    store = dist.FileStore(path, world)
+    grp = ElasticGroup()
+    lines = []
+    # No generation yet: a world of one, collectives are the identity.
+    t = torch.ones(2)
+    grp.allreduce([t]).wait()
+    lines.append(f"alone {grp.size()} {t.tolist()}")
+    real = dist.ProcessGroupGloo(dist.PrefixStore("g1", store), rank, world, datetime.timedelta(seconds=60))
+    grp.install(real, 1)
+    t = torch.ones(2) * (rank + 1)
+    grp.allreduce([t]).wait()
+    lines.append(f"g1 {grp.rank()} {grp.size()} {t.tolist()}")
+    if rank == 0:
+        # Rank 1 never joins this all-reduce: without the abort it would wait for the
+        # gloo timeout (60 s).
+        fut = grp.allreduce_future(torch.ones(2))
+        threading.Timer(0.3, lambda: grp.abort("peer 1 failed")).start()
+        t0 = time.monotonic()
+        try:
+            fut.wait()
+            lines.append("no error")
+        except RuntimeError as e:
+            lines.append(f"aborted {ABANDONED in str(e)} {time.monotonic() - t0 < 5}")
+        try:
+            grp.allreduce([torch.ones(1)])
+            lines.append("later: no error")
+        except RuntimeError as e:
+            lines.append(f"later {ABANDONED in str(e)}")
+    store.add("aborted", 1)
+    while store.add("aborted", 0) < world:
+        time.sleep(0.01)
+    old, works = grp.retire()
+    # Rank 0's withheld all-reduce is still pending on the real group: handed back.
+    lines.append(f"retired {old is real} {grp.size()} {len(works)}")
+    real2 = dist.ProcessGroupGloo(dist.PrefixStore("g2", store), rank, world, datetime.timedelta(seconds=60))
+    grp.install(real2, 2)
+    t = torch.ones(2) * (rank + 1)
+    grp.allreduce([t]).wait()
+    lines.append(f"g2 {grp.generation} {t.tolist()}")
+    with open(f"{out}.{rank}", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os._exit(0)  # rank 0's first group still holds a collective rank 1 never joined
+
+
+def test_group_swaps_its_real_group_and_aborts_at_once(tmp_path):
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=_worker, args=(r, 2, str(tmp_path / "store"), str(tmp_path / "out"))) for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    r0 = (tmp_path / "out.0").read_text().split("\n")
+    r1 = (tmp_path / "out.1").read_text().split("\n")
+    assert r0[0] == "alone 1 [1.0, 1.0]"
+    assert r0[1] == "g1 0 2 [3.0, 3.0]" and r1[1] == "g1 1 2 [3.0, 3.0]"
+    assert r0[2] == "aborted True True"
+    assert r0[3] == "later True"
+    assert r0[4] == "retired True 1 1" and r1[2] == "retired True 1 0"
+    assert r0[5] == r1[3] == "g2 2 [3.0, 3.0]"
