@@ -137,6 +137,24 @@ def ddp_step(chunk):
     return loss_sum, n
 
 
+def end_step(state):
+    """The end of a step in either loop: the step sleep (until --fast-file), the
+    commit, the timeline."""
+    if args.step_sleep and not (args.fast_file and os.path.exists(args.fast_file)):
+        time.sleep(args.step_sleep)
+    state.commit()
+    if timeline and bftrainer.rank() == 0:
+        timeline.write(f"{time.time():.6f} {state.step} {bftrainer.world_size()} {bftrainer.generation()}\n")
+
+
+def end_epoch(state, epoch_loss, epoch_n):
+    if epoch_n:
+        state.last_loss = epoch_loss / epoch_n
+    if bftrainer.rank() == 0:
+        print(f"epoch {state.sampler.epoch} done at step {state.step}, world {bftrainer.world_size()}, "
+              f"rank-0 loss {state.last_loss:.4f}", flush=True)
+
+
 @bftrainer.run
 def train(state):
     if args.ddp:
@@ -153,16 +171,8 @@ def train(state):
                 chunk = []
                 epoch_loss += loss_sum
                 epoch_n += n
-                if args.step_sleep and not (args.fast_file and os.path.exists(args.fast_file)):
-                    time.sleep(args.step_sleep)
-                state.commit()
-                if timeline and bftrainer.rank() == 0:
-                    timeline.write(f"{time.time():.6f} {state.step} {bftrainer.world_size()} {bftrainer.generation()}\n")
-            if epoch_n:
-                state.last_loss = epoch_loss / epoch_n
-            if bftrainer.rank() == 0:
-                print(f"epoch {state.sampler.epoch} done at step {state.step}, world {bftrainer.world_size()}, "
-                      f"rank-0 loss {state.last_loss:.4f}", flush=True)
+                end_step(state)
+            end_epoch(state, epoch_loss, epoch_n)
     while state.sampler.epoch < args.epochs:
         epoch_loss, epoch_n = 0.0, 0
         for idx, rows in steps():
@@ -185,16 +195,8 @@ def train(state):
                               f"{loss.item() * len(idx)!r} {len(idx)}\n")
             bftrainer.allreduce_gradients(model, len(idx))
             opt.step()
-            if args.step_sleep and not (args.fast_file and os.path.exists(args.fast_file)):
-                time.sleep(args.step_sleep)
-            state.commit()
-            if timeline and bftrainer.rank() == 0:
-                timeline.write(f"{time.time():.6f} {state.step} {bftrainer.world_size()} {bftrainer.generation()}\n")
-        if epoch_n:
-            state.last_loss = epoch_loss / epoch_n
-        if bftrainer.rank() == 0:
-            print(f"epoch {state.sampler.epoch} done at step {state.step}, world {bftrainer.world_size()}, "
-                  f"rank-0 loss {state.last_loss:.4f}", flush=True)
+            end_step(state)
+        end_epoch(state, epoch_loss, epoch_n)
     # The loss of the final model on the whole data set, the same on every rank (in
     # batches: a wide model's activations of the whole set would not fit).
     with torch.no_grad():

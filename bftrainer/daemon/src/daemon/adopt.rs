@@ -265,6 +265,15 @@ mod tests {
         v
     }
 
+    /// The core kept running (Restarts 0) and, since `calls`, nothing was requeued,
+    /// cancelled or submitted.
+    fn assert_untouched(c: &GenCluster, calls: &gen::Calls) {
+        assert_eq!(core_of(c).restart_count, 0);
+        assert_eq!(c.calls.requeues, calls.requeues, "no requeue");
+        assert_eq!(c.calls.cancels, calls.cancels, "no satellite cancelled");
+        assert_eq!(c.calls.submits, calls.submits, "no satellite again");
+    }
+
     fn core_of(c: &GenCluster) -> &Job {
         c.jobs.iter().find(|j| j.job_id == 1).unwrap()
     }
@@ -314,13 +323,7 @@ mod tests {
         let before = running_sats(&cluster);
         let calls = cluster.calls.clone();
         let d = run_fresh(cluster, cfg, &[], now, 20);
-        assert_eq!(core_of(&d.cluster).restart_count, 0);
-        assert_eq!(d.cluster.calls.requeues, calls.requeues, "no requeue");
-        assert_eq!(
-            d.cluster.calls.cancels, calls.cancels,
-            "no satellite cancelled"
-        );
-        assert_eq!(d.cluster.calls.submits, calls.submits, "no satellite again");
+        assert_untouched(&d.cluster, &calls);
         assert_eq!(running_sats(&d.cluster), before);
         assert_eq!(d.stats.adopted_running, 1);
         let jid = d.jobs.iter().position(|&j| j == 1).unwrap() as JobId;
@@ -420,13 +423,7 @@ mod tests {
             keep_gres_used(&mut d.cluster, regular);
             d.cycle(now).unwrap();
         }
-        assert_eq!(core_of(&d.cluster).restart_count, 0);
-        assert_eq!(d.cluster.calls.requeues, calls.requeues, "no requeue");
-        assert_eq!(
-            d.cluster.calls.cancels, calls.cancels,
-            "no satellite cancelled"
-        );
-        assert_eq!(d.cluster.calls.submits, calls.submits, "no satellite again");
+        assert_untouched(&d.cluster, &calls);
         assert_eq!(gpu_sats(&d.cluster), before);
         assert_eq!(d.stats.adopted_running, 1);
         let jid = d.jobs.iter().position(|&j| j == 1).unwrap() as JobId;
