@@ -959,19 +959,32 @@ fn cluster_daemon_keeps_a_core_on_a_draining_node_and_drops_a_node_removed_from_
         );
     };
     let node_state = || l.c.run("scontrol", &["show", "node", "-o", &core]).unwrap();
-    // Its slurmd misses pings (stopped for less than SlurmdTimeout, 30 s):
-    // DRAIN+NOT_RESPONDING, not DOWN.
+    // Its slurmd misses pings, for less than SlurmdTimeout (30 s): DRAIN+NOT_RESPONDING,
+    // not DOWN. slurmd is stopped, so that no answer clears the flag; the flag itself is
+    // set at once (`state=noresp`, what a missed ping sets) rather than awaited from
+    // slurmctld's next ping: on a loaded machine that ping's timeout (MessageTimeout,
+    // 10 s, after up to SlurmdTimeout/3) raced the DOWN at SlurmdTimeout.
     let slurmd = l.c.daemon_pid(&format!("slurmd-{core}")).unwrap() as i32;
     // SAFETY: a signal to the cluster's own slurmd, which this test started.
     unsafe { libc::kill(slurmd, libc::SIGSTOP) };
+    l.c.run(
+        "scontrol",
+        &["update", &format!("nodename={core}"), "state=noresp"],
+    )
+    .unwrap();
     l.wait(30, "the core's node not responding", || {
         node_state().contains("NOT_RESPONDING").then_some(())
     });
     let missed = node_state();
     kept("drained, not responding");
+    let still = node_state();
     unsafe { libc::kill(slurmd, libc::SIGCONT) };
     assert!(!missed.contains("State=DOWN"), "{missed}");
-    l.wait(60, "the core's node responding again", || {
+    assert!(
+        still.contains("NOT_RESPONDING"),
+        "the flag went before bftrainerd's cycles saw it: {still}"
+    );
+    l.wait(120, "the core's node responding again", || {
         (!node_state().contains("NOT_RESPONDING")).then_some(())
     });
     // FAIL, then a maintenance reservation that ignores the running job.
