@@ -11,7 +11,7 @@ NEXTEST_ARGS ?=
 # or 24.11 / 26.05, run from a Debian root (scripts/slurm-root).
 SLURM ?=
 
-.PHONY: deps deps-system build demo test install cluster-up cluster-down
+.PHONY: deps deps-system build demo test deb install cluster-up cluster-down
 
 deps:
 	./scripts/install-deps
@@ -46,6 +46,12 @@ test: build
 	venv=$$(scripts/python-env) && \
 	  PYTHONPATH=$(CURDIR)/wrappers/python/src $$venv/bin/python -m pytest -q wrappers/python && \
 	  BFT_VENV=$$venv BFT_TEST_RELEASES="$(RELEASES)" NEXTEST_ARGS="$(NEXTEST_ARGS)" scripts/test-releases
+
+# Debian packages for every supported Slurm release into target/deb (scripts/make-deb):
+# the plugins and bftrainerd per release (exact libslurm dependency), bft-run, the wheel.
+# `make deb RELEASES="22.05"` builds the host's only.
+deb: deps
+	scripts/make-deb $(if $(filter command line,$(origin RELEASES)),$(RELEASES))
 
 # A cluster in ./.cluster to work against by hand: eval "$$(make -s cluster-up)";
 # `make -s cluster-up SLURM=26.05` starts one of another release (from its Debian root).
