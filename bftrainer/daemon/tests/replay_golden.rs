@@ -95,6 +95,18 @@ fn replay_sample_results_are_unchanged() {
         "sample-3h-efficiency-repeat",
         &["--hours", "3", "--objective", "efficiency", "--repeat"],
     );
+    // Batch size as a decision (Saxena; McCandlish's noise scale): fixed vs joint.
+    check(
+        "sample-3h-batch-noise-4096",
+        &[
+            "--hours",
+            "3",
+            "--batch-range",
+            "256:8192",
+            "--noise-scale",
+            "4096",
+        ],
+    );
     check(
         "sample-3h-arrivals",
         &[

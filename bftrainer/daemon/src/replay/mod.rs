@@ -1,6 +1,7 @@
 //! The I/O around `bftrainer_core::sim`: opening (gzip) inputs, the embedded sample,
 //! the allocator, progress bar, and the outputs (table, JSON, per-step CSV, plots).
 
+pub mod batch;
 pub mod compare;
 pub mod journal;
 mod output;
@@ -109,6 +110,9 @@ pub struct Options {
     /// on the lowest-numbered free ones, `--gpus-per-node` per node, so regular jobs
     /// leave slots of their nodes idle.
     pub shared_nodes: bool,
+    /// `--batch-range` (with `--base-batch`, `--noise-scale`, `--fixed-batch`): the
+    /// batch model of the fixed-versus-joint comparison; its runs are `policies`.
+    pub batch: Option<batch::BatchOptions>,
 }
 
 /// Wraps a byte stream, decompressing it when it starts with the gzip magic.
@@ -1114,6 +1118,7 @@ mod replay_tests {
             gpus_per_node: None,
             gpu_granular: false,
             shared_nodes: false,
+            batch: None,
         }
     }
 
