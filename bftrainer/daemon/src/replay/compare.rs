@@ -521,16 +521,20 @@ fn print_batch_gain(w: &mut impl Write, runs: &[Run], b: &BatchOptions) -> std::
     writeln!(w)?;
     writeln!(
         w,
-        "  batch model: Saxena et al. 2020, alloc/efficiency.rs; curves measured at batch {}, {}",
-        b.model.base_batch,
+        "  batch model      Saxena et al. 2020 (alloc/efficiency.rs), curves measured at batch {}",
+        b.model.base_batch
+    )?;
+    writeln!(
+        w,
+        "  sample value     {}",
         match b.model.noise_scale {
-            None => "every batch of the range as sample-efficient (Saxena)".to_string(),
-            Some(n) => format!("gradient noise scale {n} samples (McCandlish et al. 2018)"),
+            None => "every batch of the range as efficient (Saxena)".to_string(),
+            Some(n) => format!("gradient noise scale {n} (McCandlish et al. 2018)"),
         }
     )?;
     writeln!(
         w,
-        "  samples are goodput: base-batch samples (throughput x statistical efficiency)"
+        "  (samples are goodput: base-batch samples, throughput x statistical efficiency)"
     )?;
     let ratio = |a: f64, b: f64| {
         if b > 0.0 {
@@ -609,6 +613,7 @@ fn print_batch_gain(w: &mut impl Write, runs: &[Run], b: &BatchOptions) -> std::
         }
         s.trim_end().to_string()
     };
+    writeln!(w)?;
     writeln!(w, "{}", line(label, &head))?;
     for ((name, _), row) in rows.iter().zip(&cells) {
         writeln!(w, "{}", line(name, row))?;
