@@ -10,31 +10,35 @@
 //! - **Statistical efficiency.** "DL jobs can be run with a range of batch sizes without
 //!   affecting their final accuracy" (the paper's abstract): inside the range the job
 //!   declares, a sample trained at any batch is worth a sample trained at the base batch.
-//!   That is [`EfficiencyModel::noise_scale`] = `None`, the default. Saxena et al. do not
-//!   use the gradient noise scale, nor Pollux/AdaptDL (which came a year later, OSDI
-//!   2021). Because that assumption is optimistic for batches far above the critical
-//!   batch, the model can instead weigh each sample by the statistical efficiency of the
-//!   gradient noise scale B_noise of McCandlish, Kaplan, Amodei et al., "An Empirical
-//!   Model of Large-Batch Training" (arXiv 1812.06162, 2018): reaching a given loss
-//!   takes `E_min * (1 + B / B_noise)` samples at batch B, so relative to the base batch
-//!   B0 a sample at B is worth `(B_noise + B0) / (B_noise + B)`. Pollux (Qiao et al.,
-//!   OSDI 2021) uses the same formula as its EFFICIENCY term. Set `noise_scale` to use it.
+//!   That is [`EfficiencyModel::noise_scale`] = `None`, the default. As far as its
+//!   abstract shows (its body was not at hand), the paper does not build on the gradient
+//!   noise scale, nor on Pollux/AdaptDL (later: arXiv August 2020, OSDI 2021). Because its premise is optimistic for batches far above a model's
+//!   critical batch, the model can instead weigh each sample by the statistical
+//!   efficiency of the gradient noise scale B_noise of McCandlish, Kaplan, Amodei et al.,
+//!   "An Empirical Model of Large-Batch Training" (arXiv 1812.06162, 2018): reaching a
+//!   given loss takes `E_min * (1 + B / B_noise)` samples at batch B, so relative to the
+//!   base batch B0 a sample at B is worth `(B_noise + B0) / (B_noise + B)`. Pollux (Qiao
+//!   et al., OSDI 2021) uses the same formula as its EFFICIENCY term. Set `noise_scale`.
 //! - **Throughput.** The paper chooses the batch by each job's scaling efficiency over
-//!   the nodes: a step on n nodes costs per-node compute, which grows with the per-node
-//!   batch B/n, plus synchronisation, which depends on n and not on the batch. So a
-//!   larger batch amortises the synchronisation and scales better. Here the step time is
-//!   `t(n, B) = c(n) * B / n + s(n)`, both parts read off the one measured curve r0 at
-//!   the base batch B0 (no other measurement is needed): one node does not synchronise,
-//!   so `c = 1 / r0(1)` seconds per sample, and `s(n) = B0 / r0(n) - c * B0 / n` is what
-//!   the measured step time has beyond compute. Where a curve scales better than linearly
-//!   (s would be negative) the compute part takes the whole step: `c(n) = n / r0(n)`,
-//!   `s(n) = 0`. Throughput is `B / t(n, B)` samples/s; at B0 it is r0(n) exactly.
+//!   the resources, which it profiles per job; its abstract gives no closed form, so the
+//!   form here is ours, stated so that it can be checked: a step on n nodes costs
+//!   per-node compute proportional to the per-node batch B/n, plus a part that does not
+//!   depend on the batch (synchronisation, per-step overhead), `t(n, B) = c * B / n +
+//!   s(n)`. That is Pollux's iteration-time model (T_grad linear in the per-replica
+//!   batch, T_sync by replica count) with its overlap exponent γ = 1. A larger batch
+//!   amortises s(n), which is why it scales better. Both parts are read off the one
+//!   measured curve r0 at the base batch B0 (no other measurement is needed): one node
+//!   is taken not to synchronise, so `c = 1 / r0(1)` seconds per sample, and
+//!   `s(n) = B0 / r0(n) - c * B0 / n` is what the measured step time has beyond compute.
+//!   Where a curve scales better than linearly (s would be negative) the compute part
+//!   takes the whole step: `c = n / r0(n)`, `s(n) = 0`. Throughput is `B / t(n, B)`
+//!   samples/s; at B0 it is r0(n) exactly, and on one node the batch changes nothing.
 //!
 //! The allocator maximises **goodput**, throughput times statistical efficiency, in
 //! base-batch samples per second: with the default (Saxena's) assumption, throughput
 //! itself. Then the best batch is the largest one allowed (more samples per
 //! synchronisation), and how much it gains grows with the node count; with a noise scale,
-//! the best batch is interior and grows with the node count, as Pollux finds.
+//! the best batch lies inside the range and grows with the node count (tested below).
 //!
 //! ```
 //! use bftrainer_core::alloc::{Curve, EfficiencyModel};
