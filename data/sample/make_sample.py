@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Cuts the committed replay sample out of the shared BFTrainer data (run from the
+"""Cuts the committed replay sample out of the BFTrainer data in data/ (run from the
 repository root): one day of the Summit node-event trace from the original replayer's
 start (2021-02-10T20:21:15) and the first 200 ImageNet jobs, and the same jobs with
 requests for the node classes of mixed-nodes.toml (jobs-gpu-200.csv).
 
-    python3 data/sample/make_sample.py ../shared/data/bftrainer-summit data/sample
+    python3 data/sample/make_sample.py data/bftrainer-summit data/sample
 """
 import csv, gzip, io, sys
 from datetime import datetime, timedelta

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data");
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data");
 const SWF: &str = "swf/LLNL-Atlas-2006-2.1-cln.swf.gz";
 const SUMMIT: &str = "bftrainer-summit/node-events.csv.gz";
 const JOBS: &str = "bftrainer-summit/jobs-imagenet-imgps-1001.csv";

@@ -95,6 +95,18 @@ fn replay_sample_results_are_unchanged() {
         "sample-3h-efficiency-repeat",
         &["--hours", "3", "--objective", "efficiency", "--repeat"],
     );
+    // Batch size as a decision (Saxena; McCandlish's noise scale): fixed vs joint.
+    check(
+        "sample-3h-batch-noise-4096",
+        &[
+            "--hours",
+            "3",
+            "--batch-range",
+            "256:8192",
+            "--noise-scale",
+            "4096",
+        ],
+    );
     check(
         "sample-3h-arrivals",
         &[
@@ -113,11 +125,11 @@ fn replay_sample_results_are_unchanged() {
 /// A real SWF log through the EASY model (forecasts, reclaim-aware objective).
 #[test]
 fn replay_swf_results_are_unchanged() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/swf");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/swf");
     let log = "LLNL-Atlas-2006-2.1-cln.swf.gz";
     assert!(
         dir.join(log).exists(),
-        "{}: the shared data folder must sit beside the checkout (docs/testing.md)",
+        "{}: the repository's data/ folder lacks the Atlas log (data/README.md)",
         dir.display()
     );
     check_in(
@@ -165,7 +177,7 @@ fn replay_windows_are_unchanged() {
             "reclaim-aware",
         ],
     );
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/swf");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/swf");
     check_in(
         &dir,
         "atlas-window-limit",
@@ -190,8 +202,8 @@ fn replay_windows_are_unchanged() {
 #[test]
 fn replay_log_start_times_are_unchanged() {
     use std::io::{BufRead, Write};
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/data/swf/LLNL-Atlas-2006-2.1-cln.swf.gz");
+    let src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/swf/LLNL-Atlas-2006-2.1-cln.swf.gz");
     let dir = std::env::temp_dir().join(format!("bft-golden-log-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let r = std::io::BufReader::new(flate2::read::MultiGzDecoder::new(

@@ -134,15 +134,15 @@ fn unsorted_node_events_are_sorted_and_refused_with_strict() {
     );
 }
 
-/// A few hundred lines of the LLNL Atlas log (the shared copy, as the replay unit tests
+/// A few hundred lines of the LLNL Atlas log (data/swf/, as the replay unit tests
 /// use) moved out of order: the replay equals the sorted file's. The moved jobs have
 /// submit times no other job has, so sorting restores exactly the original order.
 #[test]
 fn shuffled_llnl_lines_replay_as_the_sorted_log() {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/data/swf/LLNL-Atlas-2006-2.1-cln.swf.gz");
+    let p =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/swf/LLNL-Atlas-2006-2.1-cln.swf.gz");
     let mut text_all = String::new();
-    flate2::read::MultiGzDecoder::new(std::fs::File::open(&p).expect("the shared LLNL log"))
+    flate2::read::MultiGzDecoder::new(std::fs::File::open(&p).expect("the LLNL log in data/swf"))
         .read_to_string(&mut text_all)
         .unwrap();
     let (head, jobs): (Vec<&str>, Vec<&str>) = text_all.lines().partition(|l| l.starts_with(';'));

@@ -4,7 +4,7 @@
 use super::{BatchCurve, Curve, Instance, JobInput};
 
 /// (name, scale-up s, scale-down s, samples/s at 1, 2, 4, ..., 64 nodes), from
-/// shared/data/bftrainer-summit/jobs-imagenet-imgps-1001.csv.
+/// data/bftrainer-summit/jobs-imagenet-imgps-1001.csv.
 #[rustfmt::skip]
 pub const MODELS: [(&str, f64, f64, [f64; 7]); 7] = [
     ("AlexNet",    17.788043, 11.273140, [7115.3, 13071.7, 21066.1, 40484.9, 74002.9, 130762.0, 202135.4]),

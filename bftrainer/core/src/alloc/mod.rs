@@ -30,7 +30,9 @@
 //! ```
 
 mod assign;
+pub mod efficiency;
 mod exact;
+pub use efficiency::EfficiencyModel;
 pub use exact::Stats;
 pub mod gen;
 pub mod io;

@@ -1,7 +1,9 @@
 //! `bftrainer replay`: replay a node-event trace, an SWF log (through the EASY model) or
 //! Slurm accounting through the engine; print the harvest report. No arguments: the sample.
 
+use crate::replay::batch::BatchOptions;
 use crate::replay::{self, compare, Input, Options};
+use bftrainer_core::alloc::EfficiencyModel;
 use bftrainer_core::easy::{Backfill, StartTimes};
 use bftrainer_core::sim::{CoreLoss, DaemonRules, Objective as CurveChoice, Steps, Workload};
 use std::path::PathBuf;
@@ -29,7 +31,7 @@ pub struct Args {
     #[arg(
         long,
         value_name = "PATH",
-        conflicts_with_all = ["trace", "swf", "from_sacct", "jobs", "node_classes", "start", "end", "hours", "node_limit", "steps", "grace", "curve", "seed", "no_check", "csv", "sizes_csv", "plots", "write_journal", "strict", "repeat", "arrivals", "release_before", "reclaim_hold", "start_latency", "core_loss", "no_daemon_rules"]
+        conflicts_with_all = ["trace", "swf", "from_sacct", "jobs", "node_classes", "start", "end", "hours", "node_limit", "steps", "grace", "curve", "seed", "no_check", "csv", "sizes_csv", "plots", "write_journal", "strict", "repeat", "arrivals", "release_before", "reclaim_hold", "start_latency", "core_loss", "no_daemon_rules", "batch_range"]
     )]
     pub journal: Option<PathBuf>,
     /// Write every event the replay sent to the engine as a journal (JSON lines).
@@ -173,6 +175,33 @@ pub struct Args {
     /// declared rescale costs have no floor (bftrainerd before fair shares).
     #[arg(long)]
     pub no_fair_share: bool,
+    /// Batch size as the allocator's decision (Saxena et al. 2020): replay twice, every
+    /// job at --fixed-batch, then nodes and global batch chosen together from LO:HI, and
+    /// print the gain. Model: docs/replay.md, "Batch size as a decision".
+    #[arg(long, value_name = "LO:HI", value_parser = crate::replay::batch::parse_range,
+          conflicts_with_all = ["csv", "sizes_csv", "plots", "write_journal", "actions_csv"])]
+    pub batch_range: Option<(u32, u32)>,
+    /// The global batch at which the job file's throughput curves were measured.
+    #[arg(
+        long,
+        default_value_t = 256,
+        value_name = "B",
+        requires = "batch_range"
+    )]
+    pub base_batch: u32,
+    /// The fixed run's global batch (default: --base-batch).
+    #[arg(long, value_name = "B", requires = "batch_range")]
+    pub fixed_batch: Option<u32>,
+    /// Weigh samples by the statistical efficiency of this gradient noise scale
+    /// (samples; McCandlish et al. 2018) instead of Saxena's assumption that every batch
+    /// of the range is as sample-efficient as the base one.
+    #[arg(
+        long,
+        value_name = "B_NOISE",
+        requires = "batch_range",
+        allow_negative_numbers = true
+    )]
+    pub noise_scale: Option<f64>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -310,6 +339,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 },
             }
         },
+        batch: args.batch_range.map(|range| BatchOptions {
+            model: EfficiencyModel {
+                base_batch: args.base_batch,
+                noise_scale: args.noise_scale,
+            },
+            range,
+            fixed: args.fixed_batch.unwrap_or(args.base_batch),
+        }),
     };
     let several = args.objective.len() > 1 || args.t_fwd.len() > 1;
     let policies = if !args.compare.is_empty() {
@@ -322,5 +359,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     } else {
         Vec::new()
     };
+    let policies = compare::batch_pair(policies, &opts)?;
     replay::run(&replay::Options { policies, ..opts })
 }

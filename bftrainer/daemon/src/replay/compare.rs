@@ -1,6 +1,7 @@
 //! `bftrainer replay --compare A.toml B.toml` (or repeated `--objective`/`--t-fwd`): the
 //! input loaded once, one simulation per policy, one table with a column per policy.
 
+use super::batch::{BatchChoice, BatchOptions};
 use super::output::thousands;
 use super::{load, sim_config, Options};
 use anyhow::{bail, Context};
@@ -38,6 +39,8 @@ pub struct Policy {
     /// bftrainerd's rules (`release_before`, `reclaim_hold`, `start_latency`,
     /// `core_loss`).
     pub rules: DaemonRules,
+    /// How the run treats the global batch (`--batch-range`: fixed or joint).
+    pub batch: BatchChoice,
 }
 
 impl Policy {
@@ -52,6 +55,7 @@ impl Policy {
             curve: o.curve,
             steps: o.steps,
             rules: o.rules,
+            batch: BatchChoice::Plain,
         }
     }
 
@@ -217,6 +221,43 @@ pub fn product(
     Ok(out)
 }
 
+/// `--batch-range`: each policy (or the command line's, when there is none) run twice,
+/// with every job at the fixed batch and with nodes and batch chosen together.
+pub fn batch_pair(policies: Vec<Policy>, base: &Options) -> anyhow::Result<Vec<Policy>> {
+    let Some(b) = &base.batch else {
+        return Ok(policies);
+    };
+    b.validate()?;
+    let named = !policies.is_empty();
+    let policies = if named {
+        policies
+    } else {
+        vec![Policy::of(base, "")]
+    };
+    let mut out = Vec::new();
+    for p in policies {
+        for (choice, what) in [
+            (BatchChoice::Fixed, format!("fixed batch {}", b.fixed)),
+            (
+                BatchChoice::Joint,
+                format!("joint batch {}:{}", b.range.0, b.range.1),
+            ),
+        ] {
+            let name = if named {
+                format!("{}, {what}", p.name)
+            } else {
+                what
+            };
+            out.push(Policy {
+                name,
+                batch: choice,
+                ..p.clone()
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// Runs every policy on the same input and prints one table (or a JSON list).
 pub fn run_compare(o: &Options) -> anyhow::Result<()> {
     for (set, what) in [
@@ -239,7 +280,7 @@ pub fn run_compare(o: &Options) -> anyhow::Result<()> {
                     "policy": p.name,
                     "trace": loaded.trace_name,
                     "jobs_file": loaded.jobs_name,
-                    "settings": { "max_jobs": p.max_jobs, "t_fwd_s": p.t_fwd, "steps": p.steps, "grace_s": p.grace, "objective": p.objective, "curve": p.curve, "seed": o.seed, "daemon_rules": p.rules },
+                    "settings": { "max_jobs": p.max_jobs, "t_fwd_s": p.t_fwd, "steps": p.steps, "grace_s": p.grace, "objective": p.objective, "curve": p.curve, "seed": o.seed, "daemon_rules": p.rules, "batch": batch_json(o, p.batch) },
                     "scheduler": loaded.sched,
                     "report": r,
                     "wall_s": { "load": load_s, "simulate": sim_s },
@@ -249,8 +290,28 @@ pub fn run_compare(o: &Options) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
     }
-    print_compare(&mut std::io::stdout().lock(), &loaded, &runs, load_s)?;
+    print_compare(
+        &mut std::io::stdout().lock(),
+        &loaded,
+        &runs,
+        load_s,
+        o.batch.as_ref(),
+    )?;
     Ok(())
+}
+
+/// The batch settings of a run, for the JSON (absent without `--batch-range`).
+fn batch_json(o: &Options, choice: BatchChoice) -> serde_json::Value {
+    match (&o.batch, choice) {
+        (_, BatchChoice::Plain) | (None, _) => serde_json::Value::Null,
+        (Some(b), _) => serde_json::json!({
+            "choice": choice,
+            "base_batch": b.model.base_batch,
+            "noise_scale": b.model.noise_scale,
+            "fixed": b.fixed,
+            "range": [b.range.0, b.range.1],
+        }),
+    }
 }
 
 /// One run of a comparison: the policy, its report, its replay's wall time.
@@ -259,10 +320,14 @@ type Run = (Policy, Report, f64);
 /// Loads the input once and replays it under each policy, in order.
 fn replay_all(o: &Options) -> anyhow::Result<(super::Loaded, Vec<Run>, f64)> {
     let t_load = Instant::now();
-    let loaded = load(o)?;
+    let mut loaded = load(o)?;
     let load_s = t_load.elapsed().as_secs_f64();
+    let file_jobs = loaded.jobs.clone();
     let mut runs: Vec<Run> = Vec::new();
     for p in &o.policies {
+        if let Some(b) = &o.batch {
+            loaded.jobs = b.jobs(&file_jobs, p.batch)?;
+        }
         let po = p.apply(o);
         let objective: Objective = po
             .objective
@@ -301,6 +366,7 @@ fn print_compare(
     l: &super::Loaded,
     runs: &[Run],
     load_s: f64,
+    batch: Option<&BatchOptions>,
 ) -> std::io::Result<()> {
     let Some(r0) = runs.first().map(|r| &r.1) else {
         return Ok(());
@@ -438,7 +504,120 @@ fn print_compare(
         }
         writeln!(w, "{}", line.trim_end())?;
     }
+    if let Some(b) = batch {
+        print_batch_gain(w, runs, b)?;
+    }
     writeln!(w, "  (input loaded once in {load_s:.2} s)")?;
+    Ok(())
+}
+
+/// The gain of each joint run over the fixed run before it (`batch_pair` orders them).
+fn print_batch_gain(w: &mut impl Write, runs: &[Run], b: &BatchOptions) -> std::io::Result<()> {
+    let pairs: Vec<(&Run, &Run)> = runs
+        .windows(2)
+        .filter(|p| p[0].0.batch == BatchChoice::Fixed && p[1].0.batch == BatchChoice::Joint)
+        .map(|p| (&p[0], &p[1]))
+        .collect();
+    writeln!(w)?;
+    writeln!(
+        w,
+        "  batch model      Saxena et al. 2020 (alloc/efficiency.rs), curves measured at batch {}",
+        b.model.base_batch
+    )?;
+    writeln!(
+        w,
+        "  sample value     {}",
+        match b.model.noise_scale {
+            None => "every batch of the range as efficient (Saxena)".to_string(),
+            Some(n) => format!("gradient noise scale {n} (McCandlish et al. 2018)"),
+        }
+    )?;
+    writeln!(
+        w,
+        "  (samples are goodput: base-batch samples, throughput x statistical efficiency)"
+    )?;
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 {
+            format!("{:.3}", a / b)
+        } else {
+            "-".into()
+        }
+    };
+    let opt = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => ratio(a, b),
+        _ => "-".into(),
+    };
+    type Gain = (
+        &'static str,
+        fn(
+            &Report,
+            &Report,
+            &dyn Fn(f64, f64) -> String,
+            &dyn Fn(Option<f64>, Option<f64>) -> String,
+        ) -> String,
+    );
+    let rows: [Gain; 6] = [
+        ("samples processed", |j, f, r, _| r(j.samples, f.samples)),
+        ("samples per harvested node-hour", |j, f, r, _| {
+            r(
+                j.samples / j.harvested_node_h.max(f64::MIN_POSITIVE),
+                f.samples / f.harvested_node_h.max(f64::MIN_POSITIVE),
+            )
+        }),
+        ("harvested node-hours", |j, f, r, _| {
+            r(j.harvested_node_h, f.harvested_node_h)
+        }),
+        ("jobs completed", |j, f, r, _| {
+            r(j.jobs_completed as f64, f.jobs_completed as f64)
+        }),
+        ("JCT mean / p50", |j, f, _, o| {
+            format!(
+                "{} / {}",
+                o(j.jct_mean_s, f.jct_mean_s),
+                o(j.jct_p50_s, f.jct_p50_s)
+            )
+        }),
+        ("JCT p95", |j, f, _, o| o(j.jct_p95_s, f.jct_p95_s)),
+    ];
+    let label = "joint / fixed";
+    let lw = rows
+        .iter()
+        .map(|r| r.0.len())
+        .max()
+        .unwrap_or(0)
+        .max(label.len());
+    let head: Vec<String> = pairs.iter().map(|(_, j)| j.0.name.clone()).collect();
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|(_, f)| {
+            pairs
+                .iter()
+                .map(|(a, j)| f(&j.1, &a.1, &ratio, &opt))
+                .collect()
+        })
+        .collect();
+    let widths: Vec<usize> = (0..pairs.len())
+        .map(|c| {
+            cells
+                .iter()
+                .map(|r| r[c].len())
+                .chain(std::iter::once(head[c].len()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |label: &str, row: &[String]| {
+        let mut s = format!("  {label:<lw$}");
+        for (c, v) in row.iter().enumerate() {
+            s.push_str(&format!("  {v:>w$}", w = widths[c]));
+        }
+        s.trim_end().to_string()
+    };
+    writeln!(w)?;
+    writeln!(w, "{}", line(label, &head))?;
+    for ((name, _), row) in rows.iter().zip(&cells) {
+        writeln!(w, "{}", line(name, row))?;
+    }
     Ok(())
 }
 
@@ -470,6 +649,7 @@ mod tests {
                 curve: CurveChoice::Samples,
                 steps: Steps::Trace,
                 rules: DaemonRules::DAEMON,
+                batch: BatchChoice::Plain,
             }
         );
         // bftrainerd's rules, one key each; the others keep the command line's.
@@ -630,7 +810,7 @@ core_loss = \"node\"\n",
         }
         assert_ne!(runs[0].1.harvested_node_h, runs[1].1.harvested_node_h);
         let mut text = Vec::new();
-        print_compare(&mut text, &loaded, &runs, 0.1).unwrap();
+        print_compare(&mut text, &loaded, &runs, 0.1, None).unwrap();
         let text = String::from_utf8(text).unwrap();
         let policy = text
             .lines()
@@ -651,6 +831,100 @@ core_loss = \"node\"\n",
             );
         }
         assert!(text.contains("t-fwd ") && text.contains("600 s"), "{text}");
+    }
+
+    /// `--batch-range`: the fixed run at the base batch is the plain replay, figure for
+    /// figure; the joint run trains more on the sample (its curves are never below), and
+    /// the table prints the ratios.
+    #[test]
+    fn batch_comparison_fixed_is_the_plain_replay_and_joint_trains_more() {
+        use bftrainer_core::alloc::EfficiencyModel;
+        let base = Options {
+            hours: Some(3.0),
+            ..opts()
+        };
+        let plain = {
+            let o = Options {
+                policies: vec![Policy::of(&base, "plain")],
+                ..base.clone()
+            };
+            replay_all(&o).unwrap().1.remove(0).1
+        };
+        for noise in [None, Some(4096.0)] {
+            let o = Options {
+                batch: Some(BatchOptions {
+                    model: EfficiencyModel {
+                        base_batch: 256,
+                        noise_scale: noise,
+                    },
+                    range: (256, 8192),
+                    fixed: 256,
+                }),
+                ..base.clone()
+            };
+            let o = Options {
+                policies: batch_pair(Vec::new(), &o).unwrap(),
+                ..o
+            };
+            let names: Vec<&str> = o.policies.iter().map(|p| p.name.as_str()).collect();
+            assert_eq!(names, ["fixed batch 256", "joint batch 256:8192"]);
+            let (loaded, runs, _) = replay_all(&o).unwrap();
+            // The same decisions; the figures to rounding (the curve is evaluated at
+            // every node count, the file's interpolated between its points).
+            let (f, j) = (&runs[0].1, &runs[1].1);
+            assert_eq!(f.actions, plain.actions);
+            assert_eq!(f.jobs_completed, plain.jobs_completed);
+            for (a, b) in [
+                (f.samples, plain.samples),
+                (f.harvested_node_h, plain.harvested_node_h),
+                (f.jct_mean_s.unwrap(), plain.jct_mean_s.unwrap()),
+            ] {
+                assert!((a - b).abs() <= 1e-9 * b, "{a} vs {b}");
+            }
+            assert!(
+                j.samples > 1.02 * f.samples,
+                "{noise:?}: {} vs {}",
+                j.samples,
+                f.samples
+            );
+            assert!(j.jobs_completed >= f.jobs_completed, "{noise:?}");
+            let mut text = Vec::new();
+            print_compare(&mut text, &loaded, &runs, 0.1, o.batch.as_ref()).unwrap();
+            let text = String::from_utf8(text).unwrap();
+            let line = text
+                .lines()
+                .skip_while(|l| !l.trim_start().starts_with("joint / fixed"))
+                .find(|l| l.trim_start().starts_with("samples processed"))
+                .unwrap_or_else(|| panic!("{text}"));
+            assert!(
+                line.ends_with(&format!("{:.3}", j.samples / f.samples)),
+                "{text}"
+            );
+        }
+        // Named policies are each paired.
+        let o = Options {
+            batch: Some(BatchOptions {
+                model: EfficiencyModel::new(256),
+                range: (128, 1024),
+                fixed: 512,
+            }),
+            ..base.clone()
+        };
+        let two = vec![Policy::of(&o, "a"), Policy::of(&o, "b")];
+        let names: Vec<String> = batch_pair(two, &o)
+            .unwrap()
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "a, fixed batch 512",
+                "a, joint batch 128:1024",
+                "b, fixed batch 512",
+                "b, joint batch 128:1024"
+            ]
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The I/O around `bftrainer_core::sim`: opening (gzip) inputs, the embedded sample,
 //! the allocator, progress bar, and the outputs (table, JSON, per-step CSV, plots).
 
+pub mod batch;
 pub mod compare;
 pub mod journal;
 mod output;
@@ -109,6 +110,9 @@ pub struct Options {
     /// on the lowest-numbered free ones, `--gpus-per-node` per node, so regular jobs
     /// leave slots of their nodes idle.
     pub shared_nodes: bool,
+    /// `--batch-range` (with `--base-batch`, `--noise-scale`, `--fixed-batch`): the
+    /// batch model of the fixed-versus-joint comparison; its runs are `policies`.
+    pub batch: Option<batch::BatchOptions>,
 }
 
 /// Wraps a byte stream, decompressing it when it starts with the gzip magic.
@@ -1034,13 +1038,13 @@ mod tests {
         assert_eq!(a, b);
     }
 
-    /// The full shared trace parses to the facts ../shared/data/README.md gives:
+    /// The full Summit trace parses to the facts data/README.md gives:
     /// 851,590 rows, 4,734 nodes, 2021-02-10T00:08:52 .. 2021-02-24T22:19:29,
     /// time-weighted mean 391 idle nodes.
     #[test]
-    fn shared_summit_trace_matches_its_readme() {
+    fn summit_trace_matches_its_readme() {
         let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../shared/data/bftrainer-summit/node-events.csv.gz");
+            .join("../../data/bftrainer-summit/node-events.csv.gz");
         let tr = parse_node_events(open(&p).unwrap(), "summit", &TraceWindow::default()).unwrap();
         assert_eq!(tr.names.len(), 4734);
         assert_eq!(tr.names.len() + tr.changes.len(), 851_590);
@@ -1114,6 +1118,7 @@ mod replay_tests {
             gpus_per_node: None,
             gpu_granular: false,
             shared_nodes: false,
+            batch: None,
         }
     }
 
@@ -1269,7 +1274,7 @@ mod replay_tests {
             }
         }
         let swf = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../shared/data/swf/LLNL-Atlas-2006-2.1-cln.swf.gz");
+            .join("../../data/swf/LLNL-Atlas-2006-2.1-cln.swf.gz");
         for (input, start) in [
             (Input::Sample, Some("2021-02-11T01:00:00")),
             (Input::Swf(swf), Some("2007-01-15T00:00:00")),
