@@ -6,6 +6,8 @@
 use crate::coord::AgentOpts;
 use crate::proto::{self, brief, PROTO};
 use bftrainer_slurm::munge::Munge;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::unix::fs::PermissionsExt;
@@ -99,8 +101,7 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
     let lost = |e: String| (2, format!("coordinator at {}: {e}", o.coord));
     // A coordinator over its cap of unauthenticated connections (a flood) closes the
     // oldest of them, perhaps this one: try again for a while.
-    // SAFETY: getuid cannot fail.
-    let me = unsafe { libc::getuid() };
+    let me = nix::unistd::getuid().as_raw();
     let mut tries = 0u32;
     // Closed without a word (before the challenge or the welcome): the coordinator is
     // busy or flooded and closed this unauthenticated connection; try again.
@@ -430,7 +431,7 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                             continue;
                         }
                         say!("bft-run: worker {id} did not stop in time; killing it");
-                        kill(w.pid, libc::SIGKILL);
+                        kill(w.pid, Signal::SIGKILL);
                     }
                     deadline = done_deadline.filter(|_| spare_done);
                     continue;
@@ -506,7 +507,7 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                     // SIGTERM, and SIGKILL after 5 s. Workers that finished (`done`) are
                     // left --leave-timeout to exit on their own (a final save).
                     for w in workers.values().filter(|w| !w.done) {
-                        kill(w.pid, libc::SIGTERM);
+                        kill(w.pid, Signal::SIGTERM);
                     }
                     let now = tokio::time::Instant::now();
                     done_deadline = Some(now + leave_timeout);
@@ -522,7 +523,7 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                             m["worker"].as_str().unwrap_or("")
                         );
                         w.killed_why = Some("dropped by the coordinator as hung".into());
-                        kill(w.pid, libc::SIGKILL);
+                        kill(w.pid, Signal::SIGKILL);
                     }
                 }
                 "error" => say!(
@@ -548,7 +549,7 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                         workers.len()
                     );
                     for w in workers.values() {
-                        kill(w.pid, libc::SIGKILL);
+                        kill(w.pid, Signal::SIGKILL);
                     }
                     deadline = Some(tokio::time::Instant::now() + Duration::from_secs(5));
                 }
@@ -650,9 +651,9 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                         kill(
                             w.pid,
                             if w.member {
-                                libc::SIGTERM
+                                Signal::SIGTERM
                             } else {
-                                libc::SIGKILL
+                                Signal::SIGKILL
                             },
                         );
                     }
@@ -720,7 +721,7 @@ fn watchdog(workers: &mut HashMap<String, Worker>, hang: Duration) {
         if let Some(why) = why {
             say!("bft-run: worker {id} is hung: {why}; killing it");
             w.killed_why = Some(why);
-            kill(w.pid, libc::SIGKILL);
+            kill(w.pid, Signal::SIGKILL);
         }
     }
 }
@@ -817,11 +818,7 @@ fn spawn_worker(
     }
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
-            libc::setpgid(0, 0);
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
+        cmd.pre_exec(new_group_dying_with_us);
     }
     let mut child = cmd
         .spawn()
@@ -949,46 +946,19 @@ fn claim(live: &Live, w: &str) -> Result<(), String> {
 /// The name of the network interface that holds `addr` (an IP address), if any.
 pub fn iface_of(addr: &str) -> Option<String> {
     let want: std::net::IpAddr = addr.parse().ok()?;
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `list`, freed below with freeifaddrs.
-    if unsafe { libc::getifaddrs(&mut list) } != 0 {
-        return None;
-    }
-    let mut found = None;
-    let mut p = list;
-    while !p.is_null() {
-        // SAFETY: p is a node of the list getifaddrs returned.
-        let ifa = unsafe { &*p };
-        p = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_addr points to a sockaddr of the family it names.
-        let ip = unsafe {
-            match i32::from((*ifa.ifa_addr).sa_family) {
-                libc::AF_INET => {
-                    let a = &*(ifa.ifa_addr as *const libc::sockaddr_in);
-                    Some(std::net::IpAddr::from(
-                        u32::from_be(a.sin_addr.s_addr).to_be_bytes(),
-                    ))
-                }
-                libc::AF_INET6 => {
-                    let a = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
-                    Some(std::net::IpAddr::from(a.sin6_addr.s6_addr))
-                }
-                _ => None,
-            }
-        };
-        if ip == Some(want) {
-            // SAFETY: ifa_name is a NUL-terminated string.
-            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
-            found = Some(name.to_string_lossy().into_owned());
-            break;
-        }
-    }
-    // SAFETY: list came from getifaddrs.
-    unsafe { libc::freeifaddrs(list) };
-    found
+    nix::ifaddrs::getifaddrs()
+        .ok()?
+        .find(|ifa| {
+            let Some(a) = ifa.address.as_ref() else {
+                return false;
+            };
+            let ip = a
+                .as_sockaddr_in()
+                .map(|s| std::net::IpAddr::V4(s.ip()))
+                .or_else(|| a.as_sockaddr_in6().map(|s| std::net::IpAddr::V6(s.ip())));
+            ip == Some(want)
+        })
+        .map(|ifa| ifa.interface_name)
 }
 
 /// This node's part of a world, as the coordinator's `world` message gives it.
@@ -1112,12 +1082,12 @@ async fn world_agent(
     // SIGTERM to mpirun would abort the job instead: its ranks get SIGTERM but
     // hang in MPI_Finalize until odls_base_sigkill_timeout's SIGKILL. The daemons
     // get only the grace's SIGKILL (they end with mpirun).
-    let term = |workers: &mut HashMap<String, WorldWorker>, sig: i32| {
+    let term = |workers: &mut HashMap<String, WorldWorker>, sig: Signal| {
         for w in workers.values_mut() {
             w.signalled = true;
-            if sig == libc::SIGTERM && w.launcher {
-                kill_one(w.pid, libc::SIGUSR1);
-            } else if sig != libc::SIGTERM || w.rsh.is_none() {
+            if sig == Signal::SIGTERM && w.launcher {
+                kill_one(w.pid, Signal::SIGUSR1);
+            } else if sig != Signal::SIGTERM || w.rsh.is_none() {
                 kill(w.pid, sig);
             }
         }
@@ -1148,7 +1118,7 @@ async fn world_agent(
                     deadline = None;
                     for (wid, w) in &workers {
                         say!("bft-run: worker {wid} did not stop within the grace; killing it");
-                        kill(w.pid, libc::SIGKILL);
+                        kill(w.pid, Signal::SIGKILL);
                     }
                 }
             }
@@ -1171,7 +1141,7 @@ async fn world_agent(
                     }
                     // Workers of an older world still here (never, unless a stop was
                     // missed): they must not share the node with the new one.
-                    term(&mut workers, libc::SIGKILL);
+                    term(&mut workers, Signal::SIGKILL);
                     let g = part.gen;
                     gen = g;
                     stopping = None;
@@ -1245,7 +1215,7 @@ async fn world_agent(
                         send!(json!({"t": "stopped", "gen": g}));
                     } else {
                         stopping = Some(g);
-                        term(&mut workers, libc::SIGTERM);
+                        term(&mut workers, Signal::SIGTERM);
                         deadline = Some(Instant::now() + ctx.leave_timeout);
                     }
                 }
@@ -1283,13 +1253,13 @@ async fn world_agent(
                     let rid = proto::u64_field(&m, "id").unwrap_or(0);
                     for w in workers.values_mut().filter(|w| w.rsh == Some(rid)) {
                         w.signalled = true;
-                        kill(w.pid, libc::SIGKILL);
+                        kill(w.pid, Signal::SIGKILL);
                     }
                 }
                 "end" => {
                     ending = true;
                     if !workers.is_empty() {
-                        term(&mut workers, libc::SIGTERM);
+                        term(&mut workers, Signal::SIGTERM);
                         deadline = Some(Instant::now() + ctx.leave_timeout);
                     }
                 }
@@ -1311,7 +1281,7 @@ async fn world_agent(
                         ctx.coord,
                         workers.len()
                     );
-                    term(&mut workers, libc::SIGKILL);
+                    term(&mut workers, Signal::SIGKILL);
                 }
             }
             Ev::Exited(wid, code, tail) => {
@@ -1336,7 +1306,7 @@ async fn world_agent(
                 if !leaving && !ending {
                     leaving = true;
                     send!(json!({"t": "leaving"}));
-                    term(&mut workers, libc::SIGTERM);
+                    term(&mut workers, Signal::SIGTERM);
                     deadline = Some(Instant::now() + ctx.leave_timeout);
                 }
             }
@@ -1353,12 +1323,10 @@ async fn world_agent(
 }
 
 /// Signals `pid` alone (not its process group).
-fn kill_one(pid: i32, sig: i32) {
+fn kill_one(pid: i32, sig: Signal) {
     if pid > 0 {
-        // SAFETY: signalling a child of ours.
-        unsafe {
-            libc::kill(pid, sig);
-        }
+        // A child that already exited (ESRCH) needs nothing more.
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
     }
 }
 
@@ -1503,11 +1471,7 @@ fn spawn_rsh(
         .stderr(Stdio::piped());
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
-            libc::setpgid(0, 0);
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
+        cmd.pre_exec(new_group_dying_with_us);
     }
     let mut child = cmd
         .spawn()
@@ -1544,13 +1508,21 @@ fn spawn_rsh(
     Ok(pid)
 }
 
-fn kill(pid: i32, sig: i32) {
+/// Signals the process group `pid` leads (made by [`new_group_dying_with_us`]).
+fn kill(pid: i32, sig: Signal) {
     if pid > 0 {
-        // SAFETY: signalling a process group we created (setpgid in the child).
-        unsafe {
-            libc::kill(-pid, sig);
-        }
+        // A group that is already gone (ESRCH) needs nothing more.
+        let _ = nix::sys::signal::killpg(Pid::from_raw(pid), sig);
     }
+}
+
+/// Run in a worker between fork and exec: a process group of its own (signalled whole
+/// by [`kill`]), killed with SIGKILL if this agent dies. Both are single system calls,
+/// async-signal-safe.
+fn new_group_dying_with_us() -> std::io::Result<()> {
+    nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+    Ok(())
 }
 
 fn tempdir() -> std::io::Result<PathBuf> {

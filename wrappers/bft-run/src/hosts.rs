@@ -178,8 +178,7 @@ pub async fn handshake(
     }
     let nonce = proto::id_field(&ch, "nonce").map_err(lost)?.to_string();
     let anonce = proto::fresh_id();
-    // SAFETY: getuid cannot fail.
-    let me = unsafe { libc::getuid() };
+    let me = nix::unistd::getuid().as_raw();
     let payload = proto::query_payload(&t.job, &t.run, &t.coord, &nonce, &anonce);
     let m = munge.clone();
     let cred = tokio::task::spawn_blocking(move || m.encode(&payload, me))

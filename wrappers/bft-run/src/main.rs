@@ -296,14 +296,9 @@ fn agent_options(
 }
 
 fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: buf is writable for its length.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "localhost".into())
 }
 
 /// This host's address for other nodes: the hostname's first non-loopback address,
@@ -684,8 +679,7 @@ async fn coordinate(cli: &Cli) -> i32 {
         run: run.clone(),
         start: started,
         munge: munge.clone(),
-        // SAFETY: getuid cannot fail.
-        uid: unsafe { libc::getuid() },
+        uid: nix::unistd::getuid().as_raw(),
         advertised: advertised.clone(),
         ready_timeout: Duration::from_secs(600),
         mode: cli.mode,

@@ -175,14 +175,13 @@ fn uid_of(user: &str) -> anyhow::Result<u32> {
             .parse()
             .with_context(|| format!("-u {user}: not a valid uid"));
     }
-    let c = std::ffi::CString::new(user).with_context(|| format!("-u {user:?}: bad name"))?;
-    // SAFETY: getpwnam returns NULL or a pointer to static storage read at once.
-    let pw = unsafe { libc::getpwnam(c.as_ptr()) };
-    if pw.is_null() {
-        bail!("-u {user}: no such user on this host; give a user name or a numeric uid");
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(u)) => Ok(u.uid.as_raw()),
+        Ok(None) => {
+            bail!("-u {user}: no such user on this host; give a user name or a numeric uid")
+        }
+        Err(e) => bail!("-u {user}: cannot look the user up ({e}); give a numeric uid"),
     }
-    // SAFETY: non-NULL passwd entry.
-    Ok(unsafe { (*pw).pw_uid })
 }
 
 /// Allocated CPUs from a TRES string: `cpu=N` (names) or `1=N` (slurmdbd's ids; TRES 1

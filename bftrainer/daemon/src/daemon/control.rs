@@ -1439,7 +1439,7 @@ mod tests {
     async fn a_user_over_the_cap_is_told_and_an_admin_still_served() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");
-        let me = unsafe { libc::geteuid() };
+        let me = nix::unistd::geteuid().as_raw();
         let (_tx, rx) = watch::channel(Arc::new(snap()));
         let (atx, _arx) = mpsc::channel(1);
         let limits = Limits {

@@ -8,7 +8,6 @@ use anyhow::Context;
 use bftrainer_core::engine::Record;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -206,13 +205,13 @@ impl Journal {
 /// for the process's life; the file names the holder's pid).
 #[derive(Debug)]
 pub struct Lock {
-    _file: File,
+    _file: nix::fcntl::Flock<File>,
 }
 
 impl Lock {
     pub fn acquire(dir: &Path) -> anyhow::Result<Lock> {
         let path = dir.join(LOCK_FILE);
-        let mut file = OpenOptions::new()
+        let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
@@ -220,20 +219,24 @@ impl Lock {
             .mode(0o600)
             .open(&path)
             .with_context(|| format!("cannot open the lock file {}", path.display()))?;
-        // SAFETY: flock on an open descriptor.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let holder = std::fs::read_to_string(&path).unwrap_or_default();
-            let holder = holder.trim();
-            anyhow::bail!(
-                "another bftrainerd (pid {}) already runs on this state directory: {} is locked; \
-                 one daemon per cluster (stop it first)",
-                if holder.is_empty() { "unknown" } else { holder },
-                path.display()
-            );
-        }
+        let mut file = match nix::fcntl::Flock::lock(
+            file,
+            nix::fcntl::FlockArg::LockExclusiveNonblock,
+        ) {
+            Ok(locked) => locked,
+            Err(_) => {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                let holder = holder.trim();
+                anyhow::bail!(
+                    "another bftrainerd (pid {}) already runs on this state directory: {} is locked; \
+                     one daemon per cluster (stop it first)",
+                    if holder.is_empty() { "unknown" } else { holder },
+                    path.display()
+                );
+            }
+        };
         file.set_len(0)?;
-        writeln!(file, "{}", std::process::id())?;
+        writeln!(*file, "{}", std::process::id())?;
         file.sync_data()?;
         Ok(Lock { _file: file })
     }

@@ -77,13 +77,9 @@ fn secs(t: SystemTime) -> f64 {
 /// Sets the file's times to the file server's now (`UTIME_NOW`; over NFS the server
 /// sets them, not the client).
 fn touch(f: &File) -> std::io::Result<()> {
-    // SAFETY: a valid open descriptor; a null `times` means both times are now.
-    let r = unsafe { libc::futimens(f.as_raw_fd(), std::ptr::null()) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    use nix::sys::time::TimeSpec;
+    nix::sys::stat::futimens(f.as_raw_fd(), &TimeSpec::UTIME_NOW, &TimeSpec::UTIME_NOW)?;
+    Ok(())
 }
 
 impl Lease {

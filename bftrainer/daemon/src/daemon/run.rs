@@ -147,8 +147,7 @@ async fn main_loop(
     if let Some(addr) = daemon.cfg.query_listen {
         // Clients make their credentials for root only (control::QUERY_DECODER_UID),
         // and bftrainerd proves to them that it runs as root before they send one.
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != control::QUERY_DECODER_UID {
+        if nix::unistd::geteuid().as_raw() != control::QUERY_DECODER_UID {
             anyhow::bail!(
                 "[daemon] query_listen = \"{addr}\": the query endpoint needs bftrainerd to run as root (clients make their MUNGE credentials for root only); run it as root or remove the key"
             );
