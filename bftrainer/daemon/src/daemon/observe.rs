@@ -1207,6 +1207,7 @@ impl<C: Cluster> Daemon<C> {
                 user: j.user_name.clone(),
                 partition: j.partition.clone(),
                 preempt_seen: None,
+                trained: false,
             },
         );
         if is_running(j) {
@@ -1511,7 +1512,9 @@ impl<C: Cluster> Daemon<C> {
     /// Its measured step time is kept for shrinks (a new run's unmeasured 0 keeps the
     /// previous run's: the same script).
     pub(super) fn observe_progress(&mut self, id: u32, j: &Job, now: f64) {
-        let Some(rc) = j.comment.as_deref().and_then(RunComment::parse) else {
+        let rc = j.comment.as_deref().and_then(RunComment::parse);
+        self.observe_trained(id, j, rc.as_ref(), now);
+        let Some(rc) = rc else {
             return;
         };
         let Some(core) = self.cores.get_mut(&id) else {
@@ -1566,6 +1569,33 @@ impl<C: Cluster> Daemon<C> {
                 up_s: rc.up,
                 down_s: rc.down,
             });
+        }
+    }
+
+    /// The runtime writes `done=1` into the Comment as its last word, then its workers
+    /// leave and the job ends up to a leave timeout later: meanwhile the job, paused
+    /// for good, gets no satellite (they could only fail: the coordinator is over).
+    /// A later run (a requeue: another start time) lifts that pause.
+    fn observe_trained(&mut self, id: u32, j: &Job, rc: Option<&RunComment>, now: f64) {
+        let finished = rc.is_some_and(|c| c.finished_run(j.start_time));
+        let Some(core) = self.cores.get_mut(&id) else {
+            return;
+        };
+        if core.trained == finished {
+            return;
+        }
+        core.trained = finished;
+        let jid = core.jid;
+        if finished {
+            log::info!("elastic job {id}: its training finished (done=1 in its Comment); it gets no more satellites");
+            // `emit` sets the pause's end.
+            self.emit(Event::JobPaused {
+                job: jid,
+                until: None,
+            });
+        } else {
+            let until = self.blame.paused(id, now).map(|p| p.until);
+            self.emit(Event::JobPaused { job: jid, until });
         }
     }
 }
