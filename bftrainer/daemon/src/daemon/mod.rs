@@ -173,9 +173,11 @@ struct Core {
     /// Its partition when adopted: one it has left was moved by an administrator.
     partition: Option<String>,
     /// The current run's runtime wrote that its training finished (`done=1` in the
-    /// Comment, for this start time): it is paused for good, so that the nodes its
+    /// Comment, for this start time): it is paused, so that the nodes its
     /// leaving workers free go to others, not to satellites that could only fail.
     trained: bool,
+    /// The end of that pause (engine time), renewed while the Comment says `done=1`.
+    trained_until: f64,
 }
 
 /// What the daemon remembers of one satellite job.
@@ -389,8 +391,10 @@ pub const MAX_BACKOFF_S: f64 = 3600.0;
 pub const GROWTH_HOLD_MAX_S: f64 = 300.0;
 /// The pause of a job no lent node can serve, lifted as soon as one can (a year).
 const UNSERVABLE_PAUSE_S: f64 = 365.0 * 86_400.0;
-/// How long a job whose training finished is paused: for good (it ends meanwhile).
-const TRAINED_PAUSE_S: f64 = 365.0 * 86_400.0;
+/// How long a job whose training finished is paused, renewed while its Comment says so
+/// (it ends meanwhile); short, so that a pause a restart or a requeue leaves behind ends
+/// by itself.
+const TRAINED_PAUSE_S: f64 = 60.0;
 /// A core job back from a requeue within this many seconds of the daemon asking for
 /// one is taken for the daemon's own requeue, even when the call reported an error.
 const OWN_REQUEUE_S: f64 = 60.0;
@@ -770,8 +774,8 @@ impl<C: Cluster> Daemon<C> {
         // A job whose training finished stays paused whatever lifts or shortens its
         // other pauses (blame, limits, holds): it has no use for more nodes.
         if let Event::JobPaused { job, until } = &mut ev {
-            if self.cores.values().any(|c| c.jid == *job && c.trained) {
-                *until = Some(self.clock.max(0.0) + TRAINED_PAUSE_S);
+            if let Some(c) = self.cores.values().find(|c| c.jid == *job && c.trained) {
+                *until = Some(until.map_or(c.trained_until, |u| u.max(c.trained_until)));
             }
         }
         self.pending.push(ev);
@@ -1473,7 +1477,8 @@ mod tests {
         }
         d.cluster.dirty = true;
         let submits = d.cluster.calls.submits;
-        for _ in 0..30 {
+        // Longer than the pause: it is renewed while the Comment says so.
+        for _ in 0..(3.0 * TRAINED_PAUSE_S) as usize {
             now += 1.0;
             d.cluster.start_pending_elastic(now as i64);
             d.cycle(now).unwrap();
@@ -1487,10 +1492,31 @@ mod tests {
             d.stats.satellite_failures, 0,
             "its leaving satellites are no failures"
         );
-        // A `done` of an earlier run (the Comment survives a requeue) says nothing about
-        // this one: the job grows again.
-        d.cluster.jobs[0].comment = Some(comment(start - 100, true));
+        // Slurm requeues it (a REQUEUE preemption just before its end): the next run
+        // is admitted at once, not after the pause.
+        {
+            let core = &mut d.cluster.jobs[0];
+            core.state = bftrainer_slurm::JobState::from_base(JobBase::Pending);
+            core.restart_count += 1;
+            core.nodes = None;
+            core.start_time = None;
+            core.priority = 0;
+        }
         d.cluster.dirty = true;
+        for cycle in 0.. {
+            assert!(
+                (cycle as f64) < TRAINED_PAUSE_S / 4.0,
+                "the requeued job was not admitted again"
+            );
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+            if d.cluster.jobs[0].state.base() == JobBase::Running {
+                break;
+            }
+        }
+        // Its Comment still says done=1, of the earlier run (a Comment survives a
+        // requeue): that says nothing about this run, which grows again.
         for cycle in 0.. {
             assert!(cycle < 60, "the job did not grow again");
             now += 1.0;
