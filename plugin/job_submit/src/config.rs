@@ -62,6 +62,11 @@ pub struct Policy {
     pub hold: bool,
     /// What happens to a plain (non-elastic) job sent to an elastic partition.
     pub plain_jobs: PlainJobs,
+    /// Why no policy could be read at slurmctld's start (the file missing or broken, and
+    /// no last good copy): init() must not fail over it, since that stops slurmctld.
+    /// Every elastic request is then refused with this reason (root's too), plain jobs
+    /// pass untouched, and the next reconfigure reads the file again.
+    pub broken: Option<String>,
 }
 
 /// `[policy] plain_jobs`: a plain job in an elastic partition would take idle nodes
@@ -116,6 +121,9 @@ impl Policy {
 
     /// Why elastic jobs cannot be accepted now (names NSS did not resolve), or `None`.
     pub fn unavailable(&self) -> Option<String> {
+        if let Some(why) = &self.broken {
+            return Some(why.clone());
+        }
         (!self.unresolved.is_empty()).then(|| {
             format!(
                 "{} names {} that cannot be looked up (no such user, or the user database \
@@ -371,7 +379,20 @@ pub fn parse(
         exclusive: t.boolean("exclusive", true)?,
         hold: t.boolean("hold", true)?,
         plain_jobs,
+        broken: None,
     })
+}
+
+impl Policy {
+    /// The policy in force when `path` could not be loaded at start (`why`): the
+    /// defaults, with nobody but root and SlurmUser privileged, and every elastic
+    /// request refused (`broken`).
+    pub fn broken(path: &Path, why: &ConfigError) -> Policy {
+        let mut p = parse("", path, &|_| None).expect("the empty config parses");
+        p.unresolved.clear();
+        p.broken = Some(format!("{why}; fix it and run `scontrol reconfigure`"));
+        p
+    }
 }
 
 /// getpwnam_r: user name to uid. Only called while (re)loading the config, never per

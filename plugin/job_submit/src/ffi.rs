@@ -257,19 +257,16 @@ pub extern "C" fn init() -> c_int {
 fn init_inner() -> c_int {
     // slurmctld serves no RPC yet, so reading the file and asking NSS here blocks no
     // job; a name NSS cannot resolve is no error (Policy::unavailable).
-    let w = match Watch::start(
+    // A missing or broken file gives a policy that refuses elastic jobs: init() never
+    // fails over it (that would stop slurmctld).
+    let mut w = Watch::start(
         config_path(),
         state_dir(),
         config::uid_of,
         conf_stamp(),
         Instant::now(),
-    ) {
-        Ok(w) => w,
-        Err(e) => {
-            LOG.error(&format!("init failed: {e}"));
-            return SLURM_ERROR;
-        }
-    };
+    );
+    w.locate = Some(config_path);
     let slurm_uid = slurm_conf().map(|c| c.slurm_user_id);
     publish(w.policy().clone(), slurm_uid);
     if let Err(e) = start_watcher(w, slurm_uid) {

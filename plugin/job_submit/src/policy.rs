@@ -145,7 +145,8 @@ pub fn submit(pol: &Policy, s: &Submission<'_>) -> Verdict {
                 ), Code::Denied);
             }
         }
-        if !privileged && pol.plain_jobs == PlainJobs::Refuse {
+        // A broken config names no elastic partition to keep plain jobs out of.
+        if !privileged && pol.broken.is_none() && pol.plain_jobs == PlainJobs::Refuse {
             if let Some(list) = s.partition.map(text) {
                 if let Some(p) = partition_list(&list).find(|p| pol.is_elastic_partition(p)) {
                     return Verdict::Reject(format!(
@@ -163,7 +164,16 @@ pub fn submit(pol: &Policy, s: &Submission<'_>) -> Verdict {
 
 fn elastic(pol: &Policy, s: &Submission<'_>, mut spec: ElasticSpec, privileged: bool) -> Verdict {
     let shown = format!("--elastic={spec}");
-    if !privileged {
+    // Without a readable config not even bftrainerd's requests are placed: partitions,
+    // limits and the daemon's user are unknown.
+    if privileged {
+        if let Some(why) = &pol.broken {
+            return Verdict::Reject(
+                format!("{shown}: elastic jobs are unavailable on this cluster for now: {why}"),
+                Code::Denied,
+            );
+        }
+    } else {
         if let Some(why) = pol.unavailable() {
             return Verdict::Reject(
                 format!(
@@ -865,6 +875,39 @@ mod tests {
             ..sub("BFTRAINER_ELASTIC=1:1,role=satellite,parent=5")
         };
         rewrite(submit(&p, &root));
+    }
+
+    /// No readable config at slurmctld's start: every elastic request is refused, root's
+    /// too, with the reason; plain jobs pass untouched, even into a partition named as
+    /// the default elastic one (the site's real one is unknown).
+    #[test]
+    fn a_broken_config_refuses_every_elastic_request_and_no_plain_job() {
+        let why = config::ConfigError("/t/bftrainer.toml: cannot read the bftrainer config: No such file or directory (os error 2)".into());
+        let p = Policy::broken(Path::new("/t/bftrainer.toml"), &why);
+        for uid in [1000, 0] {
+            let s = Submission {
+                uid,
+                ..sub("BFTRAINER_ELASTIC=1:1,role=satellite,parent=5")
+            };
+            match submit(&p, &s) {
+                Verdict::Reject(m, Code::Denied) => assert!(
+                    m.starts_with("--elastic=1:1,role=satellite,parent=5: elastic jobs are unavailable on this cluster for now: /t/bftrainer.toml: cannot read the bftrainer config")
+                        && m.contains("run `scontrol reconfigure`"),
+                    "{m}"
+                ),
+                other => panic!("uid {uid}: {other:?}"),
+            }
+        }
+        for part in [&b"batch"[..], b"elastic"] {
+            let plain = Submission {
+                uid: 1000,
+                min_nodes: 2,
+                partition: Some(part),
+                het_offset: NO_VAL,
+                ..Default::default()
+            };
+            assert_eq!(submit(&p, &plain), Verdict::Untouched);
+        }
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub type Lookup = fn(&str) -> Option<u32>;
 /// The file, the text and the policy in force, and when to retry names.
 pub struct Watch {
     path: PathBuf,
+    /// Finds the file again (`config::locate`) while none has loaded: one written after
+    /// the start may be somewhere else than the default path read then.
+    pub locate: Option<fn() -> PathBuf>,
     state_dir: Option<PathBuf>,
     lookup: Lookup,
     /// slurmctld's config stamp the policy was read at.
@@ -60,16 +63,33 @@ fn load(path: &Path, state_dir: Option<&Path>, lookup: Lookup) -> Result<Loaded,
 }
 
 impl Watch {
-    /// The first load (init()): an error only when the file is broken and no last good
-    /// copy exists; names that do not resolve are logged, not fatal.
+    /// The first load (init()). Never an error: a failed init() stops slurmctld. A file
+    /// missing or broken with no last good copy gives the `broken` policy (elastic jobs
+    /// refused, plain jobs untouched) until a reconfigure loads the file; names that do
+    /// not resolve are logged and retried.
     pub fn start(
         path: PathBuf,
         state_dir: Option<PathBuf>,
         lookup: Lookup,
         stamp: i64,
         now: Instant,
-    ) -> Result<Watch, ConfigError> {
-        let loaded = load(&path, state_dir.as_deref(), lookup)?;
+    ) -> Watch {
+        let loaded = match load(&path, state_dir.as_deref(), lookup) {
+            Ok(l) => l,
+            Err(e) => {
+                let policy = Policy::broken(&path, &e);
+                LOG.error(&format!(
+                    "init: elastic jobs are refused (plain jobs run as usual) until this is mended: {}",
+                    policy.broken.as_deref().unwrap_or_default()
+                ));
+                Loaded {
+                    policy,
+                    text: String::new(),
+                    fell_back: None,
+                    warning: None,
+                }
+            }
+        };
         if let Some(why) = &loaded.fell_back {
             // From 23.11, `scontrol reconfigure` runs init() in a new slurmctld, and a
             // failed init() there is fatal: keep running on the last good policy.
@@ -78,21 +98,28 @@ impl Watch {
                  in StateSaveLocation) until the file is fixed and `scontrol reconfigure` is run"
             ));
         }
-        LOG.info(&describe(&loaded.policy));
-        if let Some(why) = loaded.policy.unavailable() {
+        if loaded.policy.broken.is_none() {
+            LOG.info(&describe(&loaded.policy));
+        }
+        if let Some(why) = loaded
+            .policy
+            .unavailable()
+            .filter(|_| loaded.policy.broken.is_none())
+        {
             LOG.error(&format!(
                 "init: elastic jobs are refused (plain jobs run as usual) until this is mended: {why}"
             ));
         }
-        Ok(Watch {
+        Watch {
             path,
+            locate: None,
             state_dir,
             lookup,
             stamp,
             text: loaded.text,
             current: loaded.policy,
             next_retry: now + RETRY,
-        })
+        }
     }
 
     /// The policy in force.
@@ -118,6 +145,12 @@ impl Watch {
     /// A broken file keeps the previous policy (slurmctld is already running; refusing
     /// every job would be worse).
     fn reload(&mut self, now: Instant) -> Option<Policy> {
+        if self.current.broken.is_some() {
+            // Written since the start, perhaps beside slurm.conf (found first).
+            if let Some(locate) = self.locate {
+                self.path = locate();
+            }
+        }
         let loaded = match load(&self.path, self.state_dir.as_deref(), self.lookup) {
             Ok(Loaded {
                 fell_back: Some(why),
@@ -127,6 +160,12 @@ impl Watch {
                 return None;
             }
             Ok(loaded) => loaded,
+            Err(e) if self.current.broken.is_some() => {
+                LOG.error(&format!(
+                    "reconfigure: elastic jobs are still refused (plain jobs run as usual): {e}"
+                ));
+                return None;
+            }
             Err(e) => {
                 LOG.error(&format!("reconfigure: keeping the previous policy: {e}"));
                 return None;
@@ -194,7 +233,7 @@ mod tests {
         let conf = dir.path().join("bftrainer.toml");
         std::fs::write(&conf, "[policy]\nmax_nodes = 4\n").unwrap();
         let t0 = Instant::now();
-        let mut w = Watch::start(conf.clone(), None, users, 100, t0).unwrap();
+        let mut w = Watch::start(conf.clone(), None, users, 100, t0);
         assert_eq!(w.policy().max_nodes, Some(4));
 
         // An edit is read at the next reconfigure, not before.
@@ -212,10 +251,43 @@ mod tests {
         std::fs::remove_file(&conf).unwrap();
         assert_eq!(w.tick(104, t0 + RETRY * 4), None);
         assert_eq!(w.policy().max_nodes, Some(2));
+    }
 
-        // Broken at the first load, with no last good copy: init fails.
-        std::fs::write(&conf, "[policy]\nmax_nodes = -1\n").unwrap();
-        assert!(Watch::start(conf, None, users, 1, t0).is_err());
+    /// A missing or broken file at the first load, with no last good copy, never fails
+    /// init() (that stops slurmctld): elastic jobs are refused with the reason until a
+    /// reconfigure reads a good file.
+    #[test]
+    fn a_missing_or_broken_file_at_start_refuses_elastic_jobs_until_mended() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("bftrainer.toml");
+        let t0 = Instant::now();
+        for (text, why) in [
+            (None, "cannot read the bftrainer config"),
+            (Some("[policy]\nmax_nodes = -1\n"), "max_nodes"),
+            (Some("[policy\n"), "bftrainer.toml"),
+        ] {
+            match text {
+                Some(t) => std::fs::write(&conf, t).unwrap(),
+                None => {
+                    let _ = std::fs::remove_file(&conf);
+                }
+            }
+            let mut w = Watch::start(conf.clone(), None, users, 1, t0);
+            let p = w.policy().clone();
+            let reason = p.unavailable().expect("elastic jobs refused");
+            assert!(
+                reason.contains(why) && reason.contains("scontrol reconfigure"),
+                "{reason}"
+            );
+            // Nothing to retry from: the broken policy stays until a reconfigure.
+            assert_eq!(w.tick(1, t0 + RETRY * 3), None);
+            // Still broken at a reconfigure: still refused.
+            assert_eq!(w.tick(2, t0 + RETRY * 3), None);
+            assert!(w.policy().broken.is_some());
+            std::fs::write(&conf, "[policy]\nmax_nodes = 4\n").unwrap();
+            let p = w.tick(3, t0 + RETRY * 4).expect("mended");
+            assert_eq!((p.broken, p.max_nodes), (None, Some(4)));
+        }
     }
 
     /// A name that does not resolve at start is retried every RETRY, from the text that
@@ -227,7 +299,7 @@ mod tests {
         std::fs::write(&conf, "[policy]\nallowed_users = [\"alice\", \"ghost\"]\n").unwrap();
         let t0 = Instant::now();
         GHOST_EXISTS.store(false, Ordering::SeqCst);
-        let mut w = Watch::start(conf.clone(), None, users, 7, t0).unwrap();
+        let mut w = Watch::start(conf.clone(), None, users, 7, t0);
         assert_eq!(w.policy().unresolved, ["[policy] allowed_users 'ghost'"]);
         assert!(w.policy().unavailable().is_some());
         // Still missing: nothing new to publish.

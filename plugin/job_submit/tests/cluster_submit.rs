@@ -722,7 +722,7 @@ fn cluster_satellite_owner_may_only_hold_release_or_cancel() {
 
 /// NSS never stops slurmctld (issue 20): with a name in allowed_users that does not
 /// resolve, slurmctld starts and stays up, plain jobs run untouched, and elastic jobs are
-/// refused with the reason.
+/// refused with the reason. Nor does a missing bftrainer.toml at its start (issue 35).
 #[test]
 fn cluster_unresolvable_user_keeps_slurmctld_up_and_refuses_elastic_jobs() {
     let tmp = tempfile::tempdir().unwrap();
@@ -774,4 +774,59 @@ fn cluster_unresolvable_user_keeps_slurmctld_up_and_refuses_elastic_jobs() {
     assert_controller_up(&c);
     let (code, _, stderr) = sbatch_as_user(&c, &[os("--elastic=1:2"), os("--wrap=true")]);
     assert_eq!(code, 0, "elastic job refused after the fix: {stderr}");
+
+    // No readable bftrainer.toml at slurmctld's start and no last good copy (a first
+    // install in the wrong order): slurmctld starts all the same, plain jobs run, every
+    // elastic request is refused with the reason, root's too.
+    std::fs::remove_file(&conf).unwrap();
+    std::fs::remove_file(
+        c.dir()
+            .join("state/slurmctld/bftrainer-job_submit.last-good.toml"),
+    )
+    .expect("the last good copy is kept in StateSaveLocation");
+    c.stop_daemon("slurmctld", false).expect("stop slurmctld");
+    c.start_daemon("slurmctld")
+        .expect("slurmctld starts without bftrainer.toml");
+    assert_controller_up(&c);
+    wait_for_log(&c, "the reason at init", |log| {
+        log.contains(
+            "init: elastic jobs are refused (plain jobs run as usual) until this is mended: ",
+        ) && log.contains("cannot read the bftrainer config")
+    });
+    let (code, _, stderr) = sbatch_as_user(&c, &[os("--elastic=1:2"), os("--wrap=true")]);
+    assert_ne!(code, 0, "elastic job accepted without a config");
+    assert!(
+        stderr.contains("elastic jobs are unavailable on this cluster for now: ")
+            && stderr.contains("cannot read the bftrainer config"),
+        "{stderr}"
+    );
+    assert!(
+        c.sbatch(&[
+            "--elastic=1:1,role=satellite,parent=1",
+            "--hold",
+            "--wrap=true"
+        ])
+        .is_err(),
+        "root's elastic request accepted without a config"
+    );
+    let (code, stdout, stderr) = sbatch_as_user(&c, &[os("--parsable"), os("--wrap=true")]);
+    assert_eq!(code, 0, "plain job refused without a config: {stderr}");
+    let plain: u32 = stdout.trim().parse().unwrap();
+    c.wait_for_state(plain, &["COMPLETED"], Duration::from_secs(60))
+        .expect("plain job runs without a config");
+    // Written beside slurm.conf afterwards (the default path was read at the start):
+    // a reconfigure finds it and elastic jobs are accepted.
+    std::fs::write(&conf, format!("{POLICY}allowed_users = [\"bftuser\"]\n")).unwrap();
+    c.run("scontrol", &["reconfigure"])
+        .expect("scontrol reconfigure");
+    let loaded = format!("loaded {}: ", conf.display());
+    wait_for_log(&c, "the written policy loaded", |log| {
+        log.rfind(&loaded) > log.rfind("cannot read the bftrainer config")
+    });
+    let (code, _, stderr) = sbatch_as_user(&c, &[os("--elastic=1:2"), os("--wrap=true")]);
+    assert_eq!(
+        code, 0,
+        "elastic job refused once the config was written: {stderr}"
+    );
+    assert_controller_up(&c);
 }

@@ -17,6 +17,24 @@ from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "examples", "train.py")
+#: Runs the example as __main__ after registering an exit hook, which runs after every
+#: hook the library registers (atexit runs them last in, first out): it says on stderr
+#: when a process group is still there at exit. On NCCL torch then warns
+#: "destroy_process_group() was not called before program exit"; gloo is silent, so
+#: the tests look for this line instead.
+LEFT_AT_EXIT = "bftrainer-test: a process group was left at exit"
+EXIT_PROBE = f"""
+import atexit, runpy, sys
+
+def probe():
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        print({LEFT_AT_EXIT!r}, file=sys.stderr, flush=True)
+
+atexit.register(probe)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 class FakeAgent:
@@ -118,7 +136,7 @@ class FakeAgent:
     def spawn(self, worker: str, args: List[str], log: str) -> subprocess.Popen:
         env = dict(os.environ, BFT_AGENT_SOCK=self.path, BFT_WORKER_ID=worker, BFT_NODE_ADDR="127.0.0.1", BFT_JOB="fake")
         p = subprocess.Popen(
-            [sys.executable, EXAMPLE, *args],
+            [sys.executable, "-c", EXIT_PROBE, EXAMPLE, *args],
             env=env,
             stdout=open(log + ".out", "w"),
             stderr=open(log + ".err", "w"),

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from check_samples import check  # noqa: E402
-from fake_agent import FakeAgent  # noqa: E402
+from fake_agent import LEFT_AT_EXIT, FakeAgent  # noqa: E402
 
 N, EPOCHS = 2048, 6
 ARGS = ["--samples", str(N), "--batch", "16", "--epochs", str(EPOCHS), "--step-sleep", "0.02"]
@@ -32,6 +32,9 @@ def finish(agent, tmp_path, workers, timeout=120):
         rc = agent.procs[w].wait(timeout=timeout)
         err = open(tmp_path / f"{w}.err").read()
         assert rc == 0, f"{w} exited {rc}: {err[-2000:]}"
+        # A normal end destroys the process group (torch's warning on NCCL otherwise).
+        assert LEFT_AT_EXIT not in err, f"{w}: {err[-2000:]}"
+        assert "destroy_process_group() was not called" not in err, f"{w}: {err[-2000:]}"
     out = "".join(open(tmp_path / f"{w}.out").read() for w in workers)
     final = [line for line in out.splitlines() if line.startswith("final loss")]
     assert final, out

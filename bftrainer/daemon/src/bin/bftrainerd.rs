@@ -4,6 +4,12 @@
 use clap::Parser;
 use std::path::PathBuf;
 
+/// job_submit/bftrainer's own reading of `[policy]`, the same source: the plugin is a
+/// cdylib that nothing may link, and the preflight must check what slurmctld will read.
+#[path = "../../../../plugin/job_submit/src/config.rs"]
+#[allow(dead_code, unused_imports)]
+mod plugin_policy;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "bftrainerd",
@@ -15,7 +21,8 @@ struct Args {
     /// else /etc/slurm/bftrainer.toml; the same file the job_submit plugin reads).
     #[arg(long, short)]
     config: Option<PathBuf>,
-    /// Check the config file and exit.
+    /// Check the config file as bftrainerd and as the job_submit plugin read it (users
+    /// looked up), print what the plugin will enforce, and exit (2 on an error).
     #[arg(long)]
     check_config: bool,
 }
@@ -27,10 +34,37 @@ fn main() {
     let args = Args::parse();
     let path = args.config.unwrap_or_else(default_config);
     if args.check_config {
-        match bftrainer_daemon::daemon::config::load(&path) {
-            Ok(_) => println!("{}: ok", path.display()),
+        if let Err(e) = bftrainer_daemon::daemon::config::load(&path) {
+            eprintln!("bftrainerd: {e}");
+            std::process::exit(2);
+        }
+        match plugin_policy::load(&path, &plugin_policy::uid_of) {
+            Ok(p) => {
+                if let Some(why) = p.unavailable() {
+                    eprintln!("bftrainerd: job_submit/bftrainer would refuse elastic jobs: {why}");
+                    std::process::exit(2);
+                }
+                let all = |v: &[String]| {
+                    if v.is_empty() {
+                        "all".to_string()
+                    } else {
+                        v.join(",")
+                    }
+                };
+                println!(
+                    "{}: ok (job_submit/bftrainer: partition={} satellite_partition={} max_nodes={} users={} accounts={} daemon_user={} hold={})",
+                    path.display(),
+                    p.partition,
+                    p.satellite_partition,
+                    p.max_nodes.map_or("none".to_string(), |n| n.to_string()),
+                    all(&p.allowed_users),
+                    all(&p.allowed_accounts),
+                    p.daemon_user,
+                    p.hold
+                );
+            }
             Err(e) => {
-                eprintln!("bftrainerd: {e}");
+                eprintln!("bftrainerd: job_submit/bftrainer would refuse this file: {e}");
                 std::process::exit(2);
             }
         }

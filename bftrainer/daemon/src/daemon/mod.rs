@@ -172,6 +172,12 @@ struct Core {
     preempt_seen: Option<(i64, f64)>,
     /// Its partition when adopted: one it has left was moved by an administrator.
     partition: Option<String>,
+    /// The current run's runtime wrote that its training finished (`done=1` in the
+    /// Comment, for this start time): it is paused, so that the nodes its
+    /// leaving workers free go to others, not to satellites that could only fail.
+    trained: bool,
+    /// The end of that pause (engine time), renewed while the Comment says `done=1`.
+    trained_until: f64,
 }
 
 /// What the daemon remembers of one satellite job.
@@ -385,6 +391,10 @@ pub const MAX_BACKOFF_S: f64 = 3600.0;
 pub const GROWTH_HOLD_MAX_S: f64 = 300.0;
 /// The pause of a job no lent node can serve, lifted as soon as one can (a year).
 const UNSERVABLE_PAUSE_S: f64 = 365.0 * 86_400.0;
+/// How long a job whose training finished is paused, renewed while its Comment says so
+/// (it ends meanwhile); short, so that a pause a restart or a requeue leaves behind ends
+/// by itself.
+const TRAINED_PAUSE_S: f64 = 60.0;
 /// A core job back from a requeue within this many seconds of the daemon asking for
 /// one is taken for the daemon's own requeue, even when the call reported an error.
 const OWN_REQUEUE_S: f64 = 60.0;
@@ -760,7 +770,14 @@ impl<C: Cluster> Daemon<C> {
         }
     }
 
-    fn emit(&mut self, ev: Event) {
+    fn emit(&mut self, mut ev: Event) {
+        // A job whose training finished stays paused whatever lifts or shortens its
+        // other pauses (blame, limits, holds): it has no use for more nodes.
+        if let Event::JobPaused { job, until } = &mut ev {
+            if let Some(c) = self.cores.values().find(|c| c.jid == *job && c.trained) {
+                *until = Some(until.map_or(c.trained_until, |u| u.max(c.trained_until)));
+            }
+        }
         self.pending.push(ev);
     }
 
@@ -1399,6 +1416,116 @@ mod tests {
         assert!(costs >= 2, "measured costs are journaled too ({costs})");
         // Half the polls show the value last journaled: no change to defer.
         assert!(d.stats.progress_deferred >= polls as u64 / 2 - bound);
+    }
+
+    #[test]
+    fn a_job_whose_training_finished_gets_no_more_satellites() {
+        // Seen in `make demo`: bft-run wrote done=1 into the Comment, its satellites
+        // left, and before the core ended bftrainerd granted 3 new satellites, which
+        // FAILED at once (the coordinator was over) and stayed in sacct.
+        let (cluster, cfg, _state) = four_nodes_one_held_core("");
+        let mut d = Daemon::new(cfg, cluster, None, &[]).unwrap();
+        let mut now = 3_000_000_000.0;
+        let sats = |d: &Daemon<gen::GenCluster>| {
+            d.cluster
+                .jobs
+                .iter()
+                .filter(|j| {
+                    j.partition.as_deref() == Some("elastic-sat")
+                        && j.state.base() == JobBase::Running
+                })
+                .count()
+        };
+        for cycle in 0.. {
+            assert!(cycle < 60, "the job did not grow to 4 nodes");
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+            if sats(&d) == 3 {
+                break;
+            }
+        }
+        // The satellites ran long enough not to count as failures.
+        now += 600.0;
+        let start = d.cluster.jobs[0].start_time.unwrap();
+        let comment = |start: i64, done: bool| {
+            RunComment {
+                coord: "n1:29400".into(),
+                run: "ab".into(),
+                start,
+                gen: 2,
+                nodes: 4,
+                rate: 100.0,
+                step: 0.5,
+                done,
+                up: 0.0,
+                down: 0.0,
+            }
+            .to_string()
+        };
+        d.cluster.jobs[0].comment = Some(comment(start, false));
+        d.cluster.dirty = true;
+        d.cycle(now).unwrap();
+        // The training finishes: the runtime's last word, then its satellites leave
+        // while the core's batch script is still running.
+        d.cluster.jobs[0].comment = Some(comment(start, true));
+        for j in d.cluster.jobs.iter_mut() {
+            if j.partition.as_deref() == Some("elastic-sat") {
+                j.state = bftrainer_slurm::JobState::from_base(JobBase::Complete);
+                j.end_time = Some(now as i64);
+            }
+        }
+        d.cluster.dirty = true;
+        let submits = d.cluster.calls.submits;
+        // Longer than the pause: it is renewed while the Comment says so.
+        for _ in 0..(3.0 * TRAINED_PAUSE_S) as usize {
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+        }
+        assert_eq!(
+            d.cluster.calls.submits - submits,
+            0,
+            "satellites submitted for a job whose training finished"
+        );
+        assert_eq!(
+            d.stats.satellite_failures, 0,
+            "its leaving satellites are no failures"
+        );
+        // Slurm requeues it (a REQUEUE preemption just before its end): the next run
+        // is admitted at once, not after the pause.
+        {
+            let core = &mut d.cluster.jobs[0];
+            core.state = bftrainer_slurm::JobState::from_base(JobBase::Pending);
+            core.restart_count += 1;
+            core.nodes = None;
+            core.start_time = None;
+            core.priority = 0;
+        }
+        d.cluster.dirty = true;
+        for cycle in 0.. {
+            assert!(
+                (cycle as f64) < TRAINED_PAUSE_S / 4.0,
+                "the requeued job was not admitted again"
+            );
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+            if d.cluster.jobs[0].state.base() == JobBase::Running {
+                break;
+            }
+        }
+        // Its Comment still says done=1, of the earlier run (a Comment survives a
+        // requeue): that says nothing about this run, which grows again.
+        for cycle in 0.. {
+            assert!(cycle < 60, "the job did not grow again");
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+            if sats(&d) == 3 {
+                break;
+            }
+        }
     }
 
     #[test]

@@ -1207,6 +1207,8 @@ impl<C: Cluster> Daemon<C> {
                 user: j.user_name.clone(),
                 partition: j.partition.clone(),
                 preempt_seen: None,
+                trained: false,
+                trained_until: 0.0,
             },
         );
         if is_running(j) {
@@ -1438,6 +1440,14 @@ impl<C: Cluster> Daemon<C> {
         }
         // Pending.
         core.preempting = false;
+        if core.trained {
+            // Requeued after its training finished (Slurm's REQUEUE preemption): the
+            // next run is admitted as any.
+            self.lift_trained(id, now);
+        }
+        let Some(core) = self.cores.get_mut(&id) else {
+            return;
+        };
         if core.requeue_hold {
             self.write_requeue_hold(id, j, now);
         }
@@ -1511,7 +1521,9 @@ impl<C: Cluster> Daemon<C> {
     /// Its measured step time is kept for shrinks (a new run's unmeasured 0 keeps the
     /// previous run's: the same script).
     pub(super) fn observe_progress(&mut self, id: u32, j: &Job, now: f64) {
-        let Some(rc) = j.comment.as_deref().and_then(RunComment::parse) else {
+        let rc = j.comment.as_deref().and_then(RunComment::parse);
+        self.observe_trained(id, j, rc.as_ref(), now);
+        let Some(rc) = rc else {
             return;
         };
         let Some(core) = self.cores.get_mut(&id) else {
@@ -1567,6 +1579,49 @@ impl<C: Cluster> Daemon<C> {
                 down_s: rc.down,
             });
         }
+    }
+
+    /// The runtime writes `done=1` into the Comment as its last word, then its workers
+    /// leave and the job ends up to a leave timeout later: meanwhile the job is paused
+    /// (no satellite: they could only fail, the coordinator is over). The pause is
+    /// short and renewed while the Comment says so, so that one a restart or a requeue
+    /// leaves behind ends by itself; a later run (another start time) lifts it at once.
+    fn observe_trained(&mut self, id: u32, j: &Job, rc: Option<&RunComment>, now: f64) {
+        let finished = rc.is_some_and(|c| c.finished_run(j.start_time));
+        let Some(core) = self.cores.get_mut(&id) else {
+            return;
+        };
+        if !finished {
+            if core.trained {
+                self.lift_trained(id, now);
+            }
+            return;
+        }
+        if core.trained && now < core.trained_until - TRAINED_PAUSE_S / 2.0 {
+            return;
+        }
+        if !core.trained {
+            log::info!("elastic job {id}: its training finished (done=1 in its Comment); it gets no more satellites");
+        }
+        core.trained = true;
+        core.trained_until = now + TRAINED_PAUSE_S;
+        let jid = core.jid;
+        // `emit` sets the pause's end.
+        self.emit(Event::JobPaused {
+            job: jid,
+            until: None,
+        });
+    }
+
+    /// Ends the pause of a job whose training finished (a blame pause stays).
+    fn lift_trained(&mut self, id: u32, now: f64) {
+        let Some(core) = self.cores.get_mut(&id) else {
+            return;
+        };
+        core.trained = false;
+        let jid = core.jid;
+        let until = self.blame.paused(id, now).map(|p| p.until);
+        self.emit(Event::JobPaused { job: jid, until });
     }
 }
 

@@ -58,11 +58,15 @@ impl<C: Cluster> Daemon<C> {
             };
             // A failure of the node: the satellite failed, or ended at once. Cancelled
             // (by its owner or an admin) is not the node's fault, nor is an end while its
-            // parent is over or no longer running (the runtime's agents stop then), nor
+            // parent is over, done training or no longer running (the runtime's agents
+            // stop then), nor
             // the end of one whose node the allocation no longer gives its parent (a
             // shrink that a restart interrupted: the memo of it is gone, the journal's
             // allocation is not).
-            let parent_running = self.cores.get(&parent).is_some_and(|c| !c.ended)
+            let parent_running = self
+                .cores
+                .get(&parent)
+                .is_some_and(|c| !c.ended && !c.trained)
                 && self.engine.job_status(jid) == JobStatus::Active;
             let failed = parent_running
                 && held(self)

@@ -11,6 +11,7 @@ it, the wait gives up at once instead of hanging until a timeout. See docs/desig
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import faulthandler
 import functools
@@ -435,6 +436,30 @@ class _Runtime:
         LEFTOVERS.leave(pg, self._inflight + ddp_works)
         self._inflight = []
 
+    def close(self) -> None:
+        """At the interpreter's exit after a normal end: destroy the process group, as
+        torch asks (ProcessGroupNCCL warns "destroy_process_group() was not called
+        before program exit" from every worker otherwise). Not at the end of ``run``:
+        the script may still use the group after it. A group with collectives not
+        complete is kept and leaked instead (``_leftovers``: its destructor would wait
+        for them); groups kept after earlier failures are no longer torch's to destroy,
+        so they do not stand in the way."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return
+        works = list(self._inflight)
+        if self._group is not None:
+            _, ddp_works = self._group.retire()
+            works += ddp_works
+        if any(not w.is_completed() for w in works):
+            LEFTOVERS.leave(dist.group.WORLD, works)
+            return
+        try:
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001 - at exit; say so and go on
+            print(f"bftrainer: destroying the process group at exit: {e}", file=sys.stderr, flush=True)
+
     def leave(self) -> None:
         """Not in the new generation: the step is committed, so leave without a rollback.
         At once: a group left after an earlier failure may still hold a collective stuck
@@ -678,6 +703,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                     result = func(state, *args, **kwargs)
                     state.wait_checkpoint()
                     agent.send({"t": "done", "worker": rt.worker, "gen": rt.gen})
+                    atexit.register(rt.close)
                     return result
                 except Exception as e:
                     if not _is_peer_failure(e):
@@ -699,6 +725,8 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 agent.broken(rt.gen)
                 join_after = rt.gen
         except _agent.JobEnded as e:
+            if e.code == 0:
+                atexit.register(rt.close)
             raise SystemExit(0 if e.code == 0 else 1) from None
 
     return wrapper
