@@ -509,9 +509,12 @@ fn run_local(m: &Munged, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Com
     c
 }
 
+/// The run did not wait out a default timeout (minutes) where a short one was given: a
+/// bound only such a fault reaches, not a speed check (these runs take 2-10 s alone and
+/// much longer on a loaded 2-core machine).
 fn check_quick(t: Instant) {
     assert!(
-        t.elapsed() < Duration::from_secs(30),
+        t.elapsed() < Duration::from_secs(120),
         "took {:?}",
         t.elapsed()
     );
