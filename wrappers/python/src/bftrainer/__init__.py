@@ -21,6 +21,7 @@ preemption.
 """
 
 from ._agent import AgentError, JobEnded
+from ._mesh import device_mesh
 from .elastic import (
     DeviceChoice,
     PeerFailure,
@@ -64,6 +65,7 @@ __all__ = [
     "backend",
     "choose_device",
     "device",
+    "device_mesh",
     "generation",
     "process_group",
     "rank",

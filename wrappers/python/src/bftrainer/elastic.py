@@ -288,20 +288,48 @@ class _Runtime:
         assert agent is not None
         self.teardown()
         trace("rebuild")
-        while not self._rendezvous(g):
-            g = agent.newer_than(g.gen)
-            if self.worker not in g.members:
-                if self.sigterm:
-                    self.leave()
-                agent.send({"t": "ready", "worker": self.worker})
-                g = self._member_generation(g.gen)
-        self._init(g)
+        while True:
+            while not self._rendezvous(g):
+                g = self._next_generation(g.gen)
+            self._init(g)
+            why = self._rebuild_mesh(g)
+            if why is None:
+                break
+            # HSDP trains whole nodes only: wait (no step) for the generation that
+            # brings the missing worker back (its agent restarts it) or drops its node.
+            print(f"bftrainer: worker {self.worker}: generation {g.gen} is not trained: {why}; "
+                  "waiting for the next one", file=sys.stderr, flush=True)
+            g = self._next_generation(g.gen)
+            self.teardown()
         transfer.sync(state, self.rank, self.world, self.device, _wait)
         trace("entered")
         state.on_reset()
         # The first step of a generation is reported at once: bft-run measures a
         # rescale's cost up to it (the `up=`/`down=` of the job's Comment).
         self._last_progress = 0.0
+
+    def _next_generation(self, after: int) -> _agent.Generation:
+        """The next generation after ``after`` that lists this worker (a worker left
+        out announces itself again, or leaves if it was asked to)."""
+        agent = self.agent
+        assert agent is not None
+        g = agent.newer_than(after)
+        if self.worker not in g.members:
+            if self.sigterm:
+                self.leave()
+            agent.send({"t": "ready", "worker": self.worker})
+            g = self._member_generation(g.gen)
+        return g
+
+    def _rebuild_mesh(self, g: _agent.Generation) -> Optional[str]:
+        """With ``bftrainer.device_mesh()`` in use: this generation's groups under its
+        two dimensions, or why the generation cannot train (see _mesh.rebuild)."""
+        from . import _mesh
+
+        m = _mesh.current()
+        if m is None:
+            return None
+        return m.rebuild(self.rank, self.world, [w.split(".")[0] for w in g.members], self.device)
 
     def _member_generation(self, after: int) -> _agent.Generation:
         agent = self.agent
@@ -422,7 +450,7 @@ class _Runtime:
         if not dist.is_initialized():
             return
         pg = dist.group.WORLD
-        if self._pick_backend() == "nccl" and not aborting:
+        if dist.get_backend(pg) == "nccl" and not aborting:
             abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
             if abort is not None:
                 try:

@@ -14,6 +14,7 @@ from .sampler import ElasticSampler
 from .transfer import copy_tree, walk
 
 _CHECKPOINT = "bftrainer-state.pt"
+_SHARDED = "sharded"  # the directory of a torch.distributed.checkpoint of sharded state
 # A checkpoint is {"bftrainer": _FORMAT, "job": BFT_JOB or None, "state": state_dict()}.
 _FORMAT = 2
 # What a commit keeps besides model and optimizer (the "small parts").
@@ -433,6 +434,99 @@ class State:
         err, self._write_error = self._write_error, None
         if err is not None:
             raise err
+
+    # -- sharded checkpoints (FSDP2: DTensor parameters) ----------------------------
+
+    def sharded(self) -> bool:
+        """Whether the model holds DTensors (FSDP2): its checkpoints are then written by
+        every rank with torch.distributed.checkpoint."""
+        if self.model is None or "torch.distributed.tensor" not in sys.modules:
+            return False
+        from torch.distributed.tensor import DTensor
+
+        return any(isinstance(p, DTensor) for p in self.model.parameters())
+
+    def sharded_checkpoint_path(self) -> Optional[str]:
+        return os.path.join(self.checkpoint_dir, _SHARDED) if self.checkpoint_dir else None
+
+    def write_checkpoint_sharded(self, path: Optional[str] = None) -> None:
+        """Write the last commit with torch.distributed.checkpoint: every rank of the
+        generation calls it (it is collective) and writes its own shards, replicas
+        are written once; rank 0 adds the small parts (``small.pt``) and moves the
+        finished directory over ``path`` (default: ``checkpoint_dir``/sharded). It
+        loads under any world size and any number of workers per node
+        (``load_checkpoint_sharded``). Synchronous: the step waits for the write."""
+        import shutil
+
+        import torch
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        path = path or self.sharded_checkpoint_path()
+        if path is None:
+            raise ValueError("write_checkpoint_sharded needs a path or checkpoint_dir")
+        committed = self._committed()
+        if self._copy is not None and self._clean:
+            # copy=True: the commit is the CPU copy (model and optimizer may have moved on).
+            self.model.load_state_dict(self._copy["model"])
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer if self.optimizer is not None else [])
+        tmp = f"{path}.tmp"
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if rank == 0 and os.path.exists(tmp):
+            shutil.rmtree(tmp)
+        if dist.is_initialized():
+            dist.barrier()
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
+        if rank == 0:
+            small = {k: v for k, v in committed.items() if k not in ("model", "optimizer")}
+            data = {"bftrainer": _FORMAT, "job": os.environ.get("BFT_JOB"), "state": copy_tree(small, "state", "cpu")}
+            with open(os.path.join(tmp, "small.pt"), "wb") as f:
+                torch.save(data, f)
+                f.flush()
+                os.fsync(f.fileno())
+            old = f"{path}.old"
+            if os.path.exists(path):
+                os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        if dist.is_initialized():
+            dist.barrier()
+
+    def load_checkpoint_sharded(self, path: Optional[str] = None) -> bool:
+        """Load a checkpoint of ``write_checkpoint_sharded`` (every rank calls it, with
+        its model already ``fully_shard``-ed on the current mesh): each rank reads the
+        pieces of its own shards, whatever world size wrote them."""
+        import pickle
+
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        path = path or self.sharded_checkpoint_path()
+        if not path or not os.path.exists(os.path.join(path, "small.pt")):
+            return False
+        try:
+            with open(os.path.join(path, "small.pt"), "rb") as f:
+                ck = torch.load(f, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise CheckpointError(f"checkpoint {path}/small.pt holds objects that a weights-only load refuses") from e
+        here = os.environ.get("BFT_JOB")
+        if not isinstance(ck, dict) or ck.get("bftrainer") != _FORMAT:
+            raise CheckpointError(f"checkpoint {path} was not written by this bftrainer (format {_FORMAT})")
+        if ck.get("job") != here and not self.resume_any_job:
+            raise CheckpointError(
+                f"checkpoint {path} belongs to job {_job(ck.get('job'))}, this is job {_job(here)}: refusing to "
+                "resume another job's training; pass State(..., resume_any_job=True) to resume from it on purpose"
+            )
+        optim = self.optimizer if self.optimizer is not None else []
+        model_sd, optim_sd = get_state_dict(self.model, optim)
+        sd = {"model": model_sd, "optimizer": optim_sd}
+        dcp.load(sd, checkpoint_id=path)
+        set_state_dict(self.model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
+        self._load_small(ck["state"])
+        self.save()
+        return True
 
     def load_checkpoint(self) -> bool:
         """Load the checkpoint on disk if there is one (a requeued job keeps its id and

@@ -43,6 +43,15 @@ class StateTransferError(ValueError):
     what arrived is not a state. Not a peer failure: the job stops with this error."""
 
 
+def _is_dtensor(x: Any) -> bool:
+    """A DTensor (FSDP2's sharded parameters and their optimizer state)."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(x, DTensor)
+
+
 def _is_tensor(x: Any) -> bool:
     torch = sys.modules.get("torch")  # no torch imported: no tensor can exist
     return torch is not None and isinstance(x, torch.Tensor)
@@ -131,6 +140,9 @@ def encode(tree: Any, root: str = "state") -> Tuple[bytes, List[Any], List[Path]
     seen: Dict[Tuple[Any, ...], int] = {}
 
     def tensor(t: Any, path: Path) -> Dict[str, int]:
+        sharded = _is_dtensor(t)
+        if sharded:
+            t = t.to_local()  # this rank's shard: a newcomer's same local rank takes it
         key = (t.device, t.dtype, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
         if t.numel() > 0 and key in seen:
             return {"T": seen[key]}
@@ -141,6 +153,8 @@ def encode(tree: Any, root: str = "state") -> Tuple[bytes, List[Any], List[Path]
         descs.append(
             {"path": list(path), "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "host": t.device.type == "cpu"}
         )
+        if sharded:
+            descs[-1]["dt"] = True
         return {"T": i}
 
     def enc(x: Any, path: Path) -> Any:
@@ -169,10 +183,10 @@ def encode(tree: Any, root: str = "state") -> Tuple[bytes, List[Any], List[Path]
 
 
 class _Desc:
-    __slots__ = ("path", "dtype", "shape", "host")
+    __slots__ = ("path", "dtype", "shape", "host", "dt")
 
-    def __init__(self, path: Path, dtype: Any, shape: Tuple[int, ...], host: bool) -> None:
-        self.path, self.dtype, self.shape, self.host = path, dtype, shape, host
+    def __init__(self, path: Path, dtype: Any, shape: Tuple[int, ...], host: bool, dt: bool = False) -> None:
+        self.path, self.dtype, self.shape, self.host, self.dt = path, dtype, shape, host, dt
 
 
 def _bad(what: str) -> StateTransferError:
@@ -203,7 +217,7 @@ def parse_header(data: bytes) -> Tuple[Any, List[_Desc]]:
             raise _bad(f"bad shape {shape!r}")
         if not isinstance(path, list) or not all(type(k) in (str, int) for k in path):
             raise _bad(f"bad path {path!r}")
-        descs.append(_Desc(tuple(path), dtype, tuple(shape), bool(d.get("host"))))
+        descs.append(_Desc(tuple(path), dtype, tuple(shape), bool(d.get("host")), d.get("dt") is True))
     return h.get("tree"), descs
 
 
@@ -331,10 +345,42 @@ def sync(state: State, rank: int, world: int, device: Any, wait: Wait) -> None:
             )
         src = max(whole, key=lambda r: (table[r][1], -r))
         receivers = [r for r in range(world) if r != src]
-    # The sender and the receivers only, in a group of their own: members that hold
-    # the commit take no part. (Gloo's point-to-point operations cannot be waited for
-    # with a deadline: a group's broadcast can, and it reaches only the newcomers.)
-    sub = dist.new_group([src] + receivers) if receivers else None
+    from . import _mesh
+
+    mesh = _mesh.current()
+    if mesh is not None and mesh.places:
+        # Sharded (HSDP): local rank i of each worker lacking the commit takes local
+        # rank i's shards from one holder of local rank i (replicas hold equal shards
+        # at a commit), all local ranks at once, nothing gathered on one rank.
+        sub = None
+        mine: Optional[Tuple[int, List[int]]] = None
+        for col in mesh.columns():
+            if top >= 0:
+                holders = [r for r in col if committed[r] == top]
+            else:
+                holders = sorted((r for r in col if table[r][2]), key=lambda r: (-table[r][1], r))
+            if not holders:
+                raise StateTransferError(
+                    f"no worker of local rank {mesh.places[col[0]][1]} holds the newest commit or a whole shard: "
+                    "the training state is lost; start the job again from its checkpoint"
+                )
+            s_i = holders[0]
+            rec_i = [r for r in col if r != s_i and (top < 0 or committed[r] != top)]
+            g = dist.new_group([s_i] + rec_i) if rec_i else None
+            if rank in [s_i] + rec_i:
+                mine, sub = (s_i, rec_i), g
+        if mine is None:
+            return
+        src, receivers = mine
+        if rank == src and not receivers:
+            if top < 0:
+                state.save()
+            return
+    else:
+        # The sender and the receivers only, in a group of their own: members that hold
+        # the commit take no part. (Gloo's point-to-point operations cannot be waited for
+        # with a deadline: a group's broadcast can, and it reaches only the newcomers.)
+        sub = dist.new_group([src] + receivers) if receivers else None
     window = _Window(wait)
     if rank == src or rank in receivers:
         from .elastic import trace
@@ -386,6 +432,35 @@ def _send(state: State, sub: Any, src: int, dev: Any, window: _Window) -> None:
     window.drain()
 
 
+def _as_dtensors(state: State, descs: List[_Desc], tensors: List[Any], live: Dict[str, Any]) -> None:
+    """Shards received become DTensors again, laid out as this rank's own parameters:
+    a model entry as its live entry (the live one itself when it was received in
+    place), optimizer state as the parameter it belongs to."""
+    from torch.distributed.tensor import DTensor
+
+    params: List[Any] = []
+    if state.optimizer is not None:
+        params = [p for g in state.optimizer.param_groups for p in g["params"]]
+    for i, d in enumerate(descs):
+        if not d.dt:
+            continue
+        like = None
+        if len(d.path) == 2 and d.path[0] == "model":
+            like = live.get(d.path[1])
+            if _is_dtensor(like) and like.to_local() is tensors[i]:
+                tensors[i] = like
+                continue
+        elif len(d.path) == 4 and d.path[:2] == ("optimizer", "state") and type(d.path[2]) is int:
+            if 0 <= d.path[2] < len(params):
+                like = params[d.path[2]]
+        if not _is_dtensor(like) or tuple(like.to_local().shape) != tuple(tensors[i].shape):
+            raise _bad(f"{_where('state', d.path)} arrived as a shard of shape {list(d.shape)}, which no "
+                       "sharded parameter of this rank has")
+        tensors[i] = DTensor.from_local(
+            tensors[i], like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride()
+        )
+
+
 def _receive(state: State, sub: Any, src: int, dev: Any, window: _Window) -> None:
     import torch
     import torch.distributed as dist
@@ -414,6 +489,8 @@ def _receive(state: State, sub: Any, src: int, dev: Any, window: _Window) -> Non
         target: Optional[torch.Tensor] = None
         if len(d.path) == 2 and d.path[0] == "model" and d.path[1] in live:
             t = live[d.path[1]]
+            if d.dt and _is_dtensor(t):
+                t = t.to_local()
             if t.dtype == d.dtype and tuple(t.shape) == d.shape and t.device == dev and t.is_contiguous():
                 target = t
         if target is None:
@@ -426,6 +503,8 @@ def _receive(state: State, sub: Any, src: int, dev: Any, window: _Window) -> Non
     for i, d in enumerate(descs):
         if d.host and tensors[i].device.type != "cpu" and d.path[:1] != ("model",):
             tensors[i] = tensors[i].cpu()
+    if any(d.dt for d in descs):
+        _as_dtensors(state, descs, tensors, live)
     d_tree = build(tree, tensors)
     if not isinstance(d_tree, dict):
         raise _bad("the state is not a dict")
