@@ -66,9 +66,17 @@ def _group_class() -> Any:
                 )
             return self._real
 
+    from .elastic import trace
+
     def forward(n: str) -> Any:
         def f(self: Any, *a: Any, **k: Any) -> Any:
             return getattr(self.real(), n)(*a, **k)
+
+        if n == "reduce_scatter_single":
+            # FSDP's gradient reduce-scatter, in backward: the step's phase in the trace.
+            def f(self: Any, *a: Any, **k: Any) -> Any:  # noqa: F811
+                trace("step")
+                return self.real().reduce_scatter_single(*a, **k)
 
         f.__name__ = n
         return f
@@ -208,6 +216,13 @@ class _Mesh:
         self._attach(self.replicate, rep, reps[self.local])
         self._attach(self.shard, shard, shards[self.places[rank][0]])
         return None
+
+    def detach(self) -> None:
+        """Let go of this generation's groups (at teardown): a peer blocked in a
+        collective with this worker sees its sockets close and fails at once, instead
+        of waiting for the process-group timeout."""
+        self.replicate._real = None
+        self.shard._real = None
 
     def columns(self) -> List[List[int]]:
         """For each local rank i, the global ranks of local rank i, by node."""

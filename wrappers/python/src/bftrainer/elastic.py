@@ -447,6 +447,10 @@ class _Runtime:
             # background and must not be waited for here.
             aborting = self._group.broken is not None
             _, ddp_works = self._group.retire()
+        from . import _mesh
+
+        if _mesh.current() is not None:
+            _mesh.current().detach()
         if not dist.is_initialized():
             return
         pg = dist.group.WORLD
