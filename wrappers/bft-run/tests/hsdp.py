@@ -45,7 +45,7 @@ def main() -> int:
     extra = None
     ok = False
     try:
-        def wait_for(pred, what: str, timeout: float = 300.0):
+        def wait_for(pred, what: str, timeout: float = float(os.environ.get("HSDP_WAIT", "300"))):
             t = time.monotonic()
             while True:
                 trace.poll()
@@ -112,6 +112,15 @@ def main() -> int:
         print("HSDP OK", flush=True)
         return 0
     finally:
+        if not ok:
+            # Where each live worker is: the library prints every thread's stack on
+            # SIGUSR1 (into the logs printed below).
+            for pid in {r[2] for r in trace.rows}:
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                except OSError:
+                    pass
+            time.sleep(2)
         for p in [core] + ([extra] if extra else []):
             if p.poll() is None:
                 try:
@@ -122,7 +131,7 @@ def main() -> int:
         if not ok:
             rows = [r for r in trace.rows if r[5] != "step"]
             print("--- trace (without steps) ---\n" + "\n".join(map(str, rows[-60:])), flush=True)
-            print("--- bft-run log ---\n" + open(log_path).read()[-15000:], flush=True)
+            print("--- bft-run log ---\n" + open(log_path).read()[-40000:], flush=True)
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -3,8 +3,11 @@ DeviceMesh) stay valid while the runtime swaps the real group underneath.
 
 Interface (used by elastic.py, ddp.py and the HSDP mesh):
 
-- ``ElasticGroup()``: a ``torch.distributed.ProcessGroup`` subclass. Before the first
-  generation it is a world of one with no real group; collectives then act locally.
+- ``ElasticGroup(name, rank, size)``: a ``torch.distributed.ProcessGroup`` subclass.
+  Before the first generation (and between generations) ``rank()``/``size()`` say
+  ``rank``/``size`` (default 0 and 1: a world of one, whose collectives act locally;
+  the HSDP mesh's shard dimension says this worker's place in its node, which
+  ``fully_shard`` reads when it shards the model, and refuses collectives then).
 - ``group.install(real, gen)``: at a step boundary, the runtime hands it this
   generation's real group (gloo or NCCL). ``rank()``/``size()`` follow it.
 - ``group.retire()``: the runtime leaves the generation; returns the old real group
@@ -20,8 +23,9 @@ Interface (used by elastic.py, ddp.py and the HSDP mesh):
   group; the ``Work`` returned is backed by a future of ours, so an abort completes it
   with an error even while the real operation hangs on a frozen peer.
   ``allreduce_future(tensor, op)`` returns that future directly (DDP comm hooks).
-  On gloo a thread of ours completes those futures (``_Watcher``); on NCCL the real
-  future's callback does.
+  FSDP2's ``all_gather_single`` and ``reduce_scatter_single`` are among them.
+  On gloo one thread of ours (for all groups) completes those futures (``_Watcher``);
+  on NCCL the real future's callback does.
 
 torchft's reconfigurable process groups (a wrapper whose backend is replaced at each
 quorum, DDP given a dummy group and a comm hook) are the model; the code is ours.
@@ -29,12 +33,14 @@ quorum, DDP given a dummy group and a comm hook) are the model; the code is ours
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
@@ -53,15 +59,17 @@ class _Pending:
 class ElasticGroup(dist.ProcessGroup):
     """See the module's docstring."""
 
-    def __init__(self) -> None:
-        # The C++ side's rank and size stay (0, 1): torch's Python code asks rank() and
-        # size(), which follow the generation.
-        super().__init__(0, 1)
+    def __init__(self, name: str = "bftrainer-elastic", rank: int = 0, size: int = 1) -> None:
+        # The C++ side's rank and size stay those given: torch's Python code asks
+        # rank() and size(), which follow the generation.
+        super().__init__(rank, size)
+        self._name = name
         self._lock = threading.Lock()
         self._real: Any = None
         self._gen = 0
-        self._rank = 0
-        self._size = 1
+        self._rank0, self._size0 = rank, size
+        self._rank = rank
+        self._size = size
         self._broken: Optional[str] = None
         self._pending: Dict[int, _Pending] = {}
         self._ids = 0
@@ -69,12 +77,13 @@ class ElasticGroup(dist.ProcessGroup):
         #: The real operations of this generation not seen complete: the runtime keeps
         #: the real group until they end (_leftovers).
         self._works: List[Any] = []
+        #: This generation's thread for operations waited for by blocking (_Waiter).
+        self._waiter: Optional[_Waiter] = None
         #: Register with torch.distributed (a DeviceMesh/FSDP2 needs it): off by
         #: default. It was blamed for a survivor's abort after a kill -9 (gloo's
         #: IoException) that the Python callbacks then run in gloo's threads also
         #: cause (see _Watcher); not tried again since.
         self.register_with_torch = False
-        self._watch: Optional[_Watcher] = None
 
     # -- generations -------------------------------------------------------------------
 
@@ -105,6 +114,13 @@ class ElasticGroup(dist.ProcessGroup):
             world.pg_map[self] = ("bftrainer", None)
             world.pg_names[self] = name
             c10d._register_process_group(name, self)
+        self._register_backends(real)
+
+    def _register_backends(self, real: Any) -> None:
+        """The real group's backends as this group's, by device: torch's C++ paths
+        that take a group's backend directly (DTensor's functional collectives, as in
+        ``full_tensor()``) use the current generation's. Those bypass ``abort``; the
+        step's collectives (DDP's, FSDP2's) go through the methods below."""
         kind = {"gloo": dist.ProcessGroup.BackendType.GLOO, "nccl": dist.ProcessGroup.BackendType.NCCL}
         backend_name = real.name() if hasattr(real, "name") else ""
         bt = kind.get(str(backend_name).lower())
@@ -125,10 +141,13 @@ class ElasticGroup(dist.ProcessGroup):
         with self._lock:
             real, self._real = self._real, None
             self._broken = None
-            self._rank, self._size = 0, 1
+            self._rank, self._size = self._rank0, self._size0
             pending = list(self._pending.values())
             self._pending.clear()
             works, self._works = self._works, []
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.close()
         for p in pending:
             self._fail(p, "its generation ended")
         self._unregister_c10d()
@@ -144,6 +163,10 @@ class ElasticGroup(dist.ProcessGroup):
             world.pg_map.pop(self, None)
             world.pg_names.pop(self, None)
             world.pg_group_ranks.pop(self, None)
+            world.pg_backend_config.pop(self, None)
+            world.pg_to_tag.pop(self, None)
+            for tag, pgs in list(world.tags_to_pg.items()):
+                world.tags_to_pg[tag] = [g for g in pgs if g is not self]
             try:
                 c10d._unregister_process_group(self.group_name)
             except Exception:  # noqa: BLE001 - not registered under that name
@@ -192,7 +215,7 @@ class ElasticGroup(dist.ProcessGroup):
 
     @property
     def group_name(self) -> str:  # type: ignore[override]
-        return "bftrainer-elastic"
+        return self._name
 
     def _fail(self, p: _Pending, why: str) -> None:
         with self._lock:
@@ -201,9 +224,17 @@ class ElasticGroup(dist.ProcessGroup):
             p.done = True
         p.future.set_exception(RuntimeError(f"collective {ABANDONED}: {why}"))
 
-    def _run(self, op: Callable[[Any], Any], result: Callable[[], Any]) -> Future:
-        """Start ``op(real)`` and return our future of it: completed by the real one,
-        or failed by ``abort`` first."""
+    def _run(
+        self,
+        op: Callable[[Any], Any],
+        result: Callable[[], Any],
+        local: Optional[Callable[[], None]] = None,
+        blocking: bool = False,
+    ) -> Future:
+        """Start ``op(real)`` and return our future of it: completed (with ``result()``)
+        by the real one, or failed by ``abort`` first. Without a generation, in a
+        world of one, ``local()`` does the collective's work (gathers and scatters
+        copy their input)."""
         with self._lock:
             real, broken = self._real, self._broken
             if real is not None and broken is None:
@@ -215,9 +246,16 @@ class ElasticGroup(dist.ProcessGroup):
                 self._pending[key] = p
         if broken is not None:
             raise RuntimeError(f"collective {ABANDONED}: {broken}")
+        if real is None and self._size0 > 1:
+            raise RuntimeError(
+                f"bftrainer: the process group {self._name!r} has no generation yet: run its collectives "
+                "inside the function decorated with @bftrainer.run"
+            )
         if real is None:
             # No generation: a world of one, where every collective is the identity.
             fut = Future()
+            if local is not None:
+                local()
             fut.set_result(result())
             return fut
         try:
@@ -249,31 +287,54 @@ class ElasticGroup(dist.ProcessGroup):
             # a gloo future (`then`) that completes with an error after the survivors
             # moved on crashed survivors of a kill -9 (SIGABRT: `terminate called
             # after throwing gloo::IoException`); a thread of ours watches instead.
-            self._watcher().add(work, key, p, result)
+            if blocking:
+                self._blocking_waiter(real).add(work, key, p, result)
+            else:
+                self._watcher().add(self, work, key, p, result)
         return fut
 
     def _complete(self, key: int, p: _Pending, wait: Callable[[], Any], result: Callable[[], Any]) -> None:
-        """The real operation ended: complete our future (unless aborted first)."""
+        """The real operation ended (``wait()`` returns or raises at once), or is
+        waited for here (``_Waiter``): complete our future, unless ``abort`` failed it
+        first, meanwhile."""
+        err: Optional[BaseException] = None
+        value: Any = None
+        try:
+            wait()
+            value = result()
+        except Exception as e:  # noqa: BLE001 - handed on to the waiter
+            err = e
         with self._lock:
             self._pending.pop(key, None)
             if p.done:
                 return
             p.done = True
-        try:
-            wait()
-        except Exception as e:  # noqa: BLE001 - handed on to the waiter
-            p.future.set_exception(e)
-            return
-        p.future.set_result(result())
+        if err is not None:
+            p.future.set_exception(err)
+        else:
+            p.future.set_result(value)
+
+    def _blocking_waiter(self, real: Any) -> "_Waiter":
+        with self._lock:
+            if self._waiter is None or self._waiter.real is not real:
+                self._waiter = _Waiter(self, real)
+            return self._waiter
 
     def _watcher(self) -> "_Watcher":
-        with self._lock:
-            if self._watch is None:
-                self._watch = _Watcher(self)
-            return self._watch
+        global _WATCHER
+        with _WATCHER_LOCK:
+            if _WATCHER is None:
+                _WATCHER = _Watcher()
+            return _WATCHER
 
-    def _work(self, op: Callable[[Any], Any], result: Callable[[], Any]) -> Any:
-        return _create_work_from_future(self._run(op, result))
+    def _work(
+        self,
+        op: Callable[[Any], Any],
+        result: Callable[[], Any],
+        local: Optional[Callable[[], None]] = None,
+        blocking: bool = False,
+    ) -> Any:
+        return _create_work_from_future(self._run(op, result, local, blocking))
 
     def allreduce_future(self, tensor: torch.Tensor, op: Any = None) -> Future:
         """All-reduce ``tensor`` in place (SUM by default); a future of it."""
@@ -305,42 +366,58 @@ class ElasticGroup(dist.ProcessGroup):
         return self._work(lambda pg: pg.broadcast(tensors, opts), lambda: tensors)
 
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else c10d.AllgatherOptions()
 
-        def local() -> Any:
+        def local() -> None:
             for outs, inp in zip(output_tensors, input_tensors):
                 outs[0].copy_(inp)
-            return output_tensors
 
-        return self._work(lambda pg: pg.allgather(output_tensors, input_tensors, opts), local)
+        return self._work(lambda pg: pg.allgather(output_tensors, input_tensors, opts), lambda: output_tensors, local)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # type: ignore[override]
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else c10d.AllgatherOptions()
 
-        def local() -> Any:
+        def local() -> None:
             output.copy_(input.reshape(output.shape))
-            return output
 
-        return self._work(lambda pg: pg._allgather_base(output, input, opts), local)
+        return self._work(lambda pg: pg._allgather_base(output, input, opts), lambda: output, local)
 
     def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
         opts = opts if opts is not None else dist.ReduceScatterOptions()
 
-        def local() -> Any:
+        def local() -> None:
             for out, ins in zip(output_tensors, input_tensors):
                 out.copy_(ins[0])
-            return output_tensors
 
-        return self._work(lambda pg: pg.reduce_scatter(output_tensors, input_tensors, opts), local)
+        return self._work(
+            lambda pg: pg.reduce_scatter(output_tensors, input_tensors, opts), lambda: output_tensors, local, True
+        )
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # type: ignore[override]
         opts = opts if opts is not None else dist.ReduceScatterOptions()
 
-        def local() -> Any:
+        def local() -> None:
             output.copy_(input.reshape(output.shape))
-            return output
 
-        return self._work(lambda pg: pg._reduce_scatter_base(output, input, opts), local)
+        return self._work(lambda pg: pg._reduce_scatter_base(output, input, opts), lambda: output, local, True)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # type: ignore[override]
+        """FSDP2's all-gather of a parameter group's shards."""
+        opts = opts if opts is not None else c10d.AllgatherOptions()
+
+        def local() -> None:
+            output.copy_(input.reshape(output.shape))
+
+        return self._work(lambda pg: pg.all_gather_single(output, input, opts), lambda: output, local)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # type: ignore[override]
+        """FSDP2's reduce-scatter of a parameter group's gradients."""
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+
+        def local() -> None:
+            output.copy_(input.reshape(output.shape))
+
+        return self._work(lambda pg: pg.reduce_scatter_single(output, input, opts), lambda: output, local, True)
 
     def barrier(self, opts: Any = None) -> Any:  # type: ignore[override]
         opts = opts if opts is not None else dist.BarrierOptions()
@@ -348,20 +425,20 @@ class ElasticGroup(dist.ProcessGroup):
 
 
 class _Watcher:
-    """One thread that completes our futures of gloo operations: it asks each pending
-    ``Work`` ``is_completed()`` (a flag, no wait) and then takes its result or error
-    with ``wait()`` in this thread, as ``elastic._wait`` does on the step's thread.
+    """One thread (for every elastic group of the process) that completes our futures
+    of gloo operations: it asks each pending ``Work`` ``is_completed()`` (a flag, no
+    wait) and then takes its result or error with ``wait()`` in this thread, as
+    ``elastic._wait`` does on the step's thread.
     Polls only while operations are pending: 50 us at first, backing off to 1 ms."""
 
-    def __init__(self, group: ElasticGroup) -> None:
-        self._group = group
+    def __init__(self) -> None:
         self._cond = threading.Condition()
         self._items: List[Any] = []
         threading.Thread(target=self._loop, name="bftrainer-collectives", daemon=True).start()
 
-    def add(self, work: Any, key: int, p: _Pending, result: Callable[[], Any]) -> None:
+    def add(self, group: ElasticGroup, work: Any, key: int, p: _Pending, result: Callable[[], Any]) -> None:
         with self._cond:
-            self._items.append((work, key, p, result))
+            self._items.append((group, work, key, p, result))
             self._cond.notify()
 
     def _loop(self) -> None:
@@ -372,16 +449,50 @@ class _Watcher:
                     self._cond.wait()
                     pause = 0.00005
                 # Aborted ones are dropped: gloo's thread ends them, nobody waits.
-                items = [it for it in self._items if not it[2].done]
-                ended = [it for it in items if it[0].is_completed()]
+                items = [it for it in self._items if not it[3].done]
+                ended = [it for it in items if it[1].is_completed()]
                 self._items = [it for it in items if it not in ended] if ended else items
-            for work, key, p, result in ended:
-                self._group._complete(key, p, work.wait, result)
+            for group, work, key, p, result in ended:
+                group._complete(key, p, work.wait, result)
             if ended:
                 pause = 0.00005
             else:
                 time.sleep(pause)
                 pause = min(pause * 2, 0.001)
+
+
+class _Waiter:
+    """One thread per generation of a group that waits, blocking and in order, for
+    the gloo operations whose ``Work`` never says it completed before ``wait()``
+    returns (the reduce-scatters: ``is_completed()`` stays false, so ``_Watcher``
+    cannot see them end). Aborted ones are skipped. At ``close`` (the generation
+    ends) the thread ends after the wait it is in, which a failed peer ends with an
+    error or the group's timeout; nothing waits for it."""
+
+    def __init__(self, group: ElasticGroup, real: Any) -> None:
+        self.real = real
+        self._group = group
+        self._q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="bftrainer-waiter", daemon=True).start()
+
+    def add(self, work: Any, key: int, p: _Pending, result: Callable[[], Any]) -> None:
+        self._q.put((work, key, p, result))
+
+    def close(self) -> None:
+        self._q.put(None)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            work, key, p, result = item
+            if not p.done:
+                self._group._complete(key, p, work.wait, result)
+
+
+_WATCHER: Optional[_Watcher] = None
+_WATCHER_LOCK = threading.Lock()
 
 
 def _abort_real(real: Any) -> None:

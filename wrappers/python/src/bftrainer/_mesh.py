@@ -1,13 +1,16 @@
 """The 2-D DeviceMesh ("replicate" = nodes, "shard" = a node's workers) that FSDP2 HSDP
-trains on, built once and valid in every generation: its two dimensions are process
-groups whose real gloo/NCCL group is swapped underneath at each generation.
+trains on, built once and valid in every generation: its two dimensions are elastic
+process groups (``_groups.ElasticGroup``, as under bftrainer.DistributedDataParallel)
+whose real gloo/NCCL group is swapped underneath at each generation.
 
-FSDP2 keeps the group objects of the mesh it was given (``mesh.get_group(dim)``) and
-asks them for ``size()`` and ``rank()`` and issues its collectives on them each step,
-DTensor's functional collectives resolve them by name. ``_SwapGroup`` is a
-``ProcessGroup`` whose every collective goes to the group of the current generation,
-registered under a fixed name again after each new world (a new default group clears
-torch's registry).
+FSDP2 keeps the group objects of the mesh it was given (``mesh.get_group(dim)``), asks
+them for ``size()`` and ``rank()`` and issues its collectives on them each step
+(``all_gather_single``, ``reduce_scatter_single``, ``allreduce``); DTensor's functional
+collectives resolve them by name. So each is registered in torch's tables under a fixed
+name again after each new world (a new default group clears them), and out of them
+between generations. A collective pending when a peer fails is failed at once by the
+coordinator's verdict (``ElasticGroup.abort``), and the real group it ran on is kept
+until it ends (``_leftovers``): dropping it would wait for it.
 """
 
 from __future__ import annotations
@@ -15,76 +18,18 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-# Every ProcessGroup method that runs a collective or hands out the backend: forwarded
-# to the current generation's group.
-_FORWARD = (
-    "allreduce", "allreduce_coalesced", "allgather", "allgather_coalesced", "_allgather_base",
-    "all_gather_single", "all_gather_single_coalesced", "allgather_into_tensor_coalesced",
-    "_reduce_scatter_base", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_single_coalesced",
-    "reduce_scatter_tensor_coalesced", "broadcast", "barrier", "reduce", "gather", "scatter",
-    "alltoall", "alltoall_base", "all_to_all_single", "send", "recv", "_get_backend", "get_backend",
-)
-
-_GROUP_CLASS: Any = None
+from ._groups import ElasticGroup
 
 
-def _group_class() -> Any:
-    global _GROUP_CLASS
-    if _GROUP_CLASS is not None:
-        return _GROUP_CLASS
-    import torch.distributed as dist
+class _MeshGroup(ElasticGroup):
+    """A dimension of the mesh. Its reduce-scatter (FSDP's gradients, in backward) is
+    the step's phase in the runtime's trace."""
 
-    class _SwapGroup(dist.ProcessGroup):  # type: ignore[misc,name-defined]
-        """A process group of fixed name whose real group is the current generation's."""
+    def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:  # type: ignore[override]
+        from .elastic import trace
 
-        def __init__(self, name: str, rank: int, size: int) -> None:
-            super().__init__(rank, size)
-            self._name = name
-            self._real: Any = None
-            # Before the first generation (fully_shard reads rank and size when it
-            # wraps the model): this worker's place as bft-run started it.
-            self._rank0, self._size0 = rank, size
-
-        @property
-        def group_name(self) -> str:  # type: ignore[override]
-            return self._name
-
-        def rank(self) -> int:  # type: ignore[override]
-            return self._real.rank() if self._real is not None else self._rank0
-
-        def size(self) -> int:  # type: ignore[override]
-            return self._real.size() if self._real is not None else self._size0
-
-        def name(self) -> str:  # type: ignore[override]
-            return self._real.name() if self._real is not None else "bftrainer"
-
-        def real(self) -> Any:
-            if self._real is None:
-                raise RuntimeError(
-                    f"bftrainer: the mesh dimension {self._name!r} has no process group yet: "
-                    "use it inside the function decorated with @bftrainer.run"
-                )
-            return self._real
-
-    from .elastic import trace
-
-    def forward(n: str) -> Any:
-        def f(self: Any, *a: Any, **k: Any) -> Any:
-            return getattr(self.real(), n)(*a, **k)
-
-        if n == "reduce_scatter_single":
-            # FSDP's gradient reduce-scatter, in backward: the step's phase in the trace.
-            def f(self: Any, *a: Any, **k: Any) -> Any:  # noqa: F811
-                trace("step")
-                return self.real().reduce_scatter_single(*a, **k)
-
-        f.__name__ = n
-        return f
-
-    for n in _FORWARD:
-        setattr(_SwapGroup, n, forward(n))
-    _GROUP_CLASS = _SwapGroup
-    return _SwapGroup
+        trace("step")
+        return super().reduce_scatter_single(output, input, opts)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -117,9 +62,8 @@ class _Mesh:
         if self.placeholder:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         rank = dist.get_rank()
-        cls = _group_class()
-        self.replicate = cls("bftrainer:replicate", 0, 1)
-        self.shard = cls("bftrainer:shard", self.local, self.per_node)
+        self.replicate = _MeshGroup("bftrainer:replicate", 0, 1)
+        self.shard = _MeshGroup("bftrainer:shard", self.local, self.per_node)
         # The mesh's shape is that of this worker's view: one replica (its node) of
         # LOCAL_WORLD_SIZE shards; the replicate dimension's real size (the number of
         # nodes) is its group's size() in each generation.
@@ -141,22 +85,24 @@ class _Mesh:
         if self.placeholder and self.per_node == 1:
             # Alone (not under bft-run, or one worker a node before the first
             # generation): both dimensions are the group of one.
-            self._attach(self.replicate, dist.group.WORLD, [0])
-            self._attach(self.shard, dist.group.WORLD, [0])
+            self._attach(self.replicate, dist.group.WORLD, [0], 0, None)
+            self._attach(self.shard, dist.group.WORLD, [0], 0, None)
         else:
-            self._attach(self.replicate, None, [])
-            self._attach(self.shard, None, [])
+            self._attach(self.replicate, None, [], 0, None)
+            self._attach(self.shard, None, [], 0, None)
         #: node index of every rank of the current generation, and its local rank
         self.places: List[Tuple[int, int]] = []
 
     @staticmethod
-    def _attach(w: Any, real: Any, ranks: List[int]) -> None:
+    def _attach(w: ElasticGroup, real: Any, ranks: List[int], gen: int, device: Any) -> None:
         """Register ``w`` in torch's tables of groups (by name, backend, global ranks)
-        as the group of ``ranks``, serving through ``real``."""
+        as the group of ``ranks``, serving through ``real`` (None: no generation)."""
         import torch.distributed as dist
 
         c10d = dist.distributed_c10d
-        w._real = real
+        if real is not None:
+            w.install(real, gen, device)
+            w._register_backends(real)
         backend = real.name() if real is not None else "gloo"
         mapping = {g: i for i, g in enumerate(ranks)}
         reg = getattr(c10d, "_register_pg_in_world", None)
@@ -168,7 +114,7 @@ class _Mesh:
         c10d._world.pg_group_ranks[w] = mapping
         c10d._register_process_group(w.group_name, w)
 
-    def rebuild(self, rank: int, world: int, node_of: List[str], device: Any) -> Optional[str]:
+    def rebuild(self, rank: int, world: int, node_of: List[str], device: Any, gen: int = 0) -> Optional[str]:
         """Build this generation's groups (every member calls it, right after the new
         default group formed). ``node_of[r]`` names rank r's node (its agent). Returns
         None, or why the generation cannot train HSDP (a node with a missing worker:
@@ -200,8 +146,6 @@ class _Mesh:
         reps: List[List[int]] = [[nodes[n][i] for n in order if n not in short] for i in range(self.per_node)]
         shards: List[List[int]] = [[nodes[n][i] for i in sorted(nodes[n])] for n in order]
         if short:
-            self._attach(self.replicate, None, [])
-            self._attach(self.shard, None, [])
             return f"node(s) {short} have fewer than {self.per_node} workers in this generation"
         rep = shard = None
         for ranks in reps:
@@ -213,16 +157,23 @@ class _Mesh:
             if rank in ranks:
                 shard = g
         assert rep is not None and shard is not None
-        self._attach(self.replicate, rep, reps[self.local])
-        self._attach(self.shard, shard, shards[self.places[rank][0]])
+        self._attach(self.replicate, rep, reps[self.local], gen, device)
+        self._attach(self.shard, shard, shards[self.places[rank][0]], gen, device)
         return None
 
-    def detach(self) -> None:
-        """Let go of this generation's groups (at teardown): a peer blocked in a
-        collective with this worker sees its sockets close and fails at once, instead
-        of waiting for the process-group timeout."""
-        self.replicate._real = None
-        self.shard._real = None
+    def groups(self) -> Tuple[ElasticGroup, ElasticGroup]:
+        return self.replicate, self.shard
+
+    def retire(self) -> List[Tuple[Any, List[Any]]]:
+        """Leave this generation's groups (at teardown): each real group with its
+        collectives not seen complete, for ``_leftovers`` (dropped at once, a group
+        would wait for them). Out of torch's tables until the next ``rebuild``."""
+        out = []
+        for w in self.groups():
+            real, works = w.retire()
+            if real is not None:
+                out.append((real, works))
+        return out
 
     def columns(self) -> List[List[int]]:
         """For each local rank i, the global ranks of local rank i, by node."""

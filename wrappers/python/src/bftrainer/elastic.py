@@ -211,23 +211,35 @@ class _Runtime:
                 self._watch()
         return self._group
 
+    def _elastic_groups(self) -> List[Any]:
+        """The elastic groups in use: DDP's and the HSDP mesh's two."""
+        from . import _mesh
+
+        groups = [self._group] if self._group is not None else []
+        mesh = _mesh.current()
+        if mesh is not None:
+            groups.extend(mesh.groups())
+        return groups
+
     def _watch(self) -> None:
         """From the agent's reader thread: when the coordinator's verdict says the
         current generation cannot complete its collectives (a member died, froze or
         left without warning, the generation was aborted, the agent is gone), fail
-        them at once. Off the step's path: nothing polls per step."""
-        grp = self._group
+        them at once, in every elastic group. Off the step's path: nothing polls per
+        step."""
         agent = self.agent
-        if grp is None or agent is None or grp.real is None:
+        groups = [g for g in self._elastic_groups() if g.real is not None]
+        if agent is None or not groups:
             return
-        why = agent.failed(grp.generation, self.members)
+        why = agent.failed(groups[0].generation, self.members)
         if why is None and agent._closed is not None:
             why = f"lost the bft-run agent ({agent._closed})"
         if why is None and agent._ended is not None:
             why = "the job ended"
         if why is not None:
             nccl = self._choice is not None and self._choice.backend == "nccl"
-            grp.abort(why, real_abort=nccl)
+            for grp in groups:
+                grp.abort(why, real_abort=nccl)
 
     # -- process group -------------------------------------------------------------
 
@@ -329,7 +341,10 @@ class _Runtime:
         m = _mesh.current()
         if m is None:
             return None
-        return m.rebuild(self.rank, self.world, [w.split(".")[0] for w in g.members], self.device)
+        why = m.rebuild(self.rank, self.world, [w.split(".")[0] for w in g.members], self.device, g.gen)
+        # A verdict that came while the groups formed.
+        self._watch()
+        return why
 
     def _member_generation(self, after: int) -> _agent.Generation:
         agent = self.agent
@@ -449,8 +464,14 @@ class _Runtime:
             _, ddp_works = self._group.retire()
         from . import _mesh
 
-        if _mesh.current() is not None:
-            _mesh.current().detach()
+        mesh = _mesh.current()
+        if mesh is not None:
+            # Its groups' collectives a failure abandoned may be stuck on a peer that
+            # gave up too: each real group is kept until they end (_leftovers).
+            mesh_aborted = any(grp.broken is not None for grp in mesh.groups())
+            for real, works in mesh.retire():
+                LEFTOVERS.leave(real, works)
+            aborting = aborting or mesh_aborted
         if not dist.is_initialized():
             return
         pg = dist.group.WORLD
@@ -751,9 +772,11 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                     file=sys.stderr,
                     flush=True,
                 )
+                # The groups first: their collectives still pending fail then, and
+                # FSDP's reset (in restore) waits for its own.
+                rt.teardown()
                 state.restore(dirty=rt.dirty)
                 rt.dirty = False
-                rt.teardown()
                 agent.broken(rt.gen)
                 join_after = rt.gen
         except _agent.JobEnded as e:

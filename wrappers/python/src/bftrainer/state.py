@@ -33,6 +33,34 @@ def _job(job: Optional[str]) -> str:
     return repr(job) if job is not None else "none (BFT_JOB is not set: a standalone run)"
 
 
+def _reset_fsdp(model: Any) -> None:
+    """FSDP2's per-iteration state after a forward or backward that a failure cut short
+    (unsharded parameters, the reduce-scatters and all-reduces in flight, which groups
+    ran): undefined, and a step run on it issues other collectives than its peers'
+    (gloo: "Received data size doesn't match expected size"). torch's own
+    ``reset_iter_state`` puts it back and drops the failed step's gradients. Called
+    after the runtime let go of the generation's groups: every collective of ours has
+    ended then (failed), and an all-gather's failure is taken here, not raised by the
+    reset."""
+    if model is None or "torch.distributed.fsdp" not in sys.modules:
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule) or not hasattr(model, "reset_iter_state"):
+        return
+    fsdp = model._get_fsdp_state()
+    for st in fsdp._state_ctx.all_states:
+        for group in st._fsdp_param_groups:
+            res = getattr(group, "_all_gather_result", None)
+            if res is not None and getattr(res, "all_gather_work", None) is not None:
+                try:
+                    res.all_gather_work.wait()
+                except Exception:  # noqa: BLE001 - the failure this rollback is for
+                    pass
+                group._all_gather_result = res._replace(all_gather_work=None)
+    model.reset_iter_state()
+
+
 class State:
     """Model, optimizer, sampler position, step counter, LR scheduler, gradient scaler,
     random number generators and user extras.
@@ -260,6 +288,7 @@ class State:
         from the CPU copy (``copy=True``); without a copy this worker cannot roll back:
         it keeps ``committed_step = -1`` and receives the state from a peer at the next
         sync. With no commit at all it receives one likewise."""
+        _reset_fsdp(self.model)
         snap = self._snap
         if dirty:
             self._clean = False
