@@ -138,3 +138,27 @@ fn ddp_faults_sigkill() {
 fn ddp_faults_sigterm() {
     run_matrix("0.05", "TERM", &["worker:step"], &[("FAULTS_DDP", "1")]);
 }
+
+// FSDP2 HSDP (tests/hsdp.py): `fully_shard(..., mesh=bftrainer.device_mesh())` under
+// `--local 2 --nproc-per-node 2`; a third node joins, leaves on SIGTERM, and a worker
+// is killed -9 in backward (its replacement takes its shards from a live replica).
+// Every sample once; the final loss as a static run's.
+#[test]
+fn hsdp_faults() {
+    let venv =
+        PathBuf::from(std::env::var("BFT_VENV").unwrap_or_else(|_| "/opt/bftrainer-venv".into()));
+    let o = Command::new(venv.join("bin/python"))
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/hsdp.py"))
+        .arg(env!("CARGO_BIN_EXE_bft-run"))
+        .env_remove("SLURM_JOB_ID")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && out.contains("HSDP OK"),
+        "the HSDP matrix failed:\n{out}"
+    );
+    for l in out.lines() {
+        eprintln!("{l}");
+    }
+}

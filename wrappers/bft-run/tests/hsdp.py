@@ -5,16 +5,21 @@
 examples/train_hsdp.py (a small transformer under ``fully_shard(..., mesh=
 bftrainer.device_mesh())``) runs under ``bft-run --local 2 --nproc-per-node 2``: two
 replicas of two workers. Then, one after the other, each once the job trains again: a
-third node (agent) joins; that node leaves on SIGTERM; a worker of rank >= 1 is killed
--9 in the middle of a step (its agent restarts it; its local rank receives its shards
-from a live replica). Checked: the job finishes (exit 0), every sample is used exactly
-once per epoch, and the loss falls (the last logged loss under half the first).
+third node (agent, two workers) joins; that node leaves on SIGTERM, whole; a worker of
+rank >= 1 is killed -9 in its step's backward (at FSDP's gradient reduce-scatter),
+its agent restarts it and its local rank receives its shards from a live replica.
+Checked: the job finishes (exit 0); every sample is used exactly once in the epoch;
+the loss falls as in a run without changes (the final loss on the whole set within
+LOSS_RTOL of a static world's run, made in one process with the same initial model,
+sample order and global batch, and under half the initial loss). Steps sleep while
+the faults run, and not after: the sample count does not cost wall time.
 Prints "HSDP OK" at the end.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,7 +30,12 @@ import time
 from faults import CHECK, REPO, Trace, munged
 
 TRAIN = os.path.join(REPO, "wrappers", "python", "examples", "train_hsdp.py")
-SAMPLES, BATCH = 24576, 4
+# 384 steps of a world of 4; at 0.15 s steps during the faults, about 25 s of them.
+SAMPLES, BATCH, SLEEP = 6144, 4, 0.15
+# The final loss against the static run's: the world of 6 takes larger steps for a
+# while, and rank order changes sums; 2-3% apart in runs so far. A lost or doubled
+# step, a stale shard or a wrong average moves it far more, or stops the fall.
+LOSS_RTOL = 0.10
 
 
 def main() -> int:
@@ -37,15 +47,18 @@ def main() -> int:
                BFT_TRACE=os.path.join(d, "trace"))
     env.pop("SLURM_JOB_ID", None)
     log_path, coord_file, loss = os.path.join(d, "bft-run.log"), os.path.join(d, "coord"), os.path.join(d, "loss")
+    fast = os.path.join(d, "fast")
+    data = ["--samples", str(SAMPLES), "--batch", str(BATCH), "--epochs", "1"]
     args = [bft, "--local", "2", "--nproc-per-node", "2", "--hang-timeout", "10", "--broken-timeout", "3",
-            "--coord-file", coord_file, "--", sys.executable, TRAIN, "--samples", str(SAMPLES), "--batch", str(BATCH),
-            "--epochs", "1", "--step-sleep", "0.02", "--log-dir", os.path.join(d, "samples"), "--loss-log", loss]
+            "--coord-file", coord_file, "--", sys.executable, TRAIN, *data, "--step-sleep", str(SLEEP),
+            "--fast-file", fast, "--log-dir", os.path.join(d, "samples"), "--loss-log", loss]
+    t0 = time.monotonic()
     core = subprocess.Popen(args, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, cwd=d)
     trace = Trace(env["BFT_TRACE"])
     extra = None
     ok = False
     try:
-        def wait_for(pred, what: str, timeout: float = float(os.environ.get("HSDP_WAIT", "300"))):
+        def wait_for(pred, what: str, timeout: float = 240.0):
             t = time.monotonic()
             while True:
                 trace.poll()
@@ -58,32 +71,26 @@ def main() -> int:
                     raise AssertionError(f"waited {timeout:.0f} s for {what}")
                 time.sleep(0.02)
 
-        def steps_after(gen: int, at: float):
-            return any(x[5] == "step" and x[3] > gen and x[0] > at for x in trace.rows) or any(
-                x[5] == "entered" and x[3] > gen and x[0] > at for x in trace.rows)
-
         def gen_now() -> int:
             return max(x[3] for x in trace.rows)
 
         wait_for(lambda: os.path.exists(coord_file) and open(coord_file).read().endswith("\n"), "the coordinator")
         addr, job, run = open(coord_file).read().split()
-        wait_for(lambda: os.path.exists(loss) and os.path.getsize(loss) > 0, "the first step")
+        wait_for(lambda: any(x[5] == "step" and x[3] >= 1 for x in trace.rows), "the first step")
         # A third node joins (stop-free: the others train while it starts).
-        g, at = gen_now(), time.time()
+        at = time.time()
         extra = subprocess.Popen([bft, "--agent", "--coord", addr, "--coord-job", job, "--coord-run", run,
                                   "--node-name", "extra0", "--nproc-per-node", "2"],
                                  env=env, stdout=open(log_path + ".extra", "w"), stderr=subprocess.STDOUT, cwd=d)
-        wait_for(lambda: sum(1 for x in trace.rows if x[5] == "entered" and x[1].startswith("3.")) >= 2,
-                 "the new node's two workers to enter")
         wait_for(lambda: any(x[5] == "step" and x[1].startswith("3.") for x in trace.rows), "the new node to train")
-        print(f"joined: 3 replicas after {time.time() - at:.1f} s", flush=True)
+        print(f"joined: 3 replicas train {time.time() - at:.1f} s after the agent started", flush=True)
         # It leaves on SIGTERM, whole.
         g, at = gen_now(), time.time()
         extra.send_signal(signal.SIGTERM)
         extra.wait(timeout=120)
         wait_for(lambda: any(x[5] == "step" and x[3] > g and x[0] > at for x in trace.rows), "training after the leave")
         print(f"left: training again after {time.time() - at:.1f} s", flush=True)
-        # kill -9 of a worker of rank >= 1 in its step (mid-backward: FSDP's collectives run there).
+        # kill -9 of a worker of rank >= 1 in its step's backward (the reduce-scatter).
         g = gen_now()
         victim = wait_for(lambda: next((x for x in trace.rows if x[5] == "step" and x[4] >= 1 and x[3] == g), None),
                           "a step of rank >= 1")
@@ -92,24 +99,35 @@ def main() -> int:
         agent = victim[1].split(".")[0] + "."
         wait_for(lambda: any(x[5] == "entered" and x[1].startswith(agent) and x[1] != victim[1] and x[0] > at
                              for x in trace.rows), "the replacement to enter")
-        wait_for(lambda: any(x[5] == "step" and x[3] > g and x[0] > at for x in trace.rows), "training after the kill")
-        print(f"killed {victim[1]}: training again after {time.time() - at:.1f} s", flush=True)
-        rc = core.wait(timeout=900)
+        wait_for(lambda: any(x[5] == "step" and x[3] > g and x[0] > at and x[1].startswith(agent) and x[1] != victim[1]
+                             for x in trace.rows), "the replacement to train")
+        print(f"killed {victim[1]}: training again with its replacement after {time.time() - at:.1f} s", flush=True)
+        open(fast, "w").close()
+        rc = core.wait(timeout=600)
         if rc != 0:
             raise AssertionError(f"the job failed (exit {rc})")
         sys.path.insert(0, CHECK)
         from check_samples import check
 
         print(f"samples ok: {check(os.path.join(d, 'samples'), SAMPLES, 1)}", flush=True)
-        rows = [l.split() for l in open(loss)]
-        first = sum(float(r[1]) for r in rows[:5]) / 5
-        last = sum(float(r[1]) for r in rows[-20:]) / 20
-        print(f"loss: first steps {first:.3f}, last steps {last:.3f}, {len(rows)} steps, worlds "
-              f"{sorted({int(r[2]) for r in rows})}", flush=True)
-        if not last < first / 2:
-            raise AssertionError("the loss did not fall")
+        worlds = sorted({int(r.split()[2]) for r in open(loss)})
+        if worlds != [4, 6]:
+            raise AssertionError(f"trained in worlds {worlds}, not 4 and 6")
+        found = re.search(r"final loss ([0-9.]+)", open(log_path).read())
+        if not found:
+            raise AssertionError("no worker printed the final loss")
+        final = float(found.group(1))
+        ref_env = {k: v for k, v in env.items() if not k.startswith("BFT_")}
+        ref_env["OMP_NUM_THREADS"] = "1"
+        ref = subprocess.run([sys.executable, TRAIN, *data, "--reference", "4"], env=ref_env, cwd=d, check=True,
+                             capture_output=True, text=True).stdout
+        first = float(re.search(r"initial loss ([0-9.]+)", ref).group(1))
+        static = float(re.search(r"final loss ([0-9.]+)", ref).group(1))
+        print(f"loss: {first} -> {final}; a static run: {static}", flush=True)
+        if not (final < first / 2 and abs(final - static) <= LOSS_RTOL * static):
+            raise AssertionError(f"the loss fell to {final}, a static run's to {static} (from {first})")
         ok = True
-        print("HSDP OK", flush=True)
+        print(f"HSDP OK in {time.monotonic() - t0:.1f} s", flush=True)
         return 0
     finally:
         if not ok:
@@ -132,6 +150,8 @@ def main() -> int:
             rows = [r for r in trace.rows if r[5] != "step"]
             print("--- trace (without steps) ---\n" + "\n".join(map(str, rows[-60:])), flush=True)
             print("--- bft-run log ---\n" + open(log_path).read()[-40000:], flush=True)
+            if extra is not None:
+                print("--- extra agent ---\n" + open(log_path + ".extra").read()[-8000:], flush=True)
         shutil.rmtree(d, ignore_errors=True)
 
 

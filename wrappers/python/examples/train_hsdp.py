@@ -25,12 +25,15 @@ p.add_argument("--dim", type=int, default=64)
 p.add_argument("--layers", type=int, default=2)
 p.add_argument("--lr", type=float, default=3e-3)
 p.add_argument("--step-sleep", type=float, default=0.0)
+p.add_argument("--fast-file", default=None, help="no step sleep once this file exists")
 p.add_argument("--log-dir", default=None, help="write each rank's samples per step here (for checking)")
 p.add_argument("--loss-log", default=None, help="rank 0 appends 'step loss world gen' per step here")
 p.add_argument("--bf16", action="store_true", help="FSDP2 mixed precision: bf16 parameters, fp32 reduction")
 p.add_argument("--no-reshard", action="store_true", help="reshard_after_forward=False")
 p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of each block")
 p.add_argument("--plain", action="store_true", help="torch's own init_device_mesh, no bftrainer (a baseline)")
+p.add_argument("--reference", type=int, default=0, metavar="WORLD",
+               help="one process, no FSDP: the run of a static world of WORLD ranks (global batch WORLD * --batch)")
 args = p.parse_args()
 
 VOCAB = 64
@@ -79,6 +82,36 @@ class GPT(torch.nn.Module):
         return self.head(h)
 
 
+def whole_loss(m) -> float:
+    with torch.no_grad():
+        return sum(step_loss(list(range(i, min(i + 64, args.samples))), m).item() * min(64, args.samples - i)
+                   for i in range(0, args.samples, 64)) / args.samples
+
+
+def step_loss(idx, m=None):
+    x = X[idx]
+    logits = (m or model)(x[:, :-1])
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+
+
+if args.reference:
+    # The same initial model, optimizer and sample order as a static world of
+    # --reference ranks: each step's gradient is the mean over the global batch, as
+    # FSDP's averaged reduction over ranks with equal slices gives it.
+    torch.manual_seed(0)
+    model = GPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    sampler = bftrainer.ElasticSampler(args.samples, batch_size=args.batch * args.reference, seed=42,
+                                       world=lambda: (0, 1))
+    print(f"initial loss {whole_loss(model):.5f}", flush=True)
+    while sampler.epoch < args.epochs:
+        for idx in sampler:
+            opt.zero_grad()
+            step_loss(idx).backward()
+            opt.step()
+    print(f"final loss {whole_loss(model):.5f}", flush=True)
+    raise SystemExit(0)
+
 if args.plain:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -98,12 +131,6 @@ for b in model.blocks:
     fully_shard(b, **kw)
 fully_shard(model, **kw)
 opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-
-
-def step_loss(idx):
-    x = X[idx]
-    logits = model(x[:, :-1])
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1))
 
 
 if args.plain:
@@ -147,15 +174,13 @@ def train(state):
             loss = step_loss(idx if idx else [0]) * (1.0 if idx else 0.0)
             loss.backward()
             opt.step()
-            if args.step_sleep:
+            if args.step_sleep and not (args.fast_file and os.path.exists(args.fast_file)):
                 time.sleep(args.step_sleep)
             state.commit()
             if losses and bftrainer.rank() == 0:
                 losses.write(f"{state.step} {loss.item():.5f} {bftrainer.world_size()} {bftrainer.generation()} "
                              f"{time.time():.6f}\n")
-    with torch.no_grad():
-        final = sum(step_loss(list(range(i, min(i + 64, args.samples)))).item() * min(64, args.samples - i)
-                    for i in range(0, args.samples, 64)) / args.samples
+    final = whole_loss(model)
     if bftrainer.rank() == 0:
         print(f"final loss {final:.5f} after {state.step} steps, {state.samples} samples", flush=True)
 
