@@ -77,3 +77,61 @@ def test_group_swaps_its_real_group_and_aborts_at_once(tmp_path):
     assert r0[3] == "later True"
     assert r0[4] == "retired True 1 1" and r1[2] == "retired True 1 0"
     assert r0[5] == r1[3] == "g2 2 [3.0, 3.0]"
+
+
+def _fsdp_worker(rank: int, world: int, path: str, out: str) -> None:
+    from bftrainer._groups import ABANDONED, ElasticGroup
+
+    store = dist.FileStore(path, world)
+    grp = ElasticGroup("test:shard", rank, world)
+    lines = []
+    # Before a generation a group of more than one refuses collectives.
+    try:
+        grp.allreduce([torch.ones(1)])
+        lines.append("early: no error")
+    except RuntimeError as e:
+        lines.append(f"early {'no generation yet' in str(e)}")
+    real = dist.ProcessGroupGloo(dist.PrefixStore("g1", store), rank, world, datetime.timedelta(seconds=60))
+    grp.install(real, 1)
+    out_t = torch.empty(4)
+    grp.all_gather_single(out_t, torch.ones(2) * (rank + 1)).wait()
+    lines.append(f"gathered {out_t.tolist()}")
+    piece = torch.empty(2)
+    grp.reduce_scatter_single(piece, torch.arange(4.0) + rank).wait()
+    lines.append(f"scattered {piece.tolist()}")
+    if rank == 0:
+        # Rank 1 never joins: the reduce-scatter's wait (a blocking one in our thread)
+        # must not keep the abort from failing it at once.
+        work = grp.reduce_scatter_single(torch.empty(2), torch.ones(4))
+        threading.Timer(0.3, lambda: grp.abort("peer 1 failed")).start()
+        t0 = time.monotonic()
+        try:
+            work.wait()
+            lines.append("no error")
+        except RuntimeError as e:
+            lines.append(f"aborted {ABANDONED in str(e)} {time.monotonic() - t0 < 5}")
+        store.set("done", "1")
+    else:
+        store.wait(["done"])  # alive meanwhile: its sockets stay open
+    with open(f"{out}.{rank}", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os._exit(0)
+
+
+def test_fsdp_collectives_give_the_real_results_and_abort_at_once(tmp_path):
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=_fsdp_worker, args=(r, 2, str(tmp_path / "store"), str(tmp_path / "out")))
+        for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    r0 = (tmp_path / "out.0").read_text().split("\n")
+    r1 = (tmp_path / "out.1").read_text().split("\n")
+    assert r0[0] == r1[0] == "early True"
+    assert r0[1] == r1[1] == "gathered [1.0, 1.0, 2.0, 2.0]"
+    assert r0[2] == "scattered [1.0, 3.0]" and r1[2] == "scattered [5.0, 7.0]"
+    assert r0[3] == "aborted True True"

@@ -41,7 +41,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
 #: In every error of an abandoned collective (elastic._is_peer_failure matches it).
@@ -334,7 +333,7 @@ class ElasticGroup(dist.ProcessGroup):
         local: Optional[Callable[[], None]] = None,
         blocking: bool = False,
     ) -> Any:
-        return _create_work_from_future(self._run(op, result, local, blocking))
+        return _FutureWork(self._run(op, result, local, blocking))
 
     def allreduce_future(self, tensor: torch.Tensor, op: Any = None) -> Future:
         """All-reduce ``tensor`` in place (SUM by default); a future of it."""
@@ -422,6 +421,27 @@ class ElasticGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> Any:  # type: ignore[override]
         opts = opts if opts is not None else dist.BarrierOptions()
         return self._work(lambda pg: pg.barrier(opts), lambda: [])
+
+
+class _FutureWork(c10d.Work):
+    """The ``Work`` of one of our collectives: its ``wait()`` raises what failed it
+    (an abort, the real operation's error). torch's own work from a future
+    (``_create_work_from_future``) returns from ``wait()`` without raising when the
+    future failed (torch 2.15): FSDP2's waits would go on with garbage."""
+
+    def __init__(self, future: Future) -> None:
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: Any = None) -> bool:  # type: ignore[override]
+        self._future.wait()
+        return True
+
+    def is_completed(self) -> bool:  # type: ignore[override]
+        return bool(self._future.done())
+
+    def get_future(self) -> Future:  # type: ignore[override]
+        return self._future
 
 
 class _Watcher:
