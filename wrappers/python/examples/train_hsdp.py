@@ -140,6 +140,7 @@ if args.plain:
     perm = torch.randperm(args.samples, generator=torch.Generator().manual_seed(42)).tolist()
     per = args.batch * world
     t0, steps = None, 0
+    losses = open(args.loss_log, "a", buffering=1) if args.loss_log and rank == 0 else None
     for s in range(args.samples // per):
         idx = perm[s * per + rank * args.batch : s * per + (rank + 1) * args.batch]
         if s == 3:
@@ -149,6 +150,9 @@ if args.plain:
         loss.backward()
         opt.step()
         steps += s >= 3
+        if losses:
+            # As the elastic loop's log: the loss read on the host each step.
+            losses.write(f"{s + 1} {loss.item():.5f} {world} 0 {time.time():.6f}\n")
     if rank == 0 and t0 is not None:
         print(f"plain step {(time.perf_counter() - t0) / max(steps, 1) * 1000:.1f} ms", flush=True)
     raise SystemExit(0)
