@@ -33,8 +33,9 @@ TRAIN = os.path.join(REPO, "wrappers", "python", "examples", "train_hsdp.py")
 # 384 steps of a world of 4; at 0.15 s steps during the faults, about 25 s of them.
 SAMPLES, BATCH, SLEEP = 6144, 4, 0.15
 # The final loss against the static run's: the world of 6 takes larger steps for a
-# while, and rank order changes sums; 2-3% apart in runs so far. A lost or doubled
-# step, a stale shard or a wrong average moves it far more, or stops the fall.
+# while, and rank order changes sums (0.73204 against 0.73183 in a run, 0.03%). A
+# generous bound: a stale shard, a lost step or a wrong average shows as a jump or a
+# stalled fall, which the loss log shows.
 LOSS_RTOL = 0.10
 
 
