@@ -5,8 +5,13 @@
 //! spec   := bounds ( "," pair )*
 //! bounds := MIN [ ":" MAX ]          whole numbers, 1 <= MIN <= MAX <= 4294967295
 //! pair   := key "=" value            each key at most once
-//! key    := up | down | profile | role | parent
+//! key    := up | down | profile | batch | lr | role | parent
 //! ```
+//!
+//! `batch=MIN:MAX` (or `batch=G`) is the global batch range bftrainerd may choose from
+//! (Effective Elastic Scaling), `lr=linear|sqrt|none` how the workers' learning rate
+//! follows a change of it. The batch bftrainerd chose rides on the core job's tag as
+//! `,batch_now=G` after `role=core` ([`with_batch_now`]); users cannot write it.
 //!
 //! The value is plain ASCII without spaces and at most [`MAX_SPEC_LEN`] bytes. Parsing
 //! never panics and never allocates more than a small multiple of the input (checked by
@@ -30,7 +35,33 @@ pub const USAGE: &str = "expected --elastic=MIN[:MAX] with 1 <= MIN <= MAX";
 
 /// Keys of the `key=value` part, in canonical order. New keys go here and in
 /// [`parse_pair`]; everything else (messages, canonical output) follows.
-pub const KEYS: [&str; 5] = ["up", "down", "profile", "role", "parent"];
+pub const KEYS: [&str; 7] = ["up", "down", "profile", "batch", "lr", "role", "parent"];
+
+/// Largest global batch accepted in `batch=` (2^24 samples per step).
+pub const MAX_BATCH: u32 = 1 << 24;
+
+/// How the learning rate follows the global batch when bftrainerd changes it, from the
+/// job's base batch G0 (the one its script gives the sampler) to G.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum LrRule {
+    /// lr unchanged.
+    #[default]
+    None,
+    /// lr * G / G0 (Goyal et al. 2017).
+    Linear,
+    /// lr * sqrt(G / G0) (Krizhevsky 2014; Adam-style optimisers).
+    Sqrt,
+}
+
+impl LrRule {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LrRule::None => "none",
+            LrRule::Linear => "linear",
+            LrRule::Sqrt => "sqrt",
+        }
+    }
+}
 
 /// Name under which the request travels in the job's `spank_job_env`
 /// (set by the SPANK plugin with `spank_job_control_setenv`, read by job_submit).
@@ -61,6 +92,11 @@ pub mod env {
     pub const UP_SECONDS: &str = "BFT_UP_SECONDS";
     pub const DOWN_SECONDS: &str = "BFT_DOWN_SECONDS";
     pub const PROFILE: &str = "BFT_PROFILE";
+    /// The `batch=` range; absent without one.
+    pub const BATCH_MIN: &str = "BFT_BATCH_MIN";
+    pub const BATCH_MAX: &str = "BFT_BATCH_MAX";
+    /// The `lr=` rule (`linear`, `sqrt` or `none`); absent without one.
+    pub const LR_RULE: &str = "BFT_LR_RULE";
 }
 
 /// Which part of an elastic job a Slurm job is.
@@ -101,6 +137,10 @@ pub struct ElasticSpec {
     pub down: Option<u32>,
     /// Throughput curve name in the admin's profile directory.
     pub profile: Option<String>,
+    /// Global batch range `(min, max)` bftrainerd chooses from; `None`: the job's own.
+    pub batch: Option<(u32, u32)>,
+    /// Learning-rate rule for batch changes; `None` when not given (means `none`).
+    pub lr: Option<LrRule>,
     pub role: Role,
     /// Core job of a satellite; present exactly when `role == Satellite`.
     pub parent: Option<u32>,
@@ -137,6 +177,14 @@ impl fmt::Display for ElasticSpec {
         }
         if let Some(v) = &self.profile {
             write!(f, ",profile={v}")?;
+        }
+        match self.batch {
+            Some((a, b)) if a == b => write!(f, ",batch={a}")?,
+            Some((a, b)) => write!(f, ",batch={a}:{b}")?,
+            None => {}
+        }
+        if let Some(v) = self.lr {
+            write!(f, ",lr={}", v.as_str())?;
         }
         if self.role == Role::Satellite {
             write!(f, ",role=satellite")?;
@@ -197,6 +245,10 @@ pub enum SpecErrorKind {
     SatelliteWithoutParent,
     #[error("parent= is only for role=satellite")]
     ParentWithoutSatellite,
+    #[error("batch={min}:{max}: MIN ({min}) is larger than MAX ({max}); {BATCH_EXPECTED}")]
+    BatchMaxBelowMin { min: u32, max: u32 },
+    #[error("lr= needs batch=MIN:MAX: the learning-rate rule applies when bftrainerd changes the global batch")]
+    LrWithoutBatch,
 }
 
 const UP_EXPECTED: &str = "expected whole seconds from 0 to 86400";
@@ -204,6 +256,9 @@ const PROFILE_EXPECTED: &str =
     "expected a profile name of 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'";
 const ROLE_EXPECTED: &str = "expected role=core or role=satellite";
 const PARENT_EXPECTED: &str = "expected a job id from 1 to 4294967295";
+const BATCH_EXPECTED: &str =
+    "expected batch=MIN:MAX (or batch=G), whole numbers of samples per step with 1 <= MIN <= MAX <= 16777216";
+const LR_EXPECTED: &str = "expected lr=linear, lr=sqrt or lr=none";
 
 /// Parses raw bytes (what a C caller hands over). Non-ASCII input is an error, not a panic.
 pub fn parse_bytes(input: &[u8]) -> Result<ElasticSpec, SpecError> {
@@ -222,10 +277,50 @@ pub fn parse(input: &str) -> Result<ElasticSpec, SpecError> {
 /// comment is not a bftrainer tag at all.
 /// A core tag may end with [`ADMIN_HOLD`], which this ignores (see [`site_hold`]).
 pub fn parse_tag(comment: &str) -> Option<Result<ElasticSpec, SpecError>> {
-    split_admin_hold(comment)
-        .0
-        .strip_prefix(TAG_PREFIX)
-        .map(parse)
+    let bare = split_admin_hold(comment).0;
+    split_batch_now(bare).0.strip_prefix(TAG_PREFIX).map(parse)
+}
+
+/// What bftrainerd appends to a running core job's tag, after `role=core`, to hand
+/// the global batch it chose to the job's bft-run: `...,role=core,batch_now=G`. Only in
+/// tags (only root and bftrainerd write admin comments): `--elastic` refuses the key.
+pub const BATCH_NOW: &str = ",batch_now=";
+
+/// Splits a decided batch off a core tag (without [`ADMIN_HOLD`]): `(tag without it,
+/// the batch)`. Only a value of 1..=[`MAX_BATCH`] right after `,role=core` counts.
+pub fn split_batch_now(tag: &str) -> (&str, Option<u32>) {
+    if let Some(i) = tag.rfind(BATCH_NOW) {
+        let (rest, value) = (&tag[..i], &tag[i + BATCH_NOW.len()..]);
+        if rest.starts_with(TAG_PREFIX) && rest.ends_with(",role=core") {
+            if let Some(g) = digits(value).filter(|g| (1..=u64::from(MAX_BATCH)).contains(g)) {
+                return (rest, Some(g as u32));
+            }
+        }
+    }
+    (tag, None)
+}
+
+/// The global batch bftrainerd decided for a core job, from its admin comment.
+pub fn batch_now(admin_comment: &str) -> Option<u32> {
+    split_batch_now(split_admin_hold(admin_comment).0).1
+}
+
+/// The admin comment of a core job with its decided batch set to `g` (`None`: removed),
+/// keeping an administrator's hold. `None` when `admin_comment` is not a core tag.
+pub fn with_batch_now(admin_comment: &str, g: Option<u32>) -> Option<String> {
+    let (bare, held) = split_admin_hold(admin_comment);
+    let (tag, _) = split_batch_now(bare);
+    if !tag.starts_with(TAG_PREFIX) || !tag.ends_with(",role=core") {
+        return None;
+    }
+    let mut out = tag.to_string();
+    if let Some(g) = g {
+        out.push_str(&format!("{BATCH_NOW}{g}"));
+    }
+    if held {
+        out.push_str(ADMIN_HOLD);
+    }
+    Some(out)
 }
 
 /// A hold that someone other than bftrainerd placed on a waiting core job, which
@@ -369,10 +464,15 @@ pub fn waiting_note(s: &ElasticSpec) -> String {
 }
 
 /// Splits an admin hold off a tag's text: `(tag without it, held)`. Only a core tag
-/// (one that ends `,role=core` once the key is gone) can carry it.
+/// (one that ends `,role=core`, or `,role=core,batch_now=G`, once the key is gone) can
+/// carry it.
 pub fn split_admin_hold(comment: &str) -> (&str, bool) {
     match comment.strip_suffix(ADMIN_HOLD) {
-        Some(rest) if rest.starts_with(TAG_PREFIX) && rest.ends_with(",role=core") => (rest, true),
+        Some(rest)
+            if rest.starts_with(TAG_PREFIX) && split_batch_now(rest).0.ends_with(",role=core") =>
+        {
+            (rest, true)
+        }
         _ => (comment, false),
     }
 }
@@ -477,6 +577,7 @@ fn parse_inner(input: &[u8]) -> Result<ElasticSpec, SpecErrorKind> {
     match (spec.role, spec.parent) {
         (Role::Satellite, None) => Err(SpecErrorKind::SatelliteWithoutParent),
         (Role::Core, Some(_)) => Err(SpecErrorKind::ParentWithoutSatellite),
+        _ if spec.lr.is_some() && spec.batch.is_none() => Err(SpecErrorKind::LrWithoutBatch),
         _ => Ok(spec),
     }
 }
@@ -494,6 +595,8 @@ fn parse_pair(
         "up" | "down" => UP_EXPECTED,
         "profile" => PROFILE_EXPECTED,
         "role" => ROLE_EXPECTED,
+        "batch" => BATCH_EXPECTED,
+        "lr" => LR_EXPECTED,
         _ => PARENT_EXPECTED,
     };
     if value.is_empty() {
@@ -536,6 +639,28 @@ fn parse_pair(
                 return Err(bad());
             }
             spec.profile = Some(value.to_string());
+        }
+        "batch" => {
+            duplicate(spec.batch.is_some())?;
+            let (a, b) = value.split_once(':').unwrap_or((value, value));
+            let one = |t: &str| match digits(t) {
+                Some(v) if (1..=u64::from(MAX_BATCH)).contains(&v) => Ok(v as u32),
+                _ => Err(bad()),
+            };
+            let (min, max) = (one(a)?, one(b)?);
+            if max < min {
+                return Err(SpecErrorKind::BatchMaxBelowMin { min, max });
+            }
+            spec.batch = Some((min, max));
+        }
+        "lr" => {
+            duplicate(spec.lr.is_some())?;
+            spec.lr = Some(match value {
+                "linear" => LrRule::Linear,
+                "sqrt" => LrRule::Sqrt,
+                "none" => LrRule::None,
+                _ => return Err(bad()),
+            });
         }
         "role" => {
             duplicate(*role_given)?;
@@ -802,6 +927,95 @@ mod tests {
     }
 
     #[test]
+    fn batch_range_and_lr_rule() {
+        let s = parse("1:16,batch=256:4096,lr=linear").unwrap();
+        assert_eq!(s.batch, Some((256, 4096)));
+        assert_eq!(s.lr, Some(LrRule::Linear));
+        assert_eq!(s.to_string(), "1:16,batch=256:4096,lr=linear");
+        assert_eq!(
+            parse("2,lr=sqrt,batch=512").unwrap().to_string(),
+            "2,batch=512,lr=sqrt"
+        );
+        assert_eq!(parse("2,batch=8:8,lr=none").unwrap().lr, Some(LrRule::None));
+        assert_eq!(
+            parse("2,batch=1:16777216").unwrap().batch,
+            Some((1, MAX_BATCH))
+        );
+        assert_eq!(parse("2:4").unwrap().batch, None);
+        assert_eq!(
+            err("1:16,batch=4096:256"),
+            "--elastic=1:16,batch=4096:256: batch=4096:256: MIN (4096) is larger than MAX (256); expected batch=MIN:MAX (or batch=G), whole numbers of samples per step with 1 <= MIN <= MAX <= 16777216"
+        );
+        for bad in [
+            "batch=0:8",
+            "batch=8:0",
+            "batch=1:16777217",
+            "batch=x",
+            "batch=4:",
+            "batch=:4",
+            "batch=-4:8",
+            "batch=4:8:16",
+            "batch=99999999999999999999",
+            "batch=1.5",
+        ] {
+            let e = err(&format!("1:2,{bad}"));
+            assert!(
+                e.contains("expected batch=MIN:MAX (or batch=G)"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(err("1:2,batch=").contains("batch= has an empty value"));
+        assert!(err("1:2,batch=4,batch=8").contains("key 'batch' is given twice"));
+        assert_eq!(
+            err("1:2,batch=4,lr=cubic"),
+            "--elastic=1:2,batch=4,lr=cubic: lr=cubic: expected lr=linear, lr=sqrt or lr=none"
+        );
+        assert!(err("1:2,batch=4,lr=linear,lr=sqrt").contains("key 'lr' is given twice"));
+        assert!(err("1:2,lr=linear").contains("lr= needs batch=MIN:MAX"));
+        // The daemon's key is not the user's.
+        assert!(err("1:2,batch=4:8,batch_now=8").contains("unknown key 'batch_now'"));
+    }
+
+    #[test]
+    fn batch_now_rides_on_core_tags_only() {
+        let s = parse("1:16,batch=256:4096,lr=sqrt").unwrap();
+        let tag = s.to_tag();
+        assert_eq!(tag, "bftrainer:v1 1:16,batch=256:4096,lr=sqrt,role=core");
+        let with = with_batch_now(&tag, Some(1024)).unwrap();
+        assert_eq!(with, format!("{tag},batch_now=1024"));
+        assert_eq!(batch_now(&with), Some(1024));
+        assert_eq!(parse_tag(&with).unwrap().unwrap(), s);
+        assert_eq!(batch_now(&tag), None);
+        // Changed, removed, and kept under an administrator's hold (and its release).
+        let again = with_batch_now(&with, Some(512)).unwrap();
+        assert_eq!(again, format!("{tag},batch_now=512"));
+        assert_eq!(with_batch_now(&with, None).unwrap(), tag);
+        let held = format!("{with}{ADMIN_HOLD}");
+        assert_eq!(split_admin_hold(&held), (with.as_str(), true));
+        assert_eq!(site_hold(Some(&held), None), Some(SiteHold::Admin));
+        assert_eq!(batch_now(&held), Some(1024));
+        assert_eq!(parse_tag(&held).unwrap().unwrap(), s);
+        assert_eq!(
+            with_batch_now(&held, Some(2048)).unwrap(),
+            format!("{tag},batch_now=2048{ADMIN_HOLD}")
+        );
+        // Not a core tag, out of place, out of range: no batch, and a tag that fails.
+        assert_eq!(with_batch_now("site text", Some(4)), None);
+        let sat = "bftrainer:v1 1:1,role=satellite,parent=7";
+        assert_eq!(with_batch_now(sat, Some(4)), None);
+        assert_eq!(batch_now(&format!("{sat},batch_now=4")), None);
+        assert!(parse_tag(&format!("{sat},batch_now=4")).unwrap().is_err());
+        for v in ["0", "16777217", "x", "", "4,up=3"] {
+            let t = format!("{tag},batch_now={v}");
+            assert_eq!(batch_now(&t), None, "{t}");
+            assert!(parse_tag(&t).unwrap().is_err(), "{t}");
+        }
+        assert!(parse_tag("bftrainer:v1 1:16,batch_now=4,role=core")
+            .unwrap()
+            .is_err());
+    }
+
+    #[test]
     fn issue_message_for_max_below_min() {
         assert_eq!(
             err("8:2"),
@@ -837,7 +1051,7 @@ mod tests {
     fn bad_keys() {
         assert_eq!(
             err("2:4,foo=1"),
-            "--elastic=2:4,foo=1: unknown key 'foo'; known keys: up, down, profile, role, parent"
+            "--elastic=2:4,foo=1: unknown key 'foo'; known keys: up, down, profile, batch, lr, role, parent"
         );
         assert!(err("2:4,up=1,up=2").contains("key 'up' is given twice"));
         assert!(err("2:4,role=core,role=core").contains("key 'role' is given twice"));

@@ -111,20 +111,30 @@ fn valid() -> impl Strategy<Value = ElasticSpec> {
         prop::option::of(0u32..=86_400),
         prop::option::of("[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}"),
         prop::option::of(1u32..=u32::MAX),
+        prop::option::of((1u32..=spec::MAX_BATCH, 0u32..=spec::MAX_BATCH)),
+        prop::option::of(prop::sample::select(vec![
+            spec::LrRule::None,
+            spec::LrRule::Linear,
+            spec::LrRule::Sqrt,
+        ])),
     )
-        .prop_map(|(min, extra, up, down, profile, parent)| ElasticSpec {
-            min,
-            max: extra.map(|e| min.saturating_add(e % 1000)),
-            up,
-            down,
-            profile,
-            role: if parent.is_some() {
-                Role::Satellite
-            } else {
-                Role::Core
+        .prop_map(
+            |(min, extra, up, down, profile, parent, batch, lr)| ElasticSpec {
+                min,
+                max: extra.map(|e| min.saturating_add(e % 1000)),
+                up,
+                down,
+                profile,
+                batch: batch.map(|(a, e)| (a, a.saturating_add(e).min(spec::MAX_BATCH))),
+                lr: lr.filter(|_| batch.is_some()),
+                role: if parent.is_some() {
+                    Role::Satellite
+                } else {
+                    Role::Core
+                },
+                parent,
             },
-            parent,
-        })
+        )
 }
 
 fn check_any(input: &[u8]) -> Result<(), TestCaseError> {

@@ -105,7 +105,12 @@ fn cluster_bad_inputs_are_rejected_with_clear_messages() {
         ("MIN > MAX", vec![el("8:2")], "--elastic=8:2: MAX (2) is smaller than MIN (8); expected --elastic=MIN[:MAX] with 1 <= MIN <= MAX"),
         ("past 2^32", vec![el("1:4294967296")], "MAX (4294967296) is too large; the most is 4294967295"),
         ("non-numeric", vec![el("two:four")], "MIN (two) is not a whole number"),
-        ("unknown key", vec![el("2:4,speed=3")], "unknown key 'speed'; known keys: up, down, profile, role, parent"),
+        ("unknown key", vec![el("2:4,speed=3")], "unknown key 'speed'; known keys: up, down, profile, batch, lr, role, parent"),
+        ("batch MIN > MAX", vec![el("1:4,batch=4096:256")], "batch=4096:256: MIN (4096) is larger than MAX (256)"),
+        ("batch past its bound", vec![el("1:4,batch=1:99999999")], "batch=1:99999999: expected batch=MIN:MAX (or batch=G), whole numbers of samples per step with 1 <= MIN <= MAX <= 16777216"),
+        ("unknown lr rule", vec![el("1:4,batch=64:512,lr=cubic")], "lr=cubic: expected lr=linear, lr=sqrt or lr=none"),
+        ("lr without batch", vec![el("1:4,lr=linear")], "lr= needs batch=MIN:MAX"),
+        ("the daemon's batch_now", vec![el("1:4,batch=64:512,batch_now=512")], "unknown key 'batch_now'"),
         ("duplicate key", vec![el("2:4,up=10,up=20")], "key 'up' is given twice"),
         ("bad key value", vec![el("2:4,profile=../../etc/passwd")], "expected a profile name"),
         ("MAX over the admin's limit", vec![el("2:64")], "--elastic=2:64: MAX (64) is over this cluster's limit of 4 nodes"),
@@ -244,7 +249,7 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
         &[
             os("--parsable"),
             os("--account=bft"),
-            os("--elastic=2:4,up=30"),
+            os("--elastic=2:4,up=30,batch=64:512,lr=sqrt"),
             os("-o"),
             os("env-%j.out"),
             os("--wrap=env; srun -N1 -n1 env | grep BFT_ROLE"),
@@ -271,7 +276,7 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
         .run("scontrol", &["show", "job", &id.to_string()])
         .unwrap();
     assert!(
-        full.contains("AdminComment=bftrainer:v1 2:4,up=30,role=core"),
+        full.contains("AdminComment=bftrainer:v1 2:4,up=30,batch=64:512,lr=sqrt,role=core"),
         "{full}"
     );
     assert!(
@@ -300,6 +305,13 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
         vec!["update", "jobid", id_s.as_str(), "excnodelist=n1"],
         // Issue 33, item 15: allowed_accounts holds after submission too.
         vec!["update", "jobid", id_s.as_str(), "account=other"],
+        // Issue 32: the batch bftrainerd decides is root's to write.
+        vec![
+            "update",
+            "jobid",
+            id_s.as_str(),
+            "admincomment=bftrainer:v1 2:4,up=30,batch=64:512,lr=sqrt,role=core,batch_now=512",
+        ],
     ] {
         let out = c
             .command_as_test_user("scontrol")
@@ -365,18 +377,28 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
         comment(&c),
         "bftrainer: elastic job (2-4 nodes) waiting for bftrainerd to admit it"
     );
+    // bftrainerd (root) writes the batch it decided after role=core.
+    c.run(
+        "scontrol",
+        &[
+            "update",
+            &format!("jobid={id}"),
+            "AdminComment=bftrainer:v1 2:4,up=30,batch=64:512,lr=sqrt,role=core,batch_now=128",
+        ],
+    )
+    .unwrap();
     // root's hold is an administrator's: the tag says so until root releases it, and
-    // that release leaves the job held for bftrainerd.
+    // that release leaves the job held for bftrainerd (the decided batch kept).
     c.run("scontrol", &["hold", &id_s]).unwrap();
     let full = c.run("scontrol", &["show", "job", &id_s]).unwrap();
     assert!(
-        full.contains("AdminComment=bftrainer:v1 2:4,up=30,role=core,hold=admin"),
+        full.contains("AdminComment=bftrainer:v1 2:4,up=30,batch=64:512,lr=sqrt,role=core,batch_now=128,hold=admin"),
         "{full}"
     );
     c.run("scontrol", &["release", &id_s]).unwrap();
     let full = c.run("scontrol", &["show", "job", &id_s]).unwrap();
     assert!(
-        full.contains("AdminComment=bftrainer:v1 2:4,up=30,role=core")
+        full.contains("AdminComment=bftrainer:v1 2:4,up=30,batch=64:512,lr=sqrt,role=core")
             && !full.contains("hold=admin"),
         "{full}"
     );
@@ -418,7 +440,10 @@ fn cluster_elastic_job_is_routed_tagged_held_and_guarded() {
         .expect("elastic job runs to completion");
     let env = std::fs::read_to_string(c.work_dir().join(format!("env-{id}.out"))).unwrap();
     for line in [
-        "BFT_ELASTIC=2:4,up=30".to_string(),
+        "BFT_ELASTIC=2:4,up=30,batch=64:512,lr=sqrt".to_string(),
+        "BFT_BATCH_MIN=64".into(),
+        "BFT_BATCH_MAX=512".into(),
+        "BFT_LR_RULE=sqrt".into(),
         "BFT_ELASTIC_MIN=2".into(),
         "BFT_ELASTIC_MAX=4".into(),
         "BFT_ROLE=core".into(),

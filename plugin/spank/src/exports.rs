@@ -29,6 +29,13 @@ pub fn task_env(spec: &ElasticSpec, job_id: Option<u32>) -> Vec<(&'static str, S
     if let Some(v) = &spec.profile {
         out.push((env::PROFILE, v.clone()));
     }
+    if let Some((lo, hi)) = spec.batch {
+        out.push((env::BATCH_MIN, lo.to_string()));
+        out.push((env::BATCH_MAX, hi.to_string()));
+    }
+    if let Some(v) = spec.lr {
+        out.push((env::LR_RULE, v.as_str().to_string()));
+    }
     out
 }
 
@@ -63,6 +70,10 @@ mod tests {
         assert!(e.contains(&("BFT_PARENT_JOB_ID", "7".into())));
         assert!(e.contains(&("BFT_ROLE", "satellite".into())));
         assert!(e.contains(&("BFT_DOWN_SECONDS", "3".into())));
+        let b = task_env(&parse("1:8,batch=256:4096,lr=sqrt").unwrap(), Some(5));
+        assert!(b.contains(&("BFT_BATCH_MIN", "256".into())));
+        assert!(b.contains(&("BFT_BATCH_MAX", "4096".into())));
+        assert!(b.contains(&("BFT_LR_RULE", "sqrt".into())));
         let open = task_env(&parse("3").unwrap(), None);
         assert!(!open
             .iter()
