@@ -249,6 +249,9 @@ struct Shared {
     /// Open `bft-run rsh` sessions: id -> (the agent running it, the client's line).
     rsh_clients: HashMap<u64, (u64, mpsc::UnboundedSender<(bool, String)>)>,
     next_rsh: u64,
+    /// The global batch bftrainerd decided for the job (its tag's `batch_now`, or the
+    /// local override of `--batch-file`); every generation carries it to the workers.
+    batch: Option<u32>,
 }
 
 /// What an MPI world's `bft-run rsh` may do: its mpirun holds `token` (a fresh secret
@@ -484,6 +487,7 @@ impl Coordinator {
                 rsh: None,
                 rsh_clients: HashMap::new(),
                 next_rsh: 1,
+                batch: None,
             }),
             gate: Mutex::new(Gate::default()),
             decodes: Semaphore::new(MAX_DECODES),
@@ -700,13 +704,38 @@ impl Coordinator {
             let failed = s.kv.abandon_below(g.gen);
             self.answer(s, failed);
         }
-        let line = proto::line(&json!({
+        let mut msg = json!({
             "t": "gen", "gen": g.gen, "members": g.members, "dead": g.dead,
-        }));
+        });
+        if let Some(b) = s.batch {
+            msg["batch"] = json!(b);
+        }
+        let line = proto::line(&msg);
         for a in s.agents.values() {
             let _ = a.tx.send(line.clone());
         }
         self.publish(s);
+    }
+
+    /// The decided global batch changed (`None`: no decision, the script's own): the
+    /// workers take it at their next step boundary, all at the same step, through a new
+    /// generation of the same members (native mode; a torchrun-mode script has no
+    /// sampler to hand it to).
+    pub fn set_batch(&self, batch: Option<u32>) {
+        let mut s = self.shared.lock().unwrap();
+        if s.batch == batch {
+            return;
+        }
+        say!(
+            "bft-run: {} global batch decided by bftrainerd: {}",
+            ts(),
+            batch.map_or_else(|| "none (the script's own)".to_string(), |b| b.to_string())
+        );
+        s.batch = batch;
+        if s.world.is_none() {
+            let out = s.m.renew();
+            self.apply(&mut s, out);
+        }
     }
 
     fn progress(&self, s: &mut Shared, gen: u64, samples: u64, steps: u64) {

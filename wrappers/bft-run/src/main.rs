@@ -139,6 +139,11 @@ struct Cli {
     /// each change (the measured rate and rescale costs).
     #[arg(long, hide = true, value_name = "PATH")]
     comment_file: Option<String>,
+    /// Outside Slurm (`--local`), read the global batch to hand the workers from this
+    /// file (a whole number; empty or absent: none), as bftrainerd's `batch_now` would
+    /// be read from the job's tag: for tests and trying the library's batch changes.
+    #[arg(long, value_name = "PATH", requires = "local")]
+    batch_file: Option<String>,
     /// (internal) Run an agent that joins the coordinator at --coord.
     #[arg(long, hide = true, requires = "coord")]
     agent: bool,
@@ -685,6 +690,11 @@ async fn coordinate(cli: &Cli) -> i32 {
         mode: cli.mode,
         settle: cli.settle,
     };
+    // The decided batch is read only for jobs that declared a range (one cheap RPC
+    // every 2 s for them, none for the others).
+    let batch_job = slurm
+        .filter(|_| std::env::var_os(spec::env::BATCH_MIN).is_some())
+        .zip(job.parse::<u32>().ok());
     let (comment_tx, comment_done) =
         match slurm.map(|s| comment_writer(s, job.parse().unwrap_or(0))) {
             Some((tx, done)) => (Some(tx), Some(done)),
@@ -786,10 +796,28 @@ async fn coordinate(cli: &Cli) -> i32 {
     drop(done_tx);
     let mut ended_at: Option<Instant> = None;
     let leave_timeout = Duration::from_secs_f64(cli.leave_timeout.max(0.0));
+    let mut ticks: u64 = 0;
+    let mut batch_read: Option<tokio::task::JoinHandle<Option<Option<u32>>>> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {
                 c.tick();
+                ticks += 1;
+                // The decided batch: the local override each tick, the job's tag every
+                // 2 s (off the loop: slurmctld may be slow). A failed read changes nothing.
+                if let Some(f) = &cli.batch_file {
+                    c.set_batch(read_batch_file(f));
+                }
+                if let Some(h) = batch_read.take_if(|h| h.is_finished()) {
+                    if let Ok(Some(b)) = h.await {
+                        c.set_batch(b);
+                    }
+                }
+                if let (Some((s, id)), None, 0) = (batch_job, &batch_read, ticks % 4) {
+                    batch_read = Some(tokio::task::spawn_blocking(move || {
+                        s.load_job(id).ok().map(|j| j.admin_comment.as_deref().and_then(spec::batch_now))
+                    }));
+                }
                 if let Some(t) = ended_at {
                     // The agents' step: 10 s after a failure; after a success, the time
                     // its finished workers get to exit (a final save), and 10 s more.
@@ -838,6 +866,16 @@ async fn coordinate(cli: &Cli) -> i32 {
         }
     }
     code
+}
+
+/// The local override of the decided batch (`--batch-file`): a whole number from 1 to
+/// [`spec::MAX_BATCH`]; anything else (no file, empty, junk) is no decision.
+fn read_batch_file(path: &str) -> Option<u32> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|g| (1..=spec::MAX_BATCH).contains(g))
 }
 
 /// Outside Slurm (tests): a thread that writes each Comment the coordinator publishes

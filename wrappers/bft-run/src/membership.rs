@@ -112,6 +112,25 @@ impl Membership {
         })
     }
 
+    /// A new generation of the same members (and any newcomers waiting): the workers
+    /// switch to it at their next step boundary, all at the same step, and take what
+    /// changed with it (the global batch bftrainerd decided). Nothing before the first
+    /// generation, after the end, or while an abort is under way (the re-formation
+    /// that follows carries the change).
+    pub fn renew(&mut self) -> Outcome {
+        if self.ended
+            || self.finished_gen.is_some()
+            || self.gen == 0
+            || self.members.is_empty()
+            || self.aborted_at.is_some()
+        {
+            return Outcome::Nothing;
+        }
+        let mut members = self.members.clone();
+        members.append(&mut self.pending);
+        self.announce(members)
+    }
+
     /// A worker finished warming up and waits to be admitted (or, dropped earlier,
     /// asks to be admitted again). While the current generation is aborted the
     /// newcomer waits for the re-formation, which takes it in.
@@ -518,6 +537,29 @@ mod tests {
         check(m.ready("b.1"));
         // 1 [a] 2 [a b] 3 [a] (b silent) - (nobody left) 4 [a.1] - (nobody) 5 [b.1]
         assert_eq!(m.gen(), 5);
+    }
+
+    #[test]
+    fn renewal_keeps_the_members_in_a_new_generation_only_when_one_is_formed() {
+        let mut m = Membership::new(2, 5.0);
+        m.ready("a.0");
+        // Nothing formed yet.
+        assert_eq!(m.renew(), Outcome::Nothing);
+        let g = ann(m.ready("b.0"));
+        assert_eq!(g.gen, 1);
+        let g = ann(m.renew());
+        assert_eq!((g.gen, names(&g), g.dead.len()), (2, vec!["a.0", "b.0"], 0));
+        // While an abort is under way the re-formation carries the change.
+        assert_eq!(m.broken("a.0", 2, 1.0), Outcome::Abort(2));
+        assert_eq!(m.renew(), Outcome::Nothing);
+        assert_eq!(m.gen(), 2);
+        let mut m = Membership::new(1, 5.0);
+        m.ready("a.0");
+        assert!(matches!(
+            m.exited("a.0", 0, "on a"),
+            Outcome::End { code: 0, .. }
+        ));
+        assert_eq!(m.renew(), Outcome::Nothing);
     }
 
     #[test]

@@ -162,3 +162,31 @@ fn hsdp_faults() {
         eprintln!("{l}");
     }
 }
+
+/// A global batch decided mid-run (issue 32): 32 -> 64 -> 48 through `--batch-file`,
+/// lr=linear, a worker killed -9 after the first change (tests/batch_change.py): every
+/// sample once, each step of the committed lineage at the batch in force, with its
+/// learning rate, switched at one step for all ranks.
+#[test]
+fn batch_changes_at_a_step_boundary() {
+    let venv =
+        PathBuf::from(std::env::var("BFT_VENV").unwrap_or_else(|_| "/opt/bftrainer-venv".into()));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/batch_change.py");
+    let o = Command::new(venv.join("bin/python"))
+        .arg(script)
+        .arg(env!("CARGO_BIN_EXE_bft-run"))
+        .env_remove("SLURM_JOB_ID")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && out.contains("BATCH OK"),
+        "the batch change failed:\n{out}"
+    );
+    for l in out
+        .lines()
+        .filter(|l| l.starts_with("samples ok") || l.starts_with("batches"))
+    {
+        eprintln!("{l}");
+    }
+}

@@ -181,6 +181,10 @@ def train(state):
                 # samples of the last generation that ran it (the committed one).
                 log.write(f"S {bftrainer.generation()} {state.step + 1} {state.sampler.epoch} "
                           f"{bftrainer.rank()} {' '.join(map(str, idx))}\n")
+                if bftrainer.rank() == 0 and state.sampler.global_batch:
+                    # The step's global batch and learning rate (a batch bftrainerd decides).
+                    log.write(f"B {bftrainer.generation()} {state.step + 1} {state.sampler.global_batch} "
+                              f"{opt.param_groups[0]['lr']!r}\n")
             opt.zero_grad()
             if idx:
                 x, y = (X[idx], Y[idx]) if rows is None else (rows[:, :16].to(dev), rows[:, 16:].to(dev))

@@ -36,6 +36,7 @@ from .elastic import (
     worker_id,
     world_size,
 )
+from .batch import on_batch_change
 from .data import ElasticDataLoader
 from .sampler import ElasticSampler
 from .state import State
@@ -67,6 +68,7 @@ __all__ = [
     "device",
     "device_mesh",
     "generation",
+    "on_batch_change",
     "process_group",
     "rank",
     "run",

@@ -43,6 +43,8 @@ class Generation:
     members: List[str]
     #: Members of the previous generation lost to a failure.
     dead: List[str]
+    #: The global batch bftrainerd decided (``batch_now``), or None: the script's own.
+    batch: Optional[int] = None
 
     def rank_of(self, worker: str) -> Optional[int]:
         try:
@@ -148,8 +150,12 @@ class AgentClient:
         ack: Optional[int] = None
         with self._cond:
             if t == "gen":
+                batch = msg.get("batch")
                 g = Generation(
-                    int(msg["gen"]), [str(m) for m in msg["members"]], [str(d) for d in msg.get("dead", [])]
+                    int(msg["gen"]),
+                    [str(m) for m in msg["members"]],
+                    [str(d) for d in msg.get("dead", [])],
+                    int(batch) if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 else None,
                 )
                 self._gens[g.gen] = g
                 self.dead.update(g.dead)

@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable, Iterable, List, Mapping, NamedTuple, Optional, TypeVar
 
 from . import _agent, transfer
+from . import batch as _batch
 from ._leftovers import LEFTOVERS
 from .state import State
 
@@ -314,6 +315,17 @@ class _Runtime:
             g = self._next_generation(g.gen)
             self.teardown()
         transfer.sync(state, self.rank, self.world, self.device, _wait)
+        # Every member holds the same commit now: the decided batch changes here for
+        # all at once, and is committed (a rollback returns to it, a newcomer gets it).
+        if _batch.apply(state, g.batch):
+            if state.committed_step >= 0:
+                state.save()
+            if self.rank == 0 and state.sampler is not None:
+                print(
+                    f"bftrainer: generation {g.gen}: global batch {state.sampler.global_batch} from step {state.step}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         trace("entered")
         state.on_reset()
         # The first step of a generation is reported at once: bft-run measures a

@@ -179,6 +179,10 @@ class ElasticSampler:
         self.num_samples = num_samples
         self.batch_size = _positive("batch_size (per rank)", batch_size)
         self.global_batch = _positive("global_batch", global_batch)
+        # The script's own global batch: what a batch bftrainerd decides (a job with
+        # --elastic=...,batch=MIN:MAX) replaces in global_batch, and the base of the
+        # learning-rate rule.
+        self.base_batch = self.global_batch
         self.micro_batch = _positive("micro_batch", micro_batch)
         self.seed = seed
         self.shuffle = shuffle
@@ -300,7 +304,8 @@ class ElasticSampler:
         return {
             "num_samples": self.num_samples,
             "batch_size": self.batch_size,
-            "global_batch": self.global_batch,
+            "global_batch": self.base_batch,
+            "batch_now": self.global_batch,
             "seed": self.seed,
             "shuffle": self.shuffle,
             "epoch": self.epoch,
@@ -312,14 +317,18 @@ class ElasticSampler:
     def load_state_dict(self, d: Dict[str, Any]) -> None:
         for key in ("num_samples", "batch_size", "global_batch", "seed", "shuffle"):
             saved = d.get(key)  # global_batch is absent from older checkpoints: None
-            if saved != getattr(self, key):
+            mine = self.base_batch if key == "global_batch" else getattr(self, key)
+            if saved != mine:
                 raise ValueError(
                     f"sampler state was saved with {key}={saved!r}, this sampler has "
-                    f"{getattr(self, key)!r}: the dataset or batch size changed"
+                    f"{mine!r}: the dataset or batch size changed"
                 )
         order = int(d.get("order", 1))
         if order not in (1, _ORDER):
             raise ValueError(f"sampler state has order version {order}; this release knows 1 and {_ORDER}")
+        # The batch bftrainerd had decided (absent from older checkpoints: the base).
+        now = d.get("batch_now", self.base_batch)
+        self.global_batch = _positive("batch_now", now)
         self.epoch = int(d["epoch"])
         self.consumed = int(d["consumed"])
         self.total = int(d["total"])

@@ -91,6 +91,11 @@ class State:
     communicates. Without the copy such a worker cannot roll back in place: it says so
     and receives the state from a peer at the next sync.
 
+    ``lr_rule`` (``"linear"``, ``"sqrt"`` or ``"none"``) says how the learning rate
+    follows a global batch that bftrainerd decides (a job with
+    ``--elastic=...,batch=MIN:MAX``); without it the job's ``lr=`` applies, else none.
+    ``bftrainer.on_batch_change(fn)`` replaces the rule with your own.
+
     ``scheduler`` and ``scaler`` (an LR scheduler, a ``torch.amp.GradScaler``) are
     committed, rolled back, checkpointed and sent to newcomers through their
     ``state_dict()``. ``rng=True`` (the default) also commits this worker's random
@@ -126,6 +131,7 @@ class State:
         rng: bool = True,
         copy: bool = False,
         resume_any_job: bool = False,
+        lr_rule: Optional[str] = None,
         **extras: Any,
     ) -> None:
         bad = sorted(
@@ -151,6 +157,11 @@ class State:
         self.rng = rng
         self.copy = copy
         self.resume_any_job = resume_any_job
+        if lr_rule is not None and lr_rule not in ("none", "linear", "sqrt"):
+            raise ValueError(f"lr_rule must be 'linear', 'sqrt' or 'none', got {lr_rule!r}")
+        # How the learning rate follows a global batch bftrainerd decides (bftrainer.batch);
+        # None: the job's lr= (BFT_LR_RULE), else none.
+        self.lr_rule = lr_rule
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
         self.step = 0
