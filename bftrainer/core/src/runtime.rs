@@ -50,6 +50,9 @@ pub struct RunComment {
     pub down: f64,
     /// The training has finished (written once, as the run's last word).
     pub done: bool,
+    /// The global batch the workers run at, at which `rate` is measured (0: unknown,
+    /// or a script without a global batch).
+    pub batch: u32,
 }
 
 impl fmt::Display for RunComment {
@@ -64,6 +67,9 @@ impl fmt::Display for RunComment {
         }
         if self.down > 0.0 {
             write!(f, " down={:.1}", self.down)?;
+        }
+        if self.batch > 0 {
+            write!(f, " batch={}", self.batch)?;
         }
         if self.done {
             f.write_str(" done=1")?;
@@ -98,6 +104,8 @@ impl RunComment {
                 "step" => c.step = non_negative(v)?,
                 "up" => c.up = seconds(v)?,
                 "down" => c.down = seconds(v)?,
+                // The owner's word, as the rate is: weighs only against its own options.
+                "batch" => c.batch = v.parse().ok().filter(|b| *b <= crate::spec::MAX_BATCH)?,
                 "done" => {
                     c.done = match v {
                         "1" => true,
@@ -156,12 +164,20 @@ mod tests {
         assert!(!back.done);
         // The run's last word: done, for this start time only.
         let fin = RunComment {
+            batch: 512,
             done: true,
             ..c.clone()
         };
         let text = fin.to_string();
-        assert!(text.ends_with(" done=1"), "{text}");
+        assert!(text.ends_with(" batch=512 done=1"), "{text}");
         let back = RunComment::parse(&text).unwrap();
+        assert_eq!(back.batch, 512);
+        // A batch past the largest allowed is no comment of ours.
+        assert!(RunComment::parse("bftrainer-run:v1 coord=h:1 batch=16777217").is_none());
+        assert_eq!(
+            RunComment::parse("bftrainer-run:v1 coord=h:1").map(|c| c.batch),
+            Some(0)
+        );
         assert!(back.finished_run(Some(1_795_000_000)));
         assert!(
             !back.finished_run(Some(1_795_000_100)),

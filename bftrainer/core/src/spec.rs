@@ -773,6 +773,7 @@ mod tests {
                 nodes: 3,
                 rate: 1.0,
                 step: 0.5,
+                batch: 0,
                 done: false,
                 up: 0.0,
                 down: 0.0,

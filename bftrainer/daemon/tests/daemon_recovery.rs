@@ -357,6 +357,7 @@ fn a_core_ended_under_preemption_is_finished_only_when_its_run_said_done() {
             nodes: 2,
             rate: 10.0,
             step: 1.0,
+            batch: 0,
             done,
             ..RunComment::default()
         }

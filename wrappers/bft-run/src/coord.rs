@@ -252,6 +252,8 @@ struct Shared {
     /// The global batch bftrainerd decided for the job (its tag's `batch_now`, or the
     /// local override of `--batch-file`); every generation carries it to the workers.
     batch: Option<u32>,
+    /// The global batch the workers report they run at (0: unknown), for the Comment.
+    run_batch: u32,
 }
 
 /// What an MPI world's `bft-run rsh` may do: its mpirun holds `token` (a fresh secret
@@ -488,6 +490,7 @@ impl Coordinator {
                 rsh_clients: HashMap::new(),
                 next_rsh: 1,
                 batch: None,
+                run_batch: 0,
             }),
             gate: Mutex::new(Gate::default()),
             decodes: Semaphore::new(MAX_DECODES),
@@ -555,6 +558,7 @@ impl Coordinator {
                 step: s.progress.step,
                 up: s.rescale.up,
                 down: s.rescale.down,
+                batch: s.run_batch,
                 done,
             });
         }
@@ -1357,6 +1361,17 @@ impl Coordinator {
                 let gen = proto::u64_field(msg, "gen")?;
                 let samples = proto::u64_field(msg, "samples")?;
                 let steps = msg.get("steps").and_then(Value::as_u64).unwrap_or(0);
+                // The global batch the rate is measured at (the owner's word, as the
+                // rate is); 0 or absent: unknown.
+                let batch = msg
+                    .get("batch")
+                    .and_then(Value::as_u64)
+                    .filter(|b| *b <= u64::from(bftrainer_core::spec::MAX_BATCH))
+                    .unwrap_or(0) as u32;
+                if gen == s.m.gen() && batch != s.run_batch {
+                    s.run_batch = batch;
+                    self.publish(&s);
+                }
                 self.progress(&mut s, gen, samples, steps);
                 Outcome::Nothing
             }

@@ -922,6 +922,7 @@ fn comment_writer(
                         || w.coord != c.coord
                         || w.up != c.up
                         || w.down != c.down
+                        || w.batch != c.batch
                         || (at.elapsed() >= Duration::from_secs(5)
                             && (c.rate - w.rate).abs() > 0.05 * w.rate.max(1e-9))
                 }
@@ -1099,6 +1100,7 @@ mod tests {
             nodes: 1,
             rate: 0.0,
             step: 0.0,
+            batch: 0,
             done: false,
             up: 0.0,
             down: 0.0,

@@ -311,3 +311,9 @@ pub fn solve_with_stats(inst: &Instance, opts: &Options) -> Result<(Solution, St
 pub fn evaluate(inst: &Instance, objective: Objective, alloc: &[Vec<NodeIdx>]) -> Option<f64> {
     objective::evaluate(inst, objective, alloc)
 }
+
+/// The batch size at which `job` reaches its best objective on `n` nodes (ties: the
+/// smallest); `None` for a job without `batch_curves`.
+pub fn best_batch(job: &JobInput, n: u32) -> Option<u32> {
+    model::Obj::of(job).best_batch(n)
+}

@@ -138,6 +138,19 @@ pub enum Event {
     /// goes); reorders the queue. For an active job it only orders the per-user node
     /// budget. Added to format 1 without a version bump.
     JobPriority { job: JobId, priority: u32 },
+    /// The job may run at any global batch in `min..=max` (`--elastic=...,batch=MIN:MAX`):
+    /// the allocator chooses its batch with its nodes (Effective Elastic Scaling,
+    /// `alloc::efficiency`) once its rate was measured at a known batch (`JobBatch`).
+    /// Declared after `JobSubmitted`; `None` takes the range away. Added to format 1
+    /// without a version bump.
+    BatchRange {
+        job: JobId,
+        range: Option<(u32, u32)>,
+    },
+    /// The job's workers run at global batch `batch` now (bft-run's Comment says so):
+    /// its measured rates are at that batch, and earlier ones, at another, are dropped.
+    /// Added to format 1 without a version bump.
+    JobBatch { job: JobId, batch: u32 },
     /// What the engine decided at the `Tick` just before (same time): the jobs it took
     /// from the queue into allocation (`activated`, in that order) and the actions it
     /// returned. bftrainerd journals one after every `Tick` it journals, so a restart

@@ -6,7 +6,7 @@ pub mod fair;
 
 pub use event::{Action, ElasticSpec, Event, Lending, Record, EVENT_FORMAT_VERSION};
 
-use crate::alloc::{Instance, JobInput, Options, Solution};
+use crate::alloc::{BatchCurve, Curve, EfficiencyModel, Instance, JobInput, Options, Solution};
 use crate::error::{Error, Result};
 use crate::placement::{self, Needs, NodeAttrs};
 use serde::{Deserialize, Serialize};
@@ -197,6 +197,12 @@ struct JobSlot {
     /// Measured rescale costs, seconds (`Event::RescaleCost`; 0: not measured).
     measured_up_s: f64,
     measured_down_s: f64,
+    /// The global batches the allocator may choose from (`Event::BatchRange`).
+    batch_range: Option<(u32, u32)>,
+    /// The global batch the job runs at, at which `measured` was taken (`Event::JobBatch`).
+    batch_now: Option<u32>,
+    /// The batch the last decision chose for it (with a range and a known `batch_now`).
+    decided_batch: Option<u32>,
     /// `measured` or the measured costs changed since the job's curve and costs were
     /// last given to the allocator.
     curve_stale: bool,
@@ -386,6 +392,10 @@ pub enum JobSnap {
         measured_up_s: f64,
         #[serde(default, skip_serializing_if = "is_zero")]
         measured_down_s: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch_range: Option<(u32, u32)>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch_now: Option<u32>,
     },
     Forgotten {
         status: JobStatus,
@@ -562,6 +572,8 @@ impl<A: Allocator> Engine<A> {
                         measured: s.measured.clone(),
                         measured_up_s: s.measured_up_s,
                         measured_down_s: s.measured_down_s,
+                        batch_range: s.batch_range,
+                        batch_now: s.batch_now,
                     },
                     Entry::Forgotten(st) => JobSnap::Forgotten { status: *st },
                 })
@@ -686,7 +698,12 @@ impl<A: Allocator> Engine<A> {
                         measured,
                         measured_up_s,
                         measured_down_s,
+                        batch_range,
+                        batch_now,
                     } => Entry::Live(Box::new(JobSlot {
+                        batch_range: *batch_range,
+                        batch_now: *batch_now,
+                        decided_batch: None,
                         spec: spec.clone(),
                         status: *status,
                         nodes: nodes.clone(),
@@ -817,6 +834,20 @@ impl<A: Allocator> Engine<A> {
 
     pub fn measured_rate(&self, j: JobId) -> Option<f64> {
         self.jobs[j as usize].measured_rate
+    }
+
+    /// The global batch the last decision chose for a job with a batch range
+    /// (`Event::BatchRange`) whose rate was measured at a known batch (`Event::JobBatch`);
+    /// `None` before that, and for other jobs.
+    pub fn decided_batch(&self, j: JobId) -> Option<u32> {
+        let s = &self.jobs[j as usize];
+        s.batch_range.and(s.decided_batch)
+    }
+
+    /// The job's batch range and the batch it runs at (`Event::BatchRange`, `JobBatch`).
+    pub fn job_batch(&self, j: JobId) -> (Option<(u32, u32)>, Option<u32>) {
+        let s = &self.jobs[j as usize];
+        (s.batch_range, s.batch_now)
     }
 
     /// Jobs taking part in allocation, in admission order.
@@ -1012,6 +1043,9 @@ impl<A: Allocator> Engine<A> {
                     ));
                 }
                 self.jobs.push(JobSlot {
+                    batch_range: None,
+                    batch_now: None,
+                    decided_batch: None,
                     spec: spec.clone(),
                     status: JobStatus::Queued,
                     nodes: Vec::new(),
@@ -1167,6 +1201,38 @@ impl<A: Allocator> Engine<A> {
                 let new = (!needs.is_empty()).then(|| Box::new((needs.clone(), needs.compile())));
                 if slot.needs.as_ref().map(|n| &n.0) != new.as_ref().map(|n| &n.0) {
                     slot.needs = new;
+                    self.dirty = true;
+                }
+            }
+            Event::BatchRange { job, range } => {
+                self.job(*job, now)?;
+                let slot = &mut self.jobs[*job as usize];
+                // A range from the owner's tag, checked there; an empty one is none.
+                let range = range.filter(|&(lo, hi)| lo >= 1 && lo <= hi);
+                if slot.batch_range != range {
+                    slot.batch_range = range;
+                    slot.decided_batch = None;
+                    slot.curve_stale = true;
+                    self.dirty = true;
+                }
+            }
+            Event::JobBatch { job, batch } => {
+                self.job(*job, now)?;
+                let slot = &mut self.jobs[*job as usize];
+                if *batch >= 1 && slot.batch_now != Some(*batch) {
+                    // Rates measured at another batch are not this batch's: each becomes
+                    // what the model predicts at the new batch (from the whole curve
+                    // they were part of), until the new batch's own rate replaces it.
+                    if let (Some(old), false) = (slot.batch_now, slot.measured.is_empty()) {
+                        let s = &slot.spec;
+                        let curve = fair::effective_curve(&s.objective, &slot.measured, 1, false);
+                        let model = EfficiencyModel::new(old);
+                        for m in &mut slot.measured {
+                            m.1 = model.throughput(&curve, m.0, *batch);
+                        }
+                    }
+                    slot.batch_now = Some(*batch);
+                    slot.curve_stale = true;
                     self.dirty = true;
                 }
             }
@@ -1403,7 +1469,7 @@ impl<A: Allocator> Engine<A> {
                 s.objective.clone()
             };
             let c = &self.cfg;
-            let input = JobInput::new(
+            let mut input = JobInput::new(
                 &s.name,
                 s.min_nodes,
                 s.max_nodes,
@@ -1421,11 +1487,18 @@ impl<A: Allocator> Engine<A> {
                 ),
                 curve,
             );
+            if let Some((curves, current)) = batch_curves(job, &input.curve) {
+                input.curve = Curve::default();
+                input.batch_curves = curves;
+                input.current_batch = current;
+            }
             if rebuild {
                 self.inst.jobs.push(input);
             } else {
                 let k = &mut self.inst.jobs[k];
                 k.curve = input.curve;
+                k.batch_curves = input.batch_curves;
+                k.current_batch = input.current_batch;
                 k.scale_up_s = input.scale_up_s;
                 k.scale_down_s = input.scale_down_s;
             }
@@ -1530,6 +1603,16 @@ impl<A: Allocator> Engine<A> {
                 self.requeue_jobs(&below, now)
             }
         };
+        // The batch of each job with batch curves: the best one at the nodes it holds
+        // now (the solver's choice where it moved them; a kept allocation may still
+        // have new curves). No nodes, no batch to run at: the last one is kept.
+        for (k, &j) in self.deciding.iter().enumerate() {
+            let slot = &mut self.jobs[j as usize];
+            let n = slot.nodes.len() as u32;
+            if n > 0 && !self.inst.jobs[k].batch_curves.is_empty() {
+                slot.decided_batch = crate::alloc::best_batch(&self.inst.jobs[k], n);
+            }
+        }
         let mut forced = self.requeue_jobs(&evict, now);
         forced.append(&mut actions);
         Ok(forced)
@@ -2076,4 +2159,19 @@ fn is_zero(v: &f64) -> bool {
 
 fn is_gpu_slot(n: &NodeSlot) -> bool {
     n.attrs.as_deref().is_some_and(|a| a.gpu_slot)
+}
+
+/// The allocator's batch curves of a job with a batch range whose rate is measured at a
+/// known batch: Saxena et al.'s model ([`EfficiencyModel`]) over `curve`, the job's rate
+/// at that batch, with the batch it runs at as the current one where the range holds it.
+/// `None` (plain curve, no batch decision) otherwise, or where the model refuses the
+/// curve.
+fn batch_curves(job: &JobSlot, curve: &Curve) -> Option<(Vec<BatchCurve>, Option<u32>)> {
+    let (range, base) = (job.batch_range?, job.batch_now?);
+    let model = EfficiencyModel::new(base);
+    let batches = model.candidate_batches(range).ok()?;
+    let curves = model
+        .batch_curves_for(curve, &batches, job.spec.max_nodes)
+        .ok()?;
+    Some((curves, batches.contains(&base).then_some(base)))
 }

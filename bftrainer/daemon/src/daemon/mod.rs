@@ -163,6 +163,8 @@ struct Core {
     rate_at: f64,
     /// The runtime's last published rescale costs (up, down seconds), from the Comment.
     costs: Option<(f64, f64)>,
+    /// The `batch_now` last written into its tag, and when (`publish_batch`).
+    batch_asked: Option<(u32, f64)>,
     /// The runtime's last measured seconds per training step, from the job's Comment
     /// (0: never measured). Sets how long a shrunk satellite gets to leave.
     step_s: f64,
@@ -1385,6 +1387,7 @@ mod tests {
                 nodes: if i % 2 == 0 { 1 } else { 4 },
                 rate: 100.0,
                 step: 0.5,
+                batch: 0,
                 done: false,
                 // Measured rescale costs alternate too, in the same window.
                 up: if i % 3 == 0 { 40.0 } else { 20.0 },
@@ -1525,6 +1528,92 @@ mod tests {
             if sats(&d) == 3 {
                 break;
             }
+        }
+    }
+
+    #[test]
+    fn a_batch_range_job_is_handed_its_decided_batch_in_its_tag_once() {
+        // Job 1 declares batch=32:256; a second run without the range gets none.
+        for ranged in [true, false] {
+            let (mut cluster, cfg, _state) = four_nodes_one_held_core("");
+            if ranged {
+                cluster.jobs[0].admin_comment =
+                    Some("bftrainer:v1 1:4,batch=32:256,lr=linear,role=core".into());
+            }
+            let mut d = Daemon::new(cfg, cluster, None, &[]).unwrap();
+            let mut now = 3_000_000_000.0;
+            let tag = |d: &Daemon<gen::GenCluster>| {
+                d.cluster
+                    .jobs
+                    .iter()
+                    .find(|j| j.job_id == 1)
+                    .unwrap()
+                    .admin_comment
+                    .clone()
+                    .unwrap_or_default()
+            };
+            // The rate at `nodes` nodes: 100 samples/s on one, 160 on four (bound by
+            // synchronisation at a batch of 32).
+            let comment = |d: &mut Daemon<gen::GenCluster>, nodes: u32, batch: u32| {
+                let rc = RunComment {
+                    coord: "n1:29400".into(),
+                    run: "ab".into(),
+                    start: 0,
+                    gen: 1,
+                    nodes,
+                    rate: if nodes == 1 { 100.0 } else { 160.0 },
+                    step: 0.5,
+                    up: 0.0,
+                    down: 0.0,
+                    batch,
+                    done: false,
+                };
+                let j = d.cluster.jobs.iter_mut().find(|j| j.job_id == 1).unwrap();
+                j.comment = Some(rc.to_string());
+                d.cluster.dirty = true;
+            };
+            // Started and grown; no batch is decided before a rate at a known batch.
+            for _ in 0..30 {
+                now += 1.0;
+                d.cluster.start_pending_elastic(now as i64);
+                d.cycle(now).unwrap();
+            }
+            assert!(d.cores[&1].started);
+            assert_eq!(spec::batch_now(&tag(&d)), None);
+            // The runtime reports its rates at its script's batch of 32.
+            for nodes in [1, 4] {
+                comment(&mut d, nodes, 32);
+                now += PROGRESS_EVERY_S;
+                d.cycle(now).unwrap();
+            }
+            for _ in 0..3 {
+                now += 1.0;
+                d.cycle(now).unwrap();
+            }
+            if !ranged {
+                assert_eq!(spec::batch_now(&tag(&d)), None, "{}", tag(&d));
+                assert_eq!(d.engine.job_batch(d.cores[&1].jid), (None, None));
+                continue;
+            }
+            // Saxena's model: a larger batch amortises the synchronisation.
+            assert_eq!(
+                tag(&d),
+                "bftrainer:v1 1:4,batch=32:256,lr=linear,role=core,batch_now=256"
+            );
+            // Once written, no more updates while the decision stands: neither while
+            // the workers still run at 32 nor once they report 256.
+            let calls = d.cluster.calls.updates;
+            for batch in [32, 32, 256, 256, 256] {
+                comment(&mut d, 4, batch);
+                now += PROGRESS_EVERY_S;
+                d.cycle(now).unwrap();
+            }
+            assert_eq!(d.cluster.calls.updates, calls, "{}", tag(&d));
+            assert_eq!(
+                d.engine.job_batch(d.cores[&1].jid),
+                (Some((32, 256)), Some(256))
+            );
+            assert_eq!(d.engine.decided_batch(d.cores[&1].jid), Some(256));
         }
     }
 
@@ -1873,6 +1962,7 @@ mod tests {
                         nodes: rng.gen_range(1..4),
                         rate: f64::from(rng.gen_range(10u32..20)) * 10.0,
                         step: 0.5,
+                        batch: 0,
                         done: false,
                         up: 0.0,
                         down: 0.0,

@@ -1170,6 +1170,13 @@ impl<C: Cluster> Daemon<C> {
                         if !needs.is_empty() {
                             self.emit(Event::JobNeeds { job: jid, needs });
                         }
+                        // The global batches the allocator may choose from.
+                        if s.batch.is_some() {
+                            self.emit(Event::BatchRange {
+                                job: jid,
+                                range: s.batch,
+                            });
+                        }
                     }
                     Err(e) => {
                         log::warn!("engine refused elastic job {}: {e}", j.job_id);
@@ -1201,6 +1208,7 @@ impl<C: Cluster> Daemon<C> {
                 rate: None,
                 rate_at: f64::NEG_INFINITY,
                 costs: None,
+                batch_asked: None,
                 step_s: 0.0,
                 ended: false,
                 ended_at: f64::INFINITY,
@@ -1436,6 +1444,7 @@ impl<C: Cluster> Daemon<C> {
                 self.emit(Event::JobStarted { job: jid });
             }
             self.observe_progress(id, j, now);
+            self.publish_batch(id, j, now);
             return;
         }
         // Pending.
@@ -1548,10 +1557,16 @@ impl<C: Cluster> Daemon<C> {
         let rate_news = rc.rate > 0.0 && (resized || changed);
         let costs = (rc.up, rc.down);
         let cost_news = core.costs.unwrap_or((0.0, 0.0)) != costs;
-        if !rate_news && !cost_news {
+        // The batch the rate is measured at, for a job with a batch range: news when
+        // it differs from the engine's (its rates at another batch are dropped).
+        let (range, known) = self.engine.job_batch(core.jid);
+        let batch_news = range.is_some() && rc.batch > 0 && known != Some(rc.batch);
+        if !rate_news && !cost_news && !batch_news {
             return;
         }
-        let first = (rate_news && core.rate.is_none()) || (cost_news && core.costs.is_none());
+        let first = (rate_news && core.rate.is_none())
+            || (cost_news && core.costs.is_none())
+            || (batch_news && known.is_none());
         if !first && now - core.rate_at < PROGRESS_EVERY_S {
             self.stats.progress_deferred += 1;
             return;
@@ -1563,6 +1578,12 @@ impl<C: Cluster> Daemon<C> {
         }
         if cost_news {
             core.costs = Some(costs);
+        }
+        if batch_news {
+            self.emit(Event::JobBatch {
+                job: jid,
+                batch: rc.batch,
+            });
         }
         if rate_news {
             self.emit(Event::Progress {
@@ -1622,6 +1643,46 @@ impl<C: Cluster> Daemon<C> {
         let jid = core.jid;
         let until = self.blame.paused(id, now).map(|p| p.until);
         self.emit(Event::JobPaused { job: jid, until });
+    }
+
+    /// Hands a running core job the global batch the last decision chose for it (a job
+    /// with a batch range): its tag's `batch_now` ([`spec::with_batch_now`]), which
+    /// only root and bftrainerd write and bft-run reads. One update when the decision
+    /// changes; one that Slurm's answer does not show yet (or that failed) is sent
+    /// again after 5 s.
+    pub(super) fn publish_batch(&mut self, id: u32, j: &Job, now: f64) {
+        let Some(core) = self.cores.get_mut(&id) else {
+            return;
+        };
+        let Some(want) = self.engine.decided_batch(core.jid) else {
+            return;
+        };
+        let tag = j.admin_comment.as_deref().unwrap_or("");
+        // Written already and not yet in Slurm's answer (or refused): again after 5 s.
+        let asked = core
+            .batch_asked
+            .is_some_and(|(b, t)| b == want && now - t < 5.0);
+        if spec::batch_now(tag) == Some(want) || asked {
+            return;
+        }
+        let Some(new) = spec::with_batch_now(tag, Some(want)) else {
+            return;
+        };
+        core.batch_asked = Some((want, now));
+        let up = JobUpdate {
+            admin_comment: Some(new),
+            ..Default::default()
+        };
+        match self.cluster.update(id, &up) {
+            Ok(()) => {
+                log::info!(
+                    "elastic job {id}: global batch {want} (was {})",
+                    spec::batch_now(tag)
+                        .map_or_else(|| "the script's own".to_string(), |b| b.to_string())
+                );
+            }
+            Err(e) => log::warn!("elastic job {id}: cannot hand it global batch {want}: {e}"),
+        }
     }
 }
 

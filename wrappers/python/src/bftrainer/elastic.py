@@ -455,9 +455,11 @@ class _Runtime:
             return  # no step in the new generation yet: its first one is reported
         if self.rank == 0 and time.monotonic() - self._last_progress >= PROGRESS_EVERY_S:
             self._last_progress = time.monotonic()
-            agent.send(
-                {"t": "progress", "worker": self.worker, "gen": self.gen, "samples": state.samples, "steps": state.step}
-            )
+            msg = {"t": "progress", "worker": self.worker, "gen": self.gen, "samples": state.samples, "steps": state.step}
+            if state.sampler is not None and state.sampler.global_batch:
+                # The batch the rate is measured at: bftrainerd's batch decision needs it.
+                msg["batch"] = state.sampler.global_batch
+            agent.send(msg)
 
     def teardown(self) -> None:
         """Leave the current process group without waiting on it: after a failure a
