@@ -310,6 +310,17 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     o
 }
 
+/// The BATCH cell: the global batch (decided, else reported), with the job's range:
+/// `512(256:4096)`; `-` when neither is known.
+fn batch_cell(batch: Option<u32>, range: Option<(u32, u32)>) -> String {
+    match (batch, range) {
+        (Some(b), Some((lo, hi))) => format!("{b}({lo}:{hi})"),
+        (None, Some((lo, hi))) => format!("-({lo}:{hi})"),
+        (Some(b), None) => b.to_string(),
+        (None, None) => "-".into(),
+    }
+}
+
 /// `bftrainer jobs`: one row per elastic job; with `history`, its size changes below.
 pub fn jobs_text(jobs: &[JobView], history: bool) -> String {
     let rows: Vec<Vec<String>> = jobs
@@ -322,6 +333,7 @@ pub fn jobs_text(jobs: &[JobView], history: bool) -> String {
                 format!("{}:{}", j.min_nodes, j.max_nodes),
                 j.size.to_string(),
                 j.rate.map_or("-".into(), |r| format!("{r:.1}")),
+                batch_cell(j.batch, j.batch_range),
                 j.grows.to_string(),
                 j.shrinks.to_string(),
                 j.preemptions.to_string(),
@@ -351,6 +363,7 @@ pub fn jobs_text(jobs: &[JobView], history: bool) -> String {
             "MIN:MAX",
             "NODES",
             "RATE/S",
+            "BATCH",
             "GROWS",
             "SHRINKS",
             "PREEMPT",
@@ -430,4 +443,39 @@ pub fn nodes_text(nodes: &[NodeView], now: f64) -> String {
         })
         .collect();
     table(&["NODE", "STATE", "HOLDER", "RECLAIM", "REASON"], &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_show_rate_and_batch() {
+        let v: JobView = serde_json::from_value(serde_json::json!({
+            "job_id": 7, "user": "ann", "uid": 1001, "min_nodes": 1, "max_nodes": 16,
+            "state": "running", "nodes": "n[1-4]", "size": 4, "core_nodes": "n1",
+            "satellites": [], "rate": 1234.56, "batch": 1024, "batch_range": [256, 4096],
+            "admits": 1, "grows": 3, "shrinks": 0, "requeues": 0, "preemptions": 0,
+            "largest": 4, "node_hours": 0.5, "submitted_at": 0.0, "ended_at": null
+        }))
+        .unwrap();
+        let text = jobs_text(&[v.clone()], false);
+        let mut lines = text.lines();
+        let head: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        let col = |name: &str| row[head.iter().position(|h| *h == name).unwrap()];
+        assert_eq!((col("RATE/S"), col("BATCH")), ("1234.6", "1024(256:4096)"));
+        // Not decided yet, no range, nothing known.
+        assert_eq!(batch_cell(None, Some((256, 4096))), "-(256:4096)");
+        assert_eq!(batch_cell(Some(64), None), "64");
+        let plain = JobView {
+            rate: None,
+            batch: None,
+            batch_range: None,
+            ..v
+        };
+        let text = jobs_text(&[plain], false);
+        let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(&row[5..7], &["-", "-"]);
+    }
 }

@@ -1228,6 +1228,8 @@ mod tests {
             core_nodes: "n1".into(),
             satellites: Vec::new(),
             rate: None,
+            batch: None,
+            batch_range: None,
             admits: 1,
             grows: 0,
             shrinks: 0,

@@ -1614,6 +1614,12 @@ mod tests {
                 (Some((32, 256)), Some(256))
             );
             assert_eq!(d.engine.decided_batch(d.cores[&1].jid), Some(256));
+            // `bftrainer jobs` shows it with the range and the rate.
+            let v = &d.snapshot(now).jobs[0];
+            assert_eq!(
+                (v.batch, v.batch_range, v.rate),
+                (Some(256), Some((32, 256)), Some(160.0))
+            );
         }
     }
 

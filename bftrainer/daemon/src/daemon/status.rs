@@ -114,6 +114,11 @@ impl<C: Cluster> Daemon<C> {
                     core_nodes: self.names(self.engine.job_anchors(c.jid)),
                     satellites,
                     rate: self.engine.measured_rate(c.jid),
+                    batch: self
+                        .engine
+                        .decided_batch(c.jid)
+                        .or(self.engine.job_batch(c.jid).1),
+                    batch_range: self.engine.job_batch(c.jid).0,
                     admits: b.map_or(0, |b| b.admits),
                     grows: b.map_or(0, |b| b.grows),
                     shrinks: b.map_or(0, |b| b.shrinks),

@@ -135,6 +135,13 @@ pub struct JobView {
     pub satellites: Vec<SatelliteView>,
     /// Measured samples/s at the current size, from the runtime.
     pub rate: Option<f64>,
+    /// The global batch bftrainerd decided for it (`batch=MIN:MAX` jobs), else the one
+    /// its runtime reports running at, if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u32>,
+    /// Its `batch=MIN:MAX` range, if it declared one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_range: Option<(u32, u32)>,
     pub admits: u32,
     pub grows: u32,
     pub shrinks: u32,
