@@ -17,6 +17,7 @@ mod live;
 mod support;
 
 use bftrainer_core::runtime::RunComment;
+use bftrainer_core::spec;
 use live::{same, Live, Other, GRACE_TIME_S};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -233,13 +234,23 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     assert!(status.success());
     let _show = ShowOutput(work.clone());
     let (step, samples, epochs) = step_and_data();
+    // A fixed global batch of 16 that bftrainerd may raise to 64 (issue 32, Saxena):
+    // the steps' sleep makes the job bound by its step count, so a larger batch wins
+    // once its rates at two sizes show it. A regular job holds 3 nodes for 20 s, so the
+    // job's first rate is measured on 1 node, its next after it grew.
+    let first =
+        l.c.sbatch(&["-p", "batch", "-N", "3", "--wrap", "sleep 20"])
+            .unwrap();
+    l.wait(30, "the regular job on 3 nodes", || {
+        (l.state_of(first) == "RUNNING").then_some(())
+    });
     let job = submit_training(
         &l,
         &work,
-        "--elastic=1:4",
+        "--elastic=1:4,batch=16:64,lr=sqrt",
         "",
         &format!(
-            "--samples {samples} --batch 16 --epochs {epochs} --step-sleep {step} --log-dir {}/samples",
+            "--samples {samples} --global-batch 16 --epochs {epochs} --step-sleep {step} --log-dir {}/samples",
             work.display()
         ),
     );
@@ -261,6 +272,23 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
             .filter(|r| *r > 0.0)
     });
     eprintln!("bftrainerd sees {rate:.1} samples/s");
+
+    // 1b. With rates at two sizes, bftrainerd decides the batch: 64, written into the
+    //     core's tag; bft-run hands it to the workers, whose next step takes it.
+    let t_batch = Instant::now();
+    l.wait(120, "the workers to run at the decided batch of 64", || {
+        let show =
+            l.c.run("scontrol", &["show", "job", "-o", &job.to_string()])
+                .ok()?;
+        let tag = show.split(" AdminComment=").nth(1)?;
+        // The tag is two words ("bftrainer:v1 SPEC"); the next field follows.
+        let decided = spec::batch_now(&tag.split(' ').take(2).collect::<Vec<_>>().join(" "));
+        (decided == Some(64) && comment(&l, job)?.batch == 64).then_some(())
+    });
+    eprintln!(
+        "batch 64 decided and applied {:.1} s after the grow",
+        t_batch.elapsed().as_secs_f64()
+    );
 
     // 2. Forged joins are refused while the job runs.
     // Root on a node of the cluster, with the cluster's munged.
@@ -363,6 +391,65 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
         "{said}"
     );
     eprintln!("{said}");
+    check_batches(&work.join("samples"), &text, samples);
+}
+
+/// The committed lineage's steps (the highest generation that ran each, from
+/// examples/train.py's `B gen step batch lr` and `S gen step epoch rank ids...` lines):
+/// they start at the script's 16 and turn to 64 at one step, which rank 0 announced
+/// ("global batch 64 from step K-1"); every step took its batch (but an epoch's last)
+/// with lr = 0.05 * sqrt(G / 16).
+fn check_batches(dir: &Path, out: &str, samples: usize) {
+    use std::collections::BTreeMap;
+    let mut b: BTreeMap<u64, (u64, u64, f64)> = BTreeMap::new();
+    let mut took: BTreeMap<(u64, u64), usize> = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        for line in std::fs::read_to_string(e.unwrap().path()).unwrap().lines() {
+            let p: Vec<&str> = line.split_whitespace().collect();
+            match p.first() {
+                Some(&"B") if p.len() == 5 => {
+                    let (gen, step): (u64, u64) = (p[1].parse().unwrap(), p[2].parse().unwrap());
+                    if b.get(&step).map_or(true, |x| x.0 <= gen) {
+                        b.insert(step, (gen, p[3].parse().unwrap(), p[4].parse().unwrap()));
+                    }
+                }
+                Some(&"S") if p.len() >= 5 => {
+                    let key = (p[2].parse().unwrap(), p[1].parse().unwrap());
+                    *took.entry(key).or_default() += p.len() - 5;
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut order: Vec<(u64, u64)> = Vec::new();
+    let mut consumed = 0usize;
+    for (&step, &(gen, batch, lr)) in &b {
+        let want = 0.05 * (batch as f64 / 16.0).sqrt();
+        assert!(
+            (lr - want).abs() < 1e-12,
+            "step {step}: lr {lr} at batch {batch}, want {want}"
+        );
+        let n = took.get(&(step, gen)).copied().unwrap_or(0);
+        consumed = (consumed + n) % samples;
+        assert!(
+            n == batch as usize || consumed == 0,
+            "step {step} (generation {gen}) took {n} samples at batch {batch}"
+        );
+        if order.last().map_or(true, |o| o.0 != batch) {
+            order.push((batch, step));
+        }
+    }
+    assert_eq!(order.first().map(|o| o.0), Some(16), "{order:?}");
+    let first64 = order
+        .iter()
+        .find(|o| o.0 == 64)
+        .unwrap_or_else(|| panic!("never at 64: {order:?}"));
+    assert!(
+        out.contains(&format!("global batch 64 from step {}", first64.1 - 1)),
+        "rank 0 did not announce the switch before step {}",
+        first64.1
+    );
+    eprintln!("batches by first step: {order:?}");
 }
 
 /// bftuser2's stand-in coordinator at a stale address: answers every connection with a

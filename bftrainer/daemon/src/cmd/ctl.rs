@@ -459,7 +459,7 @@ mod tests {
             "largest": 4, "node_hours": 0.5, "submitted_at": 0.0, "ended_at": null
         }))
         .unwrap();
-        let text = jobs_text(&[v.clone()], false);
+        let text = jobs_text(std::slice::from_ref(&v), false);
         let mut lines = text.lines();
         let head: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
         let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
