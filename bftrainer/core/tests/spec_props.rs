@@ -206,7 +206,7 @@ proptest! {
 
     #[test]
     fn every_key_duplicated_is_rejected(k in 0..KEYS.len()) {
-        let pair = match KEYS[k] { "up" | "down" => "1", "profile" => "p", "role" => "core", _ => "5" };
+        let pair = match KEYS[k] { "up" | "down" => "1", "profile" => "p", "role" => "core", "lr" => "linear", _ => "5" };
         let text = format!("1:2,{key}={pair},{key}={pair}", key = KEYS[k]);
         let e = spec::parse(&text).unwrap_err().to_string();
         prop_assert!(e.contains("is given twice"), "{}", e);
