@@ -1463,6 +1463,7 @@ mod tests {
                 done,
                 up: 0.0,
                 down: 0.0,
+                batch: 0,
             }
             .to_string()
         };
