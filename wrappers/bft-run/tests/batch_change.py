@@ -19,7 +19,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from faults import CHECK, REPO, TRAIN, Trace, munged  # noqa: E402
+from faults import CHECK, REPO, TRAIN, Trace, munged, wait_while_running  # noqa: E402
 
 SAMPLES = 6000
 LR = 0.05
@@ -59,17 +59,7 @@ def main():
     trace = Trace(env["BFT_TRACE"])
     try:
         def wait_for(pred, what, timeout=240.0):
-            t = time.monotonic()
-            while True:
-                trace.poll()
-                r = pred()
-                if r:
-                    return r
-                if core.poll() is not None:
-                    raise AssertionError(f"the job ended while waiting for {what}")
-                if time.monotonic() - t > timeout:
-                    raise AssertionError(f"waited {timeout:.0f} s for {what}")
-                time.sleep(0.02)
+            return wait_while_running(trace, core, pred, what, timeout)
 
         def steps_at(batch):
             return lambda: os.path.isdir(logs) and sum(1 for v in lineage(logs).values() if v[1] == batch) >= 5

@@ -91,6 +91,23 @@ class Trace:
             self.rows.append((float(t), w, int(pid), int(gen), int(rank), phase))
 
 
+
+def wait_while_running(trace: Trace, core: subprocess.Popen, pred, what: str,
+                       timeout: float = 240.0, pause: float = 0.02):
+    """Polls the trace and `pred` until it holds (returned); fails if the job `core`
+    ends first or after `timeout` s, a bound only a fault reaches."""
+    t = time.monotonic()
+    while True:
+        trace.poll()
+        r = pred()
+        if r:
+            return r
+        if core.poll() is not None:
+            raise AssertionError(f"the job ended while waiting for {what}")
+        if time.monotonic() - t > timeout:
+            raise AssertionError(f"waited {timeout:.0f} s for {what}")
+        time.sleep(pause)
+
 def ts(line: str) -> Optional[float]:
     m = re.search(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z", line)
     if not m:
@@ -163,17 +180,7 @@ def main() -> int:
             return p
 
         def wait_for(pred, what: str, timeout: float = 240.0):
-            t = time.monotonic()
-            while True:
-                trace.poll()
-                r = pred()
-                if r:
-                    return r
-                if core.poll() is not None:
-                    raise AssertionError(f"the job ended while waiting for {what}")
-                if time.monotonic() - t > timeout:
-                    raise AssertionError(f"waited {timeout:.0f} s for {what}")
-                time.sleep(0.01)
+            return wait_while_running(trace, core, pred, what, timeout, pause=0.01)
 
         # Training in generation >= 1 on both core workers.
         wait_for(lambda: any(r[5] == "step" for r in trace.rows), "the first step")

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from faults import CHECK, REPO, Trace, munged
+from faults import CHECK, REPO, Trace, munged, wait_while_running
 
 TRAIN = os.path.join(REPO, "wrappers", "python", "examples", "train_hsdp.py")
 # 384 steps of a world of 4; at 0.15 s steps during the faults, about 25 s of them.
@@ -60,17 +60,7 @@ def main() -> int:
     ok = False
     try:
         def wait_for(pred, what: str, timeout: float = 240.0):
-            t = time.monotonic()
-            while True:
-                trace.poll()
-                r = pred()
-                if r:
-                    return r
-                if core.poll() is not None:
-                    raise AssertionError(f"the job ended while waiting for {what}")
-                if time.monotonic() - t > timeout:
-                    raise AssertionError(f"waited {timeout:.0f} s for {what}")
-                time.sleep(0.02)
+            return wait_while_running(trace, core, pred, what, timeout)
 
         def gen_now() -> int:
             return max(x[3] for x in trace.rows)

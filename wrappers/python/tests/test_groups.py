@@ -12,6 +12,20 @@ dist = torch.distributed
 mp = torch.multiprocessing
 
 
+
+def _abort_while_waiting(grp, pending, lines):
+    """Aborts `grp` 0.3 s into the wait of `pending` (an operation rank 1 never joins);
+    records whether the wait failed with the abort's error well before gloo's timeout."""
+    from bftrainer._groups import ABANDONED
+
+    threading.Timer(0.3, lambda: grp.abort("peer 1 failed")).start()
+    t0 = time.monotonic()
+    try:
+        pending.wait()
+        lines.append("no error")
+    except RuntimeError as e:
+        lines.append(f"aborted {ABANDONED in str(e)} {time.monotonic() - t0 < 5}")
+
 def _worker(rank: int, world: int, path: str, out: str) -> None:
     from bftrainer._groups import ABANDONED, ElasticGroup
 
@@ -30,14 +44,7 @@ def _worker(rank: int, world: int, path: str, out: str) -> None:
     if rank == 0:
         # Rank 1 never joins this all-reduce: without the abort it would wait for the
         # gloo timeout (60 s).
-        fut = grp.allreduce_future(torch.ones(2))
-        threading.Timer(0.3, lambda: grp.abort("peer 1 failed")).start()
-        t0 = time.monotonic()
-        try:
-            fut.wait()
-            lines.append("no error")
-        except RuntimeError as e:
-            lines.append(f"aborted {ABANDONED in str(e)} {time.monotonic() - t0 < 5}")
+        _abort_while_waiting(grp, grp.allreduce_future(torch.ones(2)), lines)
         try:
             grp.allreduce([torch.ones(1)])
             lines.append("later: no error")
@@ -102,14 +109,7 @@ def _fsdp_worker(rank: int, world: int, path: str, out: str) -> None:
     if rank == 0:
         # Rank 1 never joins: the reduce-scatter's wait (a blocking one in our thread)
         # must not keep the abort from failing it at once.
-        work = grp.reduce_scatter_single(torch.empty(2), torch.ones(4))
-        threading.Timer(0.3, lambda: grp.abort("peer 1 failed")).start()
-        t0 = time.monotonic()
-        try:
-            work.wait()
-            lines.append("no error")
-        except RuntimeError as e:
-            lines.append(f"aborted {ABANDONED in str(e)} {time.monotonic() - t0 < 5}")
+        _abort_while_waiting(grp, grp.reduce_scatter_single(torch.empty(2), torch.ones(4)), lines)
         store.set("done", "1")
     else:
         store.wait(["done"])  # alive meanwhile: its sockets stay open
