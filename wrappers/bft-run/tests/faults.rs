@@ -145,22 +145,31 @@ fn ddp_faults_sigterm() {
 // Every sample once; the final loss as a static run's.
 #[test]
 fn hsdp_faults() {
+    let out = run_driver("hsdp.py", "HSDP OK", "the HSDP matrix failed");
+    for l in out.lines() {
+        eprintln!("{l}");
+    }
+}
+
+/// Runs the Python driver `script` (tests/) on this bft-run, outside any Slurm job;
+/// asserts that it succeeds and prints `ok` (else panics with `failed` and its output);
+/// returns its output.
+fn run_driver(script: &str, ok: &str, failed: &str) -> String {
     let venv =
         PathBuf::from(std::env::var("BFT_VENV").unwrap_or_else(|_| "/opt/bftrainer-venv".into()));
     let o = Command::new(venv.join("bin/python"))
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/hsdp.py"))
+        .arg(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("tests")
+                .join(script),
+        )
         .arg(env!("CARGO_BIN_EXE_bft-run"))
         .env_remove("SLURM_JOB_ID")
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-    assert!(
-        o.status.success() && out.contains("HSDP OK"),
-        "the HSDP matrix failed:\n{out}"
-    );
-    for l in out.lines() {
-        eprintln!("{l}");
-    }
+    assert!(o.status.success() && out.contains(ok), "{failed}:\n{out}");
+    out
 }
 
 /// A global batch decided mid-run (issue 32): 32 -> 64 -> 48 through `--batch-file`,
@@ -169,20 +178,7 @@ fn hsdp_faults() {
 /// learning rate, switched at one step for all ranks.
 #[test]
 fn batch_changes_at_a_step_boundary() {
-    let venv =
-        PathBuf::from(std::env::var("BFT_VENV").unwrap_or_else(|_| "/opt/bftrainer-venv".into()));
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/batch_change.py");
-    let o = Command::new(venv.join("bin/python"))
-        .arg(script)
-        .arg(env!("CARGO_BIN_EXE_bft-run"))
-        .env_remove("SLURM_JOB_ID")
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-    assert!(
-        o.status.success() && out.contains("BATCH OK"),
-        "the batch change failed:\n{out}"
-    );
+    let out = run_driver("batch_change.py", "BATCH OK", "the batch change failed");
     for l in out
         .lines()
         .filter(|l| l.starts_with("samples ok") || l.starts_with("batches"))
