@@ -210,6 +210,13 @@ def test_the_loss_comparison_of_the_runtime_tests_catches_a_difference(tmp_path)
     assert compare_losses(*far, 1e-4, until=1)["steps"] == 3
     with pytest.raises(AssertionError, match="over 1e-02"):
         compare_losses({1: 10.0, 2: 0.0011}, {1: 10.0, 2: 0.001}, 1e-4, until=1)
+    # More than `window` steps after it, by the mean: one step 5% apart passes, a mean
+    # 20% apart does not.
+    late = {1: 10.0, 2: 1.0, 3: 1.05, 4: 1.0}
+    assert compare_losses(late, {1: 10.0, 2: 1.0, 3: 1.0, 4: 1.0}, 1e-4, until=1, window=1)["steps"] == 4
+    with pytest.raises(AssertionError, match="mean loss"):
+        compare_losses({1: 10.0, 2: 1.0, 3: 1.2, 4: 1.2}, {1: 10.0, 2: 1.0, 3: 1.0, 4: 1.0}, 1e-4,
+                       until=1, window=1)
 
 
 def test_a_samples_random_stream_is_keyed_by_sample_and_epoch_not_by_rank():
