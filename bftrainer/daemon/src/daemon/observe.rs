@@ -1559,8 +1559,12 @@ impl<C: Cluster> Daemon<C> {
         let cost_news = core.costs.unwrap_or((0.0, 0.0)) != costs;
         // The batch the rate is measured at, for a job with a batch range: news when
         // it differs from the engine's (its rates at another batch are dropped).
+        // The Comment is the job's own to write: a batch outside its declared range
+        // (checked by the plugins) is not believed, so a forged one cannot rebase its
+        // rates through the model.
         let (range, known) = self.engine.job_batch(core.jid);
-        let batch_news = range.is_some() && rc.batch > 0 && known != Some(rc.batch);
+        let batch_news =
+            range.is_some_and(|(lo, hi)| (lo..=hi).contains(&rc.batch)) && known != Some(rc.batch);
         if !rate_news && !cost_news && !batch_news {
             return;
         }
