@@ -13,6 +13,20 @@ mp = torch.multiprocessing
 
 
 
+
+def _run_two(target, tmp_path):
+    """Runs `target(rank, 2, store, out)` in two spawned processes; each must exit 0 (a
+    bound of 120 s each, which only a hang reaches); returns their output lines."""
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(r, 2, str(tmp_path / "store"), str(tmp_path / "out"))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    return [(tmp_path / f"out.{r}").read_text().split("\n") for r in range(2)]
+
 def _abort_while_waiting(grp, pending, lines):
     """Aborts `grp` 0.3 s into the wait of `pending` (an operation rank 1 never joins);
     records whether the wait failed with the abort's error well before gloo's timeout."""
@@ -67,17 +81,7 @@ def _worker(rank: int, world: int, path: str, out: str) -> None:
 
 
 def test_group_swaps_its_real_group_and_aborts_at_once(tmp_path):
-    ctx = mp.get_context("spawn")
-    procs = [
-        ctx.Process(target=_worker, args=(r, 2, str(tmp_path / "store"), str(tmp_path / "out"))) for r in range(2)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
-    r0 = (tmp_path / "out.0").read_text().split("\n")
-    r1 = (tmp_path / "out.1").read_text().split("\n")
+    r0, r1 = _run_two(_worker, tmp_path)
     assert r0[0] == "alone 1 [1.0, 1.0]"
     assert r0[1] == "g1 0 2 [3.0, 3.0]" and r1[1] == "g1 1 2 [3.0, 3.0]"
     assert r0[2] == "aborted True True"
@@ -119,18 +123,7 @@ def _fsdp_worker(rank: int, world: int, path: str, out: str) -> None:
 
 
 def test_fsdp_collectives_give_the_real_results_and_abort_at_once(tmp_path):
-    ctx = mp.get_context("spawn")
-    procs = [
-        ctx.Process(target=_fsdp_worker, args=(r, 2, str(tmp_path / "store"), str(tmp_path / "out")))
-        for r in range(2)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
-    r0 = (tmp_path / "out.0").read_text().split("\n")
-    r1 = (tmp_path / "out.1").read_text().split("\n")
+    r0, r1 = _run_two(_fsdp_worker, tmp_path)
     assert r0[0] == r1[0] == "early True"
     assert r0[1] == r1[1] == "gathered [1.0, 1.0, 2.0, 2.0]"
     assert r0[2] == "scattered [1.0, 3.0]" and r1[2] == "scattered [5.0, 7.0]"
