@@ -140,3 +140,70 @@ fn rates_at_another_batch_are_rebased_by_the_model_and_the_range_can_go() {
     assert_eq!(e.decided_batch(0), None);
     assert_eq!(e.job_batch(0).0, None);
 }
+
+/// A job whose batches the model cannot tell apart (its curve scales better than
+/// linearly: no synchronisation part to amortise, every batch the same goodput) keeps
+/// the batch it runs at. Ties went to the smallest batch: a job moved to 64 was sent
+/// back to 16 at the next decision, then up again when a rate measured in another
+/// regime tipped the model (the live test saw 64, 16, 64, 16 every 30 s).
+#[test]
+fn a_tie_between_batches_keeps_the_batch_the_job_runs_at() {
+    let cfg = EngineConfig {
+        fair_share: false,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(cfg, Exact::default());
+    idle_nodes(&mut e, 4);
+    let mut a = spec("a", 1, 4, 1.0);
+    a.objective = Curve::new(vec![(1, 100.0), (4, 500.0)]);
+    e.on_event(&Event::JobSubmitted { job: 0, spec: a }, 0.0)
+        .unwrap();
+    e.on_event(
+        &Event::BatchRange {
+            job: 0,
+            range: Some((16, 64)),
+        },
+        0.0,
+    )
+    .unwrap();
+    e.on_event(&Event::JobBatch { job: 0, batch: 64 }, 0.0)
+        .unwrap();
+    for t in 1..5 {
+        e.on_event(&Event::Tick, t as f64).unwrap();
+        assert_eq!(e.decided_batch(0), Some(64), "decision at t={t}");
+    }
+    assert_eq!(e.job_nodes(0).len(), 4);
+}
+
+/// The margin itself: another batch must promise more than 10% over the current one.
+#[test]
+fn a_batch_change_needs_more_than_the_switch_gain() {
+    use bftrainer_core::alloc::{batch_to_run, BatchCurve, JobInput, BATCH_SWITCH_GAIN};
+    let job = |at_64: f64| {
+        let mut j = JobInput::new("j", 1, 4, 1.0, 1.0, Curve::new(Vec::new()));
+        j.batch_curves = vec![
+            BatchCurve {
+                batch_size: 16,
+                curve: Curve::new(vec![(1, 100.0), (4, 100.0)]),
+            },
+            BatchCurve {
+                batch_size: 64,
+                curve: Curve::new(vec![(1, 100.0), (4, at_64)]),
+            },
+        ];
+        j
+    };
+    let gain = 100.0 * (1.0 + BATCH_SWITCH_GAIN);
+    // Within the margin: stays at 16; a fresh job (no current batch) takes the best.
+    assert_eq!(batch_to_run(&job(gain - 1.0), 4, Some(16)), Some(16));
+    assert_eq!(batch_to_run(&job(gain - 1.0), 4, None), Some(64));
+    // Past it: moves.
+    assert_eq!(batch_to_run(&job(gain + 1.0), 4, Some(16)), Some(64));
+    // Running at 64 and 64 is still the best: stays.
+    assert_eq!(batch_to_run(&job(gain + 1.0), 4, Some(64)), Some(64));
+    // A current batch that is no candidate: the best one.
+    assert_eq!(batch_to_run(&job(gain - 1.0), 4, Some(32)), Some(64));
+    // On one node the two tie: the current one stays either way.
+    assert_eq!(batch_to_run(&job(gain + 1.0), 1, Some(64)), Some(64));
+    assert_eq!(batch_to_run(&job(gain + 1.0), 1, Some(16)), Some(16));
+}

@@ -26,6 +26,9 @@ p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--lr", type=float, default=0.05)
 p.add_argument("--hidden", type=int, default=64, help="width of the hidden layer")
 p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step (slow the job down for demos)")
+p.add_argument("--sample-sleep", type=float, default=0.0,
+               help="extra seconds per sample this rank takes in a step: compute that shrinks as nodes join "
+                    "(with --step-sleep, the step time Saxena's model assumes: synchronisation plus compute)")
 p.add_argument("--data-dir", default=None,
                help="keep the data set as a file here and read it through a DataLoader with worker processes")
 p.add_argument("--loader-workers", type=int, default=2, help="the DataLoader's worker processes (with --data-dir)")
@@ -137,11 +140,12 @@ def ddp_step(chunk):
     return loss_sum, n
 
 
-def end_step(state):
-    """The end of a step in either loop: the step sleep (until --fast-file), the
-    commit, the timeline."""
-    if args.step_sleep and not (args.fast_file and os.path.exists(args.fast_file)):
-        time.sleep(args.step_sleep)
+def end_step(state, n):
+    """The end of a step in either loop (``n``: the samples this rank took): the step
+    and sample sleeps (until --fast-file), the commit, the timeline."""
+    pause = args.step_sleep + args.sample_sleep * n
+    if pause and not (args.fast_file and os.path.exists(args.fast_file)):
+        time.sleep(pause)
     state.commit()
     if timeline and bftrainer.rank() == 0:
         timeline.write(f"{time.time():.6f} {state.step} {bftrainer.world_size()} {bftrainer.generation()}\n")
@@ -171,7 +175,7 @@ def train(state):
                 chunk = []
                 epoch_loss += loss_sum
                 epoch_n += n
-                end_step(state)
+                end_step(state, n)
             end_epoch(state, epoch_loss, epoch_n)
     while state.sampler.epoch < args.epochs:
         epoch_loss, epoch_n = 0.0, 0
@@ -199,7 +203,7 @@ def train(state):
                               f"{loss.item() * len(idx)!r} {len(idx)}\n")
             bftrainer.allreduce_gradients(model, len(idx))
             opt.step()
-            end_step(state)
+            end_step(state, len(idx))
         end_epoch(state, epoch_loss, epoch_n)
     # The loss of the final model on the whole data set, the same on every rank (in
     # batches: a wide model's activations of the whole set would not fit).

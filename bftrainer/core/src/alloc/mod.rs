@@ -317,3 +317,29 @@ pub fn evaluate(inst: &Instance, objective: Objective, alloc: &[Vec<NodeIdx>]) -
 pub fn best_batch(job: &JobInput, n: u32) -> Option<u32> {
     model::Obj::of(job).best_batch(n)
 }
+
+/// How much more goodput on its nodes another batch must promise before a job running
+/// at one is moved to it: 10%. Each change re-forms the job's workers and moves its
+/// learning rate, and a model fed rates from two regimes (a curve rebased from another
+/// batch, a step-bound job whose batches it cannot tell apart) would otherwise flip the
+/// decision back and forth on noise.
+pub const BATCH_SWITCH_GAIN: f64 = 0.10;
+
+/// The batch `job` should run at on `n` nodes when it runs at `current` now: `current`
+/// while no other batch beats it by more than [`BATCH_SWITCH_GAIN`] (ties included),
+/// else [`best_batch`]. `None` for a job without `batch_curves`.
+pub fn batch_to_run(job: &JobInput, n: u32, current: Option<u32>) -> Option<u32> {
+    let best = best_batch(job, n)?;
+    let Some(cur) = current.filter(|&c| c != best) else {
+        return Some(best);
+    };
+    let Some(now) = job.batch_curves.iter().find(|b| b.batch_size == cur) else {
+        return Some(best); // not a candidate (outside the range, or between its steps)
+    };
+    let top = model::Obj::of(job).eval(n);
+    Some(if top > now.curve.eval(n) * (1.0 + BATCH_SWITCH_GAIN) {
+        best
+    } else {
+        cur
+    })
+}

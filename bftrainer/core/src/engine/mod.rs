@@ -1605,12 +1605,14 @@ impl<A: Allocator> Engine<A> {
         };
         // The batch of each job with batch curves: the best one at the nodes it holds
         // now (the solver's choice where it moved them; a kept allocation may still
-        // have new curves). No nodes, no batch to run at: the last one is kept.
+        // have new curves), unless the one it was last given (else runs at) is within
+        // `BATCH_SWITCH_GAIN` of it. No nodes, no batch to run at: the last one is kept.
         for (k, &j) in self.deciding.iter().enumerate() {
             let slot = &mut self.jobs[j as usize];
             let n = slot.nodes.len() as u32;
             if n > 0 && !self.inst.jobs[k].batch_curves.is_empty() {
-                slot.decided_batch = crate::alloc::best_batch(&self.inst.jobs[k], n);
+                let current = slot.decided_batch.or(slot.batch_now);
+                slot.decided_batch = crate::alloc::batch_to_run(&self.inst.jobs[k], n, current);
             }
         }
         let mut forced = self.requeue_jobs(&evict, now);
