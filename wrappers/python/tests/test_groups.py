@@ -110,6 +110,13 @@ def _fsdp_worker(rank: int, world: int, path: str, out: str) -> None:
     piece = torch.empty(2)
     grp.reduce_scatter_single(piece, torch.arange(4.0) + rank).wait()
     lines.append(f"scattered {piece.tolist()}")
+    # Ended operations are let go: the group holds none of 300 steps' worth (a gloo
+    # reduce-scatter never says it completed; each was kept, with its tensors, and
+    # scanned by every later collective of the generation).
+    for _ in range(300):
+        grp.all_gather_single(out_t, torch.ones(2)).wait()
+        grp.reduce_scatter_single(piece, torch.ones(4)).wait()
+    lines.append(f"held {len(grp._works)}")
     if rank == 0:
         # Rank 1 never joins: the reduce-scatter's wait (a blocking one in our thread)
         # must not keep the abort from failing it at once.
@@ -127,4 +134,5 @@ def test_fsdp_collectives_give_the_real_results_and_abort_at_once(tmp_path):
     assert r0[0] == r1[0] == "early True"
     assert r0[1] == r1[1] == "gathered [1.0, 1.0, 2.0, 2.0]"
     assert r0[2] == "scattered [1.0, 3.0]" and r1[2] == "scattered [5.0, 7.0]"
-    assert r0[3] == "aborted True True"
+    assert r0[3] == r1[3] == "held 0"
+    assert r0[4] == "aborted True True"

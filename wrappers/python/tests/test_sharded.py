@@ -148,7 +148,14 @@ def runs(tmp_path_factory):
     procs = [subprocess.Popen([sys.executable, __file__, str(r), str(store.port), out, ckpt], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(WORLD)]
-    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    try:
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        # A hang: every rank's stacks (faulthandler, below) and output say where.
+        for p in procs:
+            p.kill()
+        outputs = [p.communicate()[0] for p in procs]
+        pytest.fail("a rank hung for 240 s:\n" + "\n".join(f"rank {r}:\n{o[-6000:]}" for r, o in enumerate(outputs)))
     for r, p in enumerate(procs):
         assert p.returncode == 0, f"rank {r}:\n{outputs[r][-3000:]}"
     res = [torch.load(os.path.join(out, f"{r}.pt"), weights_only=False) for r in range(WORLD)]
@@ -203,4 +210,7 @@ def test_a_sharded_checkpoint_loads_under_another_world_size(runs):
 
 
 if __name__ == "__main__":
+    import faulthandler
+
+    faulthandler.dump_traceback_later(200, exit=True)
     worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])

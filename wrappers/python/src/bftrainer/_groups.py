@@ -73,9 +73,12 @@ class ElasticGroup(dist.ProcessGroup):
         self._pending: Dict[int, _Pending] = {}
         self._ids = 0
         self._device: Optional[torch.device] = None
-        #: The real operations of this generation not seen complete: the runtime keeps
-        #: the real group until they end (_leftovers).
-        self._works: List[Any] = []
+        #: The real operations of this generation not seen complete, by key: the
+        #: runtime keeps the real group until they end (_leftovers); `_complete` drops
+        #: each as it ends. (A list pruned by `is_completed()` grew by every gloo
+        #: reduce-scatter, whose flag stays false: tensors held and a scan per
+        #: collective, a step slower with every step, until the generation ended.)
+        self._works: Dict[int, Any] = {}
         #: This generation's thread for operations waited for by blocking (_Waiter).
         self._waiter: Optional[_Waiter] = None
         #: Register with torch.distributed (a DeviceMesh/FSDP2 needs it): off by
@@ -143,14 +146,14 @@ class ElasticGroup(dist.ProcessGroup):
             self._rank, self._size = self._rank0, self._size0
             pending = list(self._pending.values())
             self._pending.clear()
-            works, self._works = self._works, []
+            works, self._works = self._works, {}
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
             waiter.close()
         for p in pending:
             self._fail(p, "its generation ended")
         self._unregister_c10d()
-        return real, [w for w in works if not w.is_completed()]
+        return real, [w for w in works.values() if not w.is_completed()]
 
     def _unregister_c10d(self) -> None:
         """Out of torch.distributed's registry between generations: the runtime's
@@ -266,8 +269,7 @@ class ElasticGroup(dist.ProcessGroup):
         with self._lock:
             current = self._real is real
             if current:
-                self._works = [w for w in self._works if not w.is_completed()]
-                self._works.append(work)
+                self._works[key] = work
         if not current:
             # Retired meanwhile: the runtime let go of the group without this one.
             from ._leftovers import LEFTOVERS
@@ -305,6 +307,7 @@ class ElasticGroup(dist.ProcessGroup):
             err = e
         with self._lock:
             self._pending.pop(key, None)
+            self._works.pop(key, None)
             if p.done:
                 return
             p.done = True

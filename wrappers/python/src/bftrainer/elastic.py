@@ -433,17 +433,19 @@ class _Runtime:
         if self._flag is not None:
             changed = self._flag > 0
             self._flag = None
-        elif self._meta_cur is not None or self._meta_prev is not None:
-            # A DDP step: its reduction carried the flag. Read the one of the step
-            # before this one, complete long ago, so that reading it never waits on the
-            # device; every member reads the same one, so all switch at the same step.
-            prev = self._meta_prev
-            self._meta_prev, self._meta_cur = self._meta_cur, None
-            changed = prev is not None and prev.values()[1] > 0
         else:
-            t = torch.tensor([1.0 if agent.latest > self.gen else 0.0], device=self.device)
-            _wait(dist.all_reduce(t, async_op=True), "the switch flag")
-            changed = t.item() > 0
+            # Read the flag of the step before this one, complete long ago, so that
+            # reading it never waits on the network or the device; every member reads
+            # the same one, so all switch at the same step. A DDP step's reduction
+            # carried this step's flag; else (HSDP, a script's own collectives) one
+            # flag-only all-reduce goes out now, for the next commit (it was a blocking
+            # all-reduce in every commit: a host wait per step).
+            prev = self._meta_prev
+            if self._meta_cur is not None:
+                self._meta_prev, self._meta_cur = self._meta_cur, None
+            else:
+                self._meta_prev = _Meta(self, 0.0, self.device)
+            changed = prev is not None and prev.values()[1] > 0
         if changed:
             t = torch.tensor([agent.latest], dtype=torch.int64, device=self.device)
             _wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True), "the next generation's number")
