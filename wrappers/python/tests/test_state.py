@@ -101,6 +101,37 @@ def test_a_dirty_rollback_with_copy_restores_model_and_optimizer_from_the_cpu_co
     assert_model_and_momentum(s, kept2)
 
 
+def test_a_rollback_after_the_optimizer_stepped_is_dirty_whatever_the_caller_says():
+    """Under HSDP nothing marks a step dirty (FSDP's reductions end inside backward): a
+    collective of the script's own failing after opt.step() came back as not dirty, and
+    the stepped model stayed, to be stepped again by the rerun of the step."""
+    s = make(copy=True)
+    train_step(s)
+    s.step = 1
+    s.save()
+    kept = model_and_momentum(s)
+    train_step(s)  # opt.step(), then the failure
+    s.restore(dirty=False)
+    assert s.committed_step == 1
+    assert_model_and_momentum(s, kept)
+    # Without a copy it cannot roll back in place: it asks a peer.
+    s = make()
+    train_step(s)
+    s.step = 1
+    s.save()
+    train_step(s)
+    s.restore(dirty=False)
+    assert s.committed_step == -1
+    # A step that failed before opt.step() stays clean: only the small parts come back.
+    s = make()
+    train_step(s)
+    s.step = 1
+    s.save()
+    s.sampler.take()
+    s.restore(dirty=False)
+    assert s.committed_step == 1 and s.sampler.consumed == 2
+
+
 def test_a_dirty_rollback_without_copy_asks_a_peer_for_the_state(capsys):
     s = make()
     train_step(s)

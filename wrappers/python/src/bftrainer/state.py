@@ -176,10 +176,22 @@ class State:
         self._copy_bufs: Dict[Any, Any] = {}  # (part, path) -> CPU tensor, reused by the next copy
         self._clean = True  # model and optimizer equal the last commit (or nothing was committed)
         self._intact = True  # model and optimizer are whole (not half-received)
+        # The optimizer stepped since the last commit: a rollback must put model and
+        # optimizer back too, whatever the failed collective was (under HSDP nothing
+        # else tells: FSDP's reductions end inside backward, and a failure in a
+        # collective of the script's own between opt.step() and commit() left the
+        # stepped model in place, to be stepped again by the rerun).
+        self._stepped = False
+        hook = getattr(optimizer, "register_step_post_hook", None)
+        if hook is not None:
+            hook(self._on_optimizer_step)
         self._reset_callbacks: List[Callable[[], None]] = []
         self._writer: Optional[threading.Thread] = None
         self._write_error: Optional[BaseException] = None
         self._said_skip = False
+
+    def _on_optimizer_step(self, *_: Any) -> None:
+        self._stepped = True
 
     @property
     def samples(self) -> int:
@@ -262,6 +274,7 @@ class State:
         self._snap = snap
         self.committed_step = self.step
         self._clean = self._intact = True
+        self._stepped = False
 
     def _cpu_copy(self) -> Dict[str, Any]:
         """Model and optimizer copied to the CPU, into the previous copy's tensors where
@@ -294,15 +307,17 @@ class State:
     def restore(self, dirty: bool = False) -> None:
         """Go back to the last commit after a failure. ``dirty``: the failure came after
         model or optimizer may have changed in this step (after a successful
-        ``allreduce_gradients`` of the step). Not dirty, only the small parts are put
+        ``allreduce_gradients`` of the step; the optimizer stepping since the commit counts
+        as dirty whatever the caller says). Not dirty, only the small parts are put
         back (model and optimizer are the commit). Dirty, model and optimizer come back
         from the CPU copy (``copy=True``); without a copy this worker cannot roll back:
         it keeps ``committed_step = -1`` and receives the state from a peer at the next
         sync. With no commit at all it receives one likewise."""
         _reset_fsdp(self.model)
         snap = self._snap
-        if dirty:
+        if dirty or self._stepped:
             self._clean = False
+        self._stepped = False
         if snap is None:
             self.committed_step = -1
             return
