@@ -5,7 +5,7 @@ first change. Checks that every sample is used once in the epoch, that each step
 committed lineage took the batch in force and its learning rate (0.05 * G / 32), that
 the change came at one step for all ranks, and that the rollback kept it.
 
-Usage: batch_change.py BFT_RUN_BINARY
+Usage: batch_change.py BFT_RUN_BINARY [TRAIN.PY OPTIONS...] (e.g. --ddp --accum 2)
 """
 
 import collections
@@ -43,6 +43,8 @@ def lineage(log_dir):
 
 def main():
     bft = sys.argv[1]
+    # With --accum N (under --ddp) a step is N sampler batches, each of the global batch.
+    accum = int(sys.argv[sys.argv.index("--accum") + 1]) if "--accum" in sys.argv else 1
     d = tempfile.mkdtemp(prefix="bft-batch-")
     os.mkdir(os.path.join(d, "munge"))
     mp, sock = munged(os.path.join(d, "munge"))
@@ -54,7 +56,7 @@ def main():
     core = subprocess.Popen(
         [bft, "--local", "2", "--batch-file", batch_file, "--hang-timeout", "5", "--broken-timeout", "3", "--",
          sys.executable, TRAIN, "--samples", str(SAMPLES), "--global-batch", "32", "--epochs", "1",
-         "--lr", str(LR), "--step-sleep", "0.05", "--fast-file", fast, "--log-dir", logs],
+         "--lr", str(LR), "--step-sleep", "0.05", "--fast-file", fast, "--log-dir", logs, *sys.argv[2:]],
         env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, cwd=d)
     trace = Trace(env["BFT_TRACE"])
     try:
@@ -99,8 +101,9 @@ def main():
             gen, batch, lr, n = steps[k]
             if abs(lr - LR * batch / 32) > 1e-12:
                 raise AssertionError(f"step {k}: lr {lr} at global batch {batch}, expected {LR * batch / 32}")
-            if k < last and n != batch:
-                raise AssertionError(f"step {k} (generation {gen}) took {n} samples, its batch is {batch}")
+            if k < last and n != batch * accum:
+                raise AssertionError(f"step {k} (generation {gen}) took {n} samples, its batch is {batch}"
+                                     f"{f' x {accum} micro-batches' if accum > 1 else ''}")
             if not order or order[-1][0] != batch:
                 order.append((batch, k))
         if [b for b, _ in order] != [32, 64, 48]:

@@ -145,7 +145,7 @@ fn ddp_faults_sigterm() {
 // Every sample once; the final loss as a static run's.
 #[test]
 fn hsdp_faults() {
-    let out = run_driver("hsdp.py", "HSDP OK", "the HSDP matrix failed");
+    let out = run_driver("hsdp.py", &[], "HSDP OK", "the HSDP matrix failed");
     for l in out.lines() {
         eprintln!("{l}");
     }
@@ -154,7 +154,7 @@ fn hsdp_faults() {
 /// Runs the Python driver `script` (tests/) on this bft-run, outside any Slurm job;
 /// asserts that it succeeds and prints `ok` (else panics with `failed` and its output);
 /// returns its output.
-fn run_driver(script: &str, ok: &str, failed: &str) -> String {
+fn run_driver(script: &str, args: &[&str], ok: &str, failed: &str) -> String {
     let venv =
         PathBuf::from(std::env::var("BFT_VENV").unwrap_or_else(|_| "/opt/bftrainer-venv".into()));
     let o = Command::new(venv.join("bin/python"))
@@ -164,6 +164,7 @@ fn run_driver(script: &str, ok: &str, failed: &str) -> String {
                 .join(script),
         )
         .arg(env!("CARGO_BIN_EXE_bft-run"))
+        .args(args)
         .env_remove("SLURM_JOB_ID")
         .output()
         .unwrap();
@@ -178,7 +179,24 @@ fn run_driver(script: &str, ok: &str, failed: &str) -> String {
 /// learning rate, switched at one step for all ranks.
 #[test]
 fn batch_changes_at_a_step_boundary() {
-    let out = run_driver("batch_change.py", "BATCH OK", "the batch change failed");
+    batch_change(&[]);
+}
+
+/// The same through `bftrainer.DistributedDataParallel` (torch's DDP, its reduction
+/// weighted by each rank's samples, which the batch change moves), two micro-batches per
+/// step under `no_sync()`.
+#[test]
+fn batch_changes_at_a_step_boundary_under_ddp() {
+    batch_change(&["--ddp", "--accum", "2"]);
+}
+
+fn batch_change(args: &[&str]) {
+    let out = run_driver(
+        "batch_change.py",
+        args,
+        "BATCH OK",
+        "the batch change failed",
+    );
     for l in out
         .lines()
         .filter(|l| l.starts_with("samples ok") || l.starts_with("batches"))

@@ -140,6 +140,13 @@ def ddp_step(chunk):
     return loss_sum, n
 
 
+def log_batch(state):
+    """Rank 0 logs the step's global batch and learning rate (a batch bftrainerd decides)."""
+    if bftrainer.rank() == 0 and state.sampler.global_batch:
+        log.write(f"B {bftrainer.generation()} {state.step + 1} {state.sampler.global_batch} "
+                  f"{opt.param_groups[0]['lr']!r}\n")
+
+
 def end_step(state, n):
     """The end of a step in either loop (``n``: the samples this rank took): the step
     and sample sleeps (until --fast-file), the commit, the timeline."""
@@ -171,6 +178,7 @@ def train(state):
                 if log:
                     log.write(f"S {bftrainer.generation()} {state.step + 1} {state.sampler.epoch} "
                               f"{bftrainer.rank()} {' '.join(str(i) for c in chunk for i in c)}\n")
+                    log_batch(state)
                 loss_sum, n = ddp_step(chunk)
                 chunk = []
                 epoch_loss += loss_sum
@@ -185,10 +193,7 @@ def train(state):
                 # samples of the last generation that ran it (the committed one).
                 log.write(f"S {bftrainer.generation()} {state.step + 1} {state.sampler.epoch} "
                           f"{bftrainer.rank()} {' '.join(map(str, idx))}\n")
-                if bftrainer.rank() == 0 and state.sampler.global_batch:
-                    # The step's global batch and learning rate (a batch bftrainerd decides).
-                    log.write(f"B {bftrainer.generation()} {state.step + 1} {state.sampler.global_batch} "
-                              f"{opt.param_groups[0]['lr']!r}\n")
+                log_batch(state)
             opt.zero_grad()
             if idx:
                 x, y = (X[idx], Y[idx]) if rows is None else (rows[:, :16].to(dev), rows[:, 16:].to(dev))
