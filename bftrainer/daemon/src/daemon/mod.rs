@@ -1621,6 +1621,19 @@ mod tests {
                 (v.batch, v.batch_range, v.rate),
                 (Some(256), Some((32, 256)), Some(160.0))
             );
+            // The Comment is the job's to write: a batch outside its declared range is
+            // not believed (it would rebase the job's rates through the model).
+            for forged in [1, 16, 257, 1 << 24, u32::MAX] {
+                comment(&mut d, 4, forged);
+                now += PROGRESS_EVERY_S;
+                d.cycle(now).unwrap();
+                assert_eq!(
+                    d.engine.job_batch(d.cores[&1].jid),
+                    (Some((32, 256)), Some(256)),
+                    "a Comment's batch of {forged} was believed"
+                );
+                assert_eq!(d.cluster.calls.updates, calls, "{}", tag(&d));
+            }
         }
     }
 
