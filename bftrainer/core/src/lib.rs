@@ -14,6 +14,7 @@ pub mod placement;
 pub mod runtime;
 pub mod sacct;
 pub mod sim;
+pub mod spankopt;
 pub mod spec;
 pub mod timefmt;
 pub mod trace;

@@ -276,8 +276,11 @@ pub fn parse(input: &str) -> Result<ElasticSpec, SpecError> {
 /// Parses an admin-comment tag written by [`ElasticSpec::to_tag`]. `None` when the
 /// comment is not a bftrainer tag at all.
 /// A core tag may end with [`ADMIN_HOLD`], which this ignores (see [`site_hold`]).
+/// Other SPANK plugins' options that a core tag carries are skipped
+/// ([`crate::spankopt::from_tag`] reads them).
 pub fn parse_tag(comment: &str) -> Option<Result<ElasticSpec, SpecError>> {
-    let bare = split_admin_hold(comment).0;
+    let comment = crate::spankopt::split(comment).0;
+    let bare = split_admin_hold(&comment).0;
     split_batch_now(bare).0.strip_prefix(TAG_PREFIX).map(parse)
 }
 

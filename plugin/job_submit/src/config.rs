@@ -62,6 +62,9 @@ pub struct Policy {
     pub hold: bool,
     /// What happens to a plain (non-elastic) job sent to an elastic partition.
     pub plain_jobs: PlainJobs,
+    /// Other SPANK plugins (or options of them) whose options a core job's satellites
+    /// carry (`[policy] satellite_spank_options`); empty: none.
+    pub satellite_spank_options: Vec<bftrainer_core::spankopt::Allowed>,
     /// Why no policy could be read at slurmctld's start (the file missing or broken, and
     /// no last good copy): init() must not fail over it, since that stops slurmctld.
     /// Every elastic request is then refused with this reason (root's too), plain jobs
@@ -360,7 +363,11 @@ pub fn parse(
         _ => PlainJobs::Refuse,
     };
     let (_, gpu_satellite_partition) = bftrainer_core::config::gpu_lending(&doc, &file)?;
+    let satellite_spank_options =
+        bftrainer_core::spankopt::parse_allowed(&t.strings("satellite_spank_options")?)
+            .map_err(|m| t.err("satellite_spank_options", m))?;
     Ok(Policy {
+        satellite_spank_options,
         gpu_satellite_partition,
         path: path.to_path_buf(),
         partition,

@@ -3,6 +3,7 @@
 //!
 //! Kept free of pointers so every rule is unit-tested without slurmctld.
 
+use bftrainer_core::spankopt;
 use bftrainer_core::spec::{self, ElasticSpec, Role, JOB_ENV_COPY, OPTION_ENV_PREFIX};
 
 use crate::config::{partition_list, PlainJobs, Policy};
@@ -299,13 +300,28 @@ fn elastic(pol: &Policy, s: &Submission<'_>, mut spec: ElasticSpec, privileged: 
     let gpu_satellite = spec.role == Role::Satellite && pol.gpu_satellite(&partition);
     let hold = pol.hold && spec.role == Role::Core;
     let comment = (hold && s.comment.is_none()).then(|| spec::waiting_note(&spec));
+    // Other SPANK plugins' options (a container image...) go into the core's tag for
+    // bftrainerd to give its satellites; one the admin lets satellites carry but that
+    // cannot be carried as given is refused now, not on the grown nodes later.
+    let mut admin_comment = spec.to_tag();
+    if spec.role == Role::Core {
+        match spankopt::collect(&s.spank_env, &pol.satellite_spank_options) {
+            Ok(carried) => admin_comment = spankopt::with_carried(&admin_comment, &carried),
+            Err(e) => {
+                return Verdict::Reject(
+                    format!("{shown}: {e} ([policy] satellite_spank_options of this cluster)"),
+                    Code::Invalid,
+                )
+            }
+        }
+    }
     Verdict::Elastic(Box::new(Rewrite {
         partition,
         nodes: spec.min,
         priority: hold.then_some(0),
         shared: (pol.exclusive && !gpu_satellite).then_some(0),
         requeue: spec.role == Role::Core,
-        admin_comment: spec.to_tag(),
+        admin_comment,
         comment,
         spec,
     }))
@@ -644,6 +660,62 @@ mod tests {
             r.comment.as_deref(),
             Some("bftrainer: elastic job (2-4 nodes) waiting for bftrainerd to admit it")
         );
+    }
+
+    #[test]
+    fn other_plugins_options_go_into_the_core_tag_when_the_policy_allows_them() {
+        let env: Vec<&'static [u8]> = vec![
+            b"BFTRAINER_ELASTIC=2:4",
+            b"_SLURM_SPANK_OPTION_pyxis_container_image=nvcr.io#nvidia/pytorch:24.01",
+            b"_SLURM_SPANK_OPTION_x11_x11=all",
+        ];
+        let s = Submission {
+            spank_env: env.clone(),
+            ..sub("X=1")
+        };
+        // Not allowed by the policy: not carried.
+        let r = rewrite(submit(&pol(""), &s));
+        assert_eq!(r.admin_comment, "bftrainer:v1 2:4,role=core");
+        let p = pol("satellite_spank_options = [\"pyxis\"]");
+        let r = rewrite(submit(&p, &s));
+        assert_eq!(
+            r.admin_comment,
+            "bftrainer:v1 spank:pyxis_container_image=nvcr.io%23nvidia/pytorch%3A24.01 2:4,role=core"
+        );
+        assert_eq!(spec::parse_tag(&r.admin_comment), Some(Ok(r.spec.clone())));
+        // An allowed option that cannot be carried refuses the job, saying why.
+        let bad = Submission {
+            spank_env: vec![
+                b"BFTRAINER_ELASTIC=2:4",
+                b"_SLURM_SPANK_OPTION_pyxis_container_image=a\tb",
+            ],
+            ..sub("X=1")
+        };
+        let m = rejected(submit(&p, &bad));
+        assert!(
+            m.contains("SPANK option pyxis_container_image: its value holds a control character"),
+            "{m}"
+        );
+        assert!(m.contains("[policy] satellite_spank_options"), "{m}");
+        // The daemon's satellites carry them in their own way; their tag stays bare.
+        let sat = Submission {
+            uid: 990,
+            spank_env: vec![
+                b"BFTRAINER_ELASTIC=1:1,role=satellite,parent=5",
+                b"_SLURM_SPANK_OPTION_pyxis_container_image=x",
+            ],
+            ..sub("X=1")
+        };
+        let r = rewrite(submit(&p, &sat));
+        assert_eq!(r.admin_comment, "bftrainer:v1 1:1,role=satellite,parent=5");
+        // A bad entry in the list names the key.
+        let e = config::parse(
+            "[policy]\nsatellite_spank_options = [\"bftrainer\"]",
+            Path::new("/t/bftrainer.toml"),
+            &|_| Some(0),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("/t/bftrainer.toml: [policy] satellite_spank_options: 'bftrainer' names bftrainer's own plugin"), "{e}");
     }
 
     #[test]

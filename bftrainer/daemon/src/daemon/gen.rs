@@ -36,6 +36,9 @@ pub struct GenCluster {
     pub preempt_type: Option<String>,
     pub preempt_mode: u16,
     next_id: u32,
+    /// The SPANK environment and environment of the last job submitted (what tests of
+    /// satellites check; only the last, so a long benchmark keeps no list).
+    pub last_submit_env: Option<(Vec<(String, String)>, Vec<(String, String)>)>,
     /// Jobs already ended at the last `purge_ended`.
     ended: std::collections::HashSet<u32>,
 }
@@ -167,6 +170,7 @@ impl GenCluster {
             preempt_type: Some("preempt/partition_prio".into()),
             preempt_mode: bftrainer_slurm::Partition::PREEMPT_REQUEUE,
             next_id,
+            last_submit_env: None,
             ended: Default::default(),
         }
     }
@@ -260,6 +264,7 @@ impl Cluster for GenCluster {
     }
     fn submit(&mut self, b: &BatchJob) -> Result<u32> {
         self.calls.submits += 1;
+        self.last_submit_env = Some((b.spank_env.clone(), b.env.clone()));
         let id = self.next_id;
         self.next_id += 1;
         let mut j = job(

@@ -406,7 +406,36 @@ impl<C: Cluster> Daemon<C> {
              if [ $rc -eq 0 ] || [ $rc -eq 143 ]; then exit 0; fi\n\
              exit $rc\n"
         );
+        // Other SPANK plugins' options of the core (its container image...), which
+        // job_submit/bftrainer put into its tag: the satellite gets them as sbatch would
+        // have set them, so those plugins act on the grown node as on the core's. A tag
+        // whose options cannot be read (written by hand) grows nothing: workers would run
+        // outside the core's container.
+        let carried = match core_job
+            .admin_comment
+            .as_deref()
+            .map(bftrainer_core::spankopt::from_tag)
+            .unwrap_or(Ok(Vec::new()))
+        {
+            Ok(c) => c,
+            Err(e) => {
+                self.error(format!(
+                    "grow job {parent} onto {node}: not submitting its satellite: {e}"
+                ));
+                self.job_failed(parent, format!("its tag's SPANK options: {e}"), now);
+                return;
+            }
+        };
+        let (carried_spank, carried_env) = bftrainer_core::spankopt::satellite_entries(&carried);
         let tag_spec = format!("1:1,role=satellite,parent={parent}");
+        let mut env = vec![
+            ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+            (spec::env::PARENT_JOB_ID.into(), parent.to_string()),
+            (spec::env::ROLE.into(), "satellite".into()),
+        ];
+        env.extend(carried_env);
+        let mut spank_env = vec![(spec::JOB_ENV_NAME.to_string(), tag_spec)];
+        spank_env.extend(carried_spank);
         let mut job = BatchJob {
             script,
             name: Some(satellite_name(parent)),
@@ -419,11 +448,7 @@ impl<C: Cluster> Daemon<C> {
             time_limit: core_job.time_limit,
             admin_comment: Some(satellite_tag(parent)),
             comment: Some(format!("bftrainer: satellite of elastic job {parent}")),
-            env: vec![
-                ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
-                (spec::env::PARENT_JOB_ID.into(), parent.to_string()),
-                (spec::env::ROLE.into(), "satellite".into()),
-            ],
+            env,
             work_dir: core_job
                 .work_dir
                 .clone()
@@ -433,7 +458,7 @@ impl<C: Cluster> Daemon<C> {
             run_as: Some((uid, gid)),
             requeue: Some(false),
             exclusive: true,
-            spank_env: vec![(spec::JOB_ENV_NAME.into(), tag_spec)],
+            spank_env,
             // The core job's per-node request, as Slurm holds it: the satellite gets on
             // its node what the core's nodes have (GPUs with the job's GRES, its
             // constraint, memory, QOS and task shape).
@@ -500,5 +525,96 @@ impl<C: Cluster> Daemon<C> {
                 let _ = n;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::tests::four_nodes_one_held_core;
+
+    fn grow(d: &mut Daemon<gen::GenCluster>, cycles: u32) -> f64 {
+        let mut now = 3_000_000_000.0;
+        for _ in 0..cycles {
+            now += 1.0;
+            d.cluster.start_pending_elastic(now as i64);
+            d.cycle(now).unwrap();
+        }
+        now
+    }
+
+    #[test]
+    fn satellites_carry_the_options_of_other_spank_plugins_in_the_core_tag() {
+        let (mut cluster, cfg, _state) = four_nodes_one_held_core("");
+        cluster.jobs[0].admin_comment = Some(
+            "bftrainer:v1 spank:pyxis_container_image=nvcr.io%23nvidia/pytorch%3A24.01,pyxis_container_mount_home= 1:4,role=core".into(),
+        );
+        let mut d = Daemon::new(cfg, cluster, None, &[]).unwrap();
+        grow(&mut d, 10);
+        assert!(d.stats.grows >= 1, "no satellite submitted");
+        let (spank, env) = d.cluster.last_submit_env.clone().unwrap();
+        let image = "nvcr.io#nvidia/pytorch:24.01".to_string();
+        assert_eq!(
+            spank,
+            vec![
+                (
+                    "BFTRAINER_ELASTIC".into(),
+                    "1:1,role=satellite,parent=1".into()
+                ),
+                (
+                    "_SLURM_SPANK_OPTION_pyxis_container_image".into(),
+                    image.clone()
+                ),
+                (
+                    "_SLURM_SPANK_OPTION_pyxis_container_mount_home".into(),
+                    String::new()
+                ),
+            ]
+        );
+        for var in [
+            "_SLURM_SPANK_OPTION_pyxis_container_image",
+            "SLURM_SPANK__SLURM_SPANK_OPTION_pyxis_container_image",
+        ] {
+            assert!(
+                env.contains(&(var.into(), image.clone())),
+                "{var} not in {env:?}"
+            );
+        }
+        // The satellite's own tag and identity are bftrainerd's, whatever is carried.
+        let sat = d
+            .cluster
+            .jobs
+            .iter()
+            .find(|j| j.name == satellite_name(1))
+            .unwrap();
+        assert_eq!(
+            sat.admin_comment.as_deref(),
+            Some(satellite_tag(1).as_str())
+        );
+        assert_eq!(sat.partition.as_deref(), Some("elastic-sat"));
+    }
+
+    #[test]
+    fn a_tag_whose_spank_options_do_not_read_grows_nothing_and_pauses_the_job() {
+        let (mut cluster, cfg, _state) = four_nodes_one_held_core("");
+        // Written by hand (only privileged uids write tags): a raw control byte.
+        cluster.jobs[0].admin_comment =
+            Some("bftrainer:v1 spank:pyxis_container_image=a%0Ab 1:4,role=core".into());
+        let mut d = Daemon::new(cfg, cluster, None, &[]).unwrap();
+        let now = grow(&mut d, 10);
+        assert_eq!(d.stats.grows, 0, "a satellite was submitted");
+        assert!(d.cluster.jobs.iter().all(|j| j.name != satellite_name(1)));
+        assert!(d.stats.job_pauses >= 1);
+        let why = d
+            .blame
+            .paused(1, now)
+            .map(|s| s.reason.clone())
+            .unwrap_or_default();
+        assert!(
+            why.contains("its tag's SPANK options: SPANK option pyxis_container_image: its value holds a control character"),
+            "{why}"
+        );
+        // The core itself was admitted and runs.
+        assert_eq!(d.cluster.jobs[0].state.base(), JobBase::Running);
     }
 }
