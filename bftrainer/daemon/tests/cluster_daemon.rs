@@ -15,10 +15,42 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn cluster_daemon_grows_yields_to_a_regular_job_and_grows_back() {
-    let l = Live::start("", "", "");
-    let job = l.submit_elastic("1:4");
+    // Another SPANK plugin beside ours (a stand-in for pyxis' --container-image), whose
+    // options satellites carry: the job's workers on grown nodes must run in the same
+    // image as on the core's.
+    let s = live::setup("bftd", "satellite_spank_options = [\"standin\"]", "", "");
+    let (line, records) = live::stand_in_plugin(&s.dir);
+    let mut l = Live::from_setup_with(
+        s,
+        bftrainer_testcluster::Options {
+            plugstack_lines: vec![line],
+            ..Default::default()
+        },
+    );
+    l.spawn();
+    // Characters the tag must encode (',', '#', ':', ' ').
+    let image = "reg.example#team/train:1.0,ro x";
+    let job = l.submit_elastic_with("1:4", &[&format!("--stand-in-image={image}")]);
     let sats = l.grown_to_all(job);
     l.assert_no_double_allocation();
+    // The core's prolog and steps, and each satellite's prolog, batch step (the
+    // satellite's environment) and srun step (srun reads SLURM_SPANK_* from it): the
+    // plugin saw the same image everywhere.
+    for id in std::iter::once(job).chain(sats.values().copied()) {
+        let seen = l.wait(30, "the stand-in plugin's records of the job", || {
+            let r = live::stand_in_records(&records, id);
+            let prolog = r.iter().any(|(f, _)| f.starts_with("prolog."));
+            let steps = r.iter().filter(|(f, _)| f.starts_with("step.")).count();
+            (prolog && steps >= 2).then_some(r)
+        });
+        eprintln!("job {id}: the stand-in plugin saw {seen:?}");
+        for (file, got) in &seen {
+            assert_eq!(
+                got, image,
+                "job {id}: the stand-in plugin's {file}: {seen:?}"
+            );
+        }
+    }
     let core_node = l.squeue().into_iter().find(|r| r.id == job).unwrap().nodes;
     assert!(
         !sats.contains_key(&core_node),

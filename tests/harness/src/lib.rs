@@ -109,6 +109,9 @@ pub struct Options {
     /// partitions `shared` (regular jobs, OverSubscribe=NO) and `shared-sat` (GPU
     /// satellites, a lower PriorityTier, PreemptMode=CANCEL), with a CPU per GPU.
     pub shared_gpus: Option<String>,
+    /// Further plugstack.conf lines (`cluster up --plugstack-line`), after ours: other
+    /// SPANK plugins, such as a test's stand-in for pyxis.
+    pub plugstack_lines: Vec<String>,
 }
 
 impl Default for Options {
@@ -125,6 +128,7 @@ impl Default for Options {
             gpus: None,
             constrain_devices: false,
             shared_gpus: None,
+            plugstack_lines: Vec::new(),
         }
     }
 }
@@ -206,6 +210,9 @@ impl Cluster {
         }
         if let Some(g) = &opts.shared_gpus {
             cmd.arg("--shared-gpus").arg(g);
+        }
+        for line in &opts.plugstack_lines {
+            cmd.arg("--plugstack-line").arg(line);
         }
         let out = run_script(&mut cmd)?;
         if !out.status.success() {

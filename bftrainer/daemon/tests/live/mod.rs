@@ -105,6 +105,55 @@ pub fn setup_sized(
     }
 }
 
+/// Builds the stand-in for another site's SPANK plugin (tests/cluster/stand_in_spank.c,
+/// option `--stand-in-image=NAME`) into `dir` with cc, against the Slurm headers of the
+/// release under test. Returns its plugstack.conf line and the directory its records go
+/// to (one file per job prolog and per step: `prolog.J.0`, `step.J.S`).
+pub fn stand_in_plugin(dir: &Path) -> (String, PathBuf) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/cluster/stand_in_spank.c");
+    let so = dir.join("stand_in_spank.so");
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
+        .arg(&so)
+        .arg(&src)
+        .output()
+        .expect("cc");
+    assert!(
+        out.status.success(),
+        "cc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::set_permissions(&so, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let records = dir.join("standin");
+    std::fs::create_dir_all(&records).unwrap();
+    (
+        format!("optional {} out={}", so.display(), records.display()),
+        records,
+    )
+}
+
+/// What the stand-in SPANK plugin recorded for job `id`: `(file name, image it was
+/// given)` for its prolog and each of its steps.
+pub fn stand_in_records(records: &Path, id: u32) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = std::fs::read_dir(records)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let mut parts = name.split('.');
+            let (_, job) = (parts.next()?, parts.next()?);
+            if job != id.to_string() {
+                return None;
+            }
+            let text = std::fs::read_to_string(records.join(&name)).ok()?;
+            let image = text.trim_end().split_once(" image=")?.1.to_string();
+            Some((name, image))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
 /// This process's peak RSS in MB (VmHWM), for the benchmarks.
 pub fn peak_rss_mb() -> f64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
