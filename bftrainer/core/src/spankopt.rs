@@ -348,10 +348,13 @@ pub fn from_tag(admin_comment: &str) -> Result<Vec<Carried>, CarryError> {
     }
 }
 
+/// `NAME=VALUE` entries of a job's environment or SPANK environment.
+pub type Entries = Vec<(String, String)>;
+
 /// What a satellite gets, as sbatch would have set it for the same options: its
 /// `spank_job_env` entries, and the entries of its environment.
-pub fn satellite_entries(carried: &[Carried]) -> (Vec<(String, String)>, Vec<(String, String)>) {
-    let spank: Vec<(String, String)> = carried.iter().map(|c| (c.var(), c.value.clone())).collect();
+pub fn satellite_entries(carried: &[Carried]) -> (Entries, Entries) {
+    let spank: Entries = carried.iter().map(|c| (c.var(), c.value.clone())).collect();
     let mut env = spank.clone();
     env.extend(
         carried

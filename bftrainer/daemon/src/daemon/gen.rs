@@ -38,7 +38,10 @@ pub struct GenCluster {
     next_id: u32,
     /// The SPANK environment and environment of the last job submitted (what tests of
     /// satellites check; only the last, so a long benchmark keeps no list).
-    pub last_submit_env: Option<(Vec<(String, String)>, Vec<(String, String)>)>,
+    pub last_submit_env: Option<(
+        bftrainer_core::spankopt::Entries,
+        bftrainer_core::spankopt::Entries,
+    )>,
     /// Jobs already ended at the last `purge_ended`.
     ended: std::collections::HashSet<u32>,
 }
