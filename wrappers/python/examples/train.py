@@ -22,8 +22,16 @@ p.add_argument("--samples", type=int, default=4096, help="dataset size")
 p.add_argument("--batch", type=int, default=32, help="per-rank batch size")
 p.add_argument("--global-batch", type=int, default=None,
                help="samples per step whatever the world (instead of --batch): results do not depend on the nodes lent")
+p.add_argument("--batch-at", action="append", default=[], metavar="STEP:BATCH",
+               help="with --global-batch: from step STEP on, a global batch of BATCH, taken as a batch bftrainerd "
+                    "decided (learning-rate rule included): a static run replays an elastic run's decisions")
 p.add_argument("--epochs", type=int, default=3)
+p.add_argument("--stop-at", type=int, default=0, metavar="STEP",
+               help="end after step STEP: a prefix of the run (a static reference for an elastic run's changes)")
 p.add_argument("--lr", type=float, default=0.05)
+p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+               help="of the data and the model: in float64 the order of a step's sums (other world sizes) "
+                    "no longer shows in thousands of steps (the live reproducibility test)")
 p.add_argument("--hidden", type=int, default=64, help="width of the hidden layer")
 p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step (slow the job down for demos)")
 p.add_argument("--sample-sleep", type=float, default=0.0,
@@ -42,6 +50,12 @@ p.add_argument("--ddp", action="store_true", help="train through bftrainer.Distr
 p.add_argument("--accum", type=int, default=1, help="with --ddp: micro-batches per step (no_sync() on all but the last)")
 p.add_argument("--report-rss", action="store_true", help="every rank prints its peak RSS at the end (benchmarks)")
 args = p.parse_args()
+batch_at = {}
+for a in args.batch_at:
+    step, _, batch = a.partition(":")
+    if not (step.isdigit() and batch.isdigit() and int(step) >= 1 and int(batch) >= 1 and args.global_batch):
+        p.error(f"--batch-at {a!r}: expected STEP:BATCH, two positive whole numbers, with --global-batch")
+    batch_at[int(step)] = int(batch)
 
 # This worker's device: the GPU of its LOCAL_RANK (NCCL), else the CPU (gloo).
 dev = bftrainer.device()
@@ -51,10 +65,11 @@ g = torch.Generator().manual_seed(1234)
 X = torch.randn(args.samples, 16, generator=g)
 W_true = torch.randn(16, 1, generator=g)
 Y = torch.tanh(X @ W_true) + 0.05 * torch.randn(args.samples, 1, generator=g)
-X, Y = X.to(dev), Y.to(dev)
+dtype = getattr(torch, args.dtype)
+X, Y = X.to(dev, dtype), Y.to(dev, dtype)
 
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1)).to(dev)
+model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1)).to(dev, dtype)
 # With --ddp, torch's DDP on the library's group: built once, valid in every generation.
 net = bftrainer.DistributedDataParallel(model) if args.ddp else model
 opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -95,7 +110,7 @@ if args.data_dir:
     if not os.path.exists(path):
         # Every worker may write it at once: the same bytes, renamed into place.
         tmp = f"{path}.{os.getpid()}"
-        torch.cat([X, Y], 1).cpu().numpy().tofile(tmp)
+        torch.cat([X, Y], 1).to("cpu", torch.float32).numpy().tofile(tmp)
         os.replace(tmp, path)
     loader = bftrainer.ElasticDataLoader(FileRows(path, args.samples), sampler,
                                          num_workers=args.loader_workers, prefetch_factor=4)
@@ -147,6 +162,16 @@ def log_batch(state):
                   f"{opt.param_groups[0]['lr']!r}\n")
 
 
+def take_decided_batch(state):
+    """--batch-at: the batch that starts at the next step, applied as the library applies
+    a batch bftrainerd decided when a generation is entered (bftrainer.batch.apply: the
+    sampler's global batch and the job's lr= rule, BFT_LR_RULE), and committed. For a
+    static run: in an elastic one each new generation applies bftrainerd's decision."""
+    batch = batch_at.get(state.step + 1)
+    if batch is not None and bftrainer.batch.apply(state, batch) and state.committed_step >= 0:
+        state.save()
+
+
 def end_step(state, n):
     """The end of a step in either loop (``n``: the samples this rank took): the step
     and sample sleeps (until --fast-file), the commit, the timeline."""
@@ -154,8 +179,14 @@ def end_step(state, n):
     if pause and not (args.fast_file and os.path.exists(args.fast_file)):
         time.sleep(pause)
     state.commit()
+    take_decided_batch(state)
     if timeline and bftrainer.rank() == 0:
         timeline.write(f"{time.time():.6f} {state.step} {bftrainer.world_size()} {bftrainer.generation()}\n")
+
+
+def more(state):
+    """Steps are left: epochs, and steps before --stop-at."""
+    return state.sampler.epoch < args.epochs and not (args.stop_at and state.step >= args.stop_at)
 
 
 def end_epoch(state, epoch_loss, epoch_n):
@@ -168,8 +199,9 @@ def end_epoch(state, epoch_loss, epoch_n):
 
 @bftrainer.run
 def train(state):
+    take_decided_batch(state)
     if args.ddp:
-        while state.sampler.epoch < args.epochs:
+        while more(state):
             epoch_loss, epoch_n, chunk = 0.0, 0, []
             for idx in state.sampler:
                 chunk.append(idx)
@@ -184,8 +216,10 @@ def train(state):
                 epoch_loss += loss_sum
                 epoch_n += n
                 end_step(state, n)
+                if not more(state):
+                    break
             end_epoch(state, epoch_loss, epoch_n)
-    while state.sampler.epoch < args.epochs:
+    while more(state):
         epoch_loss, epoch_n = 0.0, 0
         for idx, rows in steps():
             if log:
@@ -196,7 +230,7 @@ def train(state):
                 log_batch(state)
             opt.zero_grad()
             if idx:
-                x, y = (X[idx], Y[idx]) if rows is None else (rows[:, :16].to(dev), rows[:, 16:].to(dev))
+                x, y = (X[idx], Y[idx]) if rows is None else (rows[:, :16].to(dev, dtype), rows[:, 16:].to(dev, dtype))
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 loss.backward()
                 epoch_loss += loss.item() * len(idx)
@@ -209,6 +243,8 @@ def train(state):
             bftrainer.allreduce_gradients(model, len(idx))
             opt.step()
             end_step(state, len(idx))
+            if not more(state):
+                break
         end_epoch(state, epoch_loss, epoch_n)
     # The loss of the final model on the whole data set, the same on every rank (in
     # batches: a wide model's activations of the whole set would not fit).

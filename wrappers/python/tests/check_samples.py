@@ -6,6 +6,12 @@ that was rolled back is run again in a later generation, so for each step number
 run of the highest generation is the one the final model went through.
 
     python check_samples.py LOG_DIR NUM_SAMPLES EPOCHS
+    python check_samples.py --compare ELASTIC_LOG_DIR STATIC_LOG_DIR [RTOL]
+    python check_samples.py --last-change LOG_DIR
+
+The second form compares two runs of the same training (``compare_runs``): an elastic
+one and a static reference; the third prints the last step an elastic run ran in a
+generation before its last (``last_change_step``).
 """
 
 from __future__ import annotations
@@ -107,6 +113,59 @@ def last_change_step(log_dir: str) -> int:
     return max(v for g, v in gens.items() if g != last)
 
 
+def step_samples(log_dir: str) -> Dict[int, List[int]]:
+    """The samples of each step of the committed lineage (the run of the highest
+    generation of each step, all its ranks), sorted."""
+    runs: Dict[int, Dict[int, List[int]]] = collections.defaultdict(dict)
+    for name in sorted(os.listdir(log_dir)):
+        with open(os.path.join(log_dir, name)) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 5 or parts[0] != "S":
+                    continue
+                gen, step = int(parts[1]), int(parts[2])
+                runs[step].setdefault(gen, []).extend(int(x) for x in parts[5:])
+    return {step: sorted(gens[max(gens)]) for step, gens in runs.items()}
+
+
+# The tolerance schedule of an elastic run against a static one, measured by the
+# failure matrix (wrappers/bft-run/tests/faults.py, LOSS_RTOL): relative 1e-3 per step
+# through the changes of world and SETTLE_STEPS steps on, then compare_losses's looser
+# bounds.
+STRICT_RTOL = 1e-3
+SETTLE_STEPS = 50
+
+
+def compare_runs(elastic_dir: str, static_dir: str, rtol: Optional[float] = None) -> Dict[str, float]:
+    """Two runs of the same training from their ``--log-dir``s (the static one may stop
+    early: a prefix of the elastic run's steps): every step took the same
+    samples in both (whatever the worlds, the splits, the rollbacks) and its loss is the
+    same within compare_losses's bounds: in fp32 (``rtol`` None) STRICT_RTOL up to
+    SETTLE_STEPS steps after the elastic run's last change of world, then the looser
+    ones; with ``rtol`` (float64, where the order of a sum no longer shows), ``rtol`` at
+    every step."""
+    mine, theirs = step_samples(elastic_dir), step_samples(static_dir)
+    if sorted(theirs) != list(range(1, len(theirs) + 1)) or not set(theirs) <= set(mine):
+        raise AssertionError(
+            f"the static run's steps are not a prefix of the elastic run's: {len(theirs)} steps "
+            f"up to {max(theirs, default=0)}, the elastic run {len(mine)}"
+        )
+    for step in sorted(theirs):
+        if mine[step] != theirs[step]:
+            diff = sorted(set(mine[step]) ^ set(theirs[step]))
+            raise AssertionError(
+                f"step {step}: {len(mine[step])} samples in the elastic run, {len(theirs[step])} in the "
+                f"static one, differing in {diff[:10]}"
+            )
+    losses = step_losses(elastic_dir), step_losses(static_dir)
+    if rtol is not None:
+        return compare_losses(*losses, rtol)
+    until = last_change_step(elastic_dir) + SETTLE_STEPS
+    same = compare_losses(*losses, STRICT_RTOL, until)
+    same["strict_until_step"] = until
+    return same
+
+
 def compare_losses(
     elastic: Dict[int, float],
     static: Dict[int, float],
@@ -164,6 +223,13 @@ def compare_losses(
 
 
 if __name__ == "__main__":
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "--compare":
+        bound = float(sys.argv[4]) if len(sys.argv) == 5 else None
+        print(f"samples and losses as a static run: {compare_runs(sys.argv[2], sys.argv[3], bound)}")
+        sys.exit(0)
+    if len(sys.argv) == 3 and sys.argv[1] == "--last-change":
+        print(last_change_step(sys.argv[2]))
+        sys.exit(0)
     if len(sys.argv) != 4:
         sys.exit(__doc__)
     r = check(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

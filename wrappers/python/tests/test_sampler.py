@@ -219,6 +219,47 @@ def test_the_loss_comparison_of_the_runtime_tests_catches_a_difference(tmp_path)
                        until=1, window=1)
 
 
+def test_two_runs_compare_by_the_samples_and_the_losses_of_their_committed_steps(tmp_path):
+    import sys as _sys
+
+    _sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from check_samples import compare_runs
+
+    elastic, static = tmp_path / "elastic", tmp_path / "static"
+    elastic.mkdir()
+    static.mkdir()
+    # Elastic: step 2 ran in generation 1 on one rank, was rolled back, and ran again in
+    # generation 2 on two ranks; static: one generation of two ranks.
+    (elastic / "a.log").write_text(
+        "S 1 1 0 0 3 1\nL 1 1 0 4.0 2\nS 1 2 0 0 0 2\nL 1 2 0 9.0 2\nS 2 2 0 0 2\nL 2 2 0 1.0 1\n"
+    )
+    (elastic / "b.log").write_text("S 2 2 0 1 0\nL 2 2 1 1.0 1\n")
+    (static / "a.log").write_text("S 1 1 0 0 1\nL 1 1 0 1.0 1\nS 1 2 0 0 0\nL 1 2 0 1.0 1\n")
+    (static / "b.log").write_text("S 1 1 0 1 3\nL 1 1 1 3.0 1\nS 1 2 0 1 2\nL 1 2 1 1.0 1\n")
+    assert compare_runs(str(elastic), str(static))["steps"] == 2
+    # The static run may stop early (a prefix of the steps), not skip one.
+    prefix = tmp_path / "prefix"
+    prefix.mkdir()
+    (prefix / "a.log").write_text("S 1 1 0 0 1 3\nL 1 1 0 4.0 2\n")
+    assert compare_runs(str(elastic), str(prefix))["steps"] == 1
+    (prefix / "a.log").write_text("S 1 2 0 0 0 2\nL 1 2 0 2.0 2\n")
+    with pytest.raises(AssertionError, match="not a prefix"):
+        compare_runs(str(elastic), str(prefix))
+    # A sample of another step, or a loss 1% apart, is caught.
+    (static / "b.log").write_text("S 1 1 0 1 4\nL 1 1 1 3.0 1\nS 1 2 0 1 2\nL 1 2 1 1.0 1\n")
+    with pytest.raises(AssertionError, match=r"step 1: 2 samples .* differing in \[3, 4\]"):
+        compare_runs(str(elastic), str(static))
+    (static / "b.log").write_text("S 1 1 0 1 3\nL 1 1 1 3.0 1\nS 1 2 0 1 2\nL 1 2 1 1.02 1\n")
+    with pytest.raises(AssertionError, match="step 2: loss"):
+        compare_runs(str(elastic), str(static))
+    # A bound of its own (float64) holds at every step: 1e-9 apart passes 1e-8, 1e-7 not.
+    (static / "b.log").write_text("S 1 1 0 1 3\nL 1 1 1 3.0 1\nS 1 2 0 1 2\nL 1 2 1 1.000000002 1\n")
+    assert compare_runs(str(elastic), str(static), 1e-8)["steps"] == 2
+    (static / "b.log").write_text("S 1 1 0 1 3\nL 1 1 1 3.0 1\nS 1 2 0 1 2\nL 1 2 1 1.0000002 1\n")
+    with pytest.raises(AssertionError, match="step 2: loss .* over 1e-08"):
+        compare_runs(str(elastic), str(static), 1e-8)
+
+
 def test_a_samples_random_stream_is_keyed_by_sample_and_epoch_not_by_rank():
     a = ElasticSampler(100, global_batch=10, seed=4, world=lambda: (0, 1))
     b = ElasticSampler(100, global_batch=10, seed=4, world=lambda: (3, 4))
