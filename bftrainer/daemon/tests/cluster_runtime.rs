@@ -3,7 +3,9 @@
 //! torch, gloo on CPU) starts on 1 node, grows to 4 as nodes are idle, loses 2 to a
 //! regular job (preemption with GraceTime), grows back, survives a worker killed with
 //! -9, and finishes: the loss ends low and every sample was used exactly once per
-//! epoch. Forged joins (another uid, a replayed or misdirected credential) are refused.
+//! epoch, and its steps took the same samples, with the same losses, as a static run
+//! of the same training on 2 workers. Forged joins (another uid, a replayed or
+//! misdirected credential) are refused.
 //!
 //! A second test is another user's attack on that job: after a requeue the Comment
 //! still names the old coordinator's address; bftuser2 listens there, floods the new
