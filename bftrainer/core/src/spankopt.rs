@@ -203,17 +203,7 @@ pub fn collect(spank_env: &[&[u8]], allowed: &[Allowed]) -> Result<Vec<Carried>,
         if !name_ok(&name) {
             return Err(CarryError::BadName { name: name.into() });
         }
-        let value = check_value(&name, value)?;
-        if out.iter().any(|c| c.name == name) {
-            return Err(CarryError::Twice { name: name.into() });
-        }
-        out.push(Carried {
-            name: name.into(),
-            value,
-        });
-        if out.len() > MAX_OPTIONS {
-            return Err(CarryError::TooMany(out.len()));
-        }
+        push_checked(&mut out, &name, value)?;
     }
     let len = encode(&out).len();
     if len > MAX_ENCODED_LEN {
@@ -325,17 +315,7 @@ pub fn decode(seg: &str) -> Result<Vec<Carried>, CarryError> {
                 )));
             }
         }
-        let value = check_value(name, &value)?;
-        if out.iter().any(|c| c.name == name) {
-            return Err(CarryError::Twice { name: name.into() });
-        }
-        out.push(Carried {
-            name: name.into(),
-            value,
-        });
-        if out.len() > MAX_OPTIONS {
-            return Err(CarryError::TooMany(out.len()));
-        }
+        push_checked(&mut out, name, &value)?;
     }
     Ok(out)
 }
@@ -362,6 +342,23 @@ pub fn satellite_entries(carried: &[Carried]) -> (Entries, Entries) {
             .map(|c| (format!("{ENV_COPY_PREFIX}{}", c.var()), c.value.clone())),
     );
     (spank, env)
+}
+
+/// Checks `value`, refuses a second option of the same `name` and more than
+/// [`MAX_OPTIONS`], and appends it to `out`.
+fn push_checked(out: &mut Vec<Carried>, name: &str, value: &[u8]) -> Result<(), CarryError> {
+    let value = check_value(name, value)?;
+    if out.iter().any(|c| c.name == name) {
+        return Err(CarryError::Twice { name: name.into() });
+    }
+    out.push(Carried {
+        name: name.into(),
+        value,
+    });
+    if out.len() > MAX_OPTIONS {
+        return Err(CarryError::TooMany(out.len()));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

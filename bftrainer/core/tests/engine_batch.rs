@@ -9,9 +9,8 @@ use bftrainer_core::alloc::{Curve, EfficiencyModel};
 use bftrainer_core::engine::{Engine, EngineConfig, Event, Exact, JobSnap};
 use engine_common::{idle_nodes, spec};
 
-/// Job 0 scales badly at its measured batch of 32 (synchronisation-bound: 100 samples/s
-/// on one node, 160 on four), job 1 linearly (60 per node); four idle nodes.
-fn engine(range: Option<(u32, u32)>) -> Engine<Exact> {
+/// Four idle nodes and job 0 (1 to 4 nodes) with `objective`; no fair share.
+fn one_job(objective: Curve) -> Engine<Exact> {
     let cfg = EngineConfig {
         fair_share: false,
         ..EngineConfig::default()
@@ -19,9 +18,16 @@ fn engine(range: Option<(u32, u32)>) -> Engine<Exact> {
     let mut e = Engine::new(cfg, Exact::default());
     idle_nodes(&mut e, 4);
     let mut a = spec("a", 1, 4, 1.0);
-    a.objective = Curve::new(vec![(1, 100.0), (4, 160.0)]);
+    a.objective = objective;
     e.on_event(&Event::JobSubmitted { job: 0, spec: a }, 0.0)
         .unwrap();
+    e
+}
+
+/// Job 0 scales badly at its measured batch of 32 (synchronisation-bound: 100 samples/s
+/// on one node, 160 on four), job 1 linearly (60 per node); four idle nodes.
+fn engine(range: Option<(u32, u32)>) -> Engine<Exact> {
+    let mut e = one_job(Curve::new(vec![(1, 100.0), (4, 160.0)]));
     let mut b = spec("b", 1, 4, 60.0);
     b.objective = Curve::new(vec![(1, 60.0), (4, 240.0)]);
     e.on_event(&Event::JobSubmitted { job: 1, spec: b }, 0.0)
@@ -148,16 +154,7 @@ fn rates_at_another_batch_are_rebased_by_the_model_and_the_range_can_go() {
 /// regime tipped the model (the live test saw 64, 16, 64, 16 every 30 s).
 #[test]
 fn a_tie_between_batches_keeps_the_batch_the_job_runs_at() {
-    let cfg = EngineConfig {
-        fair_share: false,
-        ..EngineConfig::default()
-    };
-    let mut e = Engine::new(cfg, Exact::default());
-    idle_nodes(&mut e, 4);
-    let mut a = spec("a", 1, 4, 1.0);
-    a.objective = Curve::new(vec![(1, 100.0), (4, 500.0)]);
-    e.on_event(&Event::JobSubmitted { job: 0, spec: a }, 0.0)
-        .unwrap();
+    let mut e = one_job(Curve::new(vec![(1, 100.0), (4, 500.0)]));
     e.on_event(
         &Event::BatchRange {
             job: 0,
