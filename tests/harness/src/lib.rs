@@ -15,6 +15,8 @@
 //! their name or live in a test binary whose name starts with `cluster`, so nextest caps
 //! how many run at once (docs/testing.md).
 
+pub mod man;
+
 use std::ffi::OsStr;
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -1139,3 +1139,13 @@ mod tests {
         assert!(e.to_string().contains("cannot be used with"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod man_page {
+    /// bft-run(1) in docs/man (installed by scripts/make-deb) says what the options are.
+    #[test]
+    fn man_page_matches_the_options() {
+        use clap::CommandFactory;
+        bftrainer_testcluster::man::check(super::Cli::command(), "1", "bft-run");
+    }
+}

@@ -61,3 +61,14 @@ fn main() {
         std::process::exit(1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// bftrainer(1) in docs/man (installed by scripts/make-deb) says what the commands
+    /// and their options are.
+    #[test]
+    fn man_page_matches_the_options() {
+        use clap::CommandFactory;
+        bftrainer_testcluster::man::check(super::Cli::command(), "1", "bftrainer");
+    }
+}

@@ -90,3 +90,13 @@ fn default_config() -> PathBuf {
     }
     PathBuf::from("/etc/slurm/bftrainer.toml")
 }
+
+#[cfg(test)]
+mod tests {
+    /// bftrainerd(8) in docs/man (installed by scripts/make-deb) says what the options are.
+    #[test]
+    fn man_page_matches_the_options() {
+        use clap::CommandFactory;
+        bftrainer_testcluster::man::check(super::Args::command(), "8", "bftrainerd");
+    }
+}
