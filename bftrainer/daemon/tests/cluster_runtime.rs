@@ -354,9 +354,10 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
 
     // 3. A regular job takes 2 nodes: Slurm preempts 2 satellites with GraceTime; the
     //    workers there leave at a step boundary; the regular job starts in time.
+    //    It runs until the test has seen the job on 2 nodes (then it is cancelled).
     let t0 = Instant::now();
     let reg =
-        l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 10"])
+        l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 600"])
             .unwrap();
     l.wait(GRACE_TIME_S + 5, "the regular job to start", || {
         (l.state_of(reg) == "RUNNING").then_some(())
@@ -369,6 +370,7 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     });
 
     // 4. It ends; the daemon grows the job back to 4.
+    l.c.run("scancel", &[&reg.to_string()]).unwrap();
     l.wait(120, "the runtime to train on 4 nodes again", || {
         comment(&l, job).filter(|c| c.nodes == 4 && l.state_of(reg) != "RUNNING")
     });
@@ -873,10 +875,13 @@ fn cluster_runtime_torchrun_script_through_grow_preemption_and_regrow() {
     });
 
     // 2. A regular job takes 2 nodes: 2 satellites are preempted (SIGTERM with
-    //    GraceTime), the world is stopped and restarted on the 2 nodes left.
+    //    GraceTime), the world is stopped and restarted on the 2 nodes left. The
+    //    regular job runs until the test has seen that world (a 10 s job once ended,
+    //    and the job was regrown, before the restarted world of 2 reached step 40 on
+    //    a loaded machine).
     let t0 = Instant::now();
     let reg =
-        l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 10"])
+        l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 600"])
             .unwrap();
     l.wait(GRACE_TIME_S + 5, "the regular job to start", || {
         (l.state_of(reg) == "RUNNING").then_some(())
@@ -891,6 +896,7 @@ fn cluster_runtime_torchrun_script_through_grow_preemption_and_regrow() {
     wait_hosts(&l, job, 2);
 
     // 3. The regular job ends; bftrainerd grows the job back to 4.
+    l.c.run("scancel", &[&reg.to_string()]).unwrap();
     let r3 = l.wait(240, "a world of 4 at step 40 again", || {
         torchrun_holding(&logs, 4, 40, Some(r2))
     });
@@ -1050,9 +1056,10 @@ fn cluster_runtime_mpi_program_through_grow_preemption_and_regrow() {
         mpi_holding(&log, 4, 20, Some(a))
     });
 
-    // 2. A regular job takes 2 nodes: the world is stopped and restarted on 2.
+    // 2. A regular job takes 2 nodes: the world is stopped and restarted on 2. It
+    //    runs until the test has seen that world (then it is cancelled).
     let reg =
-        l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 10"])
+        l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 600"])
             .unwrap();
     l.wait(GRACE_TIME_S + 5, "the regular job to start", || {
         (l.state_of(reg) == "RUNNING").then_some(())
@@ -1063,6 +1070,7 @@ fn cluster_runtime_mpi_program_through_grow_preemption_and_regrow() {
     wait_hosts(&l, job, 2);
 
     // 3. The regular job ends; the job grows back to 4 and finishes.
+    l.c.run("scancel", &[&reg.to_string()]).unwrap();
     l.wait(240, "a world of 4 at step 20 again", || {
         mpi_holding(&log, 4, 20, Some(c))
     });
