@@ -572,7 +572,13 @@ pub fn share_node(node: &NodeFree, jobs: &[ShareJob]) -> Result<NodeShares, Allo
     // Upper bound 2: f_j <= its last value, so no split beats the memory optimum with every
     // job at its best CPU rate.
     let best: Vec<f64> = cpu_curves.iter().map(|c| c[c.len() - 1].1).collect();
-    let m_best = fill(cap_m, &floor_m, &g, &mem_curves, &best);
+    // The fill weighs the memory curve as given; phi is that curve over its last value.
+    let top: Vec<f64> = mem_curves
+        .iter()
+        .map(|m| m.last().map_or(1.0, |p| p.1))
+        .collect();
+    let per_top = |w: Vec<f64>| -> Vec<f64> { w.iter().zip(&top).map(|(w, t)| w / t).collect() };
+    let m_best = fill(cap_m, &floor_m, &g, &mem_curves, &per_top(best.clone()));
     let ub_m: f64 = (0..n)
         .map(|j| g[j] * best[j] * phi(mem_curves[j], m_best[j] / g[j]))
         .sum();
@@ -585,7 +591,7 @@ pub fn share_node(node: &NodeFree, jobs: &[ShareJob]) -> Result<NodeShares, Allo
         let w: Vec<f64> = (0..n).map(|j| phi(mem_curves[j], m[j] / g[j])).collect();
         let c2 = fill(cap_c, &floor_c, &g, &cpu_curves, &w);
         let w: Vec<f64> = (0..n).map(|j| eval(cpu_curves[j], c2[j] / g[j])).collect();
-        let m2 = fill(cap_m, &floor_m, &g, &mem_curves, &w);
+        let m2 = fill(cap_m, &floor_m, &g, &mem_curves, &per_top(w));
         let v2 = total(&c2, &m2);
         if v2 <= v * (1.0 + 1e-12) {
             break;
