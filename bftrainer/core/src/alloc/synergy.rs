@@ -553,11 +553,6 @@ pub fn share_node(node: &NodeFree, jobs: &[ShareJob]) -> Result<NodeShares, Allo
     let floor_m: Vec<f64> = fl.mem.iter().map(|&f| f as f64).collect();
     let cpu_curves: Vec<&[(f64, f64)]> = jobs.iter().map(|j| &j.sensitivity.cpu[..]).collect();
     let mem_curves: Vec<&[(f64, f64)]> = jobs.iter().map(|j| &j.sensitivity.mem[..]).collect();
-    let total = |c: &[f64], m: &[f64]| -> f64 {
-        (0..n)
-            .map(|j| rate(&jobs[j].sensitivity, jobs[j].gpus, c[j], m[j]))
-            .sum()
-    };
 
     // Upper bound 1: phi <= 1, so no split beats the CPU optimum with memory ignored.
     let ones = vec![1.0; n];
@@ -583,20 +578,31 @@ pub fn share_node(node: &NodeFree, jobs: &[ShareJob]) -> Result<NodeShares, Allo
         .map(|j| g[j] * best[j] * phi(mem_curves[j], m_best[j] / g[j]))
         .sum();
 
-    // Alternate from the proportional memory split: each step is exact for its resource.
+    // Alternate from the proportional memory split. Each step is the exact optimum of one
+    // resource given the other, so the value never falls; stop when a step gives back
+    // what it was given (or after MAX_ROUNDS).
+    let phis =
+        |m: &[f64]| -> Vec<f64> { (0..n).map(|j| phi(mem_curves[j], m[j] / g[j])).collect() };
     let mut m = level_split(cap_m, &fl.mem, &g);
-    let mut c = c_free;
-    let mut v = f64::NEG_INFINITY;
+    let w = phis(&m);
+    // Equal weights order the pieces as no weights do: the memory-blind split is the one.
+    let mut c = if w.iter().all(|&x| x == w[0]) {
+        c_free
+    } else {
+        fill(cap_c, &floor_c, &g, &cpu_curves, &w)
+    };
     for _ in 0..MAX_ROUNDS {
-        let w: Vec<f64> = (0..n).map(|j| phi(mem_curves[j], m[j] / g[j])).collect();
-        let c2 = fill(cap_c, &floor_c, &g, &cpu_curves, &w);
-        let w: Vec<f64> = (0..n).map(|j| eval(cpu_curves[j], c2[j] / g[j])).collect();
+        let w: Vec<f64> = (0..n).map(|j| eval(cpu_curves[j], c[j] / g[j])).collect();
         let m2 = fill(cap_m, &floor_m, &g, &mem_curves, &per_top(w));
-        let v2 = total(&c2, &m2);
-        if v2 <= v * (1.0 + 1e-12) {
+        if m2 == m {
             break;
         }
-        (c, m, v) = (c2, m2, v2);
+        m = m2;
+        let c2 = fill(cap_c, &floor_c, &g, &cpu_curves, &phis(&m));
+        if c2 == c {
+            break;
+        }
+        c = c2;
     }
     Ok(finish(node, jobs, &fl, &c, &m, ub_c.min(ub_m)))
 }
