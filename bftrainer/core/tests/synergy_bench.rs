@@ -15,7 +15,7 @@
 //! building the release profile's HiGHS dev-dependency; its other dependencies are not on
 //! the measured path.
 //!
-//! Cluster: 4,734 nodes x 6 GPUs, 42 CPUs and 512 GiB each (Summit); regular jobs hold
+//! Cluster: 4,734 nodes x 6 GPUs, 42 CPUs (`SYNERGY_BENCH_CPUS`) and 512 GiB each (Summit); regular jobs hold
 //! 0-5 GPUs of each node with their share of CPUs and memory (and a little more or less),
 //! so every node is shared; 100 elastic jobs, each holding the free GPUs of its nodes in
 //! 1-3 jobs per node. Half the jobs are data-bound (rate rising to 6-12 CPUs per GPU, a
@@ -30,7 +30,13 @@ use std::time::Instant;
 
 const NODES: usize = 4734;
 const GPUS: u32 = 6;
-const CPUS: u32 = 42;
+/// Summit's 42 cores; `SYNERGY_BENCH_CPUS` sets another count (fewer: CPUs scarcer).
+fn cpus_per_node() -> u32 {
+    std::env::var("SYNERGY_BENCH_CPUS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(42)
+}
 const MEM_MIB: u64 = 512 * 1024;
 const JOBS: usize = 100;
 
@@ -70,6 +76,7 @@ fn jobs(rng: &mut impl Rng) -> Vec<JobKind> {
 
 fn cluster(seed: u64) -> Vec<(NodeFree, Vec<ShareJob>)> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let all_cpus = cpus_per_node();
     let kinds = jobs(&mut rng);
     (0..NODES)
         .map(|_| {
@@ -77,7 +84,7 @@ fn cluster(seed: u64) -> Vec<(NodeFree, Vec<ShareJob>)> {
             let gpus = GPUS - regular;
             let share = f64::from(regular) / f64::from(GPUS);
             let noise: f64 = rng.gen_range(0.7..1.3);
-            let cpus = CPUS - ((f64::from(CPUS) * share * noise) as u32).min(CPUS);
+            let cpus = all_cpus - ((f64::from(all_cpus) * share * noise) as u32).min(all_cpus);
             let mem = MEM_MIB - ((MEM_MIB as f64 * share * noise) as u64).min(MEM_MIB);
             let n_jobs = rng.gen_range(1..=gpus.min(3));
             // Split the free GPUs among n_jobs distinct jobs, each at least 1.
@@ -173,9 +180,10 @@ fn synergy_split_at_summit_scale() {
         .sum::<f64>()
         / (instances as f64 * NODES as f64);
     println!(
-        "{instances} clusters of {NODES} shared nodes x {GPUS} GPUs, {JOBS} elastic jobs \
-         ({jobs_per_node:.2} per node on average); a decision = every node split, fastest \
-         of {repeat} passes"
+        "{instances} clusters of {NODES} shared nodes x {GPUS} GPUs and {} CPUs, {JOBS} elastic \
+         jobs ({jobs_per_node:.2} per node on average); a decision = every node split, \
+         fastest of {repeat} passes",
+        cpus_per_node()
     );
     println!(
         "{:>18} {:>10} {:>10} {:>10} {:>14} {:>14} {:>12}",

@@ -510,8 +510,10 @@ fn finish(
 /// `upper_bound` is the value itself (no claim of optimality).
 pub fn proportional(node: &NodeFree, jobs: &[ShareJob]) -> Result<NodeShares, AllocError> {
     let fl = validate(node, jobs)?;
-    if jobs.is_empty() {
-        return Ok(empty());
+    if jobs.len() <= 1 {
+        let mut out = alone(node, jobs);
+        out.upper_bound = out.value;
+        return Ok(out);
     }
     let g: Vec<f64> = jobs.iter().map(|j| f64::from(j.gpus)).collect();
     let c = level_split(f64::from(node.cpus), &fl.cpus, &g);
@@ -530,11 +532,22 @@ fn level_split(cap: f64, floor: &[u64], g: &[f64]) -> Vec<f64> {
     a
 }
 
-fn empty() -> NodeShares {
+/// No job, or one: it gets the whole free pool (rates never fall with more), which is
+/// both the optimum and the proportional split. Half the shared nodes of a cluster hold
+/// one elastic job; this skips the fills for them.
+fn alone(node: &NodeFree, jobs: &[ShareJob]) -> NodeShares {
+    let shares: Vec<Share> = jobs
+        .iter()
+        .map(|_| Share {
+            cpus: node.cpus,
+            mem_mib: node.mem_mib,
+        })
+        .collect();
+    let value = value_of(jobs, &shares);
     NodeShares {
-        shares: Vec::new(),
-        value: 0.0,
-        upper_bound: 0.0,
+        shares,
+        value,
+        upper_bound: value,
     }
 }
 
@@ -542,8 +555,8 @@ fn empty() -> NodeShares {
 /// what is allowed; nothing panics on any input.
 pub fn share_node(node: &NodeFree, jobs: &[ShareJob]) -> Result<NodeShares, AllocError> {
     let fl = validate(node, jobs)?;
-    if jobs.is_empty() {
-        return Ok(empty());
+    if jobs.len() <= 1 {
+        return Ok(alone(node, jobs));
     }
     let n = jobs.len();
     let g: Vec<f64> = jobs.iter().map(|j| f64::from(j.gpus)).collect();
