@@ -232,3 +232,56 @@ proptest! {
         prop_assert!(s.value <= best + eps, "{} above the optimum {best}", s.value);
     }
 }
+
+/// Any f64 (NaN, infinities, subnormals, huge) and any integer.
+fn wild_f64() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        any::<f64>(),
+        Just(f64::NAN),
+        Just(f64::INFINITY),
+        Just(-0.0),
+        Just(f64::MIN_POSITIVE),
+        Just(1e-300),
+        Just(1e300),
+        0.0f64..100.0,
+    ]
+}
+
+fn wild_job() -> impl Strategy<Value = ShareJob> {
+    (
+        prop_oneof![0u32..=4, any::<u32>()],
+        prop_oneof![0u32..=4, any::<u32>()],
+        prop_oneof![0u32..=4, any::<u32>()],
+        prop_oneof![0u64..=8192, any::<u64>()],
+        prop::collection::vec((wild_f64(), wild_f64()), 0..=4),
+        prop::collection::vec((wild_f64(), wild_f64()), 0..=3),
+    )
+        .prop_map(|(gpus, tasks, cpt, mpt, cpu, mem)| ShareJob {
+            gpus,
+            tasks,
+            cpus_per_task: cpt,
+            mem_mib_per_task: mpt,
+            sensitivity: Sensitivity { cpu, mem },
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(20000))]
+
+    /// Hostile input: never a panic (or a hang); an error, or a split within the node
+    /// and above every request.
+    #[test]
+    fn any_input_is_refused_or_split_within_limits(
+        jobs in prop::collection::vec(wild_job(), 0..=4),
+        cpus in prop_oneof![0u32..=64, any::<u32>()],
+        mem in prop_oneof![0u64..=1 << 20, any::<u64>()],
+        gpus in prop_oneof![0u32..=8, any::<u32>()],
+    ) {
+        let node = NodeFree { cpus, mem_mib: mem, gpus };
+        for r in [share_node(&node, &jobs), proportional(&node, &jobs)] {
+            if let Ok(r) = r {
+                check_limits(&node, &jobs, &r.shares);
+            }
+        }
+    }
+}

@@ -141,6 +141,15 @@ fn check_curve(points: &[(f64, f64)], loc: &dyn Fn() -> String) -> Result<(), Al
             ));
         }
         let slope = (y - prev.1) / (x - prev.0);
+        if !slope.is_finite() {
+            return Err(invalid(
+                at(),
+                format!(
+                    "slope from the point before is {slope}; points this close must have \
+                     rates closer (a finite slope)"
+                ),
+            ));
+        }
         if slope > prev_slope * (1.0 + 1e-9) + 1e-12 {
             return Err(invalid(
                 at(),
@@ -447,12 +456,16 @@ pub fn round_shares(cap: u64, floor: &[u64], a: &[f64]) -> Vec<u64> {
     let mut order: Vec<usize> = (0..a.len()).collect();
     order.sort_by(|&i, &j| key(j, &out).cmp(&key(i, &out)).then(i.cmp(&j)));
     let mut total: u64 = out.iter().sum();
-    // Float noise can leave the sum one or two units off either way.
-    let mut idx = 0;
-    while total < cap && !order.is_empty() {
-        out[order[idx % order.len()]] += 1;
-        total += 1;
-        idx += 1;
+    // Float noise leaves the sum a unit or two off either way; the deficit is handed out
+    // in whole rounds plus one each for the first, so even a huge one (a curve so steep
+    // that its weights overflow) costs O(jobs), never a loop per unit.
+    if total < cap && !order.is_empty() {
+        let n = order.len() as u64;
+        let d = cap - total;
+        for (k, &j) in order.iter().enumerate() {
+            out[j] += d / n + u64::from((k as u64) < d % n);
+        }
+        total = cap;
     }
     // Taken back from the smallest remainders first; the floors sum to at most cap, so
     // a job above its floor is always found.
@@ -1009,6 +1022,12 @@ mod tests {
             vec![with_cpu(vec![(1.0, 1.0), (2.0, 5.0)])],
             &at1,
             "not concave",
+        );
+        refused(
+            NODE,
+            vec![with_cpu(vec![(1e-300, 1e300)])],
+            &at0,
+            "finite slope",
         );
         let many: Vec<(f64, f64)> = (1..=65).map(|i| (f64::from(i), 1.0)).collect();
         refused(NODE, vec![with_cpu(many)], cpu, "at most 64");
