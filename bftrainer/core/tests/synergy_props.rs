@@ -266,7 +266,7 @@ fn wild_job() -> impl Strategy<Value = ShareJob> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(20000))]
+    #![proptest_config(ProptestConfig::with_cases(2000))]
 
     /// Hostile input: never a panic (or a hang); an error, or a split within the node
     /// and above every request.
