@@ -39,6 +39,7 @@ pub mod io;
 mod model;
 mod objective;
 mod reclaim;
+pub mod synergy;
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
