@@ -197,8 +197,9 @@ class _Runtime:
 
     def group(self) -> Any:
         """The process group that stays valid in every generation (``_groups``). Made
-        at the first call (bftrainer.DistributedDataParallel's): a program that never
-        asks for it has none, and ``allreduce_gradients`` never uses it."""
+        at the first call: bftrainer.DistributedDataParallel's, or the first commit of a
+        step that no library reduction carried (its flag-only pair, ``after_commit``).
+        ``allreduce_gradients`` never uses it."""
         if self._group is None:
             import torch.distributed as dist
 
