@@ -322,6 +322,38 @@ fn batch_cell(batch: Option<u32>, range: Option<(u32, u32)>) -> String {
 }
 
 /// `bftrainer jobs`: one row per elastic job; with `history`, its size changes below.
+/// A GPU job's measured sensitivity in one line: what its parts hold per GPU, and its
+/// fitted rate per GPU at each CPU count (and memory level) measured.
+fn sensitivity_line(j: &JobView) -> Option<String> {
+    let s = j.sensitivity.as_ref()?;
+    let mut line = format!("Job {}: per GPU", j.job_id);
+    if let Some((cpus, mem)) = j.held_per_gpu {
+        let _ = write!(line, " holds {cpus:.1} CPUs");
+        // 1 MiB per GPU stands for "Slurm does not count memory" (no memory curve).
+        if mem > 1.0 {
+            let _ = write!(line, ", {mem:.0} MiB");
+        }
+        line.push(';');
+    }
+    let cpu: Vec<String> = s
+        .cpu
+        .iter()
+        .map(|(x, r)| format!("{r:.1}/s at {x:.1} CPUs"))
+        .collect();
+    let _ = write!(line, " measured rate {}", cpu.join(", "));
+    if !s.mem.is_empty() {
+        let last = s.mem.last().map_or(1.0, |p| p.1);
+        let mem: Vec<String> = s
+            .mem
+            .iter()
+            .map(|(x, r)| format!("{:.0}% at {x:.0} MiB", 100.0 * r / last))
+            .collect();
+        let _ = write!(line, "; memory: {}", mem.join(", "));
+    }
+    let _ = write!(line, " ({} measurements)", j.measurements);
+    Some(line)
+}
+
 pub fn jobs_text(jobs: &[JobView], history: bool) -> String {
     let rows: Vec<Vec<String>> = jobs
         .iter()
@@ -376,6 +408,9 @@ pub fn jobs_text(jobs: &[JobView], history: bool) -> String {
     for j in jobs {
         if let Some(why) = &j.unservable {
             let _ = writeln!(o, "Job {}: not admitted: {why}", j.job_id);
+        }
+        if let Some(line) = sensitivity_line(j) {
+            let _ = writeln!(o, "{line}");
         }
         if let (Some(until), Some(why)) = (j.paused_until, &j.pause_reason) {
             let _ = writeln!(
@@ -472,10 +507,49 @@ mod tests {
             rate: None,
             batch: None,
             batch_range: None,
+            sensitivity: None,
+            held_per_gpu: None,
+            measurements: 0,
             ..v
         };
-        let text = jobs_text(&[plain], false);
+        let text = jobs_text(std::slice::from_ref(&plain), false);
         let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
         assert_eq!(&row[5..7], &["-", "-"]);
+        assert_eq!(
+            text.lines().count(),
+            2,
+            "no sensitivity line without a fit: {text}"
+        );
+
+        // A GPU job's measured sensitivity, one line under the table.
+        let measured = JobView {
+            sensitivity: Some(bftrainer_core::alloc::synergy::Sensitivity {
+                cpu: vec![(2.0, 50.0), (4.0, 90.0)],
+                mem: vec![(8192.0, 0.5), (16384.0, 1.0)],
+            }),
+            held_per_gpu: Some((4.0, 16384.0)),
+            measurements: 5,
+            ..plain.clone()
+        };
+        let text = jobs_text(&[measured], false);
+        assert_eq!(
+            text.lines().nth(2).unwrap(),
+            "Job 7: per GPU holds 4.0 CPUs, 16384 MiB; measured rate 50.0/s at 2.0 CPUs, 90.0/s at 4.0 CPUs; memory: 50% at 8192 MiB, 100% at 16384 MiB (5 measurements)"
+        );
+        // Slurm not counting memory (1 MiB per GPU stands for it): no MiB shown.
+        let no_mem = JobView {
+            sensitivity: Some(bftrainer_core::alloc::synergy::Sensitivity {
+                cpu: vec![(8.0, 120.0)],
+                mem: vec![],
+            }),
+            held_per_gpu: Some((8.0, 1.0)),
+            measurements: 1,
+            ..plain
+        };
+        let text = jobs_text(&[no_mem], false);
+        assert_eq!(
+            text.lines().nth(2).unwrap(),
+            "Job 7: per GPU holds 8.0 CPUs; measured rate 120.0/s at 8.0 CPUs (1 measurements)"
+        );
     }
 }

@@ -37,6 +37,7 @@ mod recovery;
 pub mod run;
 mod satellites;
 mod scan;
+mod sensitivity;
 mod slots;
 mod status;
 pub mod view;
@@ -287,6 +288,10 @@ pub struct Daemon<C: Cluster> {
     blame: blame::Blame,
     /// Waiting jobs no lent node can serve, and why (`unservable_why`).
     unservable: HashMap<u32, String>,
+    /// Each GPU job's measured sensitivity to CPUs and memory per GPU (`sensitivity`).
+    measured: HashMap<u32, sensitivity::Measured>,
+    /// This cycle's satellites by parent: indices in the job table (`observe_cores`).
+    sat_parts: rustc_hash::FxHashMap<u32, Vec<usize>>,
     /// When slurmctld last answered again after an outage: a satellite that waited
     /// through one is not charged to anyone.
     outage_ended: f64,
@@ -463,6 +468,8 @@ impl<C: Cluster> Daemon<C> {
             set_aside: HashMap::new(),
             blame: blame::Blame::default(),
             unservable: HashMap::new(),
+            measured: HashMap::new(),
+            sat_parts: Default::default(),
             outage_ended: f64::NEG_INFINITY,
             refused: HashSet::new(),
             last_t: f64::NEG_INFINITY,

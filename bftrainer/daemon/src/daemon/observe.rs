@@ -703,6 +703,10 @@ impl<C: Cluster> Daemon<C> {
             ..
         } = scan;
         let known: Vec<u32> = self.cores.keys().copied().collect();
+        self.sat_parts.clear();
+        for &(i, parent) in &scan.sats {
+            self.sat_parts.entry(parent).or_default().push(i);
+        }
         // Released to Slurm this cycle (still tagged in this snapshot): not adopted
         // again below.
         let mut released: FxHashSet<u32> = FxHashSet::default();
@@ -732,6 +736,7 @@ impl<C: Cluster> Daemon<C> {
             );
             self.cores.remove(&id);
             self.blame.forget(id);
+            self.measured.remove(&id);
         }
         let mut new: Vec<usize> = cores_seen
             .iter()
@@ -816,6 +821,7 @@ impl<C: Cluster> Daemon<C> {
             if let Some(c) = self.cores.remove(&id) {
                 self.blame.forget(id);
                 self.unservable.remove(&id);
+                self.measured.remove(&id);
                 // Journaled, so a restart forgets it too (`learn` drops its history).
                 self.emit(Event::JobForgotten { job: c.jid });
             }
@@ -1544,6 +1550,10 @@ impl<C: Cluster> Daemon<C> {
         if !core.started {
             return;
         }
+        self.observe_sensitivity(id, j, &rc);
+        let Some(core) = self.cores.get_mut(&id) else {
+            return;
+        };
         // The Comment is the owner's to write: a rate, a size (`nodes=`) or a rescale
         // cost (`up=`, `down=`) that changes at every poll would put a record in the
         // journal, and an fsync, at every poll. The first rate and the first costs are

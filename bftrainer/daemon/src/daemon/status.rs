@@ -119,6 +119,9 @@ impl<C: Cluster> Daemon<C> {
                         .decided_batch(c.jid)
                         .or(self.engine.job_batch(c.jid).1),
                     batch_range: self.engine.job_batch(c.jid).0,
+                    sensitivity: self.measured.get(&id).and_then(|m| m.fit.clone()),
+                    held_per_gpu: self.measured.get(&id).and_then(|m| m.held),
+                    measurements: self.measured.get(&id).map_or(0, |m| m.count() as u32),
                     admits: b.map_or(0, |b| b.admits),
                     grows: b.map_or(0, |b| b.grows),
                     shrinks: b.map_or(0, |b| b.shrinks),

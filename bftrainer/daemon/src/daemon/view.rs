@@ -142,6 +142,16 @@ pub struct JobView {
     /// Its `batch=MIN:MAX` range, if it declared one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_range: Option<(u32, u32)>,
+    /// A GPU job's measured sensitivity (Synergy): its rate per GPU over CPUs per GPU
+    /// (and over MiB per GPU where memory mattered), fitted to its measurements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sensitivity: Option<bftrainer_core::alloc::synergy::Sensitivity>,
+    /// CPUs and MiB per GPU its parts held at its last measurement (the slowest part's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_per_gpu: Option<(f64, f64)>,
+    /// Measurements behind `sensitivity`.
+    #[serde(default)]
+    pub measurements: u32,
     pub admits: u32,
     pub grows: u32,
     pub shrinks: u32,
