@@ -112,6 +112,11 @@ fn job_out(work: &Path) -> String {
 /// Worker processes (train.py) of satellites, not of the core job `core`, of this
 /// test's job: they run in `work` (other tests' clusters number their jobs from 1 too).
 fn satellite_workers(core: u32, work: &Path) -> Vec<u32> {
+    satellite_workers_of(core, work, "examples/train.py")
+}
+
+/// Worker processes running `script` of satellites of `core`, in `work`.
+fn satellite_workers_of(core: u32, work: &Path, script: &str) -> Vec<u32> {
     let work = work.canonicalize().unwrap();
     let mut pids = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -122,7 +127,7 @@ fn satellite_workers(core: u32, work: &Path) -> Vec<u32> {
             continue;
         }
         let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if !String::from_utf8_lossy(&cmd).contains("examples/train.py") {
+        if !String::from_utf8_lossy(&cmd).contains(script) {
             continue;
         }
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -189,6 +194,19 @@ fn submit_training(
     sbatch_lines: &str,
     train_args: &str,
 ) -> u32 {
+    submit_example(l, work, elastic, sbatch_lines, "", "train.py", train_args)
+}
+
+/// As `submit_training`, for examples/`example` with bft-run's options `bft_args`.
+fn submit_example(
+    l: &Live,
+    work: &Path,
+    elastic: &str,
+    sbatch_lines: &str,
+    bft_args: &str,
+    example: &str,
+    train_args: &str,
+) -> u32 {
     let script = work.join("train.sbatch");
     let repo = repo();
     std::fs::write(
@@ -196,7 +214,7 @@ fn submit_training(
         format!(
             "#!/bin/bash\n#SBATCH -J train\n#SBATCH -o {work}/job.out\n{sbatch_lines}\
              export PYTHONPATH={repo}/wrappers/python/src\n\
-             exec {bft} -- {venv}/bin/python {repo}/wrappers/python/examples/train.py {train_args}\n",
+             exec {bft} {bft_args} -- {venv}/bin/python {repo}/wrappers/python/examples/{example} {train_args}\n",
             work = work.display(),
             repo = repo.display(),
             bft = bft_run().display(),
@@ -458,6 +476,174 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
         said.trim(),
         t_ref.elapsed().as_secs_f64(),
         last_change + 50
+    );
+}
+
+/// The HSDP job's data: epochs of 256 sequences (16 steps on 4 nodes of 2 workers at
+/// 2 per rank), as many as the phases take; `--stop-file` ends it at the next epoch
+/// boundary, so the run's tail is under one short epoch whatever the load.
+const HSDP_SAMPLES: usize = 256;
+
+/// FSDP2 HSDP (`fully_shard(..., mesh=bftrainer.device_mesh())`, examples/train_hsdp.py)
+/// with 2 workers per node under bftrainerd: grows 1 -> 4 nodes, loses 2 to a regular
+/// job, grows back, survives a satellite worker killed with -9 (its replacement takes
+/// its shards from a live replica), and every sample is used once per epoch.
+#[test]
+fn cluster_runtime_hsdp_through_grow_preemption_regrow_and_kill_9() {
+    venv();
+    let t_all = Instant::now();
+    let bft = bft_run();
+    let setup = live::setup_join("bfthsdp", "", "", &|_| {
+        format!("{} --join {{parent}}", bft.display())
+    });
+    let mut l = Live::from_setup(setup);
+    l.spawn();
+    let work = l.dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    chown_to_test_user(&work);
+    let _show = ShowOutput(work.clone());
+    let (stop, loss_log) = (work.join("stop"), work.join("loss"));
+    let job = submit_example(
+        &l,
+        &work,
+        "--elastic=1:4",
+        "",
+        "--nproc-per-node 2",
+        "train_hsdp.py",
+        &format!(
+            "--samples {HSDP_SAMPLES} --batch 2 --epochs 100000 --seq 8 --dim 32 --layers 1 \
+             --step-sleep 0.1 --log-dir {w}/samples --loss-log {w}/loss --stop-file {w}/stop",
+            w = work.display()
+        ),
+    );
+
+    // A step rank 0 committed in a world of `world` workers after `after` (Unix
+    // seconds), from its loss log ("step loss world gen time"): its generation. (The
+    // Comment counts nodes with a worker; HSDP trains only generations of whole nodes.)
+    let trained = |world: u64, after: f64| -> Option<u64> {
+        let text = std::fs::read_to_string(&loss_log).ok()?;
+        text.lines().rev().find_map(|r| {
+            let f: Vec<&str> = r.split_whitespace().collect();
+            let w = f.get(2)?.parse::<u64>().ok()?;
+            let gen = f.get(3)?.parse::<u64>().ok()?;
+            let at = f.get(4)?.parse::<f64>().ok()?;
+            (w == world && at > after).then_some(gen)
+        })
+    };
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+
+    // 1. 1 -> 4 nodes (8 workers).
+    l.wait(180, "the HSDP job to train on 4 nodes (8 workers)", || {
+        trained(8, 0.0)
+    });
+    eprintln!("grown to 4 nodes at {:.1} s", t_all.elapsed().as_secs_f64());
+
+    // 2. A regular job takes 2 nodes: 2 satellites leave whole, as replicas, at a step
+    //    boundary. It holds them until the shrink is seen (then it is cancelled).
+    let t0 = Instant::now();
+    let reg =
+        l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 600"])
+            .unwrap();
+    l.wait(GRACE_TIME_S + 5, "the regular job to start", || {
+        (l.state_of(reg) == "RUNNING").then_some(())
+    });
+    eprintln!(
+        "regular job running {:.1} s after submission",
+        t0.elapsed().as_secs_f64()
+    );
+    let t_reg = now();
+    l.wait(60, "the HSDP job to train on 2 nodes (4 workers)", || {
+        comment(&l, job)
+            .filter(|c| c.nodes == 2)
+            .and_then(|_| trained(4, t_reg))
+    });
+
+    // 3. It ends; the job grows back to 4.
+    l.c.run("scancel", &[&reg.to_string()]).unwrap();
+    let t_cancel = now();
+    l.wait(180, "the HSDP job to train on 4 nodes again", || {
+        trained(8, t_cancel)
+    });
+
+    // 4. A satellite's worker killed with -9 in a steady world: a rollback; its agent
+    //    restarts it and it takes its shards from its local rank in a live replica.
+    let steady = l.wait(60, "a generation that stays for 3 s", || {
+        let a = comment(&l, job)?;
+        std::thread::sleep(Duration::from_secs(3));
+        let b = comment(&l, job)?;
+        (a.gen == b.gen && b.nodes == 4).then_some(b)
+    });
+    let victims = satellite_workers_of(job, &work, "examples/train_hsdp.py");
+    assert!(!victims.is_empty(), "no satellite worker found");
+    let rc = Command::new("kill")
+        .args(["-9", &victims[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(rc.success());
+    let t_kill = now();
+    let g = l.wait(
+        180,
+        "the HSDP job to train on 8 workers after the kill",
+        || trained(8, t_kill).filter(|g| *g > steady.gen),
+    );
+    eprintln!(
+        "trained on 8 workers in generation {g} after the kill, {:.1} s in",
+        t_all.elapsed().as_secs_f64()
+    );
+    std::fs::write(&stop, "").unwrap();
+
+    // 5. It ends at the next epoch boundary: every sample once per epoch.
+    l.wait(300, "the HSDP job to complete", || {
+        let s = l.state_of(job);
+        (!["RUNNING", "PENDING", "CONFIGURING", "COMPLETING"].contains(&s.as_str())).then_some(())
+    });
+    let text = job_out(&work);
+    assert_eq!(l.state_of(job), "COMPLETED", "job output:\n{text}");
+    let last = comment(&l, job).expect("the runtime's Comment");
+    assert!(last.done, "the Comment does not say done: {last:?}\n{text}");
+    assert!(
+        text.contains("rolling back"),
+        "no rollback after kill -9:\n{text}"
+    );
+    // "final loss L after N steps, M samples"
+    let (loss, samples) = text
+        .lines()
+        .find_map(|l| {
+            let r = l.split("final loss ").nth(1)?;
+            let f: Vec<&str> = r.split_whitespace().collect();
+            Some((
+                f.first()?.parse::<f64>().ok()?,
+                f.get(4)?.parse::<usize>().ok()?,
+            ))
+        })
+        .unwrap_or_else(|| panic!("no final loss in the output:\n{text}"));
+    assert!(
+        samples > 0 && samples % HSDP_SAMPLES == 0,
+        "{samples} samples: not whole epochs of {HSDP_SAMPLES}"
+    );
+    let epochs = samples / HSDP_SAMPLES;
+    // From ln(64) = 4.16 at the start; the bigram data allow about 0.7.
+    assert!(loss < 2.0, "final loss {loss}:\n{text}");
+    let said = check_samples(&work.join("samples"), HSDP_SAMPLES, epochs);
+    assert!(said.contains(&format!("{samples} samples")), "{said}");
+    // 2 workers per node: worlds of 8 (4 nodes) and 4 (2 nodes) trained.
+    let worlds: std::collections::BTreeSet<u64> = std::fs::read_to_string(&loss_log)
+        .unwrap()
+        .lines()
+        .filter_map(|r| r.split_whitespace().nth(2)?.parse().ok())
+        .collect();
+    assert!(
+        worlds.contains(&8) && worlds.contains(&4) && worlds.last() == Some(&8),
+        "trained in worlds {worlds:?}"
+    );
+    eprintln!(
+        "{said}final loss {loss} after {epochs} epochs, worlds {worlds:?}; {:.1} s in all",
+        t_all.elapsed().as_secs_f64()
     );
 }
 

@@ -15,7 +15,10 @@ machine, in one run:
 - torchrun's pause when it restarts every worker (what it does on any membership
   change) after a worker is killed with -9, resuming from its last checkpoint;
 - with --torchft DIR, torchft used plainly (wrappers/python/bench/torchft_train.py):
-  steady state and the same changes.
+  steady state and the same changes;
+- with --hsdp ARGS, only the pauses with a sharded model (examples/train_hsdp.py with
+  the model ARGS, FSDP2 HSDP, AdamW, 2 workers per node): a node joining and leaving,
+  and a newcomer's start-up split (import, model build, state transfer, first gradient).
 
     python wrappers/python/bench/elastic_bench.py [--bft-run target/release/bft-run]
         [--torchft DIR]   # pip install --target DIR torchft (and its opentelemetry deps)
@@ -266,6 +269,123 @@ def mode_events(bft: str, py: str, d: str, munge: str, rounds: int, mode: str):
     return [(k, p, r) for k, (_, _, p, r) in zip(marks, got)], median_step(t, world=2)
 
 
+HSDP_TRAIN = os.path.join(HERE, "..", "examples", "train_hsdp.py")
+
+
+def hsdp_events(bft: str, py: str, d: str, munge: str, rounds: int, model: List[str]):
+    """Pauses with a sharded model (examples/train_hsdp.py, FSDP2 HSDP over
+    ``bftrainer.device_mesh()``, AdamW): one node of 2 workers trains; a second node of
+    2 joins and, once it trained, leaves on SIGTERM, ``rounds`` times. Each change's
+    pause on rank 0's timeline (the gap across it minus the median step before it), and
+    each newcomer's start-up split: its agent started -> its workers' Python started
+    -> torch imported -> model built (``--timings``) -> in the generation (state
+    received: the trace's ``entered``) -> its first gradient (the trace's first
+    ``step``, FSDP's reduce-scatter, of that worker)."""
+    tl, trace = os.path.join(d, "hsdp.tl"), os.path.join(d, "hsdp.trace")
+    coord_file = os.path.join(d, "hsdp.coord")
+    e = env_with_lib()
+    e.pop("OMP_NUM_THREADS")  # bft-run gives each worker its share of the node's CPUs
+    e["BFT_MUNGE_SOCKET"] = munge
+    e["BFT_TRACE"] = trace
+    errlog = open(os.path.join(d, "hsdp.log"), "w")
+    main = subprocess.Popen([bft, "--local", "1", "--nproc-per-node", "2", "--coord-file", coord_file, "--", py,
+                             HSDP_TRAIN, *model, "--samples", "100000", "--epochs", "1", "--timings",
+                             "--loss-log", tl], env=e, stdout=subprocess.DEVNULL, stderr=errlog)
+
+    def rows():
+        out = []
+        if os.path.exists(trace):
+            for line in open(trace):
+                f = line.split()
+                if len(f) == 6:
+                    out.append((float(f[0]), f[1], int(f[2]), int(f[3]), int(f[4]), f[5]))
+        return out
+
+    def loss_tl():
+        # "step loss world gen time" -> (time, step, world, gen), as timeline() reads.
+        out = []
+        if os.path.exists(tl):
+            for line in open(tl):
+                f = line.split()
+                if len(f) == 5:
+                    out.append((float(f[4]), int(f[0]), int(f[2]), int(f[3])))
+        return out
+
+    def wait(pred, timeout: float, what: str) -> None:
+        t = time.monotonic()
+        while not pred(loss_tl()):
+            if main.poll() is not None:
+                sys.exit(f"bft-run (HSDP) exited {main.returncode}: {errlog.name}")
+            if time.monotonic() - t > timeout:
+                sys.exit(f"timed out waiting for {what}: {errlog.name}")
+            time.sleep(0.2)
+
+    def steps_in(world: int, after: float, n: int):
+        return lambda t: sum(1 for x in t if x[2] == world and x[0] > after) >= n
+
+    while not (os.path.exists(coord_file) and open(coord_file).read().endswith("\n")):
+        if main.poll() is not None:
+            sys.exit(f"bft-run (HSDP) exited {main.returncode}: {errlog.name}")
+        time.sleep(0.1)
+    coord, job, run = open(coord_file).read().split()
+    wait(steps_in(2, 0, 8), 600, "HSDP training to start")
+    marks, starts = [], []
+    try:
+        for r in range(rounds):
+            t0 = time.time()
+            elog = os.path.join(d, f"hsdp-extra{r}.log")
+            a = subprocess.Popen([bft, "--agent", "--coord", coord, "--coord-job", job, "--coord-run", run,
+                                  "--node-name", f"extra-{r}", "--nproc-per-node", "2"], env=e,
+                                 stdout=subprocess.DEVNULL, stderr=open(elog, "w"), start_new_session=True)
+            wait(steps_in(4, t0, 6), 600, "the second node to train")
+            marks.append("join")
+            # Its workers: the timings lines in its log, with the trace's rows of their pids.
+            tr = rows()
+            for line in open(elog):
+                if "timings pid " not in line:
+                    continue
+                f = line.split("timings pid ")[1].split()
+                pid, start, torch_at, data, mesh, built = int(f[0]), *(float(x) for x in f[2:11:2])
+                entered = min(x[0] for x in tr if x[2] == pid and x[5] == "entered")
+                first = min(x[0] for x in tr if x[2] == pid and x[5] == "step")
+                starts.append((start - t0, torch_at - start, data - torch_at, mesh - data, built - mesh,
+                               entered - built, first - entered, first - t0))
+            t0 = time.time()
+            a.send_signal(signal.SIGTERM)
+            wait(steps_in(2, t0, 6), 600, "training on one node after the leave")
+            marks.append("leave")
+            assert a.wait(120) == 0
+    finally:
+        main.send_signal(signal.SIGTERM)
+        try:
+            main.wait(30)
+        except subprocess.TimeoutExpired:
+            main.kill()
+            main.wait()
+        subprocess.run(["pkill", "-KILL", "-f", tl], check=False)
+    t = loss_tl()
+    got = pauses(t)
+    if len(got) != len(marks):
+        sys.exit(f"HSDP: expected {len(marks)} changes of world, saw {len(got)}: {got}")
+    return ([(k, p, redo) for k, (_, _, p, redo) in zip(marks, got)], median_step(t, world=2, skip=2),
+            median_step(t, world=4, skip=2), starts)
+
+
+def hsdp_report(model: List[str], ev, step2: float, step4: float, starts) -> None:
+    log(f"HSDP, train_hsdp.py {' '.join(model)}: 1 node of 2 workers, a second joins and leaves")
+    log(f"step: {step2:.3f} s on 1 node, {step4:.3f} s on 2 (medians)")
+    for kind in ("join", "leave"):
+        xs = [p for k, p, _ in ev if k == kind]
+        redo = [r for k, _, r in ev if k == kind]
+        log(f"{kind}: pause beyond the step median {statistics.median(xs):.3f} s, {min(xs):.3f}-{max(xs):.3f} s "
+            f"({len(xs)}: {', '.join(f'{x:.3f}' for x in xs)}); {max(redo)} steps redone at most")
+    for w in starts:
+        log("newcomer worker: agent start -> python {:.2f} s, import torch {:.2f} s, data {:.2f} s, "
+            "device_mesh() {:.2f} s, model build (fully_shard, optimizer) {:.2f} s, -> in the generation "
+            "(state received) {:.2f} s, -> first gradient {:.2f} s; in all {:.2f} s, {:.2f} s without import "
+            "and the script's data and model build".format(*w, w[7] - w[1] - w[2] - w[4]))
+
+
 def free_port() -> int:
     with socket.socket() as so:
         so.bind(("127.0.0.1", 0))
@@ -418,7 +538,23 @@ def main() -> None:
     ap.add_argument("--skip-torchrun", action="store_true", help="leave torchrun itself out")
     ap.add_argument("--torchft", default=None, help="a directory with torchft installed (pip install --target DIR torchft): measure it too")
     ap.add_argument("--keep", default=None, help="keep the timelines and logs in this directory")
+    ap.add_argument("--hsdp", default=None, metavar="ARGS",
+                    help="only the pauses with a sharded model: train_hsdp.py's model arguments, e.g. "
+                         "'--dim 1024 --layers 20 --seq 8 --batch 1' (253 M parameters, 1.01 GB in fp32)")
     args = ap.parse_args()
+    if args.hsdp is not None:
+        if not os.path.exists(args.bft_run):
+            sys.exit(f"{args.bft_run} is missing: cargo build --release -p bft-run")
+        with tempfile.TemporaryDirectory(prefix="bft-bench-") as tmp:
+            d = args.keep or tmp
+            os.makedirs(d, exist_ok=True)
+            m = Munged(d)
+            try:
+                model = args.hsdp.split()
+                hsdp_report(model, *hsdp_events(args.bft_run, args.python, d, m.sock, args.rounds, model))
+            finally:
+                m.stop()
+        return
     if not os.path.exists(args.bft_run):
         sys.exit(f"{args.bft_run} is missing: cargo build --release -p bft-run")
     if not args.skip_mpi_mode:

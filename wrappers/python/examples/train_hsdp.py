@@ -7,14 +7,19 @@ The model is wrapped once with torch's own ``fully_shard(..., mesh=bftrainer.dev
 nodes join and leave whole, as replicas, and the mesh stays valid across generations.
 """
 
-import argparse
-import os
 import time
 
-import torch
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+T_START = time.time()  # before torch: a newcomer's start-up, split (--timings)
 
-import bftrainer
+import argparse  # noqa: E402
+import os  # noqa: E402
+
+import torch  # noqa: E402
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
+
+import bftrainer  # noqa: E402
+
+T_TORCH = time.time()
 
 p = argparse.ArgumentParser()
 p.add_argument("--samples", type=int, default=1536, help="sequences in the data set")
@@ -26,11 +31,15 @@ p.add_argument("--layers", type=int, default=2)
 p.add_argument("--lr", type=float, default=3e-3)
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--fast-file", default=None, help="no step sleep once this file exists")
+p.add_argument("--stop-file", default=None,
+               help="end at the first epoch boundary after this file exists (the ranks agree on it)")
 p.add_argument("--log-dir", default=None, help="write each rank's samples per step here (for checking)")
 p.add_argument("--loss-log", default=None, help="rank 0 appends 'step loss world gen' per step here")
 p.add_argument("--bf16", action="store_true", help="FSDP2 mixed precision: bf16 parameters, fp32 reduction")
 p.add_argument("--no-reshard", action="store_true", help="reshard_after_forward=False")
 p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of each block")
+p.add_argument("--timings", action="store_true",
+               help="print when the process started, torch was imported and the model built (stderr)")
 p.add_argument("--plain", action="store_true", help="torch's own init_device_mesh, no bftrainer (a baseline)")
 p.add_argument("--reference", type=int, default=0, metavar="WORLD",
                help="one process, no FSDP: the run of a static world of WORLD ranks (global batch WORLD * --batch)")
@@ -46,6 +55,7 @@ X[:, 0] = start
 for t in range(args.seq):
     noise = torch.rand(args.samples, generator=g) < 0.1
     X[:, t + 1] = torch.where(noise, torch.randint(0, VOCAB, (args.samples,), generator=g), table[X[:, t]])
+T_DATA = time.time()
 
 
 class Block(torch.nn.Module):
@@ -121,6 +131,7 @@ if args.plain:
     mesh = init_device_mesh("cpu", (dist.get_world_size() // local, local), mesh_dim_names=("replicate", "shard"))
 else:
     mesh = bftrainer.device_mesh()
+T_MESH = time.time()
 
 torch.manual_seed(0)
 model = GPT()
@@ -131,6 +142,11 @@ for b in model.blocks:
     fully_shard(b, **kw)
 fully_shard(model, **kw)
 opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+if args.timings:
+    import sys
+
+    print(f"timings pid {os.getpid()} start {T_START:.6f} torch {T_TORCH:.6f} data {T_DATA:.6f} "
+          f"mesh {T_MESH:.6f} model {time.time():.6f}", file=sys.stderr, flush=True)
 
 
 if args.plain:
@@ -166,9 +182,25 @@ if args.log_dir:
 losses = open(args.loss_log, "a", buffering=1) if args.loss_log else None
 
 
+def stop_here(state) -> bool:
+    """At the start of an epoch: does any rank see --stop-file? All ranks reach this at
+    the same point of the lineage (a newcomer or a rollback resumes from a commit, and
+    no commit lies between an epoch's last step and this check), so they agree through
+    one all-reduce on the library's group and all stop, or none."""
+    if not args.stop_file or state.sampler.consumed != 0:
+        return False
+    import torch.distributed as dist
+
+    seen = torch.tensor([1.0 if os.path.exists(args.stop_file) else 0.0])
+    dist.all_reduce(seen, group=bftrainer.process_group())
+    return seen.item() > 0
+
+
 @bftrainer.run
 def train(state):
     while state.sampler.epoch < args.epochs:
+        if stop_here(state):
+            break
         for idx in state.sampler:
             if log:
                 log.write(f"S {bftrainer.generation()} {state.step + 1} {state.sampler.epoch} "
