@@ -328,16 +328,18 @@ def hsdp_events(bft: str, py: str, d: str, munge: str, rounds: int, model: List[
             sys.exit(f"bft-run (HSDP) exited {main.returncode}: {errlog.name}")
         time.sleep(0.1)
     coord, job, run = open(coord_file).read().split()
-    wait(steps_in(2, 0, 8), 600, "HSDP training to start")
-    marks, starts = [], []
+    # Few steps around each change: a step of a 1 GB model takes seconds on a CPU.
+    wait(steps_in(2, 0, 5), 900, "HSDP training to start")
+    marks, starts, gens = [], [], []
     try:
         for r in range(rounds):
+            gens.append(loss_tl()[-1][3])
             t0 = time.time()
             elog = os.path.join(d, f"hsdp-extra{r}.log")
             a = subprocess.Popen([bft, "--agent", "--coord", coord, "--coord-job", job, "--coord-run", run,
                                   "--node-name", f"extra-{r}", "--nproc-per-node", "2"], env=e,
                                  stdout=subprocess.DEVNULL, stderr=open(elog, "w"), start_new_session=True)
-            wait(steps_in(4, t0, 6), 600, "the second node to train")
+            wait(steps_in(4, t0, 4), 900, "the second node to train")
             marks.append("join")
             # Its workers: the timings lines in its log, with the trace's rows of their pids.
             tr = rows()
@@ -350,9 +352,10 @@ def hsdp_events(bft: str, py: str, d: str, munge: str, rounds: int, model: List[
                 first = min(x[0] for x in tr if x[2] == pid and x[5] == "step")
                 starts.append((start - t0, torch_at - start, data - torch_at, mesh - data, built - mesh,
                                entered - built, first - entered, first - t0))
+            gens.append(loss_tl()[-1][3])
             t0 = time.time()
             a.send_signal(signal.SIGTERM)
-            wait(steps_in(2, t0, 6), 600, "training on one node after the leave")
+            wait(steps_in(2, t0, 4), 900, "training on one node after the leave")
             marks.append("leave")
             assert a.wait(120) == 0
     finally:
@@ -367,18 +370,31 @@ def hsdp_events(bft: str, py: str, d: str, munge: str, rounds: int, model: List[
     got = pauses(t)
     if len(got) != len(marks):
         sys.exit(f"HSDP: expected {len(marks)} changes of world, saw {len(got)}: {got}")
-    return ([(k, p, redo) for k, (_, _, p, redo) in zip(marks, got)], median_step(t, world=2, skip=2),
-            median_step(t, world=4, skip=2), starts)
+    # The survivors' switch, from the trace: worker 1.0 (on the first node throughout)
+    # from leaving its last step ("rebuild") to being in the next trained generation
+    # with the state everywhere ("entered"). The timeline's gap holds it plus one step,
+    # whose time here moves by more than the switch (2 cores shared by 4 workers and
+    # other work).
+    tr = rows()
+    switch = []
+    for g in gens:
+        entered = min(x[0] for x in tr if x[1] == "1.0" and x[5] == "entered" and x[3] > g)
+        rebuilt = max(x[0] for x in tr if x[1] == "1.0" and x[5] == "rebuild" and x[0] <= entered)
+        switch.append(entered - rebuilt)
+    return ([(k, p, redo, sw) for k, (_, _, p, redo), sw in zip(marks, got, switch)],
+            median_step(t, world=2, skip=2), median_step(t, world=4, skip=2), starts)
 
 
 def hsdp_report(model: List[str], ev, step2: float, step4: float, starts) -> None:
     log(f"HSDP, train_hsdp.py {' '.join(model)}: 1 node of 2 workers, a second joins and leaves")
     log(f"step: {step2:.3f} s on 1 node, {step4:.3f} s on 2 (medians)")
     for kind in ("join", "leave"):
-        xs = [p for k, p, _ in ev if k == kind]
-        redo = [r for k, _, r in ev if k == kind]
-        log(f"{kind}: pause beyond the step median {statistics.median(xs):.3f} s, {min(xs):.3f}-{max(xs):.3f} s "
-            f"({len(xs)}: {', '.join(f'{x:.3f}' for x in xs)}); {max(redo)} steps redone at most")
+        xs = [p for k, p, _, _ in ev if k == kind]
+        sw = [w for k, _, _, w in ev if k == kind]
+        redo = [r for k, _, r, _ in ev if k == kind]
+        log(f"{kind}: survivors' switch (last step -> in the new generation, state sent) "
+            f"{', '.join(f'{x:.3f}' for x in sw)} s; the timeline's gap minus the step median before it "
+            f"{', '.join(f'{x:.3f}' for x in xs)} s; {max(redo)} steps redone at most")
     for w in starts:
         log("newcomer worker: agent start -> python {:.2f} s, import torch {:.2f} s, data {:.2f} s, "
             "device_mesh() {:.2f} s, model build (fully_shard, optimizer) {:.2f} s, -> in the generation "
