@@ -8,7 +8,7 @@ use std::ops::RangeInclusive;
 /// Keys of `[policy]`, read by the job_submit plugin (all of them) and bftrainerd (the
 /// partitions and `profile_dir`), in the order docs/admin.md explains them. Both refuse
 /// any other key, so a typo (`satelite_partition`) is an error, not a silent default.
-pub const POLICY_KEYS: [&str; 12] = [
+pub const POLICY_KEYS: [&str; 13] = [
     "partition",
     "satellite_partition",
     "allowed_partitions",
@@ -21,6 +21,7 @@ pub const POLICY_KEYS: [&str; 12] = [
     "hold",
     "plain_jobs",
     "satellite_spank_options",
+    "satellite_qos",
 ];
 
 /// Keys of `[gpu_lending]`: bftrainerd lends the free GPUs of the nodes of

@@ -174,6 +174,111 @@ fn cluster_daemon_grows_yields_to_a_regular_job_and_grows_back() {
 }
 
 #[test]
+fn cluster_daemon_preempt_qos_recipe_preempts_satellites_before_cores() {
+    // A site on PreemptType=preempt/qos, set up with docs/admin.md's commands ("Sites on
+    // preempt/qos"): cores in QOS `elastic`, satellites in `elastic-sat` (ranked below:
+    // Slurm preempts the lowest QOS priority first), both added to `normal`'s preempt
+    // list with `preempt+=`. A regular job of `normal` takes two nodes: Slurm preempts
+    // satellites only, the core runs on, the job grows back when the nodes free.
+    let s = live::setup("bftq", "satellite_qos = \"elastic-sat\"", "", "");
+    let mut l = Live::from_setup_with(
+        s,
+        bftrainer_testcluster::Options {
+            preempt_qos: true,
+            ..Default::default()
+        },
+    );
+    let user = bftrainer_testcluster::TEST_USER;
+    let grace = format!("GraceTime={GRACE_TIME_S}");
+    for cmd in [
+        vec![
+            "add",
+            "qos",
+            "elastic",
+            "Priority=1",
+            "PreemptMode=REQUEUE",
+            &grace,
+        ],
+        vec![
+            "add",
+            "qos",
+            "elastic-sat",
+            "Priority=0",
+            "PreemptMode=CANCEL",
+            &grace,
+        ],
+        vec![
+            "modify",
+            "qos",
+            "normal",
+            "set",
+            "Preempt+=elastic,elastic-sat",
+        ],
+        vec!["modify", "user", user, "set", "QOS+=elastic,elastic-sat"],
+    ] {
+        let mut args = vec!["-i"];
+        args.extend(cmd);
+        l.c.run("sacctmgr", &args).unwrap();
+    }
+    // slurmctld hears of the QOS from slurmdbd (normal's new list comes with them; a
+    // late one would only delay the regular job's start below, which is waited for).
+    l.wait(60, "slurmctld to know the elastic QOS", || {
+        l.c.run("scontrol", &["show", "assoc_mgr", "flags=qos"])
+            .ok()
+            .filter(|o| o.contains("QOS=elastic(") && o.contains("QOS=elastic-sat("))
+    });
+    l.spawn();
+    let job = l.submit_elastic_with("1:4", &["--qos=elastic"]);
+    let sats = l.grown_to_all(job);
+    for id in std::iter::once(job).chain(sats.values().copied()) {
+        let want = if id == job {
+            "QOS=elastic"
+        } else {
+            "QOS=elastic-sat"
+        };
+        let text = show_job(&l, id);
+        assert!(
+            text.split_whitespace().any(|f| f == want),
+            "job {id}: {text}"
+        );
+    }
+
+    let t0 = Instant::now();
+    let regular = l.regular(2, 12);
+    l.wait(30, "the regular job to start", || {
+        (l.state_of(regular) == "RUNNING").then_some(())
+    });
+    eprintln!(
+        "preempt/qos: regular job started {:.1} s after submission (GraceTime {GRACE_TIME_S} s)",
+        t0.elapsed().as_secs_f64()
+    );
+    let left = l.wait(
+        20,
+        "the elastic job to keep its core and one satellite",
+        || {
+            let s = l.satellites(job);
+            (s.len() == 1).then_some(s)
+        },
+    );
+    assert_eq!(
+        l.state_of(job),
+        "RUNNING",
+        "the core job must not be preempted"
+    );
+    assert_eq!(live::restarts(&l, job), "0", "the core job was requeued");
+    assert!(left.values().all(|id| sats.values().any(|s| s == id)));
+    l.assert_no_double_allocation();
+
+    l.wait(60, "the regular job to end", || {
+        (l.state_of(regular) == "COMPLETED").then_some(())
+    });
+    l.grown_to_all(job);
+    l.assert_no_double_allocation();
+    assert!(l.log_text().contains("preempted by a regular job"));
+    assert_eq!(live::restarts(&l, job), "0");
+}
+
+#[test]
 fn cluster_daemon_recovers_from_kill_9_without_orphans_or_duplicates() {
     let mut l = Live::start("", "", "");
     // A second daemon on the same state directory refuses to start, naming the pid.

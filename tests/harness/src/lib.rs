@@ -114,6 +114,9 @@ pub struct Options {
     /// Further plugstack.conf lines (`cluster up --plugstack-line`), after ours: other
     /// SPANK plugins, such as a test's stand-in for pyxis.
     pub plugstack_lines: Vec<String>,
+    /// slurm.conf's `PreemptType=preempt/qos` instead of `preempt/partition_prio`
+    /// (`cluster up --preempt-type qos`): the test makes the QOS with sacctmgr.
+    pub preempt_qos: bool,
 }
 
 impl Default for Options {
@@ -131,6 +134,7 @@ impl Default for Options {
             constrain_devices: false,
             shared_gpus: None,
             plugstack_lines: Vec::new(),
+            preempt_qos: false,
         }
     }
 }
@@ -212,6 +216,9 @@ impl Cluster {
         }
         if let Some(g) = &opts.shared_gpus {
             cmd.arg("--shared-gpus").arg(g);
+        }
+        if opts.preempt_qos {
+            cmd.arg("--preempt-type").arg("qos");
         }
         for line in &opts.plugstack_lines {
             cmd.arg("--plugstack-line").arg(line);

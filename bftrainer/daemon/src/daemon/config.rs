@@ -128,6 +128,9 @@ pub struct Config {
     // From [policy]:
     pub partition: String,
     pub satellite_partition: String,
+    /// The QOS satellites are submitted with (`satellite_qos`); None: the core job's.
+    /// Under `preempt/qos` it must be set, a QOS ranked below the cores' (docs/admin.md).
+    pub satellite_qos: Option<String>,
     pub allowed_partitions: Vec<String>,
     pub profile_dir: Option<PathBuf>,
     // From [gpu_lending]:
@@ -167,6 +170,13 @@ impl Config {
 pub fn check_preempt_type(cfg: &Config, preempt_type: Option<&str>) -> Result<(), String> {
     const ALLOWED: [&str; 2] = ["preempt/partition_prio", "preempt/qos"];
     match preempt_type.map(str::trim) {
+        // Under preempt/qos Slurm ranks preemptees by their own QOS, not by partition:
+        // satellites in the core's QOS could be preempted after the core (a requeue of
+        // the whole job), so they need a QOS of their own, ranked below the cores'.
+        Some("preempt/qos") if cfg.satellite_qos.is_none() => Err(format!(
+            "{}: slurmctld runs PreemptType=preempt/qos but [policy] satellite_qos is not set: satellites would share their core's QOS, so a regular job could preempt a core before its satellites; create a QOS for satellites ranked below the cores' (docs/admin.md, \"Sites on preempt/qos\") and set satellite_qos to it",
+            cfg.path.display()
+        )),
         Some(t) if ALLOWED.contains(&t) => Ok(()),
         other => Err(format!(
             "{}: slurmctld runs PreemptType={}: regular jobs could not preempt elastic jobs on lent nodes; set PreemptType={} (or {}) in slurm.conf (conf/slurm.conf.fragment) and `scontrol reconfigure`",
@@ -474,6 +484,15 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
             ));
         }
     }
+    let satellite_qos = p.opt_string("satellite_qos")?;
+    if let Some(q) = &satellite_qos {
+        if !partition_name_ok(q) {
+            return Err(p.err(
+                "satellite_qos",
+                format!("'{q}' is not a QOS name; expected letters, digits, '.', '_' or '-'"),
+            ));
+        }
+    }
     let (gpu_partitions, gpu_satellite_partition) =
         bftrainer_core::config::gpu_lending(&doc, &file)?;
     Ok(Config {
@@ -512,6 +531,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         satellite_output: r.string("satellite_output", "bftrainer-sat-%j.out")?,
         partition,
         satellite_partition,
+        satellite_qos,
         allowed_partitions: p.strings("allowed_partitions")?,
         profile_dir: p.opt_string("profile_dir")?.map(|s| base.join(s)),
     })
@@ -697,7 +717,23 @@ mod tests {
         ];
         check_partitions(&c, &good).unwrap();
         check_preempt_type(&c, Some("preempt/partition_prio")).unwrap();
-        check_preempt_type(&c, Some("preempt/qos")).unwrap();
+        // preempt/qos ranks preemptees by QOS: satellites need a QOS of their own.
+        let e = check_preempt_type(&c, Some("preempt/qos")).unwrap_err();
+        assert!(e.contains("[policy] satellite_qos is not set"), "{e}");
+        let q = p(
+            "[policy]\nsatellite_partition = \"elastic-sat\"\nsatellite_qos = \"elastic-sat\"\n",
+        )
+        .unwrap();
+        assert_eq!(q.satellite_qos.as_deref(), Some("elastic-sat"));
+        check_preempt_type(&q, Some("preempt/qos")).unwrap();
+        check_preempt_type(&q, Some("preempt/partition_prio")).unwrap();
+        let e = p("[policy]\nsatellite_qos = \"a b\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("[policy] satellite_qos: 'a b' is not a QOS name"),
+            "{e}"
+        );
         // A partition with no PreemptMode of its own takes the global one.
         let off = bftrainer_slurm::Partition::PREEMPT_OFF;
         let requeue = bftrainer_slurm::Partition::PREEMPT_REQUEUE;

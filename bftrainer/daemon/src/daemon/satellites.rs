@@ -462,7 +462,11 @@ impl<C: Cluster> Daemon<C> {
             // The core job's per-node request, as Slurm holds it: the satellite gets on
             // its node what the core's nodes have (GPUs with the job's GRES, its
             // constraint, memory, QOS and task shape).
-            qos: core_job.qos.clone(),
+            qos: self
+                .cfg
+                .satellite_qos
+                .clone()
+                .or_else(|| core_job.qos.clone()),
             constraint: core_job.constraint.clone(),
             mem_per_node_mb: core_job.mem_per_node_mb,
             mem_per_cpu_mb: core_job.mem_per_cpu_mb,
