@@ -79,17 +79,18 @@ impl Limited {
         (self.scope, self.uid, self.account.clone(), self.qos.clone())
     }
 
-    /// Whether core job `c`'s satellites (its user, account and QOS) count against
+    /// Whether core job `c`'s satellites (its user and account, and `sat_qos`, the QOS
+    /// they are submitted in: `[policy] satellite_qos`, else the core's) count against
     /// this limit. An unknown account or QOS matches: better a pause too many than a
     /// regular job kept waiting.
-    pub fn counts(&self, c: &Job) -> bool {
+    pub fn counts(&self, c: &Job, sat_qos: Option<&str>) -> bool {
         let same = |a: &Option<String>, b: &Option<String>| match (a, b) {
             (Some(a), Some(b)) => a == b,
             _ => true,
         };
         let user = self.uid == c.user_id;
         let account = same(&self.account, &c.account);
-        let qos = same(&self.qos, &c.qos);
+        let qos = same(&self.qos, &sat_qos.map(str::to_string).or_else(|| c.qos.clone()));
         match self.scope {
             Scope::UserAccount => user && account,
             Scope::Account => account,
@@ -117,7 +118,8 @@ impl<C: Cluster> Daemon<C> {
             if core.ended || !c.state.is_active() {
                 continue;
             }
-            if let Some(l) = limited.iter().find(|l| l.counts(c)) {
+            let sat_qos = self.cfg.satellite_qos.as_deref();
+            if let Some(l) = limited.iter().find(|l| l.counts(c, sat_qos)) {
                 hits.push((
                     c.job_id,
                     format!("regular job {} waits on {}", l.job_id, l.reason),
@@ -224,13 +226,23 @@ mod tests {
             c.qos = Some("normal".into());
             c
         };
-        assert!(l.counts(&core(1001, "physics")));
-        assert!(!l.counts(&core(1001, "chemistry")), "another association");
-        assert!(!l.counts(&core(1002, "physics")), "another user");
+        assert!(l.counts(&core(1001, "physics"), None));
+        assert!(!l.counts(&core(1001, "chemistry"), None), "another association");
+        assert!(!l.counts(&core(1002, "physics"), None), "another user");
         regular.reason = Some("AssocGrpCpuLimit".into());
         let l = Limited::of(&regular).unwrap();
-        assert!(l.counts(&core(1002, "physics")), "an account-mate");
-        assert!(!l.counts(&core(1002, "chemistry")));
+        assert!(l.counts(&core(1002, "physics"), None), "an account-mate");
+        assert!(!l.counts(&core(1002, "chemistry"), None));
+        // A QOS limit: satellites count in the QOS they are submitted in, which under
+        // `[policy] satellite_qos` is not the core's.
+        regular.reason = Some("QOSGrpCpuLimit".into());
+        let l = Limited::of(&regular).unwrap();
+        assert!(l.counts(&core(1002, "chemistry"), None), "the core's QOS, normal");
+        assert!(!l.counts(&core(1002, "chemistry"), Some("elastic-sat")));
+        regular.qos = Some("elastic-sat".into());
+        let l = Limited::of(&regular).unwrap();
+        assert!(l.counts(&core(1002, "chemistry"), Some("elastic-sat")));
+        assert!(!l.counts(&core(1002, "chemistry"), None), "satellites in normal");
         regular.reason = Some("Resources".into());
         assert!(Limited::of(&regular).is_none());
     }
