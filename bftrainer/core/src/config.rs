@@ -8,7 +8,7 @@ use std::ops::RangeInclusive;
 /// Keys of `[policy]`, read by the job_submit plugin (all of them) and bftrainerd (the
 /// partitions and `profile_dir`), in the order docs/admin.md explains them. Both refuse
 /// any other key, so a typo (`satelite_partition`) is an error, not a silent default.
-pub const POLICY_KEYS: [&str; 13] = [
+pub const POLICY_KEYS: [&str; 14] = [
     "partition",
     "satellite_partition",
     "allowed_partitions",
@@ -22,6 +22,7 @@ pub const POLICY_KEYS: [&str; 13] = [
     "plain_jobs",
     "satellite_spank_options",
     "satellite_qos",
+    "core_qos",
 ];
 
 /// Keys of `[gpu_lending]`: bftrainerd lends the free GPUs of the nodes of

@@ -176,11 +176,17 @@ fn cluster_daemon_grows_yields_to_a_regular_job_and_grows_back() {
 #[test]
 fn cluster_daemon_preempt_qos_recipe_preempts_satellites_before_cores() {
     // A site on PreemptType=preempt/qos, set up with docs/admin.md's commands ("Sites on
-    // preempt/qos"): cores in QOS `elastic`, satellites in `elastic-sat` (ranked below:
+    // preempt/qos"): cores in QOS `elastic` (the plugin puts them there: `core_qos`),
+    // satellites in `elastic-sat` (ranked below:
     // Slurm preempts the lowest QOS priority first), both added to `normal`'s preempt
     // list with `preempt+=`. A regular job of `normal` takes two nodes: Slurm preempts
     // satellites only, the core runs on, the job grows back when the nodes free.
-    let s = live::setup("bftq", "satellite_qos = \"elastic-sat\"", "", "");
+    let s = live::setup(
+        "bftq",
+        "satellite_qos = \"elastic-sat\"\ncore_qos = \"elastic\"",
+        "",
+        "",
+    );
     let mut l = Live::from_setup_with(
         s,
         bftrainer_testcluster::Options {
@@ -228,7 +234,8 @@ fn cluster_daemon_preempt_qos_recipe_preempts_satellites_before_cores() {
             .filter(|o| o.contains("QOS=elastic(") && o.contains("QOS=elastic-sat("))
     });
     l.spawn();
-    let job = l.submit_elastic_with("1:4", &["--qos=elastic"]);
+    // Submitted without --qos: core_qos puts it in `elastic`.
+    let job = l.submit_elastic_with("1:4", &[]);
     let sats = l.grown_to_all(job);
     for id in std::iter::once(job).chain(sats.values().copied()) {
         let want = if id == job {
@@ -242,6 +249,21 @@ fn cluster_daemon_preempt_qos_recipe_preempts_satellites_before_cores() {
             "job {id}: {text}"
         );
     }
+    // Its owner cannot move it out of the QOS regular jobs preempt (running, Slurm
+    // itself refuses that; pending, job_submit/bftrainer does: its unit test
+    // `core_qos_puts_core_jobs_in_it_and_keeps_them_there`).
+    let out = scontrol_as(&l, user, &["update", &format!("jobid={job}"), "qos=normal"]);
+    assert!(
+        !out.status.success(),
+        "the owner moved the core to QOS normal"
+    );
+    assert!(
+        show_job(&l, job)
+            .split_whitespace()
+            .any(|f| f == "QOS=elastic"),
+        "{}",
+        show_job(&l, job)
+    );
 
     let t0 = Instant::now();
     let regular = l.regular(2, 12);

@@ -65,6 +65,9 @@ pub struct Policy {
     /// Other SPANK plugins (or options of them) whose options a core job's satellites
     /// carry (`[policy] satellite_spank_options`); empty: none.
     pub satellite_spank_options: Vec<bftrainer_core::spankopt::Allowed>,
+    /// The QOS every core job is put in (`[policy] core_qos`), whatever it asked; its
+    /// owner may not change it. None: the job keeps its own.
+    pub core_qos: Option<String>,
     /// Why no policy could be read at slurmctld's start (the file missing or broken, and
     /// no last good copy): init() must not fail over it, since that stops slurmctld.
     /// Every elastic request is then refused with this reason (root's too), plain jobs
@@ -366,7 +369,15 @@ pub fn parse(
     let satellite_spank_options =
         bftrainer_core::spankopt::parse_allowed(&t.strings("satellite_spank_options")?)
             .map_err(|m| t.err("satellite_spank_options", m))?;
+    let core_qos = t.opt_string("core_qos")?;
+    if let Some(q) = core_qos.as_deref().filter(|q| !partition_name_ok(q)) {
+        return Err(t.err(
+            "core_qos",
+            format!("'{q}' is not a QOS name; expected letters, digits, '.', '_' or '-'"),
+        ));
+    }
     Ok(Policy {
+        core_qos,
         satellite_spank_options,
         gpu_satellite_partition,
         path: path.to_path_buf(),

@@ -377,6 +377,10 @@ unsafe fn submit_inner(
                         Some(c) => common::set_field(&mut jd.comment, c),
                         None => Ok(()),
                     })
+                    .and_then(|()| match &r.qos {
+                        Some(q) => common::set_field(&mut jd.qos, q),
+                        None => Ok(()),
+                    })
             };
             if let Err(e) = applied {
                 LOG.error(&format!("cannot rewrite the job: {e}"));
@@ -392,8 +396,12 @@ unsafe fn submit_inner(
                 jd.shared = s;
             }
             LOG.verbose(&format!(
-                "elastic job of uid {uid}: partition={} nodes={} tag='{}'{}",
+                "elastic job of uid {uid}: partition={}{} nodes={} tag='{}'{}",
                 r.partition,
+                r.qos
+                    .as_deref()
+                    .map(|q| format!(" qos={q}"))
+                    .unwrap_or_default(),
                 r.nodes,
                 r.admin_comment,
                 if r.priority == Some(0) {

@@ -52,6 +52,8 @@ pub struct Rewrite {
     pub admin_comment: String,
     /// Plain-words note shown by `squeue -O comment`; only set when the user gave none.
     pub comment: Option<String>,
+    /// The QOS a core job is put in (`[policy] core_qos`); None: its own.
+    pub qos: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -323,6 +325,7 @@ fn elastic(pol: &Policy, s: &Submission<'_>, mut spec: ElasticSpec, privileged: 
         requeue: spec.role == Role::Core,
         admin_comment,
         comment,
+        qos: pol.core_qos.clone().filter(|_| spec.role == Role::Core),
         spec,
     }))
 }
@@ -459,6 +462,15 @@ pub fn modify(pol: &Policy, m: &Modification<'_>) -> Result<Edit, ModifyDenied> 
         return Err(ModifyDenied::Access(
             "changes the node count of an elastic job (bftrainerd sizes it)".into(),
         ));
+    }
+    // Under preempt/qos the core's QOS ranks it for preemption: out of it, a regular
+    // job could no longer preempt the core (or would preempt it before satellites).
+    if let Some(q) = &pol.core_qos {
+        if m.others.contains(&"QOS") {
+            return Err(ModifyDenied::Access(format!(
+                "changes the QOS of an elastic job: elastic jobs run in QOS '{q}' on this cluster ([policy] core_qos)"
+            )));
+        }
     }
     // bftrainerd pins an admitted job to the idle nodes it chose; a user's list would
     // start it elsewhere (on nodes lent to other jobs) or keep it from starting.
@@ -660,6 +672,63 @@ mod tests {
             r.comment.as_deref(),
             Some("bftrainer: elastic job (2-4 nodes) waiting for bftrainerd to admit it")
         );
+    }
+
+    /// Under preempt/qos the core's QOS ranks it for preemption: `[policy] core_qos`
+    /// puts every core job in it, whatever it asked, and its owner cannot move it out.
+    #[test]
+    fn core_qos_puts_core_jobs_in_it_and_keeps_them_there() {
+        let plain = rewrite(submit(&pol(""), &sub("BFTRAINER_ELASTIC=2:4")));
+        assert_eq!(plain.qos, None, "without core_qos a job keeps its own QOS");
+        let p = pol("core_qos = \"elastic\"\n");
+        let r = rewrite(submit(&p, &sub("BFTRAINER_ELASTIC=2:4")));
+        assert_eq!(r.qos.as_deref(), Some("elastic"));
+        // bftrainerd's satellites keep the QOS it gives them ([policy] satellite_qos).
+        let sat = Submission {
+            uid: 990,
+            ..sub("BFTRAINER_ELASTIC=1:1,role=satellite,parent=5")
+        };
+        assert_eq!(rewrite(submit(&p, &sat)).qos, None);
+        let core = b"bftrainer:v1 2:4,role=core";
+        for (others, refused) in [
+            (vec!["QOS"], true),
+            (vec!["Name", "QOS"], true),
+            (vec!["Name"], false),
+        ] {
+            let m = Modification {
+                owner: 1000,
+                others,
+                ..change(core)
+            };
+            match modify(&p, &m) {
+                Err(ModifyDenied::Access(why)) if refused => assert_eq!(
+                    why,
+                    "changes the QOS of an elastic job: elastic jobs run in QOS 'elastic' on this cluster ([policy] core_qos)"
+                ),
+                Ok(_) if !refused => {}
+                other => panic!("{m:?}: {other:?}"),
+            }
+            // Without core_qos the owner's QOS change is Slurm's to judge.
+            assert!(modify(&pol(""), &m).is_ok(), "{m:?}");
+        }
+        // An admin may.
+        let admin = Modification {
+            uid: 0,
+            others: vec!["QOS"],
+            ..change(core)
+        };
+        assert!(modify(&p, &admin).is_ok());
+        for bad in ["\"\"", "\"a b\"", "\"x,y\"", "3"] {
+            let users = |_: &str| None;
+            let e = config::parse(
+                &format!("[policy]\ncore_qos = {bad}\n"),
+                Path::new("/t/bftrainer.toml"),
+                &users,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("core_qos"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -131,6 +131,8 @@ pub struct Config {
     /// The QOS satellites are submitted with (`satellite_qos`); None: the core job's.
     /// Under `preempt/qos` it must be set, a QOS ranked below the cores' (docs/admin.md).
     pub satellite_qos: Option<String>,
+    /// The QOS the job_submit plugin puts core jobs in (`core_qos`); None: their own.
+    pub core_qos: Option<String>,
     pub allowed_partitions: Vec<String>,
     pub profile_dir: Option<PathBuf>,
     // From [gpu_lending]:
@@ -175,6 +177,11 @@ pub fn check_preempt_type(cfg: &Config, preempt_type: Option<&str>) -> Result<()
         // the whole job), so they need a QOS of their own, ranked below the cores'.
         Some("preempt/qos") if cfg.satellite_qos.is_none() => Err(format!(
             "{}: slurmctld runs PreemptType=preempt/qos but [policy] satellite_qos is not set: satellites would share their core's QOS, so a regular job could preempt a core before its satellites; create a QOS for satellites ranked below the cores' (docs/admin.md, \"Sites on preempt/qos\") and set satellite_qos to it",
+            cfg.path.display()
+        )),
+        // And the cores need one regular jobs preempt: the plugin puts every core in it.
+        Some("preempt/qos") if cfg.core_qos.is_none() => Err(format!(
+            "{}: slurmctld runs PreemptType=preempt/qos but [policy] core_qos is not set: core jobs would keep the QOS they were submitted in, and one in a QOS that regular jobs cannot preempt would keep its nodes from them; set core_qos to the cores' QOS (docs/admin.md, \"Sites on preempt/qos\")",
             cfg.path.display()
         )),
         Some(t) if ALLOWED.contains(&t) => Ok(()),
@@ -484,15 +491,18 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
             ));
         }
     }
-    let satellite_qos = p.opt_string("satellite_qos")?;
-    if let Some(q) = &satellite_qos {
-        if !partition_name_ok(q) {
-            return Err(p.err(
-                "satellite_qos",
-                format!("'{q}' is not a QOS name; expected letters, digits, '.', '_' or '-'"),
-            ));
+    let qos_name = |key: &str| -> Result<Option<String>, ConfigError> {
+        let q = p.opt_string(key)?;
+        match q.as_deref() {
+            Some(v) if !partition_name_ok(v) => Err(p.err(
+                key,
+                format!("'{v}' is not a QOS name; expected letters, digits, '.', '_' or '-'"),
+            )),
+            _ => Ok(q),
         }
-    }
+    };
+    let satellite_qos = qos_name("satellite_qos")?;
+    let core_qos = qos_name("core_qos")?;
     let (gpu_partitions, gpu_satellite_partition) =
         bftrainer_core::config::gpu_lending(&doc, &file)?;
     Ok(Config {
@@ -532,6 +542,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         partition,
         satellite_partition,
         satellite_qos,
+        core_qos,
         allowed_partitions: p.strings("allowed_partitions")?,
         profile_dir: p.opt_string("profile_dir")?.map(|s| base.join(s)),
     })
@@ -725,6 +736,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(q.satellite_qos.as_deref(), Some("elastic-sat"));
+        // And the cores a QOS regular jobs preempt, which the plugin puts them in.
+        let e = check_preempt_type(&q, Some("preempt/qos")).unwrap_err();
+        assert!(e.contains("[policy] core_qos is not set"), "{e}");
+        let q = p(
+            "[policy]\nsatellite_partition = \"elastic-sat\"\nsatellite_qos = \"elastic-sat\"\ncore_qos = \"elastic\"\n",
+        )
+        .unwrap();
+        assert_eq!(q.core_qos.as_deref(), Some("elastic"));
         check_preempt_type(&q, Some("preempt/qos")).unwrap();
         check_preempt_type(&q, Some("preempt/partition_prio")).unwrap();
         let e = p("[policy]\nsatellite_qos = \"a b\"\n")

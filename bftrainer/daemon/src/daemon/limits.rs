@@ -90,7 +90,10 @@ impl Limited {
         };
         let user = self.uid == c.user_id;
         let account = same(&self.account, &c.account);
-        let qos = same(&self.qos, &sat_qos.map(str::to_string).or_else(|| c.qos.clone()));
+        let qos = same(
+            &self.qos,
+            &sat_qos.map(str::to_string).or_else(|| c.qos.clone()),
+        );
         match self.scope {
             Scope::UserAccount => user && account,
             Scope::Account => account,
@@ -227,7 +230,10 @@ mod tests {
             c
         };
         assert!(l.counts(&core(1001, "physics"), None));
-        assert!(!l.counts(&core(1001, "chemistry"), None), "another association");
+        assert!(
+            !l.counts(&core(1001, "chemistry"), None),
+            "another association"
+        );
         assert!(!l.counts(&core(1002, "physics"), None), "another user");
         regular.reason = Some("AssocGrpCpuLimit".into());
         let l = Limited::of(&regular).unwrap();
@@ -237,12 +243,18 @@ mod tests {
         // `[policy] satellite_qos` is not the core's.
         regular.reason = Some("QOSGrpCpuLimit".into());
         let l = Limited::of(&regular).unwrap();
-        assert!(l.counts(&core(1002, "chemistry"), None), "the core's QOS, normal");
+        assert!(
+            l.counts(&core(1002, "chemistry"), None),
+            "the core's QOS, normal"
+        );
         assert!(!l.counts(&core(1002, "chemistry"), Some("elastic-sat")));
         regular.qos = Some("elastic-sat".into());
         let l = Limited::of(&regular).unwrap();
         assert!(l.counts(&core(1002, "chemistry"), Some("elastic-sat")));
-        assert!(!l.counts(&core(1002, "chemistry"), None), "satellites in normal");
+        assert!(
+            !l.counts(&core(1002, "chemistry"), None),
+            "satellites in normal"
+        );
         regular.reason = Some("Resources".into());
         assert!(Limited::of(&regular).is_none());
     }
