@@ -122,10 +122,10 @@ fn too_few_cpus_per_host_are_refused() {
         clock: &mut c,
         progress: &mut p,
     };
-    let e = simulate(&tr, &jobs(), FillInOrder, &cfg, &mut hooks)
-        .err()
-        .expect("refused")
-        .to_string();
+    let Err(e) = simulate(&tr, &jobs(), FillInOrder, &cfg, &mut hooks) else {
+        panic!("5 CPUs for 6 GPU slots was accepted");
+    };
+    let e = e.to_string();
     assert!(
         e.contains("5 CPUs per host for hosts of 6 GPU slots"),
         "{e}"

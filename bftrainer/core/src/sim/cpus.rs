@@ -218,9 +218,8 @@ mod tests {
 
     #[test]
     fn profiles_fit_the_measurements_and_differ_by_kind() {
-        for k in 0..SYNERGY_PROFILES.len() {
+        for (k, &(name, _, pts)) in SYNERGY_PROFILES.iter().enumerate() {
             let p = synergy_profile(k);
-            let (name, _, pts) = SYNERGY_PROFILES[k];
             for (&c, r) in SYNERGY_CPUS.iter().zip(pts) {
                 if let Some(r) = r {
                     let f = synergy::eval(&p.cpu, c);
