@@ -1,6 +1,7 @@
 //! The trace-replay simulator: drives the engine with a node trace and BFTrainer's elastic
 //! job model (progress, rescale and preemption charges), checks invariants, reports.
 
+pub mod cpus;
 pub mod gpus;
 pub mod nodes;
 mod report;
@@ -186,6 +187,10 @@ pub struct SimConfig {
     /// `Event::JobNeeds`) get only nodes that serve them. `None`: no attributes, every
     /// node serves every job.
     pub nodes: Option<std::sync::Arc<NodeTable>>,
+    /// CPUs of shared GPU hosts split between the jobs holding their GPU slots, and
+    /// each job's rate scaled by its CPU curve (`cpus`); units are GPU slots
+    /// (`host/gpuK`). `None`: CPUs are not modelled.
+    pub cpus: Option<std::sync::Arc<cpus::CpuModel>>,
 }
 
 impl Default for SimConfig {
@@ -203,6 +208,7 @@ impl Default for SimConfig {
             workload: Workload::File,
             rules: DaemonRules::NONE,
             nodes: None,
+            cpus: None,
         }
     }
 }
@@ -295,6 +301,8 @@ pub struct Hooks<'a> {
 struct SimJob {
     /// Index of the job's record in the job file.
     rec: u32,
+    /// Its rate over its curve's for the CPUs it holds (`SimConfig::cpus`; else 1).
+    cpu_eff: f64,
     /// The name the engine knows it by when it is not the record's (`NAME#k`).
     name: Option<String>,
     /// Submission, relative seconds (never before the window's start), and as the
@@ -697,6 +705,58 @@ struct Sim<'a, A> {
     class_free: Vec<u32>,
     class_idle_ns: Vec<f64>,
     class_held_ns: Vec<f64>,
+    /// With `SimConfig::cpus`: the hosts of the GPU slots.
+    hosts: Option<Hosts>,
+}
+
+/// GPU slots by host (`SimConfig::cpus`), and per-step scratch.
+struct Hosts {
+    /// Per unit, its host.
+    host_of: Vec<u32>,
+    /// Per host, its units.
+    units: Vec<Vec<u32>>,
+    /// Per host, (job, GPUs held there) this step.
+    held: Vec<Vec<(JobId, u32)>>,
+    touched: Vec<u32>,
+    /// Per job id: (sum of GPUs x factor, GPUs) this step.
+    acc: std::collections::HashMap<JobId, (f64, f64)>,
+}
+
+impl Hosts {
+    fn new(names: &[String], model: &cpus::CpuModel) -> Result<Self> {
+        if model.profiles.is_empty() {
+            return Err(Error::Config("no CPU profiles given".into()));
+        }
+        let mut ids: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+        let mut units: Vec<Vec<u32>> = Vec::new();
+        let mut host_of = Vec::with_capacity(names.len());
+        for (i, n) in names.iter().enumerate() {
+            let h = *ids
+                .entry(crate::placement::slot_host(n))
+                .or_insert_with(|| {
+                    units.push(Vec::new());
+                    units.len() as u32 - 1
+                });
+            units[h as usize].push(i as u32);
+            host_of.push(h);
+        }
+        for u in &units {
+            if (model.cpus_per_host as usize) < u.len() {
+                return Err(Error::Config(format!(
+                    "{} CPUs per host for hosts of {} GPU slots: every GPU needs at least 1 CPU",
+                    model.cpus_per_host,
+                    u.len()
+                )));
+            }
+        }
+        Ok(Hosts {
+            host_of,
+            held: vec![Vec::new(); units.len()],
+            units,
+            touched: Vec::new(),
+            acc: Default::default(),
+        })
+    }
 }
 
 #[derive(Default)]
@@ -756,6 +816,10 @@ impl<'a, A: Allocator> Sim<'a, A> {
             Workload::Arrivals { per_hour } => interarrival(&mut rng, per_hour),
             _ => f64::INFINITY,
         };
+        let hosts = match &cfg.cpus {
+            Some(m) => Some(Hosts::new(trace.names(), m)?),
+            None => None,
+        };
         Ok(Self {
             trace,
             start,
@@ -798,6 +862,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
             next_arrival,
             rng,
             uses: vec![0; recs.len()],
+            hosts,
             rules: cfg.rules,
             ahead: Default::default(),
             ahead_claim: f64::NEG_INFINITY,
@@ -992,6 +1057,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
         let job = self.jobs.len() as JobId;
         self.jobs.push(SimJob {
             rec: r,
+            cpu_eff: 1.0,
             name,
             submit_rel: at,
             submit_abs: at_abs,
@@ -1136,6 +1202,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
         let mut steps = 0u64;
         loop {
             self.step(t, &mut ji, hooks)?;
+            self.split_cpus()?;
             steps += 1;
             if steps % 4096 == 0 {
                 (hooks.progress)(if end > 0.0 { t / end } else { 1.0 });
@@ -1211,11 +1278,72 @@ impl<'a, A: Allocator> Sim<'a, A> {
         }
     }
 
+    /// Splits each shared host's CPUs between the jobs holding its GPU slots and sets
+    /// every active job's CPU factor (`SimConfig::cpus`): after each step, so that the
+    /// interval up to the next one runs at these rates. A host's free CPUs are its
+    /// idle slots' share of its CPUs (regular jobs hold the others' share).
+    fn split_cpus(&mut self) -> Result<()> {
+        let (Some(model), Some(h)) = (self.cfg.cpus.as_deref(), self.hosts.as_mut()) else {
+            return Ok(());
+        };
+        for &k in &h.touched {
+            h.held[k as usize].clear();
+        }
+        h.touched.clear();
+        h.acc.clear();
+        for &j in self.engine.active() {
+            for &n in self.engine.job_nodes(j) {
+                let k = h.host_of[n as usize];
+                let list = &mut h.held[k as usize];
+                if list.is_empty() {
+                    h.touched.push(k);
+                }
+                match list.iter_mut().find(|e| e.0 == j) {
+                    Some(e) => e.1 += 1,
+                    None => list.push((j, 1)),
+                }
+            }
+        }
+        let jobs = &mut self.jobs;
+        for &k in &h.touched {
+            let units = &h.units[k as usize];
+            let size = units.len() as u32;
+            let idle = units.iter().filter(|&&u| self.idle[u as usize]).count() as u64;
+            let held = &h.held[k as usize];
+            let gpus: u32 = held.iter().map(|e| e.1).sum();
+            // A slot held through its grace period is no longer idle; its job keeps
+            // its request (1 CPU per GPU) all the same.
+            let free = ((u64::from(model.cpus_per_host) * idle / u64::from(size)) as u32).max(gpus);
+            let hj: Vec<cpus::HostJob<'_>> = held
+                .iter()
+                .map(|&(j, g)| cpus::HostJob {
+                    gpus: g,
+                    profile: &model.profiles[jobs[j as usize].rec as usize % model.profiles.len()],
+                })
+                .collect();
+            let ref_per_gpu = f64::from(model.cpus_per_host) / f64::from(size);
+            let f = cpus::split_host(model.policy, free, size.max(gpus), ref_per_gpu, &hj)?;
+            for (&(j, g), f) in held.iter().zip(f) {
+                let e = h.acc.entry(j).or_insert((0.0, 0.0));
+                e.0 += f64::from(g) * f;
+                e.1 += f64::from(g);
+            }
+        }
+        for &j in self.engine.active() {
+            let s = &mut jobs[j as usize];
+            s.cpu_eff = match h.acc.get(&j) {
+                Some(&(fg, g)) if g > 0.0 => fg / g,
+                _ => 1.0,
+            };
+        }
+        Ok(())
+    }
+
     fn next_completion(&self, t: f64) -> f64 {
         let mut best = f64::INFINITY;
         for &j in self.engine.active() {
             let (s, rec) = (&self.jobs[j as usize], self.rec_of(j));
-            let r = rate(rec, working(s));
+            let r = rate(rec, working(s)) * s.cpu_eff;
             if r > 0.0 {
                 best = best.min(t + ((rec.total_samples - s.progress) / r).max(0.0));
             }
@@ -1276,7 +1404,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
             let rec = self.rec_of(j as JobId);
             let s = &mut self.jobs[j];
             let w = working(s);
-            let r = rate(rec, w);
+            let r = rate(rec, w) * s.cpu_eff;
             let gross = r * dt;
             s.progress += gross;
             s.gross += gross;
@@ -1326,7 +1454,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
             let j = self.scratch[k];
             let (s, rec) = (&self.jobs[j as usize], self.rec_of(j));
             let rem = rec.total_samples - s.progress;
-            let r = rate(rec, working(s));
+            let r = rate(rec, working(s)) * s.cpu_eff;
             if rem <= 1e-9 * rec.total_samples || (r > 0.0 && rem / r < 1e-6) {
                 for k in 0..self.engine.job_nodes(j).len() {
                     let n = self.engine.job_nodes(j)[k];
@@ -1491,7 +1619,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 let s = &mut self.jobs[h as usize];
                 if !self.preempted.iter().any(|&(x, _, _)| x == h) {
                     self.preempted
-                        .push((h, rate(rec, working(s)), s.n + s.draining));
+                        .push((h, rate(rec, working(s)) * s.cpu_eff, s.n + s.draining));
                 }
                 s.n -= 1;
                 self.held_total -= 1;
@@ -1550,7 +1678,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 let rec = self.rec_of(h);
                 let s = &mut self.jobs[h as usize];
                 if !self.released.iter().any(|&(x, _)| x == h) {
-                    self.released.push((h, rate(rec, working(s))));
+                    self.released.push((h, rate(rec, working(s)) * s.cpu_eff));
                 }
                 s.n -= 1;
                 self.held_total -= 1;
@@ -1645,7 +1773,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
                 // point of the job's curve for the allocator, as bft-run's report is).
                 let ev = Event::Progress {
                     job: j,
-                    samples_per_s: rate(rec, working(s)) * scale,
+                    samples_per_s: rate(rec, working(s)) * s.cpu_eff * scale,
                     remaining: Some(((rec.total_samples - s.progress) * scale).max(0.0)),
                     nodes: Some(working(s)),
                 };
@@ -1666,7 +1794,7 @@ impl<'a, A: Allocator> Sim<'a, A> {
             let j = a.job();
             let rec = self.rec_of(j);
             let s = &mut self.jobs[j as usize];
-            let r = rate(rec, working(s));
+            let r = rate(rec, working(s)) * s.cpu_eff;
             let k = a.nodes().len() as u32;
             let admission = if matches!(a, Action::Admit { .. }) {
                 s.admission += 1;

@@ -5,6 +5,7 @@ use crate::replay::batch::BatchOptions;
 use crate::replay::{self, compare, Input, Options};
 use bftrainer_core::alloc::EfficiencyModel;
 use bftrainer_core::easy::{Backfill, StartTimes};
+use bftrainer_core::sim::cpus::CpuPolicy;
 use bftrainer_core::sim::{CoreLoss, DaemonRules, Objective as CurveChoice, Steps, Workload};
 use std::path::PathBuf;
 
@@ -59,6 +60,22 @@ pub struct Args {
     /// only when all its slots are. Needs --swf and --gpus-per-node.
     #[arg(long, requires_all = ["swf", "gpus_per_node"])]
     pub shared_nodes: bool,
+    /// How each host's CPUs are split between the jobs holding its GPU slots (Synergy):
+    /// proportional (to GPUs) or sensitivity (by each job's CPU curve, alloc::synergy);
+    /// both, comma-separated, compare them in one table. Job i of the file has Synergy's
+    /// measured profile i mod 10 (docs/replay.md). Needs --gpu-granular and
+    /// --cpus-per-node.
+    #[arg(
+        long,
+        value_name = "POLICY",
+        value_delimiter = ',',
+        requires_all = ["gpu_granular", "cpus_per_node"]
+    )]
+    pub cpu_alloc: Vec<CpuAllocArg>,
+    /// CPUs of each GPU host, for --cpu-alloc (the GPU-proportional share of a full
+    /// host, CPUs / --gpus-per-node, is where the job file's curves hold).
+    #[arg(long, value_name = "C", requires = "cpu_alloc")]
+    pub cpus_per_node: Option<u32>,
     /// Elastic job file in BFTrainer's jobs-*.csv format; default: the sample's. Optional
     /// columns after its ten: gpus_per_node, gpu_type, constraint, mem_per_node.
     #[arg(long, value_name = "PATH")]
@@ -247,6 +264,21 @@ pub enum StepsArg {
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum CpuAllocArg {
+    Proportional,
+    Sensitivity,
+}
+
+impl From<CpuAllocArg> for CpuPolicy {
+    fn from(a: CpuAllocArg) -> Self {
+        match a {
+            CpuAllocArg::Proportional => CpuPolicy::Proportional,
+            CpuAllocArg::Sensitivity => CpuPolicy::Sensitivity,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum CoreLossArg {
     Job,
     Node,
@@ -278,6 +310,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         gpus_per_node: args.gpus_per_node,
         gpu_granular: args.gpu_granular,
         shared_nodes: args.shared_nodes,
+        cpu_alloc: match (args.cpu_alloc.first(), args.cpus_per_node) {
+            (Some(&p), Some(c)) => Some(replay::CpuAlloc {
+                policy: p.into(),
+                cpus_per_node: c,
+            }),
+            _ => None,
+        },
         input,
         jobs: args.jobs.clone(),
         node_classes: args.node_classes.clone(),
@@ -360,5 +399,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Vec::new()
     };
     let policies = compare::batch_pair(policies, &opts)?;
+    let cpu: Vec<CpuPolicy> = args.cpu_alloc.iter().map(|&c| c.into()).collect();
+    let policies = compare::cpu_pair(policies, &opts, &cpu)?;
     replay::run(&replay::Options { policies, ..opts })
 }

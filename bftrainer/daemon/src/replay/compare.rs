@@ -6,6 +6,7 @@ use super::output::thousands;
 use super::{load, sim_config, Options};
 use anyhow::{bail, Context};
 use bftrainer_core::alloc::Objective;
+use bftrainer_core::sim::cpus::CpuPolicy;
 use bftrainer_core::sim::{self, CoreLoss, DaemonRules, Objective as CurveChoice, Report, Steps};
 use std::io::Write;
 use std::path::Path;
@@ -41,6 +42,8 @@ pub struct Policy {
     pub rules: DaemonRules,
     /// How the run treats the global batch (`--batch-range`: fixed or joint).
     pub batch: BatchChoice,
+    /// How shared hosts' CPUs are split (`--cpu-alloc`), when modelled.
+    pub cpu: Option<CpuPolicy>,
 }
 
 impl Policy {
@@ -56,6 +59,7 @@ impl Policy {
             steps: o.steps,
             rules: o.rules,
             batch: BatchChoice::Plain,
+            cpu: o.cpu_alloc.map(|c| c.policy),
         }
     }
 
@@ -69,6 +73,10 @@ impl Policy {
             curve: self.curve,
             steps: self.steps,
             rules: self.rules,
+            cpu_alloc: o.cpu_alloc.map(|c| super::CpuAlloc {
+                policy: self.cpu.unwrap_or(c.policy),
+                ..c
+            }),
             policies: Vec::new(),
             ..o.clone()
         }
@@ -258,6 +266,48 @@ pub fn batch_pair(policies: Vec<Policy>, base: &Options) -> anyhow::Result<Vec<P
     Ok(out)
 }
 
+/// Each policy (or the command line's, when none) once per CPU allocation of
+/// `--cpu-alloc` given several (`proportional,sensitivity`): the pair to compare.
+pub fn cpu_pair(
+    policies: Vec<Policy>,
+    base: &Options,
+    cpu: &[CpuPolicy],
+) -> anyhow::Result<Vec<Policy>> {
+    if cpu.len() < 2 {
+        return Ok(policies);
+    }
+    let named = !policies.is_empty();
+    let policies = if named {
+        policies
+    } else {
+        vec![Policy::of(base, "")]
+    };
+    let mut out = Vec::new();
+    for p in policies {
+        for &c in cpu {
+            let what = format!("CPUs {}", cpu_name(Some(c)));
+            out.push(Policy {
+                name: if named {
+                    format!("{}, {what}", p.name)
+                } else {
+                    what
+                },
+                cpu: Some(c),
+                ..p.clone()
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn cpu_name(c: Option<CpuPolicy>) -> &'static str {
+    match c {
+        None => "-",
+        Some(CpuPolicy::Proportional) => "proportional",
+        Some(CpuPolicy::Sensitivity) => "sensitivity",
+    }
+}
+
 /// Runs every policy on the same input and prints one table (or a JSON list).
 pub fn run_compare(o: &Options) -> anyhow::Result<()> {
     for (set, what) in [
@@ -280,7 +330,7 @@ pub fn run_compare(o: &Options) -> anyhow::Result<()> {
                     "policy": p.name,
                     "trace": loaded.trace_name,
                     "jobs_file": loaded.jobs_name,
-                    "settings": { "max_jobs": p.max_jobs, "t_fwd_s": p.t_fwd, "steps": p.steps, "grace_s": p.grace, "objective": p.objective, "curve": p.curve, "seed": o.seed, "daemon_rules": p.rules, "batch": batch_json(o, p.batch) },
+                    "settings": { "max_jobs": p.max_jobs, "t_fwd_s": p.t_fwd, "steps": p.steps, "grace_s": p.grace, "objective": p.objective, "curve": p.curve, "seed": o.seed, "daemon_rules": p.rules, "batch": batch_json(o, p.batch), "cpu_alloc": p.cpu },
                     "scheduler": loaded.sched,
                     "report": r,
                     "wall_s": { "load": load_s, "simulate": sim_s },
@@ -400,8 +450,9 @@ fn print_compare(
         &'static str,
         fn(&Policy, &Report, f64, &dyn Fn(f64, f64) -> f64) -> String,
     );
-    let rows: [Row; 21] = [
+    let rows: [Row; 22] = [
         ("objective", |p, _, _, _| p.objective.clone()),
+        ("cpu allocation", |p, _, _, _| cpu_name(p.cpu).into()),
         ("t-fwd", |p, _, _, _| format!("{} s", p.t_fwd)),
         ("max-jobs", |p, _, _, _| p.max_jobs.to_string()),
         ("grace", |p, _, _, _| format!("{} s", p.grace)),
@@ -650,6 +701,7 @@ mod tests {
                 steps: Steps::Trace,
                 rules: DaemonRules::DAEMON,
                 batch: BatchChoice::Plain,
+                cpu: None,
             }
         );
         // bftrainerd's rules, one key each; the others keep the command line's.

@@ -17,6 +17,7 @@ use bftrainer_core::easy::{
 use bftrainer_core::engine::{
     EngineConfig, Exact, DEFAULT_MIN_SCALE_DOWN_S, DEFAULT_MIN_SCALE_UP_S,
 };
+use bftrainer_core::sim::cpus::{CpuModel, CpuPolicy};
 use bftrainer_core::sim::nodes::{self, NodeTable};
 use bftrainer_core::sim::{
     self, DaemonRules, Hooks, Objective as CurveChoice, Outcome, SimConfig, Steps, Workload,
@@ -110,9 +111,19 @@ pub struct Options {
     /// on the lowest-numbered free ones, `--gpus-per-node` per node, so regular jobs
     /// leave slots of their nodes idle.
     pub shared_nodes: bool,
+    /// `--cpu-alloc` with `--cpus-per-node`: CPUs of each host split between the jobs
+    /// holding its GPU slots (Synergy), each job's rate scaled by its CPU profile.
+    pub cpu_alloc: Option<CpuAlloc>,
     /// `--batch-range` (with `--base-batch`, `--noise-scale`, `--fixed-batch`): the
     /// batch model of the fixed-versus-joint comparison; its runs are `policies`.
     pub batch: Option<batch::BatchOptions>,
+}
+
+/// `--cpu-alloc POLICY --cpus-per-node C`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct CpuAlloc {
+    pub policy: CpuPolicy,
+    pub cpus_per_node: u32,
 }
 
 /// Wraps a byte stream, decompressing it when it starts with the gzip magic.
@@ -571,6 +582,17 @@ pub fn load(o: &Options) -> anyhow::Result<Loaded> {
         }
         (None, false) => {}
     }
+    if let Some(c) = o.cpu_alloc {
+        let Some((k, true)) = loaded.gpus else {
+            bail!("--cpu-alloc splits the CPUs of hosts between the jobs holding their GPU slots; it needs --gpu-granular (and --gpus-per-node K)");
+        };
+        if c.cpus_per_node < k {
+            bail!(
+                "--cpus-per-node {}: every GPU slot needs at least 1 CPU; allowed: at least --gpus-per-node ({k})",
+                c.cpus_per_node
+            );
+        }
+    }
     for w in &loaded.warnings {
         eprintln!("warning: {w}");
     }
@@ -877,6 +899,13 @@ fn sim_config(o: &Options, objective: Objective) -> SimConfig {
         workload: o.workload,
         rules: o.rules,
         nodes: None,
+        cpus: o.cpu_alloc.map(|c| {
+            Arc::new(CpuModel {
+                policy: c.policy,
+                cpus_per_host: c.cpus_per_node,
+                profiles: bftrainer_core::sim::cpus::mixed_profiles(),
+            })
+        }),
     }
 }
 
@@ -956,7 +985,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         let mut v = serde_json::json!({
             "trace": loaded.trace_name,
             "jobs_file": loaded.jobs_name,
-            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "steps": o.steps, "grace_s": o.grace, "objective": o.objective, "curve": o.curve, "seed": o.seed, "workload": o.workload, "strict": o.strict, "daemon_rules": o.rules },
+            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "steps": o.steps, "grace_s": o.grace, "objective": o.objective, "curve": o.curve, "seed": o.seed, "workload": o.workload, "strict": o.strict, "daemon_rules": o.rules, "cpu_alloc": o.cpu_alloc },
             "warnings": loaded.warnings,
             "scheduler": loaded.sched,
             "report": out.report,
@@ -1118,6 +1147,7 @@ mod replay_tests {
             gpus_per_node: None,
             gpu_granular: false,
             shared_nodes: false,
+            cpu_alloc: None,
             batch: None,
         }
     }
@@ -1438,6 +1468,42 @@ mod replay_tests {
             ..opts()
         })
         .contains("cannot open /nonexistent.csv"));
+    }
+
+    /// The sample's GPU-slot replay with hosts' CPUs split by sensitivity differs from
+    /// the GPU-proportional one (the rule is not a no-op where slots of a host are
+    /// shared), and bad combinations are refused with what is allowed.
+    #[test]
+    fn cpu_alloc_on_the_sample_differs_from_proportional() {
+        let with = |policy| Options {
+            hours: Some(3.0),
+            gpus_per_node: Some(6),
+            gpu_granular: true,
+            cpu_alloc: Some(CpuAlloc {
+                policy,
+                cpus_per_node: 18,
+            }),
+            ..opts()
+        };
+        let (_, prop) = replay(&with(CpuPolicy::Proportional));
+        let (_, sens) = replay(&with(CpuPolicy::Sensitivity));
+        conserved(&prop.report);
+        conserved(&sens.report);
+        assert_ne!(prop.report.samples, sens.report.samples);
+        let e = |o: Options| load(&o).err().map(|e| format!("{e:#}")).unwrap_or_default();
+        assert!(e(Options {
+            gpu_granular: false,
+            ..with(CpuPolicy::Sensitivity)
+        })
+        .contains("--cpu-alloc splits the CPUs of hosts"));
+        assert!(e(Options {
+            cpu_alloc: Some(CpuAlloc {
+                policy: CpuPolicy::Sensitivity,
+                cpus_per_node: 5,
+            }),
+            ..with(CpuPolicy::Sensitivity)
+        })
+        .contains("--cpus-per-node 5: every GPU slot needs at least 1 CPU; allowed: at least --gpus-per-node (6)"));
     }
 
     #[test]

@@ -159,6 +159,19 @@ pub fn print_table(
         ),
     );
     row("daemon rules", rules_line(&o.rules));
+    if let Some(c) = o.cpu_alloc {
+        row(
+            "cpu allocation",
+            format!(
+                "{}, {} CPUs per host; CPU profiles: Synergy's measurements, 10 models in turn",
+                match c.policy {
+                    bftrainer_core::sim::cpus::CpuPolicy::Proportional => "proportional to GPUs",
+                    bftrainer_core::sim::cpus::CpuPolicy::Sensitivity => "by sensitivity",
+                },
+                c.cpus_per_node
+            ),
+        );
+    }
     row(
         "idle node-hours",
         format!(
