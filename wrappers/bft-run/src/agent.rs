@@ -973,6 +973,9 @@ pub struct WorldPart {
     pub master_addr: String,
     pub master_port: u16,
     pub run_id: String,
+    /// The global batch bftrainerd decided for the job when the world started
+    /// (`BFT_GLOBAL_BATCH`); `None`: no decision, the script's own.
+    pub batch: Option<u32>,
 }
 
 impl WorldPart {
@@ -997,6 +1000,7 @@ impl WorldPart {
             master_port: u16::try_from(num("master_port")?)
                 .map_err(|_| "master_port is not a port".to_string())?,
             run_id: run_id.to_string(),
+            batch: world_batch(m)?,
         };
         if part.rank_base >= part.world_size || part.group_rank >= part.nnodes {
             return Err("ranks outside the world".into());
@@ -1025,6 +1029,37 @@ impl WorldPart {
             v("TORCHELASTIC_USE_AGENT_STORE", "False".into()),
             v("BFT_GENERATION", self.gen.to_string()),
         ]
+        .into_iter()
+        .chain(self.batch_env())
+        .collect()
+    }
+
+    /// The decided global batch for the world's workers (both restarting modes).
+    pub fn batch_env(&self) -> Option<(String, String)> {
+        self.batch.map(|b| (BATCH_VAR.to_string(), b.to_string()))
+    }
+}
+
+/// The variable that hands a restarting mode's world the global batch bftrainerd
+/// decided (the library's `bftrainer.apply_world_batch` reads it).
+pub const BATCH_VAR: &str = "BFT_GLOBAL_BATCH";
+
+/// The `batch` of a `world` message: absent (no decision) or a whole number of
+/// samples from 1 to [`bftrainer_core::spec::MAX_BATCH`].
+fn world_batch(m: &Value) -> Result<Option<u32>, String> {
+    match m.get("batch") {
+        None => Ok(None),
+        Some(b) => b
+            .as_u64()
+            .filter(|b| (1..=u64::from(bftrainer_core::spec::MAX_BATCH)).contains(b))
+            .map(|b| Some(b as u32))
+            .ok_or_else(|| {
+                format!(
+                    "batch {} is not a global batch (1 to {})",
+                    brief(&b.to_string()),
+                    bftrainer_core::spec::MAX_BATCH
+                )
+            }),
     }
 }
 
@@ -1151,11 +1186,12 @@ async fn world_agent(
                             let launch = MpiLaunch::from_msg(mpi)
                                 .map_err(|e| (2, format!("a bad MPI world: {e}")))?;
                             let mut cfg = ctx.cfg.clone();
-                            cfg.argv = launch.argv(&ctx.exe, &ctx.cfg.argv);
+                            cfg.argv = launch.argv(&ctx.exe, &ctx.cfg.argv, part.batch.is_some());
                             cfg.extra = vec![
                                 ("BFT_GENERATION".into(), g.to_string()),
                                 ("BFT_RSH_TOKEN".into(), launch.token.clone()),
                             ];
+                            cfg.extra.extend(part.batch_env());
                             let wid = format!("{id}.mpirun.g{g}");
                             match spawn_worker(&cfg, &wid, 0, &ev_tx) {
                                 Ok(pid) => {
@@ -1371,8 +1407,9 @@ impl MpiLaunch {
 
     /// mpirun's command line: remote daemons through `EXE rsh` (no tree spawn, kept
     /// attached so that their agents see them end), then the program. (The stop's
-    /// grace is the agent's: SIGUSR1 to mpirun, SIGKILL after it.)
-    pub fn argv(&self, exe: &str, cmd: &[String]) -> Vec<String> {
+    /// grace is the agent's: SIGUSR1 to mpirun, SIGKILL after it.) `batch`: the world
+    /// carries a decided global batch ([`BATCH_VAR`]), which the ranks get too.
+    pub fn argv(&self, exe: &str, cmd: &[String], batch: bool) -> Vec<String> {
         let mut v: Vec<String> = ["mpirun", "--host", &self.hosts, "-np"]
             .iter()
             .map(|x| x.to_string())
@@ -1381,6 +1418,9 @@ impl MpiLaunch {
         // Remote ranks get their daemon's environment (the job's, from the agent
         // there): the world's generation must be passed.
         v.extend(["-x".to_string(), "BFT_GENERATION".to_string()]);
+        if batch {
+            v.extend(["-x".to_string(), BATCH_VAR.to_string()]);
+        }
         let mca = [
             // Inside a Slurm job, Open MPI's ras/slurm takes the job's own allocation
             // as the only hosts and refuses satellites' nodes ("not enough slots").
@@ -1612,8 +1652,14 @@ mod tests {
     fn an_mpi_launch_is_checked_and_makes_mpiruns_command_line() {
         let m = json!({"hosts": "n1:2,bft-agent-7:1", "np": 3, "token": "ab12"});
         let l = MpiLaunch::from_msg(&m).unwrap();
-        let argv = l.argv("/x/bft-run", &["prog".into()]);
+        let argv = l.argv("/x/bft-run", &["prog".into()], false);
         let s = argv.join(" ");
+        assert!(!s.contains(BATCH_VAR), "no decision, nothing to pass: {s}");
+        let with = l.argv("/x/bft-run", &["prog".into()], true).join(" ");
+        assert!(
+            with.contains("-x BFT_GENERATION -x BFT_GLOBAL_BATCH"),
+            "remote ranks get the decided batch: {with}"
+        );
         assert!(
             s.starts_with("mpirun --host n1:2,bft-agent-7:1 -np 3 -x BFT_GENERATION"),
             "{s}"
@@ -1668,6 +1714,49 @@ mod tests {
         assert!(bad("rank_base", json!(12)).contains("outside"));
         assert!(bad("run_id", json!("a b")).contains("run id"));
         assert!(bad("gen", json!(-1)).contains("gen"));
+    }
+
+    #[test]
+    fn a_world_hands_its_workers_the_decided_batch_and_refuses_a_bad_one() {
+        let m = json!({
+            "t": "world", "gen": 3, "master_addr": "10.1.2.3", "master_port": 29511,
+            "group_rank": 0, "rank_base": 0, "world_size": 2, "nnodes": 1, "restarts": 1,
+            "run_id": "42",
+        });
+        let p = WorldPart::from_msg(&m).unwrap();
+        assert_eq!(p.batch, None);
+        let env: BTreeMap<String, String> = p.torchrun_env(0).into_iter().collect();
+        assert!(
+            !env.contains_key(BATCH_VAR),
+            "no decision: the script's own"
+        );
+        let mut with = m.clone();
+        with["batch"] = json!(1024);
+        let p = WorldPart::from_msg(&with).unwrap();
+        assert_eq!(p.batch, Some(1024));
+        for local in 0..2 {
+            let env: BTreeMap<String, String> = p.torchrun_env(local).into_iter().collect();
+            assert_eq!(env[BATCH_VAR], "1024");
+        }
+        assert_eq!(
+            p.batch_env(),
+            Some(("BFT_GLOBAL_BATCH".to_string(), "1024".to_string()))
+        );
+        for bad in [
+            json!(0),
+            json!(-5),
+            json!(1.5),
+            json!("64"),
+            json!(bftrainer_core::spec::MAX_BATCH as u64 + 1),
+        ] {
+            let mut x = m.clone();
+            x["batch"] = bad.clone();
+            let e = WorldPart::from_msg(&x).unwrap_err();
+            assert!(
+                e.contains("is not a global batch (1 to 16777216)"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

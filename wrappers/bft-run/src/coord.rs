@@ -654,6 +654,11 @@ impl Coordinator {
                                 "nnodes": plan.parts.len(), "restarts": plan.restarts,
                                 "run_id": self.cfg.job,
                             });
+                            // The decided global batch, as it stands when this world
+                            // starts: the world keeps it until its restart.
+                            if let Some(b) = s.batch {
+                                m["batch"] = json!(b);
+                            }
                             if let (Some(mpi), 0) = (&mpi, p.group_rank) {
                                 m["mpi"] = mpi.clone();
                             }
@@ -723,8 +728,10 @@ impl Coordinator {
 
     /// The decided global batch changed (`None`: no decision, the script's own): the
     /// workers take it at their next step boundary, all at the same step, through a new
-    /// generation of the same members (native mode; a torchrun-mode script has no
-    /// sampler to hand it to).
+    /// generation of the same members (native mode). The restarting modes (torchrun,
+    /// MPI) hand it to each world they start (`BFT_GLOBAL_BATCH`), so a change reaches
+    /// the script at its next restart: a world is not stopped for a batch alone (a
+    /// restart costs seconds and the steps since the script's checkpoint).
     pub fn set_batch(&self, batch: Option<u32>) {
         let mut s = self.shared.lock().unwrap();
         if s.batch == batch {

@@ -350,6 +350,9 @@ const AGENT_SET_VARS: &[&str] = &[
     "BFT_COORD",
     "BFT_COORD_RUN",
     "BFT_GENERATION",
+    // The decided global batch of a restarting mode's world: only bft-run's, from the
+    // job's tag (a value in the job's own environment would be the user's word).
+    agent::BATCH_VAR,
     // torchrun mode's world, set per generation.
     "MASTER_ADDR",
     "MASTER_PORT",
@@ -797,7 +800,8 @@ async fn coordinate(cli: &Cli) -> i32 {
     let mut ended_at: Option<Instant> = None;
     let leave_timeout = Duration::from_secs_f64(cli.leave_timeout.max(0.0));
     let mut ticks: u64 = 0;
-    let mut batch_read: Option<tokio::task::JoinHandle<Option<Option<u32>>>> = None;
+    let mut batch_read: Option<tokio::task::JoinHandle<Option<Result<Option<u32>, String>>>> = None;
+    let mut refused: Option<String> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {
@@ -809,13 +813,21 @@ async fn coordinate(cli: &Cli) -> i32 {
                     c.set_batch(read_batch_file(f));
                 }
                 if let Some(h) = batch_read.take_if(|h| h.is_finished()) {
-                    if let Ok(Some(b)) = h.await {
-                        c.set_batch(b);
+                    match h.await {
+                        Ok(Some(Ok(b))) => c.set_batch(b),
+                        Ok(Some(Err(e))) => {
+                            // Said once per value; the workers keep the batch they have.
+                            if refused.as_ref() != Some(&e) {
+                                say!("bft-run: {e}");
+                                refused = Some(e);
+                            }
+                        }
+                        _ => {}
                     }
                 }
                 if let (Some((s, id)), None, 0) = (batch_job, &batch_read, ticks % 4) {
                     batch_read = Some(tokio::task::spawn_blocking(move || {
-                        s.load_job(id).ok().map(|j| j.admin_comment.as_deref().and_then(spec::batch_now))
+                        s.load_job(id).ok().map(|j| decided_batch(j.admin_comment.as_deref().unwrap_or("")))
                     }));
                 }
                 if let Some(t) = ended_at {
@@ -866,6 +878,30 @@ async fn coordinate(cli: &Cli) -> i32 {
         }
     }
     code
+}
+
+/// The global batch bftrainerd decided, from the job's admin comment (its tag's
+/// `batch_now`, which only root and bftrainerd write): `None` without one. A value
+/// outside the range the tag declares (`batch=MIN:MAX`, checked at submission) is
+/// refused, with what was wrong: no worker runs at a batch the job did not declare.
+fn decided_batch(admin_comment: &str) -> Result<Option<u32>, String> {
+    let Some(g) = spec::batch_now(admin_comment) else {
+        return Ok(None);
+    };
+    match spec::parse_tag(admin_comment) {
+        Some(Ok(s)) => match s.batch {
+            Some((lo, hi)) if (lo..=hi).contains(&g) => Ok(Some(g)),
+            Some((lo, hi)) => Err(format!(
+                "the job's tag decides a global batch of {g}, outside its declared batch={lo}:{hi}: refused, the workers keep their batch"
+            )),
+            None => Err(format!(
+                "the job's tag decides a global batch of {g}, but the job declared no batch=MIN:MAX: refused, the workers keep their batch"
+            )),
+        },
+        _ => Err(format!(
+            "the job's admin comment decides a global batch of {g} but is not a bftrainer tag that reads: refused, the workers keep their batch"
+        )),
+    }
 }
 
 /// The local override of the decided batch (`--batch-file`): a whole number from 1 to
@@ -988,6 +1024,38 @@ mod tests {
             keys,
             vec!["BFT_PG_TIMEOUT", "PATH", "PYTHONPATH", "SLURM_CONF"]
         );
+    }
+
+    #[test]
+    fn the_decided_batch_is_believed_only_inside_the_declared_range() {
+        let tag = spec::parse("1:4,batch=16:64").unwrap().to_tag();
+        let with = |g| spec::with_batch_now(&tag, Some(g)).unwrap();
+        assert_eq!(decided_batch(&tag), Ok(None));
+        assert_eq!(decided_batch(""), Ok(None));
+        assert_eq!(decided_batch(&with(16)), Ok(Some(16)));
+        assert_eq!(decided_batch(&with(64)), Ok(Some(64)));
+        for g in [8, 65, 4096] {
+            let e = decided_batch(&with(g)).unwrap_err();
+            assert!(
+                e.contains(&format!(
+                    "global batch of {g}, outside its declared batch=16:64: refused"
+                )),
+                "{e}"
+            );
+        }
+        // A tag without a range (only bftrainerd writes batch_now, and only for a job
+        // with one): refused too.
+        let plain = spec::parse("1:4").unwrap().to_tag();
+        let e = decided_batch(&spec::with_batch_now(&plain, Some(32)).unwrap()).unwrap_err();
+        assert!(e.contains("declared no batch=MIN:MAX"), "{e}");
+    }
+
+    #[test]
+    fn workers_never_inherit_a_global_batch_from_the_job_environment() {
+        let vars = [("BFT_GLOBAL_BATCH", "999"), ("PATH", "/usr/bin")]
+            .map(|(k, v)| (k.to_string(), v.to_string()));
+        let env = worker_env(vars.into_iter());
+        assert_eq!(env.keys().collect::<Vec<_>>(), vec!["PATH"]);
     }
 
     #[test]

@@ -151,6 +151,8 @@ fn torchrun_script_grows_shrinks_loses_a_node_and_a_worker_and_finishes() {
     set_limit(20);
     let coord_file = tmp.path().join("coord");
     let out_path = tmp.path().join("out");
+    // The decided global batch (as bftrainerd's batch_now would be read): none at first.
+    let batch_file = tmp.path().join("batch");
     let budget = 80;
     // A bare script path runs under the python on PATH, as under torchrun.
     let path = format!(
@@ -170,6 +172,8 @@ fn torchrun_script_grows_shrinks_loses_a_node_and_a_worker_and_finishes() {
             ])
             .args(["--settle", "1", "--leave-timeout", "20", "--coord-file"])
             .arg(&coord_file)
+            .arg("--batch-file")
+            .arg(&batch_file)
             .args(["--", SCRIPT, "--ckpt"])
             .arg(tmp.path().join("ckpt.pt"))
             .args(["--steps", &budget.to_string(), "--log"])
@@ -228,6 +232,12 @@ fn torchrun_script_grows_shrinks_loses_a_node_and_a_worker_and_finishes() {
     assert_eq!(hosts(&m, &addr, &job, &run).1, "local-0:2\ngrow:2\n");
     set_limit(40);
     wait("step 40 in the world of 4", 4, 40, Some(r1 - 1));
+    // A batch decision: it does not restart the world by itself; every world started
+    // from now on gets it (checked below, from the worlds' environments).
+    std::fs::write(&batch_file, "32").unwrap();
+    wait_until("bft-run to read the decided batch", minutes, &mut || {
+        out().contains("global batch decided by bftrainerd: 32")
+    });
 
     // Shrink: the agent is told to leave (bftrainerd's shrink, a preemption's grace).
     // SAFETY: signalling our own child.
@@ -307,6 +317,17 @@ fn torchrun_script_grows_shrinks_loses_a_node_and_a_worker_and_finishes() {
     // failed in torch's teardown, a failure that is restarted like any other.
     let (planned, after) = sizes.split_at(sizes.len().min(6));
     assert_eq!(planned, [2, 4, 2, 4, 2, 2], "{all}");
+    // The decided batch reached every world started after it, and no earlier one.
+    for (r, ranks) in &e {
+        let want = if *r >= 2 {
+            serde_json::json!("32")
+        } else {
+            Value::Null
+        };
+        for v in ranks.values() {
+            assert_eq!(v["BFT_GLOBAL_BATCH"], want, "restart {r}: {v}");
+        }
+    }
     if !after.is_empty() {
         assert!(all.contains("[1.0.g6] final step="), "{all}");
         assert!(after.iter().all(|&n| n == 2), "{all}");

@@ -139,3 +139,89 @@ def test_the_decided_batch_is_saved_restored_and_checked_against_the_base():
     bad = dict(d, batch_now=0)
     with pytest.raises(ValueError, match="batch_now must be a positive whole number"):
         fresh.load_state_dict(bad)
+
+
+# -- restarting modes (bft-run --mode torchrun / mpi): the decision in BFT_GLOBAL_BATCH --
+
+
+def world_env(monkeypatch, batch, lo="64", hi="1024"):
+    for k, v in ((B.ENV_BATCH, batch), (B.ENV_MIN, lo), (B.ENV_MAX, hi)):
+        if v is None:
+            monkeypatch.delenv(k, raising=False)
+        else:
+            monkeypatch.setenv(k, v)
+
+
+def restarted_world(ckpt, rule="linear"):
+    """What a torchrun script does at each start: build, restore, apply the world's batch."""
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    s = ElasticSampler(10_000, global_batch=256, seed=3, world=lambda: (0, 2))
+    if ckpt is not None:
+        s.load_state_dict(ckpt["sampler"])
+        opt.load_state_dict(ckpt["opt"])
+    g = bftrainer.apply_world_batch(s, opt, lr_rule=rule)
+    return s, opt, g
+
+
+def test_each_restarted_world_runs_at_the_decision_with_the_lr_rule(monkeypatch):
+    world_env(monkeypatch, None)
+    s, opt, g = restarted_world(None)
+    assert g == 256 and opt.param_groups[0]["lr"] == 0.1  # no decision: the script's own
+    consumed = 0
+    for decided, want in (("1024", 1024), ("512", 512), (None, 256), ("64", 64)):
+        s.take()
+        consumed += s.global_batch
+        ckpt = {"sampler": s.state_dict(), "opt": opt.state_dict()}
+        world_env(monkeypatch, decided)
+        s, opt, g = restarted_world(ckpt)
+        assert g == want and s.global_batch == want and s.base_batch == 256
+        # The lr is the base lr times the rule's factor of this batch, however many
+        # worlds (and batches) the checkpoint went through.
+        assert math.isclose(opt.param_groups[0]["lr"], 0.1 * want / 256), decided
+        assert s.consumed == consumed  # the epoch goes on where the last world stopped
+        assert len(s.take()) == want // 2  # rank 0 of 2 takes half of the decided batch
+        s.consumed -= want  # (the probe's step is not part of the run)
+        s.total -= want
+
+
+def test_a_callback_gets_the_worlds_change(monkeypatch):
+    seen = []
+    bftrainer.on_batch_change(lambda st, old, new: seen.append((old, new, st.optimizer is not None)))
+    world_env(monkeypatch, "512")
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    s = ElasticSampler(10_000, global_batch=256, world=lambda: (0, 1))
+    assert bftrainer.apply_world_batch(s, opt) == 512
+    assert seen == [(256, 512, True)]
+    assert opt.param_groups[0]["lr"] == 0.1  # the callback replaced the rule
+
+
+@pytest.mark.parametrize(
+    "batch,lo,hi,match",
+    [
+        ("2048", "64", "1024", r"BFT_GLOBAL_BATCH=2048 is outside the job's declared batch=64:1024"),
+        ("32", "64", "1024", r"BFT_GLOBAL_BATCH=32 is outside the job's declared batch=64:1024"),
+        ("512", None, None, r"the job declared no batch range"),
+        ("512", "64", None, r"the job declared no batch range"),
+        ("5e2", "64", "1024", r"BFT_GLOBAL_BATCH='5e2' is not a global batch"),
+        ("-1", "64", "1024", r"is not a global batch: expected a whole number from 1 to 16777216"),
+        ("0", "64", "1024", r"is not a global batch"),
+        ("16777217", "1", "16777216", r"is not a global batch"),
+        ("512", "x", "1024", r"BFT_BATCH_MIN='x' is not a global batch"),
+    ],
+)
+def test_a_forged_or_bad_world_batch_is_refused(monkeypatch, batch, lo, hi, match):
+    world_env(monkeypatch, batch, lo, hi)
+    s = ElasticSampler(10_000, global_batch=256, world=lambda: (0, 1))
+    with pytest.raises(ValueError, match=match):
+        bftrainer.apply_world_batch(s)
+    assert s.global_batch == 256  # nothing applied
+
+
+def test_a_per_rank_sampler_ignores_the_worlds_decision(monkeypatch, capsys):
+    monkeypatch.setattr(B, "_warned", False)
+    world_env(monkeypatch, "512")
+    s = ElasticSampler(10_000, batch_size=32, world=lambda: (0, 1))
+    assert bftrainer.apply_world_batch(s) is None
+    assert "the decision is ignored" in capsys.readouterr().err

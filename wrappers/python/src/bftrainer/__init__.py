@@ -36,7 +36,7 @@ from .elastic import (
     worker_id,
     world_size,
 )
-from .batch import on_batch_change
+from .batch import apply_world_batch, on_batch_change, world_batch
 from .data import ElasticDataLoader
 from .sampler import ElasticSampler
 from .state import State
@@ -63,6 +63,7 @@ __all__ = [
     "PeerFailure",
     "State",
     "allreduce_gradients",
+    "apply_world_batch",
     "backend",
     "choose_device",
     "device",
@@ -73,5 +74,6 @@ __all__ = [
     "rank",
     "run",
     "worker_id",
+    "world_batch",
     "world_size",
 ]

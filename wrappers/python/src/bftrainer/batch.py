@@ -7,6 +7,10 @@ workers with a new generation, so it takes effect where a change of world does: 
 a commit, at the same step on every rank, after the members' states were made equal.
 The change is then committed, so that a rollback returns to it and a newcomer receives
 it with the rest of the state.
+
+bft-run's restarting modes (``--mode torchrun``, ``--mode mpi``) hand each world they
+start the decision as it stands then, in ``BFT_GLOBAL_BATCH``; the script applies it
+once per world with :func:`apply_world_batch`, after restoring its checkpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ BatchCallback = Callable[["State", int, int], None]
 
 RULES = ("none", "linear", "sqrt")
 ENV_RULE = "BFT_LR_RULE"
+#: The decided global batch of a restarting mode's world (bft-run sets it per world).
+ENV_BATCH = "BFT_GLOBAL_BATCH"
+#: The job's declared ``batch=MIN:MAX`` (spank/bftrainer exports them).
+ENV_MIN, ENV_MAX = "BFT_BATCH_MIN", "BFT_BATCH_MAX"
+#: The largest global batch ``batch=`` accepts (bftrainer_core::spec::MAX_BATCH).
+MAX_BATCH = 1 << 24
 
 _callbacks: List[BatchCallback] = []
 _warned = False
@@ -113,3 +123,75 @@ def apply(state: "State", batch: Optional[int]) -> bool:
         base = s.base_batch
         _scale(state, lr_factor(rule, new, base) / lr_factor(rule, old, base))
     return True
+
+
+def _whole(name: str, text: str) -> int:
+    """A whole number of samples from 1 to MAX_BATCH, or a ValueError naming it."""
+    t = text.strip()
+    if not t.isdigit() or not 1 <= int(t) <= MAX_BATCH:
+        raise ValueError(f"{name}={text!r} is not a global batch: expected a whole number from 1 to {MAX_BATCH}")
+    return int(t)
+
+
+def world_batch() -> Optional[int]:
+    """The global batch bftrainerd decided for this world of a restarting mode
+    (``bft-run --mode torchrun`` or ``--mode mpi``): ``BFT_GLOBAL_BATCH``, which bft-run
+    sets for each world it starts from the job's tag (where only root and bftrainerd
+    write), or ``None`` when there is no decision (use the script's own batch).
+
+    The value is checked against the job's declared range (``BFT_BATCH_MIN`` and
+    ``BFT_BATCH_MAX``, from ``--elastic=...,batch=MIN:MAX``): a value that is not a
+    whole number, or lies outside the range, or comes without a declared range (bft-run
+    sets it only for a job with one: it was put there by hand) raises ValueError saying
+    which, rather than training at a batch the job did not declare."""
+    raw = os.environ.get(ENV_BATCH)
+    if raw is None or raw == "":
+        return None
+    g = _whole(ENV_BATCH, raw)
+    lo_raw, hi_raw = os.environ.get(ENV_MIN), os.environ.get(ENV_MAX)
+    if not lo_raw or not hi_raw:
+        raise ValueError(
+            f"{ENV_BATCH}={raw!r} but the job declared no batch range ({ENV_MIN}/{ENV_MAX} unset): "
+            "bft-run hands a decided batch only to jobs submitted with --elastic=...,batch=MIN:MAX; "
+            f"refusing a {ENV_BATCH} set by anyone else"
+        )
+    lo, hi = _whole(ENV_MIN, lo_raw), _whole(ENV_MAX, hi_raw)
+    if not lo <= g <= hi:
+        raise ValueError(
+            f"{ENV_BATCH}={g} is outside the job's declared batch={lo}:{hi}: refused "
+            "(bftrainerd decides only inside the range)"
+        )
+    return g
+
+
+class _WorldState:
+    """What :func:`apply` needs of a State, for a script without one."""
+
+    def __init__(self, sampler: Any, optimizer: Any, scheduler: Any, lr_rule: Optional[str]) -> None:
+        self.sampler = sampler
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.lr_rule = lr_rule
+
+
+def apply_world_batch(
+    sampler: Any,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    lr_rule: Optional[str] = None,
+    state: Any = None,
+) -> Optional[int]:
+    """Apply the decided global batch of this world (:func:`world_batch`) in a script
+    under ``bft-run --mode torchrun`` or ``--mode mpi``. Call it once per world, after
+    restoring the checkpoint (sampler, optimizer, scheduler) and before the first step.
+
+    ``sampler`` is an ``ElasticSampler(..., global_batch=G0)``; its checkpoint holds the
+    batch the last world ran at. The batch becomes the decision (``G0`` again without
+    one), and the learning rate follows as in native mode: the callbacks of
+    :func:`on_batch_change` (given ``state``, or an object with ``sampler``,
+    ``optimizer``, ``scheduler``), else the rule (``lr_rule``, else the job's ``lr=``),
+    from the batch the checkpoint ran at. Returns the global batch the world runs at
+    (``None`` for a per-rank ``batch_size=`` sampler, which ignores the decision)."""
+    st = state if state is not None else _WorldState(sampler, optimizer, scheduler, lr_rule)
+    apply(st, world_batch())
+    return sampler.global_batch
