@@ -1003,6 +1003,37 @@ fn chown_to_test_user(path: &Path) {
 /// Submits, as the test user, an elastic job `1:4` whose batch script runs `bft-run
 /// ARGS` with the virtualenv first on PATH, its output in `work/job.out`.
 fn submit_bft_run_job(l: &Live, work: &Path, args: &str) -> u32 {
+    submit_elastic_bft_run_job(l, work, "1:4", args)
+}
+
+/// A batch decision of `g` in core job `job`'s tag, written as root the way bftrainerd
+/// writes its own (`batch_now`): bftrainerd decides no batch for a restarting mode's
+/// job (its workers report no rate to decide from), so the test stands in for it. The
+/// time bft-run takes to read it: waited for in `job.out`.
+fn decide_batch(l: &Live, work: &Path, job: u32, g: u32) {
+    let show =
+        l.c.run("scontrol", &["show", "job", "-o", &job.to_string()])
+            .unwrap();
+    let tag = show.split(" AdminComment=").nth(1).unwrap();
+    // The tag is two words ("bftrainer:v1 SPEC"); the next field follows.
+    let tag = tag.split(' ').take(2).collect::<Vec<_>>().join(" ");
+    let with = spec::with_batch_now(&tag, Some(g)).unwrap_or_else(|| panic!("{tag:?}"));
+    l.c.run(
+        "scontrol",
+        &[
+            "update",
+            &format!("jobid={job}"),
+            &format!("admincomment={with}"),
+        ],
+    )
+    .unwrap();
+    let line = format!("global batch decided by bftrainerd: {g}");
+    l.wait(60, "bft-run to read the decided batch", || {
+        job_out(work).contains(&line).then_some(())
+    });
+}
+
+fn submit_elastic_bft_run_job(l: &Live, work: &Path, elastic: &str, args: &str) -> u32 {
     let script = work.join("train.sbatch");
     std::fs::write(
         &script,
@@ -1019,7 +1050,10 @@ fn submit_bft_run_job(l: &Live, work: &Path, args: &str) -> u32 {
     )
     .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    l.sbatch_as_user(&["--elastic=1:4", script.to_str().unwrap()], Some(work))
+    l.sbatch_as_user(
+        &[&format!("--elastic={elastic}"), script.to_str().unwrap()],
+        Some(work),
+    )
 }
 
 #[test]
@@ -1035,9 +1069,10 @@ fn cluster_runtime_torchrun_script_through_grow_preemption_and_regrow() {
     let set_limit = |n: u64| std::fs::write(&limit, n.to_string()).unwrap();
     set_limit(20);
     let budget = 60;
-    let job = submit_bft_run_job(
+    let job = submit_elastic_bft_run_job(
         &l,
         &work,
+        "1:4,batch=8:64",
         &format!(
             "--mode torchrun --settle 2 --leave-timeout 20 -- \
              {repo}/wrappers/bft-run/tests/ddp_torchrun.py --ckpt {work}/ckpt.pt \
@@ -1056,6 +1091,14 @@ fn cluster_runtime_torchrun_script_through_grow_preemption_and_regrow() {
     let hosts = wait_hosts(&l, job, 4);
     assert!(hosts.lines().all(|h| h.ends_with(":1")), "{hosts}");
     set_limit(40);
+    // A batch decision: the running world keeps its batch; the worlds started after
+    // it get the decision (checked at the end).
+    let t_batch = Instant::now();
+    decide_batch(&l, &work, job, 32);
+    eprintln!(
+        "bft-run read the decided batch {:.1} s after it was written",
+        t_batch.elapsed().as_secs_f64()
+    );
     l.wait(120, "step 40 in the world of 4", || {
         torchrun_holding(&logs, 4, 40, Some(r - 1))
     });
@@ -1115,6 +1158,7 @@ fn cluster_runtime_torchrun_script_through_grow_preemption_and_regrow() {
     assert_eq!(stepped, (1..=budget).collect::<Vec<_>>(), "{progress}");
 
     // Every world: ranks 0..W, one worker per node, rank 0's address shared.
+    let decided_in = r;
     let mut worlds: std::collections::BTreeMap<u64, Vec<serde_json::Value>> = Default::default();
     for e in std::fs::read_dir(&logs).unwrap().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -1158,6 +1202,9 @@ fn cluster_runtime_torchrun_script_through_grow_preemption_and_regrow() {
                     .is_some_and(|s| !s.is_empty()),
                 "{v}"
             );
+            // The decided batch: in every world started after it, in none before.
+            let batch = if *r > decided_in { "32" } else { "" };
+            assert_eq!(v["BFT_GLOBAL_BATCH"].as_str().unwrap_or(""), batch, "{v}");
         }
         sizes.push(w);
     }
@@ -1218,9 +1265,10 @@ fn cluster_runtime_mpi_program_through_grow_preemption_and_regrow() {
     set_limit(10);
     let log = work.join("mpi.log");
     let budget = 30;
-    let job = submit_bft_run_job(
+    let job = submit_elastic_bft_run_job(
         &l,
         &work,
+        "1:4,batch=8:64",
         &format!(
             "--mode mpi --settle 2 --leave-timeout 20 -- \
              python {repo}/wrappers/bft-run/tests/mpi_sum.py --ckpt {work}/ckpt.json \
@@ -1238,6 +1286,15 @@ fn cluster_runtime_mpi_program_through_grow_preemption_and_regrow() {
     });
     wait_hosts(&l, job, 4);
     set_limit(20);
+    // A batch decision: the worlds started after it get it, on every rank (remote
+    // ranks through mpirun's -x); checked at the end.
+    let t_batch = Instant::now();
+    decide_batch(&l, &work, job, 32);
+    eprintln!(
+        "bft-run read the decided batch {:.1} s after it was written",
+        t_batch.elapsed().as_secs_f64()
+    );
+    let decided_at = std::fs::read_to_string(&log).unwrap().lines().count();
     let b = l.wait(120, "step 20 in the world of 4", || {
         mpi_holding(&log, 4, 20, Some(a))
     });
@@ -1287,6 +1344,28 @@ fn cluster_runtime_mpi_program_through_grow_preemption_and_regrow() {
         .map(|v| format!("{}@{}", v["world"], v["host"]))
         .collect();
     eprintln!("worlds started: {hosts:?}");
+    // Every world started after the decision ran every rank with it; none before.
+    let starts: Vec<(usize, serde_json::Value)> = lines
+        .lines()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .map(|v| (i, v))
+        })
+        .filter(|(_, v)| v["start"] == true)
+        .collect();
+    assert!(starts.iter().any(|(i, _)| *i >= decided_at), "{lines}");
+    for (i, v) in &starts {
+        let ranks = v["batch"].as_array().unwrap_or_else(|| panic!("{v}"));
+        assert_eq!(ranks.len() as u64, v["world"].as_u64().unwrap(), "{v}");
+        let want = if *i >= decided_at {
+            serde_json::json!("32")
+        } else {
+            serde_json::Value::Null
+        };
+        assert!(ranks.iter().all(|b| *b == want), "line {i}: {v}");
+    }
 }
 
 /// A core job that Slurm requeues while bftrainerd is down, and then starts again by

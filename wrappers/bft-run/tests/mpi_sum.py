@@ -8,7 +8,8 @@ forwards it to every rank) or SIGTERM makes every rank agree to stop at the same
 step; rank 0 saves the checkpoint and all exit 0. The program steps only up to the number in --limit-file
 (the test raises it), saving when it starts holding there, so a change the test
 makes lands at a known step whatever the machine's load. Rank 0 appends a JSON line
-per step, per hold, per stop and per start to --log, with its time (`t`).
+per step, per hold, per stop and per start to --log, with its time (`t`); the start
+line has every rank's BFT_GLOBAL_BATCH (`batch`, null where unset).
 """
 
 import argparse
@@ -66,7 +67,8 @@ if rank == 0 and os.path.exists(a.ckpt):
 state = comm.bcast(state or {"step": 0, "total": 0}, root=0)
 step, total = state["step"], state["total"]
 gen = os.environ.get("BFT_GENERATION", "?")
-log(start=True, world=n, step=step, gen=gen, host=MPI.Get_processor_name())
+batches = comm.gather(os.environ.get("BFT_GLOBAL_BATCH"), root=0)
+log(start=True, world=n, step=step, gen=gen, host=MPI.Get_processor_name(), batch=batches)
 holding = False
 while step < a.steps:
     # Every rank stops at the same step once any was told to.
