@@ -1,9 +1,14 @@
-"""A fixed global batch against the per-rank form at equal per-rank work: the same job
-(examples/train.py under ``bft-run --local 2``), once with ``--batch B`` and once with
-``--global-batch 2B``, alternating, several rounds; the median step time of each run
-from rank 0's timeline, and the ratio of each pair. Target: the global form within 2%.
+"""A fixed global batch against the per-rank form at equal per-rank work. Target: the
+global form within 2% of the per-rank form's step time.
+
+By default both forms run alternately in one job (batch_form_worker.py under
+``bft-run --local 2``): per round a block of steps of each form, the order swapped every
+round, so that both see the same load; it prints each round's median steps and their
+ratio. ``--separate-runs``: the earlier comparison, the same job (examples/train.py)
+once with ``--batch B`` and once with ``--global-batch 2B``, alternating whole runs.
 
     python wrappers/python/bench/batch_form_bench.py [--bft-run target/debug/bft-run]
+        [--batch 1024 --hidden 65536 --samples 40960 --block 8 --rounds 6]
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--samples", type=int, default=256 * 2 * 60)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--block", type=int, default=8, help="steps per form and round (one job)")
+    ap.add_argument("--separate-runs", action="store_true", help="alternate whole runs, one form each")
     args = ap.parse_args()
     from faults import munged  # a private munged, as the runtime tests use
 
@@ -53,6 +60,18 @@ def main() -> None:
     env = dict(os.environ, BFT_MUNGE_SOCKET=sock, PYTHONPATH=os.path.join(REPO, "wrappers", "python", "src"))
     env.pop("SLURM_JOB_ID", None)
     try:
+        if not args.separate_runs:
+            print(f"2 workers, {args.batch} samples each a step, hidden {args.hidden}, one job: "
+                  f"{args.block} steps of each form per round; median step per block", flush=True)
+            print(f"{'round':>8} {'per-rank batch':>13} {'global batch':>13} {'ratio':>7}", flush=True)
+            worker = os.path.join(HERE, "batch_form_worker.py")
+            subprocess.run(
+                [args.bft_run, "--local", "2", "--", args.python, worker, "--batch", str(args.batch),
+                 "--hidden", str(args.hidden), "--samples", str(args.samples), "--block", str(args.block),
+                 "--rounds", str(args.rounds)],
+                env=env, check=True, cwd=d, stderr=subprocess.DEVNULL,
+            )
+            return
         print(f"2 workers, {args.batch} samples each a step, hidden {args.hidden}; median step time per run")
         print(f"{'round':>5} {'per-rank batch':>15} {'global batch':>13} {'ratio':>7}")
         ratios = []
