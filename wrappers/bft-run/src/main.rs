@@ -800,7 +800,7 @@ async fn coordinate(cli: &Cli) -> i32 {
     let mut ended_at: Option<Instant> = None;
     let leave_timeout = Duration::from_secs_f64(cli.leave_timeout.max(0.0));
     let mut ticks: u64 = 0;
-    let mut batch_read: Option<tokio::task::JoinHandle<Option<Result<Option<u32>, String>>>> = None;
+    let mut batch_read: Option<tokio::task::JoinHandle<Option<Decided>>> = None;
     let mut refused: Option<String> = None;
     loop {
         tokio::select! {
@@ -815,12 +815,10 @@ async fn coordinate(cli: &Cli) -> i32 {
                 if let Some(h) = batch_read.take_if(|h| h.is_finished()) {
                     match h.await {
                         Ok(Some(Ok(b))) => c.set_batch(b),
-                        Ok(Some(Err(e))) => {
-                            // Said once per value; the workers keep the batch they have.
-                            if refused.as_ref() != Some(&e) {
-                                say!("bft-run: {e}");
-                                refused = Some(e);
-                            }
+                        // Said once per value; the workers keep the batch they have.
+                        Ok(Some(Err(e))) if refused.as_ref() != Some(&e) => {
+                            say!("bft-run: {e}");
+                            refused = Some(e);
                         }
                         _ => {}
                     }
@@ -880,11 +878,14 @@ async fn coordinate(cli: &Cli) -> i32 {
     code
 }
 
+/// A decided global batch (`None`: no decision), or why the tag's was refused.
+type Decided = Result<Option<u32>, String>;
+
 /// The global batch bftrainerd decided, from the job's admin comment (its tag's
 /// `batch_now`, which only root and bftrainerd write): `None` without one. A value
 /// outside the range the tag declares (`batch=MIN:MAX`, checked at submission) is
 /// refused, with what was wrong: no worker runs at a batch the job did not declare.
-fn decided_batch(admin_comment: &str) -> Result<Option<u32>, String> {
+fn decided_batch(admin_comment: &str) -> Decided {
     let Some(g) = spec::batch_now(admin_comment) else {
         return Ok(None);
     };
