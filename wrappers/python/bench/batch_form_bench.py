@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--block", type=int, default=8, help="steps per form and round (one job)")
     ap.add_argument("--separate-runs", action="store_true", help="alternate whole runs, one form each")
+    ap.add_argument("--same", action="store_true", help="A/A check: the global form in both blocks")
     args = ap.parse_args()
     from faults import munged  # a private munged, as the runtime tests use
 
@@ -68,7 +69,7 @@ def main() -> None:
             subprocess.run(
                 [args.bft_run, "--local", "2", "--", args.python, worker, "--batch", str(args.batch),
                  "--hidden", str(args.hidden), "--samples", str(args.samples), "--block", str(args.block),
-                 "--rounds", str(args.rounds)],
+                 "--rounds", str(args.rounds)] + (["--same"] if args.same else []),
                 env=env, check=True, cwd=d, stderr=subprocess.DEVNULL,
             )
             return

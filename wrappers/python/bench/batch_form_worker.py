@@ -22,6 +22,8 @@ p.add_argument("--samples", type=int, required=True)
 p.add_argument("--block", type=int, default=8, help="steps per form and round")
 p.add_argument("--rounds", type=int, default=5)
 p.add_argument("--warmup", type=int, default=3, help="steps of each form before the first round")
+p.add_argument("--same", action="store_true",
+               help="A/A check: both blocks use the global form (the ratio shows the bench's own bias)")
 a = p.parse_args()
 
 dev = bftrainer.device()
@@ -33,7 +35,8 @@ model = torch.nn.Sequential(torch.nn.Linear(16, a.hidden), torch.nn.ReLU(), torc
 opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 W = bftrainer.world_size()
 forms = {
-    "per-rank": bftrainer.ElasticSampler(a.samples, batch_size=a.batch, seed=42),
+    "per-rank": bftrainer.ElasticSampler(a.samples, global_batch=W * a.batch, seed=42) if a.same
+    else bftrainer.ElasticSampler(a.samples, batch_size=a.batch, seed=42),
     "global": bftrainer.ElasticSampler(a.samples, global_batch=W * a.batch, seed=42),
 }
 state = bftrainer.State(model=model, optimizer=opt, sampler=forms["global"])
@@ -58,6 +61,7 @@ def train(state):
     if W * a.batch > a.samples:
         raise SystemExit("--samples must hold one step of every form")
     for s in forms.values():
+        state.sampler = s
         for _ in range(a.warmup):
             step(s)
     ratios = []
@@ -65,6 +69,8 @@ def train(state):
         order = ["per-rank", "global"] if r % 2 == 0 else ["global", "per-rank"]
         med = {}
         for name in order:
+            # The State holds the sampler that steps, as in a script of either form.
+            state.sampler = forms[name]
             med[name] = statistics.median(step(forms[name]) for _ in range(a.block))
         ratios.append(med["global"] / med["per-rank"])
         if bftrainer.rank() == 0:
