@@ -1307,6 +1307,31 @@ mod tests {
         )
     }
 
+    /// Satellites Slurm runs now.
+    pub(super) fn running_satellites(d: &Daemon<gen::GenCluster>) -> usize {
+        d.cluster
+            .jobs
+            .iter()
+            .filter(|j| {
+                j.partition.as_deref() == Some("elastic-sat") && j.state.base() == JobBase::Running
+            })
+            .count()
+    }
+
+    /// Cycles (a second each, Slurm starting what was submitted) until the job of
+    /// [`four_nodes_one_held_core`] runs on all 4 nodes: its core and 3 satellites.
+    pub(super) fn grow_to_four(d: &mut Daemon<gen::GenCluster>, now: &mut f64) {
+        for cycle in 0.. {
+            assert!(cycle < 60, "the job did not grow to 4 nodes");
+            *now += 1.0;
+            d.cluster.start_pending_elastic(*now as i64);
+            d.cycle(*now).unwrap();
+            if running_satellites(d) == 3 {
+                break;
+            }
+        }
+    }
+
     #[test]
     fn a_slurmctld_slower_than_the_cycle_budget_still_gets_nodes_lent() {
         // Every call takes longer than the whole cycle_budget. The budget counts the
@@ -1436,25 +1461,7 @@ mod tests {
         let (cluster, cfg, _state) = four_nodes_one_held_core("");
         let mut d = Daemon::new(cfg, cluster, None, &[]).unwrap();
         let mut now = 3_000_000_000.0;
-        let sats = |d: &Daemon<gen::GenCluster>| {
-            d.cluster
-                .jobs
-                .iter()
-                .filter(|j| {
-                    j.partition.as_deref() == Some("elastic-sat")
-                        && j.state.base() == JobBase::Running
-                })
-                .count()
-        };
-        for cycle in 0.. {
-            assert!(cycle < 60, "the job did not grow to 4 nodes");
-            now += 1.0;
-            d.cluster.start_pending_elastic(now as i64);
-            d.cycle(now).unwrap();
-            if sats(&d) == 3 {
-                break;
-            }
-        }
+        grow_to_four(&mut d, &mut now);
         // The satellites ran long enough not to count as failures.
         now += 600.0;
         let start = d.cluster.jobs[0].start_time.unwrap();
@@ -1533,7 +1540,7 @@ mod tests {
             now += 1.0;
             d.cluster.start_pending_elastic(now as i64);
             d.cycle(now).unwrap();
-            if sats(&d) == 3 {
+            if running_satellites(&d) == 3 {
                 break;
             }
         }

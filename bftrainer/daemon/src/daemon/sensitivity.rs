@@ -172,25 +172,7 @@ mod tests {
         let (cluster, cfg, _state) = super::super::tests::four_nodes_one_held_core("");
         let mut d = Daemon::new(cfg, cluster, None, &[]).unwrap();
         let mut now = 3_000_000_000.0;
-        let running_sats = |d: &Daemon<gen::GenCluster>| {
-            d.cluster
-                .jobs
-                .iter()
-                .filter(|j| {
-                    j.partition.as_deref() == Some("elastic-sat")
-                        && j.state.base() == JobBase::Running
-                })
-                .count()
-        };
-        for cycle in 0.. {
-            assert!(cycle < 60, "the job did not grow to 4 nodes");
-            now += 1.0;
-            d.cluster.start_pending_elastic(now as i64);
-            d.cycle(now).unwrap();
-            if running_sats(&d) == 3 {
-                break;
-            }
-        }
+        super::super::tests::grow_to_four(&mut d, &mut now);
         let start = d.cluster.jobs[0].start_time.unwrap();
         // Each part holds one GPU; the core 8 CPUs, each satellite `sat_cpus`, and
         // 16 GiB per node; the runtime says it trains on `nodes` at `rate`.
