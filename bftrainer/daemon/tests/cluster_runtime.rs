@@ -262,6 +262,26 @@ impl Drop for ShowOutput {
     }
 }
 
+/// A regular job of `nodes` nodes in `batch` that holds them (`srun sleep 600`) until
+/// the test cancels it, started within GraceTime (Slurm preempts satellites for it):
+/// its id. A job that ended by itself could let the elastic job regrow before the
+/// test saw it shrink.
+fn regular_holding(l: &Live, nodes: u32) -> u32 {
+    let t0 = Instant::now();
+    let n = nodes.to_string();
+    let reg =
+        l.c.sbatch(&["-p", "batch", "-N", &n, "--wrap", "srun sleep 600"])
+            .unwrap();
+    l.wait(GRACE_TIME_S + 5, "the regular job to start", || {
+        (l.state_of(reg) == "RUNNING").then_some(())
+    });
+    eprintln!(
+        "regular job running {:.1} s after submission",
+        t0.elapsed().as_secs_f64()
+    );
+    reg
+}
+
 #[test]
 fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     venv(); // fails at once, naming scripts/python-env, when torch is missing
@@ -373,16 +393,7 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     // 3. A regular job takes 2 nodes: Slurm preempts 2 satellites with GraceTime; the
     //    workers there leave at a step boundary; the regular job starts in time.
     //    It runs until the test has seen the job on 2 nodes (then it is cancelled).
-    let t0 = Instant::now();
-    let reg =
-        l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 600"])
-            .unwrap();
-    l.wait(GRACE_TIME_S + 5, "the regular job to start", || {
-        (l.state_of(reg) == "RUNNING").then_some(())
-    });
-    let waited = t0.elapsed().as_secs_f64();
-    eprintln!("regular job running {waited:.1} s after submission");
-    assert!(waited <= (GRACE_TIME_S + 5) as f64);
+    let reg = regular_holding(&l, 2);
     l.wait(60, "the runtime to train on 2 nodes", || {
         comment(&l, job).filter(|c| c.nodes == 2)
     });
@@ -545,17 +556,7 @@ fn cluster_runtime_hsdp_through_grow_preemption_regrow_and_kill_9() {
 
     // 2. A regular job takes 2 nodes: 2 satellites leave whole, as replicas, at a step
     //    boundary. It holds them until the shrink is seen (then it is cancelled).
-    let t0 = Instant::now();
-    let reg =
-        l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 600"])
-            .unwrap();
-    l.wait(GRACE_TIME_S + 5, "the regular job to start", || {
-        (l.state_of(reg) == "RUNNING").then_some(())
-    });
-    eprintln!(
-        "regular job running {:.1} s after submission",
-        t0.elapsed().as_secs_f64()
-    );
+    let reg = regular_holding(&l, 2);
     let t_reg = now();
     l.wait(60, "the HSDP job to train on 2 nodes (4 workers)", || {
         comment(&l, job)
@@ -1108,17 +1109,7 @@ fn cluster_runtime_torchrun_script_through_grow_preemption_and_regrow() {
     //    regular job runs until the test has seen that world (a 10 s job once ended,
     //    and the job was regrown, before the restarted world of 2 reached step 40 on
     //    a loaded machine).
-    let t0 = Instant::now();
-    let reg =
-        l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 600"])
-            .unwrap();
-    l.wait(GRACE_TIME_S + 5, "the regular job to start", || {
-        (l.state_of(reg) == "RUNNING").then_some(())
-    });
-    eprintln!(
-        "regular job running {:.1} s after submission",
-        t0.elapsed().as_secs_f64()
-    );
+    let reg = regular_holding(&l, 2);
     let r2 = l.wait(120, "a world of 2 at step 40", || {
         torchrun_holding(&logs, 2, 40, Some(r))
     });
@@ -1301,12 +1292,7 @@ fn cluster_runtime_mpi_program_through_grow_preemption_and_regrow() {
 
     // 2. A regular job takes 2 nodes: the world is stopped and restarted on 2. It
     //    runs until the test has seen that world (then it is cancelled).
-    let reg =
-        l.c.sbatch(&["-p", "batch", "-N", "2", "--wrap", "srun sleep 600"])
-            .unwrap();
-    l.wait(GRACE_TIME_S + 5, "the regular job to start", || {
-        (l.state_of(reg) == "RUNNING").then_some(())
-    });
+    let reg = regular_holding(&l, 2);
     let c = l.wait(120, "a world of 2 at step 20", || {
         mpi_holding(&log, 2, 20, Some(b))
     });
