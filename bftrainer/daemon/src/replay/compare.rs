@@ -326,15 +326,20 @@ pub fn run_compare(o: &Options) -> anyhow::Result<()> {
         let list: Vec<serde_json::Value> = runs
             .iter()
             .map(|(p, r, sim_s)| {
-                serde_json::json!({
+                let mut v = serde_json::json!({
                     "policy": p.name,
                     "trace": loaded.trace_name,
                     "jobs_file": loaded.jobs_name,
-                    "settings": { "max_jobs": p.max_jobs, "t_fwd_s": p.t_fwd, "steps": p.steps, "grace_s": p.grace, "objective": p.objective, "curve": p.curve, "seed": o.seed, "daemon_rules": p.rules, "batch": batch_json(o, p.batch), "cpu_alloc": p.cpu },
+                    "settings": { "max_jobs": p.max_jobs, "t_fwd_s": p.t_fwd, "steps": p.steps, "grace_s": p.grace, "objective": p.objective, "curve": p.curve, "seed": o.seed, "daemon_rules": p.rules, "batch": batch_json(o, p.batch) },
                     "scheduler": loaded.sched,
                     "report": r,
                     "wall_s": { "load": load_s, "simulate": sim_s },
-                })
+                });
+                // Only where set: comparisons without it print what they always did.
+                if let Some(c) = &p.cpu {
+                    v["settings"]["cpu_alloc"] = serde_json::json!(c);
+                }
+                v
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&list)?);

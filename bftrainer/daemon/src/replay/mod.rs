@@ -985,12 +985,16 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         let mut v = serde_json::json!({
             "trace": loaded.trace_name,
             "jobs_file": loaded.jobs_name,
-            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "steps": o.steps, "grace_s": o.grace, "objective": o.objective, "curve": o.curve, "seed": o.seed, "workload": o.workload, "strict": o.strict, "daemon_rules": o.rules, "cpu_alloc": o.cpu_alloc },
+            "settings": { "max_jobs": o.max_jobs, "t_fwd_s": o.t_fwd, "steps": o.steps, "grace_s": o.grace, "objective": o.objective, "curve": o.curve, "seed": o.seed, "workload": o.workload, "strict": o.strict, "daemon_rules": o.rules },
             "warnings": loaded.warnings,
             "scheduler": loaded.sched,
             "report": out.report,
             "wall_s": { "load": load_s, "simulate": sim_s },
         });
+        // Only where set: replays without it print what they always did.
+        if let Some(c) = &o.cpu_alloc {
+            v["settings"]["cpu_alloc"] = serde_json::json!(c);
+        }
         if let Some(from) = &loaded.nodes_from {
             v["node_attributes"] = serde_json::json!(from);
         }
