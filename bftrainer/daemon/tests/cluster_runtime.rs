@@ -304,14 +304,12 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     let (sleeps, samples, epochs) = step_and_data();
     // A fixed global batch of 16 that bftrainerd may raise to 64 (issue 32, Saxena):
     // part of each step's sleep does not depend on the batch, so a larger batch wins
-    // once its rates at two sizes show it. A regular job holds 3 nodes for 20 s, so the
-    // job's first rate is measured on 1 node, its next after it grew.
-    let first =
-        l.c.sbatch(&["-p", "batch", "-N", "3", "--wrap", "sleep 20"])
-            .unwrap();
-    l.wait(30, "the regular job on 3 nodes", || {
-        (l.state_of(first) == "RUNNING").then_some(())
-    });
+    // once its rates at two sizes show it. A regular job holds 3 nodes until bftrainerd
+    // has the job's rate on 1 node, so its next rate is measured after it grew. (It
+    // held them for a fixed 20 s once: on a loaded CI machine the elastic job was
+    // admitted only after they had ended, grew onto all 4 at once, and its batch was
+    // never decided: one size measured.)
+    let first = regular_holding(&l, 3);
     let job = submit_training(
         &l,
         &work,
@@ -323,6 +321,22 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
             work.display()
         ),
     );
+
+    let one = l.wait(180, "the runtime's rate on 1 node", || {
+        comment(&l, job).filter(|c| c.nodes == 1 && c.rate > 0.0)
+    });
+    l.wait(60, "bftrainerd to record the rate on 1 node", || {
+        let st = std::fs::read_to_string(l.dir.join("state/status.json")).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&st).ok()?;
+        v["jobs"]
+            .as_array()?
+            .iter()
+            .find(|j| j["job_id"] == job)
+            .and_then(|j| j["rate"].as_f64())
+            .filter(|r| *r > 0.0)
+    });
+    eprintln!("on 1 node: {one}");
+    l.c.run("scancel", &[&first.to_string()]).unwrap();
 
     // 1. Starts on 1 node, grows to 4: the runtime publishes 4 nodes in generation.
     let c = l.wait(120, "the runtime to train on 4 nodes", || {
