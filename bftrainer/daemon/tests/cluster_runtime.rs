@@ -262,6 +262,18 @@ impl Drop for ShowOutput {
     }
 }
 
+/// The measured rate bftrainerd has recorded for `job` (its status file), once above 0.
+fn daemon_rate(l: &Live, job: u32) -> Option<f64> {
+    let st = std::fs::read_to_string(l.dir.join("state/status.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&st).ok()?;
+    v["jobs"]
+        .as_array()?
+        .iter()
+        .find(|j| j["job_id"] == job)
+        .and_then(|j| j["rate"].as_f64())
+        .filter(|r| *r > 0.0)
+}
+
 /// A regular job of `nodes` nodes in `batch` that holds them (`srun sleep 600`) until
 /// the test cancels it, started within GraceTime (Slurm preempts satellites for it):
 /// its id. A job that ended by itself could let the elastic job regrow before the
@@ -326,14 +338,7 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
         comment(&l, job).filter(|c| c.nodes == 1 && c.rate > 0.0)
     });
     l.wait(60, "bftrainerd to record the rate on 1 node", || {
-        let st = std::fs::read_to_string(l.dir.join("state/status.json")).ok()?;
-        let v: serde_json::Value = serde_json::from_str(&st).ok()?;
-        v["jobs"]
-            .as_array()?
-            .iter()
-            .find(|j| j["job_id"] == job)
-            .and_then(|j| j["rate"].as_f64())
-            .filter(|r| *r > 0.0)
+        daemon_rate(&l, job)
     });
     eprintln!("on 1 node: {one}");
     l.c.run("scancel", &[&first.to_string()]).unwrap();
@@ -345,14 +350,7 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
     eprintln!("grown: {c}");
     // bftrainerd reads the measured rate from the Comment: a Progress event.
     let rate = l.wait(60, "bftrainerd to record the job's measured rate", || {
-        let st = std::fs::read_to_string(l.dir.join("state/status.json")).ok()?;
-        let v: serde_json::Value = serde_json::from_str(&st).ok()?;
-        v["jobs"]
-            .as_array()?
-            .iter()
-            .find(|j| j["job_id"] == job)
-            .and_then(|j| j["rate"].as_f64())
-            .filter(|r| *r > 0.0)
+        daemon_rate(&l, job)
     });
     eprintln!("bftrainerd sees {rate:.1} samples/s");
 
