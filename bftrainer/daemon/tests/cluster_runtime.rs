@@ -515,16 +515,7 @@ const HSDP_SAMPLES: usize = 256;
 fn cluster_runtime_hsdp_through_grow_preemption_and_regrow() {
     venv();
     let t_all = Instant::now();
-    let bft = bft_run();
-    let setup = live::setup_join("bfthsdp", "", "", &|_| {
-        format!("{} --join {{parent}}", bft.display())
-    });
-    let mut l = Live::from_setup(setup);
-    l.spawn();
-    let work = l.dir.join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    chown_to_test_user(&work);
-    let _show = ShowOutput(work.clone());
+    let (l, work, _show) = joining_cluster("bfthsdp");
     let (stop, loss_log) = (work.join("stop"), work.join("loss"));
     let job = submit_example(
         &l,

@@ -229,13 +229,15 @@ pub fn product(
     Ok(out)
 }
 
-/// `--batch-range`: each policy (or the command line's, when there is none) run twice,
-/// with every job at the fixed batch and with nodes and batch chosen together.
-pub fn batch_pair(policies: Vec<Policy>, base: &Options) -> anyhow::Result<Vec<Policy>> {
-    let Some(b) = &base.batch else {
-        return Ok(policies);
-    };
-    b.validate()?;
+/// Each policy (or the command line's, when there is none) once per variant: `vary`
+/// gives the variant's name ("fixed batch 256") and applies it to a copy. A named
+/// policy's name becomes "NAME, VARIANT"; the command line's is the variant's name.
+fn variants<V>(
+    policies: Vec<Policy>,
+    base: &Options,
+    each: &[V],
+    vary: impl Fn(&V, &mut Policy) -> String,
+) -> Vec<Policy> {
     let named = !policies.is_empty();
     let policies = if named {
         policies
@@ -244,26 +246,38 @@ pub fn batch_pair(policies: Vec<Policy>, base: &Options) -> anyhow::Result<Vec<P
     };
     let mut out = Vec::new();
     for p in policies {
-        for (choice, what) in [
-            (BatchChoice::Fixed, format!("fixed batch {}", b.fixed)),
-            (
-                BatchChoice::Joint,
-                format!("joint batch {}:{}", b.range.0, b.range.1),
-            ),
-        ] {
-            let name = if named {
+        for v in each {
+            let mut q = p.clone();
+            let what = vary(v, &mut q);
+            q.name = if named {
                 format!("{}, {what}", p.name)
             } else {
                 what
             };
-            out.push(Policy {
-                name,
-                batch: choice,
-                ..p.clone()
-            });
+            out.push(q);
         }
     }
-    Ok(out)
+    out
+}
+
+/// `--batch-range`: each policy (or the command line's, when there is none) run twice,
+/// with every job at the fixed batch and with nodes and batch chosen together.
+pub fn batch_pair(policies: Vec<Policy>, base: &Options) -> anyhow::Result<Vec<Policy>> {
+    let Some(b) = &base.batch else {
+        return Ok(policies);
+    };
+    b.validate()?;
+    let each = [
+        (BatchChoice::Fixed, format!("fixed batch {}", b.fixed)),
+        (
+            BatchChoice::Joint,
+            format!("joint batch {}:{}", b.range.0, b.range.1),
+        ),
+    ];
+    Ok(variants(policies, base, &each, |(choice, what), p| {
+        p.batch = *choice;
+        what.clone()
+    }))
 }
 
 /// Each policy (or the command line's, when none) once per CPU allocation of
@@ -276,28 +290,10 @@ pub fn cpu_pair(
     if cpu.len() < 2 {
         return Ok(policies);
     }
-    let named = !policies.is_empty();
-    let policies = if named {
-        policies
-    } else {
-        vec![Policy::of(base, "")]
-    };
-    let mut out = Vec::new();
-    for p in policies {
-        for &c in cpu {
-            let what = format!("CPUs {}", cpu_name(Some(c)));
-            out.push(Policy {
-                name: if named {
-                    format!("{}, {what}", p.name)
-                } else {
-                    what
-                },
-                cpu: Some(c),
-                ..p.clone()
-            });
-        }
-    }
-    Ok(out)
+    Ok(variants(policies, base, cpu, |&c, p| {
+        p.cpu = Some(c);
+        format!("CPUs {}", cpu_name(Some(c)))
+    }))
 }
 
 fn cpu_name(c: Option<CpuPolicy>) -> &'static str {
