@@ -509,10 +509,10 @@ const HSDP_SAMPLES: usize = 256;
 
 /// FSDP2 HSDP (`fully_shard(..., mesh=bftrainer.device_mesh())`, examples/train_hsdp.py)
 /// with 2 workers per node under bftrainerd: grows 1 -> 4 nodes, loses 2 to a regular
-/// job, grows back (the newcomers take their shards from a live replica), and every
-/// sample is used once per epoch.
+/// job, grows back, survives a satellite worker killed with -9 (its replacement takes
+/// its shards from a live replica), and every sample is used once per epoch.
 #[test]
-fn cluster_runtime_hsdp_through_grow_preemption_and_regrow() {
+fn cluster_runtime_hsdp_through_grow_preemption_regrow_and_kill_9() {
     venv();
     let t_all = Instant::now();
     let (l, work, _show) = joining_cluster("bfthsdp");
@@ -574,16 +574,34 @@ fn cluster_runtime_hsdp_through_grow_preemption_and_regrow() {
         trained(8, t_cancel)
     });
 
-    // (No kill -9 here yet: the clean-clone make test of 2026-11-28 lost the state
-    // that way. A worker of local rank 0 was killed: its local-rank-0 replicate group
-    // failed step 90 and rolled back to 89, while the local-rank-1 ranks, whose groups
-    // the dead worker was not in, had committed 90; no replica then held one step for
-    // every shard, and the job failed with StateTransferError. The commit of a sharded
-    // step must become valid on every rank or none first: issue 31. Kill -9 under HSDP
-    // is tested locally by bft-run's hsdp_faults.)
+    // 4. A satellite's worker killed with -9 in a steady world: a rollback; its agent
+    //    restarts it and it takes its shards from its local rank in a live replica.
+    let steady = l.wait(60, "a generation that stays for 3 s", || {
+        let a = comment(&l, job)?;
+        std::thread::sleep(Duration::from_secs(3));
+        let b = comment(&l, job)?;
+        (a.gen == b.gen && b.nodes == 4).then_some(b)
+    });
+    let victims = satellite_workers_of(job, &work, "examples/train_hsdp.py");
+    assert!(!victims.is_empty(), "no satellite worker found");
+    let rc = Command::new("kill")
+        .args(["-9", &victims[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(rc.success());
+    let t_kill = now();
+    let g = l.wait(
+        180,
+        "the HSDP job to train on 8 workers after the kill",
+        || trained(8, t_kill).filter(|g| *g > steady.gen),
+    );
+    eprintln!(
+        "trained on 8 workers in generation {g} after the kill, {:.1} s in",
+        t_all.elapsed().as_secs_f64()
+    );
     std::fs::write(&stop, "").unwrap();
 
-    // 4. It ends at the next epoch boundary: every sample once per epoch.
+    // 5. It ends at the next epoch boundary: every sample once per epoch.
     l.wait(300, "the HSDP job to complete", || {
         let s = l.state_of(job);
         (!["RUNNING", "PENDING", "CONFIGURING", "COMPLETING"].contains(&s.as_str())).then_some(())
@@ -592,6 +610,10 @@ fn cluster_runtime_hsdp_through_grow_preemption_and_regrow() {
     assert_eq!(l.state_of(job), "COMPLETED", "job output:\n{text}");
     let last = comment(&l, job).expect("the runtime's Comment");
     assert!(last.done, "the Comment does not say done: {last:?}\n{text}");
+    assert!(
+        text.contains("rolling back"),
+        "no rollback after kill -9:\n{text}"
+    );
     // "final loss L after N steps, M samples"
     let (loss, samples) = text
         .lines()

@@ -5,6 +5,7 @@
 
 use crate::coord::AgentOpts;
 use crate::proto::{self, brief, PROTO};
+use crate::votes::Votes;
 use bftrainer_slurm::munge::Munge;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
@@ -415,6 +416,18 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
     let mut done_deadline: Option<tokio::time::Instant> = None;
     let mut coord_open = true;
     let mut lost = false;
+    // Sharded steps commit all-or-none on this node (votes.rs).
+    let mut votes = Votes::default();
+    let mine = format!("{agent_id}.");
+    macro_rules! answer {
+        ($replies:expr) => {
+            for (w, m) in $replies {
+                if let Some(c) = conns.get(&w) {
+                    let _ = c.send(proto::line(&m));
+                }
+            }
+        };
+    }
 
     loop {
         if (ending || leaving || !coord_open) && workers.is_empty() {
@@ -476,6 +489,9 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                     for c in conns.values() {
                         let _ = c.send(line.clone());
                     }
+                    if let Ok(gen) = proto::u64_field(&m, "gen") {
+                        answer!(votes.fail(gen));
+                    }
                 }
                 "kvr" => {
                     // A store answer for one worker.
@@ -493,6 +509,24 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                     }
                     for c in conns.values() {
                         let _ = c.send(line.clone());
+                    }
+                    if let Ok(gen) = proto::u64_field(&m, "gen") {
+                        let names = |k: &str| -> Vec<String> {
+                            m.get(k)
+                                .and_then(Value::as_array)
+                                .map(|a| {
+                                    a.iter()
+                                        .filter_map(Value::as_str)
+                                        .map(String::from)
+                                        .collect()
+                                })
+                                .unwrap_or_default()
+                        };
+                        let local = names("members")
+                            .into_iter()
+                            .filter(|w| w.starts_with(&mine))
+                            .collect();
+                        answer!(votes.generation(gen, local, &names("dead")));
                     }
                     last_gen = Some(line);
                 }
@@ -581,6 +615,21 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                         w.done = true;
                     }
                 }
+                match (proto::t(&m), proto::u64_field(&m, "gen")) {
+                    ("vote", Ok(gen)) => match proto::u64_field(&m, "k") {
+                        Ok(k) => answer!(votes.vote(&id, gen, k)),
+                        Err(e) => answer!([(
+                            id.clone(),
+                            json!({"t": "error", "msg": format!("vote: {e}")})
+                        )]),
+                    },
+                    ("vote", Err(e)) => answer!([(
+                        id.clone(),
+                        json!({"t": "error", "msg": format!("vote: {e}")})
+                    )]),
+                    ("broken", Ok(gen)) => answer!(votes.broken(&id, gen)),
+                    _ => {}
+                }
                 if matches!(
                     proto::t(&m),
                     "ready" | "progress" | "broken" | "done" | "kv" | "leave"
@@ -592,6 +641,7 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
             }
             Ev::Exited(id, code, tail) => {
                 conns.remove(&id);
+                answer!(votes.exited(&id));
                 live.lock().unwrap().remove(&id);
                 let (slot, why) = workers
                     .remove(&id)

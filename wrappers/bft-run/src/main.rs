@@ -27,6 +27,7 @@ mod kv;
 mod membership;
 mod proto;
 mod rsh;
+mod votes;
 mod world;
 
 use bftrainer_core::runtime::RunComment;

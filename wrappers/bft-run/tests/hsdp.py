@@ -30,6 +30,7 @@ import time
 from faults import CHECK, REPO, Trace, munged, wait_while_running
 
 TRAIN = os.path.join(REPO, "wrappers", "python", "examples", "train_hsdp.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hsdp_worker.py")
 # 384 steps of a world of 4; at 0.15 s steps during the faults, about 25 s of them.
 SAMPLES, BATCH, SLEEP = 6144, 4, 0.15
 # The final loss against the static run's: the world of 6 takes larger steps for a
@@ -45,13 +46,13 @@ def main() -> int:
     os.mkdir(os.path.join(d, "munge"))
     mp, sock = munged(os.path.join(d, "munge"))
     env = dict(os.environ, BFT_MUNGE_SOCKET=sock, PYTHONPATH=os.path.join(REPO, "wrappers", "python", "src"),
-               BFT_TRACE=os.path.join(d, "trace"))
+               BFT_TRACE=os.path.join(d, "trace"), BFT_TEST_DIE_AT=os.path.join(d, "die-at"))
     env.pop("SLURM_JOB_ID", None)
     log_path, coord_file, loss = os.path.join(d, "bft-run.log"), os.path.join(d, "coord"), os.path.join(d, "loss")
     fast = os.path.join(d, "fast")
     data = ["--samples", str(SAMPLES), "--batch", str(BATCH), "--epochs", "1"]
     args = [bft, "--local", "2", "--nproc-per-node", "2", "--hang-timeout", "10", "--broken-timeout", "3",
-            "--coord-file", coord_file, "--", sys.executable, TRAIN, *data, "--step-sleep", str(SLEEP),
+            "--coord-file", coord_file, "--", sys.executable, WORKER, TRAIN, *data, "--step-sleep", str(SLEEP),
             "--fast-file", fast, "--log-dir", os.path.join(d, "samples"), "--loss-log", loss]
     t0 = time.monotonic()
     core = subprocess.Popen(args, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, cwd=d)
@@ -93,6 +94,24 @@ def main() -> int:
         wait_for(lambda: any(x[5] == "step" and x[3] > g and x[0] > at and x[1].startswith(agent) and x[1] != victim[1]
                              for x in trace.rows), "the replacement to train")
         print(f"killed {victim[1]}: training again with its replacement after {time.time() - at:.1f} s", flush=True)
+        # A worker of local rank 0 dies at its step's last replicate all-reduce: its
+        # node mate and the other node's local rank 1 end the step (their shard's
+        # reductions complete), the other node's local rank 0 fails it. The step must
+        # commit on all of a node's workers or on none (votes.rs), or no replica holds
+        # every shard of one step and the job fails with StateTransferError.
+        g = gen_now()
+        node = victim[1].split(".")[0] + "."
+        open(env["BFT_TEST_DIE_AT"] + ".tmp", "w").write(node)
+        os.rename(env["BFT_TEST_DIE_AT"] + ".tmp", env["BFT_TEST_DIE_AT"])
+        wait_for(lambda: not os.path.exists(env["BFT_TEST_DIE_AT"]), "a worker of local rank 0 to die")
+        at = time.time()
+        wait_for(lambda: any(x[5] == "step" and x[3] > g and x[0] > at and x[1].startswith(node) for x in trace.rows)
+                 and any(x[5] == "step" and x[3] > g and x[0] > at and not x[1].startswith(node) for x in trace.rows),
+                 "both nodes to train again")
+        print(f"killed a worker of local rank 0 of node {node} at its last replicate all-reduce: training again "
+              f"after {time.time() - at:.1f} s", flush=True)
+        # Its mate had ended the step: the node's decision made it roll back too.
+        wait_for(lambda: "the step's commit: generation" in open(log_path).read(), "the mate's rollback on the vote")
         open(fast, "w").close()
         rc = core.wait(timeout=600)
         if rc != 0:

@@ -79,6 +79,8 @@ class AgentClient:
         self._closed: Optional[str] = None
         self._ids = itertools.count(1)
         self._replies: Dict[int, Dict[str, Any]] = {}
+        #: The agent's commit decisions (``vote``), by (generation, step index).
+        self._decisions: Dict[Any, bool] = {}
         #: Called from the reader thread after every message and when the connection
         #: ends (the runtime aborts a broken generation's group from there).
         self.listeners: List[Callable[[], None]] = []
@@ -174,6 +176,8 @@ class AgentClient:
                     ack = gen
             elif t == "kvr":
                 self._replies[int(msg["id"])] = msg
+            elif t == "decide":
+                self._decisions[(int(msg["gen"]), int(msg["k"]))] = msg.get("commit") is True
             elif t == "end":
                 self._ended = JobEnded(int(msg.get("code", 0)), str(msg.get("reason", "")))
             elif t == "error":
@@ -246,6 +250,17 @@ class AgentClient:
         if "err" in r:
             raise RuntimeError(f"bftrainer store: {r['err']}")
         return r
+
+    def vote(self, gen: int, k: int) -> bool:
+        """Ask the agent whether this worker's ``k``-th optimizer step of generation
+        ``gen`` commits: True once every worker of this node voted for it, False if the
+        generation failed here first (the agent's decision, the same for all of them;
+        bft-run's votes.rs)."""
+        self.send({"t": "vote", "worker": self.worker, "gen": gen, "k": k})
+        key = (gen, k)
+        self.wait(lambda: key in self._decisions, None, f"the node's decision on step {k} of generation {gen}")
+        with self._cond:
+            return self._decisions.pop(key)
 
     def close(self) -> None:
         try:

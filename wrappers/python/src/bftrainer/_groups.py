@@ -155,6 +155,14 @@ class ElasticGroup(dist.ProcessGroup):
         self._unregister_c10d()
         return real, [w for w in works.values() if not w.is_completed()]
 
+    def settle(self) -> None:
+        """Wait for this generation's collectives issued so far (on gloo: until they
+        end; on NCCL: until they are on the stream) and raise the first failure."""
+        with self._lock:
+            futures = [p.future for p in self._pending.values()]
+        for f in futures:
+            f.wait()
+
     def _unregister_c10d(self) -> None:
         """Out of torch.distributed's registry between generations: the runtime's
         ``destroy_process_group()`` (all groups) must not shut this one down."""

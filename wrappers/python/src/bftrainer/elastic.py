@@ -190,6 +190,8 @@ class _Runtime:
         self.samples_local = 0
         self.samples_total = 0
         self._group: Any = None
+        # Optimizer steps voted on in this generation (sharded: ``vote``).
+        self._votes = 0
         if self.agent is not None:
             self.agent.listeners.append(self._watch)
 
@@ -316,6 +318,7 @@ class _Runtime:
             g = self._next_generation(g.gen)
             self.teardown()
         transfer.sync(state, self.rank, self.world, self.device, _wait)
+        self._votes = 0
         # Every member holds the same commit now: the decided batch changes here for
         # all at once, and is committed (a rollback returns to it, a newcomer gets it).
         if _batch.apply(state, g.batch):
@@ -421,6 +424,52 @@ class _Runtime:
             agent.send({"t": "ready", "worker": self.worker})
             g = self._member_generation(g.gen)
         self.enter(g, state)
+
+    def vote(self) -> None:
+        """Before the optimizer steps, under HSDP with several workers a node: make the
+        step commit on every worker of this node or on none. Each shard's gradients
+        are reduced in a group of its own across nodes, so a peer's death can fail
+        one shard's reduction and not its node mate's; the mate would step and commit
+        while this worker rolls back, and the node would hold no whole replica. So
+        each worker waits for its step's collectives to end (on a GPU, for the device:
+        a host wait per step, the price of the guarantee) and asks its agent, which
+        answers commit only when every worker of the node asked (bft-run's votes.rs).
+        A "no" is a peer failure: the step is rolled back here as on the node mates."""
+        from . import _mesh
+
+        mesh = _mesh.current()
+        agent = self.agent
+        if agent is None or mesh is None or mesh.per_node < 2 or not mesh.places or self.gen == 0:
+            return
+        try:
+            for grp in mesh.groups():
+                grp.settle()
+        except RuntimeError as e:
+            if _is_peer_failure(e):
+                raise PeerFailure(f"the step's reductions: {e}") from e
+            raise
+        import torch
+
+        if self.device is not None and getattr(self.device, "type", str(self.device)).startswith("cuda"):
+            # The reductions are on the stream: wait for the device without blocking
+            # out the verdict. An aborted communicator also ends its kernels (with
+            # garbage), but only after the groups are marked broken, checked after.
+            done = torch.cuda.Event()
+            done.record()
+            pause = 0.00005
+            while not done.query():
+                _check_alive("the step's reductions")
+                time.sleep(pause)
+                pause = min(pause * 2, 0.001)
+            broken = next((g.broken for g in mesh.groups() if g.broken is not None), None)
+            if broken is not None:
+                raise PeerFailure(f"the step's reductions: {broken}")
+        k = self._votes
+        self._votes += 1
+        if not agent.vote(self.gen, k):
+            raise PeerFailure(
+                f"the step's commit: generation {self.gen} failed on this node before all its workers ended the step"
+            )
 
     def after_commit(self, state: State) -> None:
         self.dirty = False
@@ -635,6 +684,10 @@ def _check_alive(what: str) -> None:
         why = rt.agent.failed(rt.gen, rt.members)
         if why is not None:
             raise PeerFailure(f"{what}: {why}")
+
+
+def _before_optimizer_step() -> None:
+    _rt().vote()
 
 
 def _after_commit(state: State) -> None:

@@ -185,6 +185,11 @@ class State:
         hook = getattr(optimizer, "register_step_post_hook", None)
         if hook is not None:
             hook(self._on_optimizer_step)
+        # Sharded (HSDP) steps commit on all of a node's workers or on none: a vote
+        # before the optimizer steps (elastic._Runtime.vote; nothing without a mesh).
+        pre = getattr(optimizer, "register_step_pre_hook", None)
+        if pre is not None:
+            pre(self._before_optimizer_step)
         self._reset_callbacks: List[Callable[[], None]] = []
         self._writer: Optional[threading.Thread] = None
         self._write_error: Optional[BaseException] = None
@@ -192,6 +197,11 @@ class State:
 
     def _on_optimizer_step(self, *_: Any) -> None:
         self._stepped = True
+
+    def _before_optimizer_step(self, *_: Any) -> None:
+        from . import elastic
+
+        elastic._before_optimizer_step()
 
     @property
     def samples(self) -> int:
