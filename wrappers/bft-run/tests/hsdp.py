@@ -94,23 +94,29 @@ def main() -> int:
         wait_for(lambda: any(x[5] == "step" and x[3] > g and x[0] > at and x[1].startswith(agent) and x[1] != victim[1]
                              for x in trace.rows), "the replacement to train")
         print(f"killed {victim[1]}: training again with its replacement after {time.time() - at:.1f} s", flush=True)
-        # A worker of local rank 0 dies at its step's last replicate all-reduce: its
-        # node mate and the other node's local rank 1 end the step (their shard's
-        # reductions complete), the other node's local rank 0 fails it. The step must
-        # commit on all of a node's workers or on none (votes.rs), or no replica holds
-        # every shard of one step and the job fails with StateTransferError.
-        g = gen_now()
+        # Two deaths of a worker of local rank 0, in the middle of a step, each once its
+        # node mate has got as far (tests/hsdp_worker.py). (1) At the step's last
+        # replicate all-reduce: the mate and the other node's local rank 1 end their
+        # reductions, the other node's local rank 0 fails them. Before a step's commit
+        # was decided per node, the local-rank-1 workers committed the step and the
+        # local-rank-0 ones rolled it back: no replica held every shard of one step,
+        # and the job failed with StateTransferError. (2) At its vote on the step's
+        # commit, after the mate voted: the step ended everywhere, the other node
+        # commits it, and the mate must roll it back on its node's "no" (votes.rs).
         node = victim[1].split(".")[0] + "."
-        open(env["BFT_TEST_DIE_AT"] + ".tmp", "w").write(node)
-        os.rename(env["BFT_TEST_DIE_AT"] + ".tmp", env["BFT_TEST_DIE_AT"])
-        wait_for(lambda: not os.path.exists(env["BFT_TEST_DIE_AT"]), "a worker of local rank 0 to die")
-        at = time.time()
-        wait_for(lambda: any(x[5] == "step" and x[3] > g and x[0] > at and x[1].startswith(node) for x in trace.rows)
-                 and any(x[5] == "step" and x[3] > g and x[0] > at and not x[1].startswith(node) for x in trace.rows),
-                 "both nodes to train again")
-        print(f"killed a worker of local rank 0 of node {node} at its last replicate all-reduce: training again "
-              f"after {time.time() - at:.1f} s", flush=True)
-        # Its mate had ended the step: the node's decision made it roll back too.
+        die = env["BFT_TEST_DIE_AT"]
+        for where in ("allreduce", "vote"):
+            g = gen_now()
+            open(die + ".tmp", "w").write(f"{node} {where}")
+            os.rename(die + ".tmp", die)
+            wait_for(lambda: not os.path.exists(die), f"a worker of local rank 0 to die at its {where}")
+            at = time.time()
+            wait_for(lambda: any(x[5] == "step" and x[3] > g and x[0] > at and x[1].startswith(node)
+                                 for x in trace.rows)
+                     and any(x[5] == "step" and x[3] > g and x[0] > at and not x[1].startswith(node)
+                             for x in trace.rows), "both nodes to train again")
+            print(f"killed a worker of local rank 0 of node {node} at its {where}: training again after "
+                  f"{time.time() - at:.1f} s", flush=True)
         wait_for(lambda: "the step's commit: generation" in open(log_path).read(), "the mate's rollback on the vote")
         open(fast, "w").close()
         rc = core.wait(timeout=600)

@@ -441,6 +441,11 @@ class _Runtime:
         agent = self.agent
         if agent is None or mesh is None or mesh.per_node < 2 or not mesh.places or self.gen == 0:
             return
+        # This step's switch flag goes out first and is read before the vote: every
+        # rank then switches at this very commit (a newcomer waits one step boundary,
+        # not two as with the flag read a commit late), and a rank whose read fails
+        # votes nothing, so its node rolls the step back.
+        meta = _Meta(self, 0.0, self.device)
         try:
             for grp in mesh.groups():
                 grp.settle()
@@ -464,12 +469,14 @@ class _Runtime:
             broken = next((g.broken for g in mesh.groups() if g.broken is not None), None)
             if broken is not None:
                 raise PeerFailure(f"the step's reductions: {broken}")
+        flag = meta.values()[1]
         k = self._votes
         self._votes += 1
         if not agent.vote(self.gen, k):
             raise PeerFailure(
                 f"the step's commit: generation {self.gen} failed on this node before all its workers ended the step"
             )
+        self._flag = flag
 
     def after_commit(self, state: State) -> None:
         self.dirty = False
