@@ -44,6 +44,9 @@ def _worker(rank: int, world: int, path: str, out: str) -> None:
     from bftrainer._groups import ABANDONED, ElasticGroup
 
     store = dist.FileStore(path, world)
+    # A default group, as under the runtime (torch's logging wrapper asks it things
+    # when a collective fails: below).
+    dist.init_process_group("gloo", store=dist.PrefixStore("default", store), rank=rank, world_size=world)
     grp = ElasticGroup()
     lines = []
     # No generation yet: a world of one, collectives are the identity.
@@ -64,6 +67,16 @@ def _worker(rank: int, world: int, path: str, out: str) -> None:
             lines.append("later: no error")
         except RuntimeError as e:
             lines.append(f"later {ABANDONED in str(e)}")
+        # A script's own collective through torch's API: its logging wrapper turns the
+        # failure into a ValueError (get_backend of a group outside torch's tables),
+        # which the run wrapper must still take for a peer failure.
+        from bftrainer.elastic import _is_peer_failure
+
+        try:
+            dist.all_reduce(torch.ones(1), group=grp)
+            lines.append("script: no error")
+        except Exception as e:  # noqa: BLE001 - which one is the point
+            lines.append(f"script {_is_peer_failure(e)} {type(e).__name__}")
     store.add("aborted", 1)
     while store.add("aborted", 0) < world:
         time.sleep(0.01)
@@ -86,8 +99,9 @@ def test_group_swaps_its_real_group_and_aborts_at_once(tmp_path):
     assert r0[1] == "g1 0 2 [3.0, 3.0]" and r1[1] == "g1 1 2 [3.0, 3.0]"
     assert r0[2] == "aborted True True"
     assert r0[3] == "later True"
-    assert r0[4] == "retired True 1 1" and r1[2] == "retired True 1 0"
-    assert r0[5] == r1[3] == "g2 2 [3.0, 3.0]"
+    assert r0[4] == "script True ValueError"
+    assert r0[5] == "retired True 1 1" and r1[2] == "retired True 1 0"
+    assert r0[6] == r1[3] == "g2 2 [3.0, 3.0]"
 
 
 def _fsdp_worker(rank: int, world: int, path: str, out: str) -> None:

@@ -427,6 +427,22 @@ def test_only_communication_errors_count_as_a_peer_failure():
     assert _is_peer_failure(bftrainer.PeerFailure("x"))
     assert not _is_peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not _is_peer_failure(ValueError("gloo"))
+    # An error raised while a peer failure was handled (torch's c10d logging wrapper
+    # asks get_backend of a group outside its tables): still a peer failure.
+    try:
+        try:
+            raise RuntimeError("collective was abandoned (a member failed): member(s) 2.0 failed")
+        except RuntimeError:
+            raise ValueError("Process group <ElasticGroup> is not initialized in the world group map")
+    except ValueError as e:
+        assert _is_peer_failure(e)
+    try:
+        try:
+            raise KeyError("x")
+        except KeyError:
+            raise ValueError("unrelated")
+    except ValueError as e:
+        assert not _is_peer_failure(e)
 
 
 def test_standalone_run_trains_alone(capsys):

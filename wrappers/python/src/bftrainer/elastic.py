@@ -127,6 +127,22 @@ class PeerFailure(RuntimeError):
 
 
 def _is_peer_failure(e: BaseException) -> bool:
+    """Whether ``e`` is a peer's failure, or was raised while one was being handled:
+    torch's logging wrapper around ``dist.all_reduce(..., group=bftrainer.process_group())``
+    asks ``get_backend`` of the group when the collective fails, and that raises a
+    ValueError for a group outside torch's tables, with the peer failure as its
+    context (a live test's job failed so, after a kill -9 during a script's own
+    all-reduce)."""
+    seen = 0
+    while e is not None and seen < 8:
+        if _is_peer_failure_itself(e):
+            return True
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+        seen += 1
+    return False
+
+
+def _is_peer_failure_itself(e: BaseException) -> bool:
     if isinstance(e, PeerFailure):
         return True
     try:
