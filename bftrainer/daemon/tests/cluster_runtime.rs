@@ -111,8 +111,28 @@ fn job_out(work: &Path) -> String {
 
 /// Worker processes (train.py) of satellites, not of the core job `core`, of this
 /// test's job: they run in `work` (other tests' clusters number their jobs from 1 too).
-fn satellite_workers(core: u32, work: &Path) -> Vec<u32> {
-    satellite_workers_of(core, work, "examples/train.py")
+/// Once the job has stayed in one generation of 4 nodes for 3 s, kills (-9) a
+/// worker of `script` in one of its satellites; returns that generation's Comment.
+fn kill_a_satellite_worker_when_steady(
+    l: &Live,
+    job: u32,
+    work: &Path,
+    script: &str,
+) -> RunComment {
+    let steady = l.wait(60, "a generation that stays for 3 s", || {
+        let a = comment(l, job)?;
+        std::thread::sleep(Duration::from_secs(3));
+        let b = comment(l, job)?;
+        (a.gen == b.gen && b.nodes == 4).then_some(b)
+    });
+    let victims = satellite_workers_of(job, work, script);
+    assert!(!victims.is_empty(), "no satellite worker found");
+    let rc = Command::new("kill")
+        .args(["-9", &victims[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(rc.success());
+    steady
 }
 
 /// Worker processes running `script` of satellites of `core`, in `work`.
@@ -418,19 +438,7 @@ fn cluster_runtime_trains_through_grow_preemption_regrow_and_kill_9() {
 
     // 5. A satellite's worker killed with -9 while the world is steady (a kill in the
     //    middle of a switch has no step to roll back): a rollback, not the job.
-    l.wait(60, "a generation that stays for 3 s", || {
-        let a = comment(&l, job)?;
-        std::thread::sleep(Duration::from_secs(3));
-        let b = comment(&l, job)?;
-        (a.gen == b.gen && b.nodes == 4).then_some(())
-    });
-    let victims = satellite_workers(job, &work);
-    assert!(!victims.is_empty(), "no satellite worker found");
-    let rc = Command::new("kill")
-        .args(["-9", &victims[0].to_string()])
-        .status()
-        .unwrap();
-    assert!(rc.success());
+    kill_a_satellite_worker_when_steady(&l, job, &work, "examples/train.py");
     // The phases are over: the job runs out its epochs without the step sleep.
     std::fs::write(work.join("fast"), "").unwrap();
 
@@ -576,19 +584,7 @@ fn cluster_runtime_hsdp_through_grow_preemption_regrow_and_kill_9() {
 
     // 4. A satellite's worker killed with -9 in a steady world: a rollback; its agent
     //    restarts it and it takes its shards from its local rank in a live replica.
-    let steady = l.wait(60, "a generation that stays for 3 s", || {
-        let a = comment(&l, job)?;
-        std::thread::sleep(Duration::from_secs(3));
-        let b = comment(&l, job)?;
-        (a.gen == b.gen && b.nodes == 4).then_some(b)
-    });
-    let victims = satellite_workers_of(job, &work, "examples/train_hsdp.py");
-    assert!(!victims.is_empty(), "no satellite worker found");
-    let rc = Command::new("kill")
-        .args(["-9", &victims[0].to_string()])
-        .status()
-        .unwrap();
-    assert!(rc.success());
+    let steady = kill_a_satellite_worker_when_steady(&l, job, &work, "examples/train_hsdp.py");
     let t_kill = now();
     let g = l.wait(
         180,
