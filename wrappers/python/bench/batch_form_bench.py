@@ -67,7 +67,7 @@ def main() -> None:
             print(f"{'round':>8} {'per-rank batch':>13} {'global batch':>13} {'ratio':>7}", flush=True)
             worker = os.path.join(HERE, "batch_form_worker.py")
             subprocess.run(
-                [args.bft_run, "--local", "2", "--", args.python, worker, "--batch", str(args.batch),
+                [args.bft_run, "--local", "2", "--", args.python, worker, "--world", "2", "--batch", str(args.batch),
                  "--hidden", str(args.hidden), "--samples", str(args.samples), "--block", str(args.block),
                  "--rounds", str(args.rounds)] + (["--same"] if args.same else []),
                 env=env, check=True, cwd=d, stderr=subprocess.DEVNULL,

@@ -22,6 +22,9 @@ p.add_argument("--samples", type=int, required=True)
 p.add_argument("--block", type=int, default=8, help="steps per form and round")
 p.add_argument("--rounds", type=int, default=5)
 p.add_argument("--warmup", type=int, default=3, help="steps of each form before the first round")
+p.add_argument("--world", type=int, required=True,
+               help="workers of the job (bft-run --local W): the global form's batch is W*B, fixed before the "
+                    "first generation, when bftrainer.world_size() still says 1")
 p.add_argument("--same", action="store_true",
                help="A/A check: both blocks use the global form (the ratio shows the bench's own bias)")
 a = p.parse_args()
@@ -33,7 +36,7 @@ Y = torch.tanh(X @ torch.randn(16, 1, generator=g).to(dev))
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, a.hidden), torch.nn.ReLU(), torch.nn.Linear(a.hidden, 1)).to(dev)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-W = bftrainer.world_size()
+W = a.world
 forms = {
     "per-rank": bftrainer.ElasticSampler(a.samples, global_batch=W * a.batch, seed=42) if a.same
     else bftrainer.ElasticSampler(a.samples, batch_size=a.batch, seed=42),
@@ -58,6 +61,8 @@ def step(sampler) -> float:
 
 @bftrainer.run
 def train(state):
+    if bftrainer.world_size() != W:
+        raise SystemExit(f"--world {W}, but the generation has {bftrainer.world_size()} workers")
     if W * a.batch > a.samples:
         raise SystemExit("--samples must hold one step of every form")
     for s in forms.values():
