@@ -387,6 +387,7 @@ async fn agent(o: AgentOptions) -> Result<i32, (i32, String)> {
                 native: false,
                 ..spawn_cfg
             },
+            progress: dir.join("progress"),
         };
         let r = world_agent(ctx, wr, ev_tx, ev_rx).await;
         let _ = std::fs::remove_dir_all(&dir);
@@ -1126,6 +1127,43 @@ struct WorldAgent {
     /// The grace of a stop: SIGTERM, then SIGKILL after this long.
     leave_timeout: Duration,
     cfg: SpawnCfg,
+    /// torchrun mode: where the script's `bftrainer.report_progress` writes rank 0's
+    /// progress (BFT_PROGRESS_FILE, in the agent's private directory), read each tick.
+    progress: PathBuf,
+}
+
+/// The progress a restarting mode's script reported for world `gen`
+/// (`bftrainer.report_progress`: one JSON object, `gen`, `samples`, `steps`, `batch`),
+/// as the coordinator's `wprogress`; None for another world's. The file is the job's
+/// own and untrusted: at most 4 KiB, whole numbers only.
+fn read_progress(path: &std::path::Path, gen: u64) -> Result<Option<Value>, String> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(4097).read_to_end(&mut buf))
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    if buf.len() > 4096 {
+        return Err("it is over 4 KiB".into());
+    }
+    let m: Value = serde_json::from_slice(&buf).map_err(|e| format!("not JSON: {e}"))?;
+    let num = |k: &str, required: bool| -> Result<u64, String> {
+        match m.get(k) {
+            None | Some(Value::Null) if !required => Ok(0),
+            Some(v) => v
+                .as_u64()
+                .ok_or_else(|| format!("{k:?} is not a whole number >= 0")),
+            None => Err(format!("it has no {k:?}")),
+        }
+    };
+    let g = num("gen", true)?;
+    let samples = num("samples", true)?;
+    let (steps, batch) = (num("steps", false)?, num("batch", false)?);
+    if g != gen {
+        return Ok(None);
+    }
+    Ok(Some(
+        json!({"t": "wprogress", "gen": g, "samples": samples, "steps": steps, "batch": batch}),
+    ))
 }
 
 /// A torchrun-mode worker: its world, its local rank, and whether this agent
@@ -1157,6 +1195,10 @@ async fn world_agent(
     let mut deadline: Option<Instant> = None;
     let mut heard_coord = Instant::now();
     let (mut leaving, mut ending, mut lost) = (false, false, false);
+    // The progress file as last read (modified time, length), and whether a bad one
+    // was said for this world.
+    let mut progress_seen: Option<(std::time::SystemTime, u64)> = None;
+    let mut progress_said = false;
     macro_rules! send {
         ($v:expr) => {{
             let _ = wr.write_all(proto::line(&$v).as_bytes()).await;
@@ -1198,6 +1240,23 @@ async fn world_agent(
                         heard_coord.elapsed().as_secs_f64()
                     );
                     let _ = ev_tx.send(Ev::Coord(Err("no heartbeat".into())));
+                }
+                let stamp = std::fs::metadata(&ctx.progress)
+                    .ok()
+                    .and_then(|m| Some((m.modified().ok()?, m.len())));
+                if stamp.is_some() && stamp != progress_seen && stopping.is_none() {
+                    progress_seen = stamp;
+                    match read_progress(&ctx.progress, gen) {
+                        Ok(Some(m)) => send!(m),
+                        Ok(None) => {}
+                        Err(e) if !progress_said => {
+                            progress_said = true;
+                            say!(
+                                "bft-run: ignoring the script's progress (BFT_PROGRESS_FILE): {e}"
+                            );
+                        }
+                        Err(_) => {}
+                    }
                 }
                 if deadline.is_some_and(|d| Instant::now() >= d) {
                     deadline = None;
@@ -1268,8 +1327,16 @@ async fn world_agent(
                         send!(json!({"t": "started", "gen": g}));
                         continue;
                     }
+                    // A new world reports afresh.
+                    let _ = std::fs::remove_file(&ctx.progress);
+                    progress_seen = None;
+                    progress_said = false;
                     for local in 0..ctx.cfg.nproc {
                         ctx.cfg.extra = part.torchrun_env(local);
+                        ctx.cfg.extra.push((
+                            "BFT_PROGRESS_FILE".into(),
+                            ctx.progress.to_string_lossy().into_owned(),
+                        ));
                         let wid = format!("{id}.{local}.g{g}");
                         match spawn_worker(&ctx.cfg, &wid, local, &ev_tx) {
                             Ok(pid) => {
@@ -1807,6 +1874,57 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn a_scripts_progress_file_is_read_as_a_report_of_its_world_only() {
+        let d = tempdir().unwrap();
+        let p = d.join("progress");
+        let read = |text: &str, gen: u64| {
+            std::fs::write(&p, text).unwrap();
+            read_progress(&p, gen)
+        };
+        let m = read(
+            r#"{"gen": 3, "samples": 4096, "steps": 16, "batch": 256}"#,
+            3,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            m,
+            json!({"t": "wprogress", "gen": 3, "samples": 4096, "steps": 16, "batch": 256})
+        );
+        // Steps and batch may be left out; another world's report is not this one's.
+        assert_eq!(
+            read(r#"{"gen": 3, "samples": 1}"#, 3).unwrap().unwrap()["steps"],
+            0
+        );
+        assert_eq!(read(r#"{"gen": 2, "samples": 1}"#, 3).unwrap(), None);
+        for (bad, why) in [
+            (
+                r#"{"gen": 3, "samples": -1}"#,
+                "\"samples\" is not a whole number",
+            ),
+            (
+                r#"{"gen": 3, "samples": 1.5}"#,
+                "\"samples\" is not a whole number",
+            ),
+            (r#"{"gen": 3}"#, "it has no \"samples\""),
+            (
+                r#"{"gen": 3, "samples": 1, "steps": "x"}"#,
+                "\"steps\" is not",
+            ),
+            ("[1, 2]", "it has no \"gen\""),
+            ("gen=3", "not JSON"),
+        ] {
+            let e = read(bad, 3).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let e = read(&" ".repeat(5000), 3).unwrap_err();
+        assert!(e.contains("over 4 KiB"), "{e}");
+        std::fs::remove_file(&p).unwrap();
+        assert!(read_progress(&p, 3).unwrap_err().contains("cannot read"));
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

@@ -298,6 +298,15 @@ impl Shared {
     }
 }
 
+/// The global batch a progress report's rate is measured at (the owner's word, as the
+/// rate is); 0 when absent or out of range: unknown.
+fn reported_batch(msg: &Value) -> u32 {
+    msg.get("batch")
+        .and_then(Value::as_u64)
+        .filter(|b| *b <= u64::from(bftrainer_core::spec::MAX_BATCH))
+        .unwrap_or(0) as u32
+}
+
 /// A torchrun-mode agent's message: what the world must do about it.
 fn world_msg(
     s: &mut Shared,
@@ -1339,6 +1348,30 @@ impl Coordinator {
             drop(s);
             return self.rsh_relay(id, msg);
         }
+        if proto::t(msg) == "wprogress" {
+            // A restarting mode's progress (the script's bftrainer.report_progress,
+            // relayed by its agent): measured as native mode's, for the world running
+            // now and from one of its agents only.
+            let gen = proto::u64_field(msg, "gen")?;
+            let samples = proto::u64_field(msg, "samples")?;
+            let steps = msg.get("steps").and_then(Value::as_u64).unwrap_or(0);
+            let ours = s
+                .world
+                .as_ref()
+                .and_then(World::running)
+                .is_some_and(|p| p.gen == gen && p.parts.iter().any(|x| x.agent == id));
+            if ours {
+                let batch = reported_batch(msg);
+                if batch != s.run_batch {
+                    s.run_batch = batch;
+                    self.publish(&s);
+                }
+                if s.progress.report(gen, samples, steps, now).is_some() {
+                    self.publish(&s);
+                }
+            }
+            return Ok(());
+        }
         if s.world.is_some() {
             let acts = world_msg(&mut s, id, host, msg, now)?;
             self.world_acts(&mut s, acts);
@@ -1368,13 +1401,7 @@ impl Coordinator {
                 let gen = proto::u64_field(msg, "gen")?;
                 let samples = proto::u64_field(msg, "samples")?;
                 let steps = msg.get("steps").and_then(Value::as_u64).unwrap_or(0);
-                // The global batch the rate is measured at (the owner's word, as the
-                // rate is); 0 or absent: unknown.
-                let batch = msg
-                    .get("batch")
-                    .and_then(Value::as_u64)
-                    .filter(|b| *b <= u64::from(bftrainer_core::spec::MAX_BATCH))
-                    .unwrap_or(0) as u32;
+                let batch = reported_batch(msg);
                 if gen == s.m.gen() && batch != s.run_batch {
                     s.run_batch = batch;
                     self.publish(&s);

@@ -1,7 +1,8 @@
 """A torchrun-style DDP script, as a user writes one for torchrun (no bftrainer
 library): it reads torchrun's environment, resumes from its own checkpoint, saves one
 when it gets SIGTERM (at a step boundary all ranks agree on) and at the end, and trains
-a linear model to a fixed step budget.
+a linear model to a fixed step budget. With --report-progress it makes the one call a
+restarting mode's script may add, bftrainer.report_progress (bft-run measures the rate).
 
     ddp_torchrun.py --ckpt FILE --steps N --log DIR [--limit-file F] [--step-sleep S]
 
@@ -62,7 +63,12 @@ def main():
     p.add_argument("--log", required=True)
     p.add_argument("--limit-file", default="")
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--report-progress", action="store_true",
+                   help="the one library call a restarting mode's script may add: bftrainer.report_progress "
+                        "after each step (bft-run then measures the job's rate)")
     a = p.parse_args()
+    if a.report_progress:
+        import bftrainer
     signal.signal(signal.SIGTERM, on_term)
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -128,6 +134,8 @@ def main():
             save(a.ckpt, model, opt, step)
             saved = step
         progress(False)
+        if a.report_progress:
+            bftrainer.report_progress(samples=step * len(x), steps=step, batch=len(x))
         if a.step_sleep:
             time.sleep(a.step_sleep)
     if rank == 0:

@@ -391,6 +391,68 @@ fn hosts_without_a_coordinator_or_from_an_impostor_prints_nothing() {
     assert!(err.contains("is not job local's coordinator"), "{err}");
 }
 
+/// `bftrainer.report_progress` in a torchrun-mode script: bft-run measures the job's
+/// rate from it and publishes it in what would be the job's Comment (`rate=`), as for
+/// a native script: bftrainerd's node and batch decisions need it.
+#[test]
+fn a_torchrun_script_that_reports_progress_gets_its_rate_published() {
+    let m = Munged::start();
+    let python = venv_python();
+    let tmp = tempfile::tempdir().unwrap();
+    let comment = tmp.path().join("comment");
+    let path = format!(
+        "{}:{}",
+        python.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let lib = concat!(env!("CARGO_MANIFEST_DIR"), "/../python/src");
+    let _core = Guard(
+        m.bft()
+            .args([
+                "--local",
+                "1",
+                "--nproc-per-node",
+                "2",
+                "--mode",
+                "torchrun",
+            ])
+            .arg("--comment-file")
+            .arg(&comment)
+            .args(["--", SCRIPT, "--ckpt"])
+            .arg(tmp.path().join("ckpt.pt"))
+            .args([
+                "--steps",
+                "1000000",
+                "--step-sleep",
+                "0.01",
+                "--report-progress",
+                "--log",
+            ])
+            .arg(tmp.path())
+            .env("PATH", &path)
+            .env("PYTHONPATH", lib)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(File::create(tmp.path().join("err")).unwrap()))
+            .spawn()
+            .unwrap(),
+    );
+    let rate = || -> Option<f64> {
+        let c = std::fs::read_to_string(&comment).ok()?;
+        c.split_whitespace()
+            .find_map(|w| w.strip_prefix("rate="))?
+            .parse()
+            .ok()
+    };
+    wait_until(
+        "a measured rate in the Comment",
+        Duration::from_secs(180),
+        &mut || rate().is_some_and(|r| r > 0.0),
+    );
+    // 256 samples a step: the rate is whole steps' samples per second.
+    let c = std::fs::read_to_string(&comment).unwrap();
+    assert!(c.contains("batch=256"), "{c}");
+}
+
 #[test]
 fn a_failing_torchrun_worker_is_restarted_then_fails_the_job_with_its_code() {
     let m = Munged::start();

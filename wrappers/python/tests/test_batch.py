@@ -225,3 +225,35 @@ def test_a_per_rank_sampler_ignores_the_worlds_decision(monkeypatch, capsys):
     s = ElasticSampler(10_000, batch_size=32, world=lambda: (0, 1))
     assert bftrainer.apply_world_batch(s) is None
     assert "the decision is ignored" in capsys.readouterr().err
+
+
+def test_report_progress_writes_rank_0s_counts_for_bft_run(monkeypatch, tmp_path, capsys):
+    import json
+
+    path = tmp_path / "progress"
+    monkeypatch.setattr(B, "_last_report", [float("-inf")])
+    # Outside bft-run's torchrun mode: nothing.
+    monkeypatch.delenv("BFT_PROGRESS_FILE", raising=False)
+    assert not bftrainer.report_progress(10, 1)
+    monkeypatch.setenv("BFT_PROGRESS_FILE", str(path))
+    monkeypatch.setenv("BFT_GENERATION", "4")
+    monkeypatch.setenv("RANK", "1")
+    assert not bftrainer.report_progress(10, 1) and not path.exists()  # rank 0 only
+    monkeypatch.setenv("RANK", "0")
+    assert bftrainer.report_progress(4096, 16, batch=256)
+    assert json.loads(path.read_text()) == {"gen": 4, "samples": 4096, "steps": 16, "batch": 256}
+    # At most every `every` seconds.
+    assert not bftrainer.report_progress(8192, 32, batch=256)
+    assert json.loads(path.read_text())["samples"] == 4096
+    assert bftrainer.report_progress(8192, 32, every=0)
+    assert json.loads(path.read_text())["samples"] == 8192
+    for bad in (dict(samples=-1), dict(samples=1.5), dict(samples=True), dict(samples=1, steps=-2),
+                dict(samples=1, batch=0), dict(samples=1, batch=1 << 30)):
+        with pytest.raises(ValueError, match="report_progress"):
+            bftrainer.report_progress(every=0, **bad)
+    # A write that fails is said once and never raised.
+    monkeypatch.setenv("BFT_PROGRESS_FILE", str(tmp_path / "gone" / "progress"))
+    monkeypatch.setattr(B, "_said_report", [])
+    assert not bftrainer.report_progress(1, every=0)
+    assert not bftrainer.report_progress(2, every=0)
+    assert capsys.readouterr().err.count("report_progress cannot write") == 1

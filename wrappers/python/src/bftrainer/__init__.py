@@ -36,7 +36,7 @@ from .elastic import (
     worker_id,
     world_size,
 )
-from .batch import apply_world_batch, on_batch_change, world_batch
+from .batch import apply_world_batch, on_batch_change, report_progress, world_batch
 from .data import ElasticDataLoader
 from .sampler import ElasticSampler
 from .state import State
@@ -72,6 +72,7 @@ __all__ = [
     "on_batch_change",
     "process_group",
     "rank",
+    "report_progress",
     "run",
     "worker_id",
     "world_batch",

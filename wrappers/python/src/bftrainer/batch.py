@@ -195,3 +195,51 @@ def apply_world_batch(
     st = state if state is not None else _WorldState(sampler, optimizer, scheduler, lr_rule)
     apply(st, world_batch())
     return sampler.global_batch
+
+
+#: When report_progress last wrote (time.monotonic()), in this process.
+_last_report = [float("-inf")]
+_said_report: List[str] = []
+
+
+def report_progress(samples: int, steps: int = 0, batch: Optional[int] = None, every: float = 1.0) -> bool:
+    """Report the training's progress from a script under ``bft-run --mode torchrun``:
+    ``samples`` and ``steps`` taken since the script started, over all ranks (the
+    counts are cumulative; a restarted world may start from its checkpoint's), and the
+    global ``batch`` they were taken at. bft-run measures the job's rate from them, as
+    it does for native mode's scripts, and publishes it in the core job's Comment:
+    bftrainerd needs it to decide the job's nodes and batch (``batch=MIN:MAX``).
+
+    Call it after each step (or every few); only rank 0 (``RANK``) writes, at most every
+    ``every`` seconds, into the file bft-run names in ``BFT_PROGRESS_FILE`` (its own
+    directory on the node). Returns whether it wrote. Outside bft-run's torchrun mode
+    (no ``BFT_PROGRESS_FILE``; ``--mode mpi`` sets none) it does nothing. A write that
+    fails is said once on stderr and never raised: the training goes on."""
+    path = os.environ.get("BFT_PROGRESS_FILE")
+    if not path or os.environ.get("RANK", "0") != "0":
+        return False
+    for name, v in (("samples", samples), ("steps", steps)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"report_progress: {name}={v!r} is not a whole number >= 0")
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH):
+        raise ValueError(f"report_progress: batch={batch!r} is not a global batch from 1 to {MAX_BATCH}")
+    import json
+    import time
+
+    now = time.monotonic()
+    if now - _last_report[0] < every:
+        return False
+    _last_report[0] = now
+    gen = os.environ.get("BFT_GENERATION", "0")
+    msg = {"gen": int(gen) if gen.isdigit() else 0, "samples": samples, "steps": steps, "batch": batch}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(msg, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        if not _said_report:
+            _said_report.append(str(e))
+            print(f"bftrainer: report_progress cannot write {path}: {e} (said once)", file=sys.stderr, flush=True)
+        return False
+    return True
