@@ -123,6 +123,27 @@ fn check_world(r: u64, ranks: &BTreeMap<u64, Value>, per_node: u64) -> u64 {
 }
 
 /// `bft-run hosts` as a worker would run it (BFT_COORD from its environment).
+/// `bft-run --local 1 --nproc-per-node 2 --mode torchrun`, with the virtualenv's
+/// python first on PATH: a bare script path runs under it, as under torchrun.
+fn torchrun_on_one_node(m: &Munged, python: &Path) -> Command {
+    let path = format!(
+        "{}:{}",
+        python.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut c = m.bft();
+    c.args([
+        "--local",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--mode",
+        "torchrun",
+    ])
+    .env("PATH", path);
+    c
+}
+
 fn hosts(m: &Munged, addr: &str, job: &str, run: &str) -> (Option<i32>, String, String) {
     let o = m
         .bft()
@@ -154,22 +175,8 @@ fn torchrun_script_grows_shrinks_loses_a_node_and_a_worker_and_finishes() {
     // The decided global batch (as bftrainerd's batch_now would be read): none at first.
     let batch_file = tmp.path().join("batch");
     let budget = 80;
-    // A bare script path runs under the python on PATH, as under torchrun.
-    let path = format!(
-        "{}:{}",
-        python.parent().unwrap().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let core = Guard(
-        m.bft()
-            .args([
-                "--local",
-                "1",
-                "--nproc-per-node",
-                "2",
-                "--mode",
-                "torchrun",
-            ])
+        torchrun_on_one_node(&m, &python)
             .args(["--settle", "1", "--leave-timeout", "20", "--coord-file"])
             .arg(&coord_file)
             .arg("--batch-file")
@@ -180,7 +187,6 @@ fn torchrun_script_grows_shrinks_loses_a_node_and_a_worker_and_finishes() {
             .arg(&dir)
             .arg("--limit-file")
             .arg(&limit)
-            .env("PATH", &path)
             .stdout(File::create(&out_path).unwrap())
             .stderr(Stdio::from(File::create(tmp.path().join("err")).unwrap()))
             .spawn()
@@ -400,22 +406,9 @@ fn a_torchrun_script_that_reports_progress_gets_its_rate_published() {
     let python = venv_python();
     let tmp = tempfile::tempdir().unwrap();
     let comment = tmp.path().join("comment");
-    let path = format!(
-        "{}:{}",
-        python.parent().unwrap().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let lib = concat!(env!("CARGO_MANIFEST_DIR"), "/../python/src");
     let _core = Guard(
-        m.bft()
-            .args([
-                "--local",
-                "1",
-                "--nproc-per-node",
-                "2",
-                "--mode",
-                "torchrun",
-            ])
+        torchrun_on_one_node(&m, &python)
             .arg("--comment-file")
             .arg(&comment)
             .args(["--", SCRIPT, "--ckpt"])
@@ -429,7 +422,6 @@ fn a_torchrun_script_that_reports_progress_gets_its_rate_published() {
                 "--log",
             ])
             .arg(tmp.path())
-            .env("PATH", &path)
             .env("PYTHONPATH", lib)
             .stdout(Stdio::null())
             .stderr(Stdio::from(File::create(tmp.path().join("err")).unwrap()))
