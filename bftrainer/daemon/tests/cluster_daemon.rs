@@ -220,7 +220,29 @@ fn cluster_daemon_preempt_qos_recipe_preempts_satellites_before_cores() {
             "set",
             "Preempt+=elastic,elastic-sat",
         ],
-        vec!["modify", "user", user, "set", "QOS+=elastic,elastic-sat"],
+        // The site's scavenger tier ("Beside a scavenger partition", its QOS form):
+        // it preempts bftrainer's two QOS, nothing preempts it here.
+        vec![
+            "add",
+            "qos",
+            "scavenger",
+            "Priority=5",
+            "PreemptMode=REQUEUE",
+        ],
+        vec![
+            "modify",
+            "qos",
+            "scavenger",
+            "set",
+            "Preempt+=elastic,elastic-sat",
+        ],
+        vec![
+            "modify",
+            "user",
+            user,
+            "set",
+            "QOS+=elastic,elastic-sat,scavenger",
+        ],
     ] {
         let mut args = vec!["-i"];
         args.extend(cmd);
@@ -231,7 +253,11 @@ fn cluster_daemon_preempt_qos_recipe_preempts_satellites_before_cores() {
     l.wait(60, "slurmctld to know the elastic QOS", || {
         l.c.run("scontrol", &["show", "assoc_mgr", "flags=qos"])
             .ok()
-            .filter(|o| o.contains("QOS=elastic(") && o.contains("QOS=elastic-sat("))
+            .filter(|o| {
+                ["QOS=elastic(", "QOS=elastic-sat(", "QOS=scavenger("]
+                    .iter()
+                    .all(|q| o.contains(q))
+            })
     });
     l.spawn();
     // Submitted without --qos: core_qos puts it in `elastic`.
@@ -298,6 +324,47 @@ fn cluster_daemon_preempt_qos_recipe_preempts_satellites_before_cores() {
     l.assert_no_double_allocation();
     assert!(l.log_text().contains("preempted by a regular job"));
     assert_eq!(live::restarts(&l, job), "0");
+
+    // The scavenger tier: a scavenger job preempts satellites only, as a regular one
+    // does, and bftrainer's jobs never preempt it (it runs on while bftrainerd lends
+    // the other nodes).
+    let scavenger = l.sbatch_as_user(
+        &[
+            "-p",
+            "batch",
+            "--qos=scavenger",
+            "-N2",
+            "--exclusive",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 600",
+        ],
+        None,
+    );
+    l.wait(30, "the scavenger job to start", || {
+        (l.state_of(scavenger) == "RUNNING").then_some(())
+    });
+    l.wait(
+        20,
+        "the elastic job to keep its core and one satellite beside the scavenger job",
+        || (l.satellites(job).len() == 1).then_some(()),
+    );
+    assert_eq!(
+        l.state_of(job),
+        "RUNNING",
+        "a scavenger job preempted the core"
+    );
+    assert_eq!(live::restarts(&l, job), "0", "the core job was requeued");
+    l.assert_no_double_allocation();
+    assert_eq!(l.state_of(scavenger), "RUNNING");
+    assert_eq!(
+        live::restarts(&l, scavenger),
+        "0",
+        "the scavenger job was requeued"
+    );
+    l.c.run("scancel", &[&scavenger.to_string()]).unwrap();
+    l.grown_to_all(job);
 }
 
 #[test]
