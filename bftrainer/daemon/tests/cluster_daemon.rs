@@ -949,7 +949,10 @@ fn cluster_daemon_rides_out_slurmctld_slurmdbd_and_slurmd_faults() {
             .contains("slurmctld answers again")
             .then_some(())
     });
-    l.grown_to_all(job);
+    // A satellite whose step was launching while slurmctld was away fails, and the
+    // job's growth is then paused for `job_backoff` (60 s, docs/admin.md) before
+    // its node is lent again: seen once in a clean-clone run in the 26.05 root.
+    l.grown_to_all_within(job, 150);
     eprintln!(
         "back to normal {:.1} s after slurmctld answered",
         t.elapsed().as_secs_f64()

@@ -607,8 +607,13 @@ impl Live {
     }
 
     pub fn grown_to_all(&self, job: u32) -> BTreeMap<String, u32> {
+        self.grown_to_all_within(job, 60)
+    }
+
+    /// As [`Live::grown_to_all`], waiting at most `secs` seconds.
+    pub fn grown_to_all_within(&self, job: u32, secs: u64) -> BTreeMap<String, u32> {
         self.wait(
-            60,
+            secs,
             &format!("job {job} to run on 1 node plus 3 satellites"),
             || {
                 let sats = self.satellites(job);
