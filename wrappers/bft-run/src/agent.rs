@@ -1127,20 +1127,38 @@ struct WorldAgent {
     /// The grace of a stop: SIGTERM, then SIGKILL after this long.
     leave_timeout: Duration,
     cfg: SpawnCfg,
-    /// torchrun mode: where the script's `bftrainer.report_progress` writes rank 0's
-    /// progress (BFT_PROGRESS_FILE, in the agent's private directory), read each tick.
+    /// Where a script's `bftrainer.report_progress` writes rank 0's progress
+    /// (BFT_PROGRESS_FILE, in the agent's private directory), read each tick. Every
+    /// process of the world this agent starts gets it: torchrun mode's workers, and in
+    /// MPI mode mpirun (its node's ranks) and the rsh sessions' daemons (theirs), so
+    /// that rank 0 writes into its own node's agent's file wherever it runs.
     progress: PathBuf,
 }
 
 /// The progress a restarting mode's script reported for world `gen`
 /// (`bftrainer.report_progress`: one JSON object, `gen`, `samples`, `steps`, `batch`),
 /// as the coordinator's `wprogress`; None for another world's. The file is the job's
-/// own and untrusted: at most 4 KiB, whole numbers only.
+/// own and untrusted: a plain file (not a link, FIFO or device: opened without
+/// following a link and without blocking, so that nothing the script puts there can
+/// hold the agent's loop), at most 4 KiB, whole numbers only.
 fn read_progress(path: &std::path::Path, gen: u64) -> Result<Option<Value>, String> {
     use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
     let mut buf = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(4097).read_to_end(&mut buf))
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => "it is a symbolic link, not a plain file".to_string(),
+            _ => format!("cannot read it: {e}"),
+        })?;
+    let meta = f.metadata().map_err(|e| format!("cannot read it: {e}"))?;
+    if !meta.file_type().is_file() {
+        return Err("it is not a plain file".into());
+    }
+    f.take(4097)
+        .read_to_end(&mut buf)
         .map_err(|e| format!("cannot read it: {e}"))?;
     if buf.len() > 4096 {
         return Err("it is over 4 KiB".into());
@@ -1241,7 +1259,7 @@ async fn world_agent(
                     );
                     let _ = ev_tx.send(Ev::Coord(Err("no heartbeat".into())));
                 }
-                let stamp = std::fs::metadata(&ctx.progress)
+                let stamp = std::fs::symlink_metadata(&ctx.progress)
                     .ok()
                     .and_then(|m| Some((m.modified().ok()?, m.len())));
                 if stamp.is_some() && stamp != progress_seen && stopping.is_none() {
@@ -1290,7 +1308,19 @@ async fn world_agent(
                     gen = g;
                     stopping = None;
                     deadline = None;
+                    // A new world reports afresh.
+                    let _ = std::fs::remove_file(&ctx.progress);
+                    progress_seen = None;
+                    progress_said = false;
+                    let progress_var = (
+                        "BFT_PROGRESS_FILE".to_string(),
+                        ctx.progress.to_string_lossy().into_owned(),
+                    );
                     if ctx.mpi {
+                        // This node's ranks, whether mpirun's own or an rsh session
+                        // daemon's, write into this agent's file (never passed with -x:
+                        // each node's is its agent's).
+                        ctx.cfg.extra = vec![progress_var.clone()];
                         if let Some(mpi) = m.get("mpi") {
                             let launch = MpiLaunch::from_msg(mpi)
                                 .map_err(|e| (2, format!("a bad MPI world: {e}")))?;
@@ -1299,6 +1329,7 @@ async fn world_agent(
                             cfg.extra = vec![
                                 ("BFT_GENERATION".into(), g.to_string()),
                                 ("BFT_RSH_TOKEN".into(), launch.token.clone()),
+                                progress_var,
                             ];
                             cfg.extra.extend(part.batch_env());
                             let wid = format!("{id}.mpirun.g{g}");
@@ -1327,16 +1358,9 @@ async fn world_agent(
                         send!(json!({"t": "started", "gen": g}));
                         continue;
                     }
-                    // A new world reports afresh.
-                    let _ = std::fs::remove_file(&ctx.progress);
-                    progress_seen = None;
-                    progress_said = false;
                     for local in 0..ctx.cfg.nproc {
                         ctx.cfg.extra = part.torchrun_env(local);
-                        ctx.cfg.extra.push((
-                            "BFT_PROGRESS_FILE".into(),
-                            ctx.progress.to_string_lossy().into_owned(),
-                        ));
+                        ctx.cfg.extra.push(progress_var.clone());
                         let wid = format!("{id}.{local}.g{g}");
                         match spawn_worker(&ctx.cfg, &wid, local, &ev_tx) {
                             Ok(pid) => {
@@ -1623,6 +1647,8 @@ fn spawn_rsh(
         .envs(c.node_env.iter().map(|(k, v)| (k, v)))
         .env("BFT_NODE_NAME", &c.node)
         .env("BFT_JOB", &c.job)
+        // MPI mode: BFT_PROGRESS_FILE, which the daemon's ranks inherit.
+        .envs(c.extra.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -1924,6 +1950,21 @@ mod tests {
         assert!(e.contains("over 4 KiB"), "{e}");
         std::fs::remove_file(&p).unwrap();
         assert!(read_progress(&p, 3).unwrap_err().contains("cannot read"));
+        // What the script may put there instead of a file: refused at once, never
+        // followed nor waited on (a FIFO without a writer would block a plain open).
+        let good = d.join("good");
+        std::fs::write(&good, r#"{"gen": 3, "samples": 1}"#).unwrap();
+        std::os::unix::fs::symlink(&good, &p).unwrap();
+        let e = read_progress(&p, 3).unwrap_err();
+        assert!(e.contains("symbolic link"), "{e}");
+        std::fs::remove_file(&p).unwrap();
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let e = read_progress(&p, 3).unwrap_err();
+        assert!(e.contains("not a plain file"), "{e}");
+        std::fs::remove_file(&p).unwrap();
+        std::fs::create_dir(&p).unwrap();
+        let e = read_progress(&p, 3).unwrap_err();
+        assert!(e.contains("not a plain file"), "{e}");
         let _ = std::fs::remove_dir_all(&d);
     }
 

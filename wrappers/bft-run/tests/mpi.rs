@@ -358,3 +358,88 @@ fn mpi_program_grows_shrinks_loses_a_node_and_finishes_with_the_exact_sum() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// `bftrainer.report_progress` in an MPI program: every rank calls it, rank 0 writes
+/// into its own node's agent's file (each rank's BFT_PROGRESS_FILE is its node's
+/// agent's, through mpirun's environment or an rsh session daemon's), and bft-run
+/// publishes the measured rate in what would be the job's Comment, as for a
+/// native program: bftrainerd's node and batch decisions need it.
+#[test]
+fn an_mpi_program_that_reports_progress_gets_its_rate_published() {
+    let python = match mpi_python() {
+        Ok(p) => p,
+        Err(missing) => {
+            eprintln!("SKIPPED: bft-run --mode mpi's test needs {missing}");
+            return;
+        }
+    };
+    let m = Munged::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("log");
+    let limit = tmp.path().join("limit");
+    std::fs::write(&limit, "1000000").unwrap();
+    let comment = tmp.path().join("comment");
+    let err_path = tmp.path().join("err");
+    let _core = Guard(
+        mpi_env(&mut m.bft())
+            .args(["--local", "2", "--nproc-per-node", "1", "--mode", "mpi"])
+            .arg("--comment-file")
+            .arg(&comment)
+            .arg("--")
+            .arg(&python)
+            .args([PROGRAM, "--ckpt"])
+            .arg(tmp.path().join("ckpt.json"))
+            .args(["--steps", "1000000", "--log"])
+            .arg(&log)
+            .arg("--limit-file")
+            .arg(&limit)
+            .args(["--report-progress", "--step-sleep", "0.02"])
+            .env(
+                "PYTHONPATH",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../python/src"),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(File::create(&err_path).unwrap()))
+            .spawn()
+            .unwrap(),
+    );
+    let rate = || -> Option<f64> {
+        let c = std::fs::read_to_string(&comment).ok()?;
+        c.split_whitespace()
+            .find_map(|w| w.strip_prefix("rate="))?
+            .parse()
+            .ok()
+    };
+    let t = Instant::now();
+    while !rate().is_some_and(|r| r > 0.0) {
+        assert!(
+            t.elapsed() < Duration::from_secs(180),
+            "no measured rate in the Comment: {:?}\nthe program's log (last 3): {:?}\nthe job's output:\n{}",
+            std::fs::read_to_string(&comment),
+            lines(&log).iter().rev().take(3).collect::<Vec<_>>(),
+            std::fs::read_to_string(&err_path).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // 2 samples a step (one per rank), as the program reports its batch.
+    let c = std::fs::read_to_string(&comment).unwrap();
+    assert!(c.contains("batch=2"), "{c}");
+    // Each rank was given its own node's agent's file: two agents, two files.
+    let l = lines(&log);
+    let start = l.iter().find(|x| x["start"] == true).expect("a start line");
+    let files: Vec<&str> = start["progress_file"]
+        .as_array()
+        .expect("progress_file")
+        .iter()
+        .map(|f| f.as_str().expect("BFT_PROGRESS_FILE set on every rank"))
+        .collect();
+    assert_eq!(files.len(), 2, "{start}");
+    assert_ne!(files[0], files[1], "one file per node's agent: {start}");
+    for f in &files {
+        let dir = Path::new(f).parent().unwrap().file_name().unwrap();
+        assert!(
+            dir.to_string_lossy().starts_with("bft-agent-"),
+            "an agent's directory: {f}"
+        );
+    }
+}

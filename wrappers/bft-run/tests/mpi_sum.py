@@ -9,7 +9,11 @@ step; rank 0 saves the checkpoint and all exit 0. The program steps only up to t
 (the test raises it), saving when it starts holding there, so a change the test
 makes lands at a known step whatever the machine's load. Rank 0 appends a JSON line
 per step, per hold, per stop and per start to --log, with its time (`t`); the start
-line has every rank's BFT_GLOBAL_BATCH (`batch`, null where unset).
+line has every rank's BFT_GLOBAL_BATCH (`batch`, null where unset) and
+BFT_PROGRESS_FILE (`progress_file`). With --report-progress every rank calls
+bftrainer.report_progress after each step (the one call a restarting mode's program
+may add; only rank 0 writes), with `n` samples a step; --step-sleep S sleeps S
+seconds after each step.
 """
 
 import argparse
@@ -26,7 +30,11 @@ ap.add_argument("--ckpt", required=True)
 ap.add_argument("--steps", type=int, required=True)
 ap.add_argument("--log", required=True)
 ap.add_argument("--limit-file", required=True)
+ap.add_argument("--report-progress", action="store_true")
+ap.add_argument("--step-sleep", type=float, default=0.0)
 a = ap.parse_args()
+if a.report_progress:
+    import bftrainer
 
 comm = MPI.COMM_WORLD
 n, rank = comm.Get_size(), comm.Get_rank()
@@ -68,7 +76,9 @@ state = comm.bcast(state or {"step": 0, "total": 0}, root=0)
 step, total = state["step"], state["total"]
 gen = os.environ.get("BFT_GENERATION", "?")
 batches = comm.gather(os.environ.get("BFT_GLOBAL_BATCH"), root=0)
-log(start=True, world=n, step=step, gen=gen, host=MPI.Get_processor_name(), batch=batches)
+progress_files = comm.gather(os.environ.get("BFT_PROGRESS_FILE"), root=0)
+log(start=True, world=n, step=step, gen=gen, host=MPI.Get_processor_name(), batch=batches,
+    progress_file=progress_files)
 holding = False
 while step < a.steps:
     # Every rank stops at the same step once any was told to.
@@ -93,6 +103,10 @@ while step < a.steps:
     total += got // (n * (n + 1) // 2)
     step = s
     log(world=n, step=step, hold=False)
+    if a.report_progress:
+        bftrainer.report_progress(samples=step * n, steps=step, batch=n)
+    if a.step_sleep:
+        time.sleep(a.step_sleep)
 save(step, total)
 if rank == 0:
     print(f"final steps={step} total={total}", flush=True)

@@ -239,6 +239,18 @@ def test_report_progress_writes_rank_0s_counts_for_bft_run(monkeypatch, tmp_path
     monkeypatch.setenv("BFT_GENERATION", "4")
     monkeypatch.setenv("RANK", "1")
     assert not bftrainer.report_progress(10, 1) and not path.exists()  # rank 0 only
+    # Under mpirun (no RANK): the MPI library's rank, rank 0 only.
+    monkeypatch.delenv("RANK")
+    for k in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    for k in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+        monkeypatch.setenv(k, "2")
+        assert not bftrainer.report_progress(10, 1) and not path.exists(), k
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    assert bftrainer.report_progress(10, 1, every=0) and path.exists()
+    monkeypatch.delenv("OMPI_COMM_WORLD_RANK")
+    monkeypatch.setattr(B, "_last_report", [float("-inf")])
     monkeypatch.setenv("RANK", "0")
     assert bftrainer.report_progress(4096, 16, batch=256)
     assert json.loads(path.read_text()) == {"gen": 4, "samples": 4096, "steps": 16, "batch": 256}

@@ -197,6 +197,17 @@ def apply_world_batch(
     return sampler.global_batch
 
 
+def _global_rank() -> str:
+    """This process's rank in a restarting mode's world, as its launcher names it
+    (torchrun's RANK; Open MPI's, PMIx's or MPICH's under mpirun); "0" when none does
+    (one process)."""
+    for k in ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+        v = os.environ.get(k)
+        if v is not None:
+            return v.strip()
+    return "0"
+
+
 #: When report_progress last wrote (time.monotonic()), in this process.
 _last_report = [float("-inf")]
 _said_report: List[str] = []
@@ -210,13 +221,16 @@ def report_progress(samples: int, steps: int = 0, batch: Optional[int] = None, e
     it does for native mode's scripts, and publishes it in the core job's Comment:
     bftrainerd needs it to decide the job's nodes and batch (``batch=MIN:MAX``).
 
-    Call it after each step (or every few); only rank 0 (``RANK``) writes, at most every
-    ``every`` seconds, into the file bft-run names in ``BFT_PROGRESS_FILE`` (its own
-    directory on the node). Returns whether it wrote. Outside bft-run's torchrun mode
-    (no ``BFT_PROGRESS_FILE``; ``--mode mpi`` sets none) it does nothing. A write that
-    fails is said once on stderr and never raised: the training goes on."""
+    Call it after each step (or every few), from every rank or from rank 0 alone: only
+    rank 0 writes (``RANK`` under torchrun mode; under ``--mode mpi`` the MPI library's
+    ``OMPI_COMM_WORLD_RANK``, ``PMIX_RANK`` or ``PMI_RANK``), at most every ``every``
+    seconds, into the file bft-run names in ``BFT_PROGRESS_FILE``: its agent's own
+    directory on rank 0's node, whichever node that is. Returns whether it wrote.
+    Outside bft-run's restarting modes (no ``BFT_PROGRESS_FILE``) it does nothing and
+    returns False. A write that fails is said once on stderr and never raised: the
+    training goes on."""
     path = os.environ.get("BFT_PROGRESS_FILE")
-    if not path or os.environ.get("RANK", "0") != "0":
+    if not path or _global_rank() != "0":
         return False
     for name, v in (("samples", samples), ("steps", steps)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
