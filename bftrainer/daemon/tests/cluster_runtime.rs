@@ -1007,9 +1007,9 @@ fn submit_bft_run_job(l: &Live, work: &Path, args: &str) -> u32 {
 }
 
 /// A batch decision of `g` in core job `job`'s tag, written as root the way bftrainerd
-/// writes its own (`batch_now`): bftrainerd decides no batch for a restarting mode's
-/// job (its workers report no rate to decide from), so the test stands in for it. The
-/// time bft-run takes to read it: waited for in `job.out`.
+/// writes its own (`batch_now`): these tests' scripts do not call
+/// `bftrainer.report_progress`, so bftrainerd has no rate to decide from, and the test
+/// stands in for it. The time bft-run takes to read it: waited for in `job.out`.
 fn decide_batch(l: &Live, work: &Path, job: u32, g: u32) {
     let show =
         l.c.run("scontrol", &["show", "job", "-o", &job.to_string()])
@@ -1350,6 +1350,20 @@ fn cluster_runtime_mpi_program_through_grow_preemption_and_regrow() {
             serde_json::Value::Null
         };
         assert!(ranks.iter().all(|b| *b == want), "line {i}: {v}");
+        // Each rank has its own node's agent's BFT_PROGRESS_FILE (bftrainer.report_progress
+        // writes rank 0's there, whichever node it runs on). One rank a node: as many
+        // files as ranks.
+        let files: std::collections::BTreeSet<&str> = v["progress_file"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v}"))
+            .iter()
+            .map(|f| f.as_str().unwrap_or_else(|| panic!("line {i}: {v}")))
+            .collect();
+        assert_eq!(
+            files.len() as u64,
+            v["world"].as_u64().unwrap(),
+            "line {i}: {v}"
+        );
     }
 }
 
