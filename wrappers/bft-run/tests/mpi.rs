@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod support;
-use support::{steps_taken, Guard, Munged};
+use support::{comment_rate, steps_taken, Guard, Munged};
 
 const PROGRAM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mpi_sum.py");
 
@@ -53,6 +53,13 @@ fn mpirun_token(dir: &Path) -> Option<String> {
 
 /// The venv's python when it and mpirun are there and mpi4py imports; else what
 /// is missing.
+/// The python to run MPI programs with, or None after saying the test is skipped.
+fn mpi_python_or_skip() -> Option<PathBuf> {
+    mpi_python()
+        .map_err(|missing| eprintln!("SKIPPED: bft-run --mode mpi's test needs {missing}"))
+        .ok()
+}
+
 fn mpi_python() -> Result<PathBuf, String> {
     let venv =
         PathBuf::from(std::env::var("BFT_VENV").unwrap_or_else(|_| "/opt/bftrainer-venv".into()));
@@ -113,12 +120,8 @@ fn mpi_env(c: &mut Command) -> &mut Command {
 
 #[test]
 fn mpi_program_grows_shrinks_loses_a_node_and_finishes_with_the_exact_sum() {
-    let python = match mpi_python() {
-        Ok(p) => p,
-        Err(missing) => {
-            eprintln!("SKIPPED: bft-run --mode mpi's test needs {missing}");
-            return;
-        }
+    let Some(python) = mpi_python_or_skip() else {
+        return;
     };
     let m = Munged::start();
     let tmp = tempfile::tempdir().unwrap();
@@ -366,12 +369,8 @@ fn mpi_program_grows_shrinks_loses_a_node_and_finishes_with_the_exact_sum() {
 /// native program: bftrainerd's node and batch decisions need it.
 #[test]
 fn an_mpi_program_that_reports_progress_gets_its_rate_published() {
-    let python = match mpi_python() {
-        Ok(p) => p,
-        Err(missing) => {
-            eprintln!("SKIPPED: bft-run --mode mpi's test needs {missing}");
-            return;
-        }
+    let Some(python) = mpi_python_or_skip() else {
+        return;
     };
     let m = Munged::start();
     let tmp = tempfile::tempdir().unwrap();
@@ -403,13 +402,7 @@ fn an_mpi_program_that_reports_progress_gets_its_rate_published() {
             .spawn()
             .unwrap(),
     );
-    let rate = || -> Option<f64> {
-        let c = std::fs::read_to_string(&comment).ok()?;
-        c.split_whitespace()
-            .find_map(|w| w.strip_prefix("rate="))?
-            .parse()
-            .ok()
-    };
+    let rate = || comment_rate(&comment);
     let t = Instant::now();
     while !rate().is_some_and(|r| r > 0.0) {
         assert!(

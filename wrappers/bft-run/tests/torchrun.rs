@@ -21,7 +21,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod support;
-use support::{steps_taken, wait_until, Guard, Munged};
+use support::{comment_rate, steps_taken, wait_until, Guard, Munged};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/ddp_torchrun.py");
 
@@ -428,13 +428,7 @@ fn a_torchrun_script_that_reports_progress_gets_its_rate_published() {
             .spawn()
             .unwrap(),
     );
-    let rate = || -> Option<f64> {
-        let c = std::fs::read_to_string(&comment).ok()?;
-        c.split_whitespace()
-            .find_map(|w| w.strip_prefix("rate="))?
-            .parse()
-            .ok()
-    };
+    let rate = || comment_rate(&comment);
     wait_until(
         "a measured rate in the Comment",
         Duration::from_secs(180),

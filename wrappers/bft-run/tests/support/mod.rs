@@ -139,3 +139,13 @@ pub fn steps_taken(lines: &[serde_json::Value]) -> Vec<u64> {
         .map(|l| l["step"].as_u64().unwrap())
         .collect()
 }
+
+/// The `rate=` of the Comment that bft-run's `--comment-file` holds, if any.
+#[allow(dead_code)] // not every test binary that includes this module asks
+pub fn comment_rate(path: &std::path::Path) -> Option<f64> {
+    let c = std::fs::read_to_string(path).ok()?;
+    c.split_whitespace()
+        .find_map(|w| w.strip_prefix("rate="))?
+        .parse()
+        .ok()
+}
